@@ -1,0 +1,152 @@
+//! Exports on disk: atomic writes, whole-file reads, and lazy reads that stream the
+//! checksum and fetch one tensor without materialising the rest.
+
+use std::fs::File;
+use std::io::{BufWriter, Read};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use crate::decode::{Export, check_crc, check_prefix, decode_with_path};
+use crate::encode::Encoded;
+use crate::error::Error;
+use crate::header::{Header, TensorEntry};
+use crate::layout::{PREFIX_LEN, Prefix};
+use crate::narrow;
+
+/// Payload bytes hashed per read while streaming the checksum.
+const STREAM_CHUNK: usize = 1 << 20;
+
+/// Writes `encoded` to `path` atomically: a temporary file in the same directory, fsync,
+/// rename over `path`, fsync of the directory. On any failure the temporary file is
+/// removed and `path` is untouched (the old file, or none).
+pub fn write_atomic(path: &Path, encoded: &Encoded) -> Result<(), Error> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let file_name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let temp = tempfile::Builder::new()
+        .prefix(&format!(".{file_name}."))
+        .suffix(".tmp")
+        .tempfile_in(&dir)
+        .map_err(|e| Error::io(&dir, e))?;
+    encoded
+        .write_to(BufWriter::with_capacity(1 << 20, temp.as_file()))
+        .and_then(|()| temp.as_file().sync_all())
+        .map_err(|e| Error::io(temp.path(), e))?;
+    temp.persist(path).map_err(|e| Error::io(path, e.error))?;
+    // The rename is durable only once the directory entry is.
+    File::open(&dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io(&dir, e))
+}
+
+/// Reads and fully decodes the export at `path`. The prefix is checked from the first
+/// 24 bytes and the file's length before the rest is read, so a training checkpoint or
+/// a multi-gigabyte sidecar is refused after reading 24 bytes.
+pub fn read(path: &Path) -> Result<Export, Error> {
+    let (file, file_len, first) = open_prefix(path)?;
+    check_prefix(&first, file_len, Some(path))?;
+    let mut bytes = Vec::with_capacity(file_len as usize);
+    (&file)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io(path, e))?;
+    decode_with_path(&bytes, Some(path))
+}
+
+/// Opens `path` and reads up to the first 24 bytes (fewer if the file is shorter).
+fn open_prefix(path: &Path) -> Result<(File, u64, Vec<u8>), Error> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let file_len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    let mut first = Vec::with_capacity(PREFIX_LEN);
+    (&file)
+        .take(PREFIX_LEN as u64)
+        .read_to_end(&mut first)
+        .map_err(|e| Error::io(path, e))?;
+    Ok((file, file_len, first))
+}
+
+/// An export opened lazily: prefix and header validated, payload checksum verified by
+/// streaming, tensors read one at a time on request.
+#[derive(Debug)]
+pub struct DmexpFile {
+    path: PathBuf,
+    file: File,
+    file_len: u64,
+    prefix: Prefix,
+    header: Header,
+}
+
+impl DmexpFile {
+    /// Opens and validates `path` in the documented order, streaming the payload once
+    /// for the CRC in 1 MiB reads. Memory use is the header plus one chunk.
+    pub fn open(path: &Path) -> Result<DmexpFile, Error> {
+        let (file, file_len, first) = open_prefix(path)?;
+        let prefix = check_prefix(&first, file_len, Some(path))?;
+        let mut header_bytes = vec![0u8; prefix.header_len as usize];
+        file.read_exact_at(&mut header_bytes, PREFIX_LEN as u64)
+            .map_err(|e| Error::io(path, e))?;
+        let payload_start = PREFIX_LEN as u64 + u64::from(prefix.header_len);
+        let computed = stream_crc(&file, payload_start, prefix.payload_len)
+            .map_err(|e| Error::io(path, e))?;
+        check_crc(&prefix, computed)?;
+        let header = Header::parse(&header_bytes, prefix.version, prefix.payload_len)?;
+        Ok(DmexpFile {
+            path: path.to_path_buf(),
+            file,
+            file_len,
+            prefix,
+            header,
+        })
+    }
+
+    /// The validated header.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// The fixed prefix.
+    pub fn prefix(&self) -> Prefix {
+        self.prefix
+    }
+
+    /// The file's length in bytes.
+    pub fn file_len(&self) -> u64 {
+        self.file_len
+    }
+
+    /// The path the file was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Reads one tensor and widens it to f32, reading only that tensor's bytes.
+    pub fn read_tensor(&self, name: &str) -> Result<(&TensorEntry, Vec<f32>), Error> {
+        let entry = self.header.tensor(name).ok_or_else(|| Error::NoSuchTensor {
+            name: name.to_string(),
+        })?;
+        let mut bytes = vec![0u8; entry.byte_len as usize];
+        let at = PREFIX_LEN as u64 + u64::from(self.prefix.header_len) + entry.offset;
+        self.file
+            .read_exact_at(&mut bytes, at)
+            .map_err(|e| Error::io(&self.path, e))?;
+        Ok((entry, narrow::widen(self.header.dtype, &bytes)))
+    }
+}
+
+fn stream_crc(file: &File, start: u64, len: u64) -> std::io::Result<u32> {
+    let mut hasher = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; STREAM_CHUNK.min(len as usize)];
+    let mut done = 0u64;
+    while done < len {
+        let n = (len - done).min(buf.len() as u64) as usize;
+        let chunk = &mut buf[..n];
+        file.read_exact_at(chunk, start + done)?;
+        hasher.update(chunk);
+        done += n as u64;
+    }
+    Ok(hasher.finalize())
+}

@@ -1,0 +1,219 @@
+//! Recognising what a file is from its first bytes, so that a refusal can name the
+//! file and the command that handles it instead of saying only "bad magic".
+
+use std::fmt;
+use std::path::Path;
+
+use crate::layout::MAGIC;
+
+/// The first eight bytes of a dormouse training checkpoint (`<name>.bin`). Its own
+/// version follows in the checkpoint header. Defined here so that every reader of an
+/// export can name a checkpoint handed to it by mistake.
+pub const TRAINING_CHECKPOINT_MAGIC: &[u8; 8] = b"DMTRAIN\0";
+
+/// The first eight bytes of a training checkpoint written by the original (burn-based)
+/// dormouse: `DMCK` and container version 2.
+pub const ORIGINAL_CHECKPOINT_MAGIC: &[u8; 8] = b"DMCK\0\x02\0\0";
+
+/// The first eight bytes of a minirun tile container.
+pub const TILE_CONTAINER_MAGIC: &[u8; 8] = b"MNRNTIL1";
+
+/// The first four bytes of a GGUF (llama.cpp) file.
+pub const GGUF_MAGIC: &[u8; 4] = b"GGUF";
+
+/// The first four bytes of a zip archive (PyTorch `.pt` / `.pth` files are zips).
+pub const ZIP_MAGIC: &[u8; 4] = b"PK\x03\x04";
+
+/// Safetensors refuses headers above 100 MB; a length beyond that is not one.
+const SAFETENSORS_MAX_HEADER: u64 = 100 * 1000 * 1000;
+
+/// What a file appears to be, judged from its first bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileKind {
+    /// A `.dmexp` export of the given version byte (known or not).
+    Export { version: u8 },
+    /// A dormouse training checkpoint (`<name>.bin`): a run, not a model.
+    TrainingCheckpoint,
+    /// A checkpoint of the original burn-based dormouse, which this repository cannot read.
+    OriginalCheckpoint,
+    /// A minirun tile container.
+    TileContainer,
+    /// A safetensors file.
+    Safetensors,
+    /// A GGUF file.
+    Gguf,
+    /// A zip archive, e.g. a PyTorch checkpoint.
+    Zip,
+    /// Fewer bytes than any magic needs.
+    TooShort { len: usize },
+    /// Nothing recognised; holds the first (up to) eight bytes.
+    Unknown { first_bytes: Vec<u8> },
+}
+
+/// Says what `bytes` (the start of a file; 24 bytes are enough) appear to be.
+pub fn identify(bytes: &[u8]) -> FileKind {
+    let starts = |magic: &[u8]| bytes.starts_with(magic);
+    if let (true, Some(&version)) = (starts(MAGIC), bytes.get(7)) {
+        return FileKind::Export { version };
+    }
+    if starts(TRAINING_CHECKPOINT_MAGIC) {
+        return FileKind::TrainingCheckpoint;
+    }
+    if starts(ORIGINAL_CHECKPOINT_MAGIC) {
+        return FileKind::OriginalCheckpoint;
+    }
+    if starts(TILE_CONTAINER_MAGIC) {
+        return FileKind::TileContainer;
+    }
+    if starts(GGUF_MAGIC) {
+        return FileKind::Gguf;
+    }
+    if starts(ZIP_MAGIC) {
+        return FileKind::Zip;
+    }
+    if looks_like_safetensors(bytes) {
+        return FileKind::Safetensors;
+    }
+    if bytes.len() < 8 {
+        return FileKind::TooShort { len: bytes.len() };
+    }
+    FileKind::Unknown {
+        first_bytes: bytes.iter().take(8).copied().collect(),
+    }
+}
+
+/// Safetensors starts with a u64 LE header length followed by the JSON header's `{`.
+fn looks_like_safetensors(bytes: &[u8]) -> bool {
+    let Some(len_bytes) = bytes.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok()) else {
+        return false;
+    };
+    let header_len = u64::from_le_bytes(len_bytes);
+    (2..=SAFETENSORS_MAX_HEADER).contains(&header_len) && bytes.get(8) == Some(&b'{')
+}
+
+impl FileKind {
+    /// One sentence for a person: what the file is and what to run instead. `path`,
+    /// when known, is used to spell out the exact command.
+    pub fn advice(&self, path: Option<&Path>) -> String {
+        let shown = path.map_or_else(|| "the file".to_string(), |p| p.display().to_string());
+        match self {
+            FileKind::Export { version } => format!(
+                "{shown} is a .dmexp export (format version {version}); read it with `export info {shown}`"
+            ),
+            FileKind::TrainingCheckpoint => format!(
+                "{shown} is a dormouse TRAINING CHECKPOINT (model + optimizer + EMA teacher), not an \
+                 export; convert it with: {}",
+                export_command(path)
+            ),
+            FileKind::OriginalCheckpoint => format!(
+                "{shown} is a training checkpoint of the original burn-based dormouse (magic DMCK v2); \
+                 this repository cannot read it: train a new run with `train`, then `export run`"
+            ),
+            FileKind::TileContainer => format!(
+                "{shown} is a minirun tile container (MNRNTIL1), not a dormouse export; inspect it with \
+                 `minirun info`"
+            ),
+            FileKind::Safetensors => format!(
+                "{shown} is a safetensors file, not a dormouse export; if it belongs to an upstream \
+                 checkpoint directory, `minirun pack --source <that directory> --out <artifact dir>` \
+                 repacks it for minirun"
+            ),
+            FileKind::Gguf => format!(
+                "{shown} is a GGUF (llama.cpp) file; neither dormouse nor minirun reads GGUF"
+            ),
+            FileKind::Zip => format!(
+                "{shown} is a zip archive (a PyTorch .pt/.pth checkpoint is one), not a dormouse export"
+            ),
+            FileKind::TooShort { len } => format!(
+                "{shown} is {len} bytes long, too short to be any known model file (an export has a \
+                 24-byte prefix)"
+            ),
+            FileKind::Unknown { first_bytes } => format!(
+                "{shown} is not a dormouse export: it starts with {} where an export starts with \
+                 \"DMEXPRT\\x01\"",
+                ShownBytes(first_bytes)
+            ),
+        }
+    }
+}
+
+/// `export run --ckpt-dir DIR --ckpt-name NAME --dtype bf16` for a checkpoint at `path`.
+pub fn export_command(path: Option<&Path>) -> String {
+    let (dir, name) = match path {
+        Some(p) => {
+            let dir = p
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+                .map_or_else(|| ".".to_string(), |d| d.display().to_string());
+            let name = p
+                .file_stem()
+                .map_or_else(|| "<name>".to_string(), |s| s.to_string_lossy().into_owned());
+            (dir, name)
+        }
+        None => ("<ckpt-dir>".to_string(), "<ckpt-name>".to_string()),
+    };
+    format!("export run --ckpt-dir {dir} --ckpt-name {name} --dtype bf16")
+}
+
+/// Bytes shown as a quoted string with non-printable bytes escaped.
+struct ShownBytes<'a>(&'a [u8]);
+
+impl fmt::Display for ShownBytes<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("\"")?;
+        for &b in self.0 {
+            if b.is_ascii_graphic() || b == b' ' {
+                write!(f, "{}", b as char)?;
+            } else {
+                write!(f, "\\x{b:02x}")?;
+            }
+        }
+        f.write_str("\"")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_known_magic_is_recognised() {
+        let mut safetensors = 64u64.to_le_bytes().to_vec();
+        safetensors.extend_from_slice(b"{\"a\":1}");
+        let cases: Vec<(Vec<u8>, FileKind)> = vec![
+            (b"DMEXPRT\x07rest".to_vec(), FileKind::Export { version: 7 }),
+            (b"DMTRAIN\0\x01".to_vec(), FileKind::TrainingCheckpoint),
+            (b"DMCK\0\x02\0\0....".to_vec(), FileKind::OriginalCheckpoint),
+            (b"MNRNTIL1\x01\0".to_vec(), FileKind::TileContainer),
+            (b"GGUF\x03\0\0\0".to_vec(), FileKind::Gguf),
+            (b"PK\x03\x04\x14\0".to_vec(), FileKind::Zip),
+            (safetensors, FileKind::Safetensors),
+            (b"abc".to_vec(), FileKind::TooShort { len: 3 }),
+        ];
+        for (bytes, kind) in cases {
+            assert_eq!(identify(&bytes), kind, "{bytes:?}");
+        }
+    }
+
+    #[test]
+    fn checkpoint_advice_spells_out_the_export_command_for_its_path() {
+        let advice =
+            FileKind::TrainingCheckpoint.advice(Some(Path::new("runs/checkpoints/latest.bin")));
+        assert!(advice.contains("TRAINING CHECKPOINT"), "{advice}");
+        assert!(
+            advice.contains("export run --ckpt-dir runs/checkpoints --ckpt-name latest --dtype bf16"),
+            "{advice}"
+        );
+        assert_eq!(
+            export_command(Some(Path::new("best.bin"))),
+            "export run --ckpt-dir . --ckpt-name best --dtype bf16"
+        );
+    }
+
+    #[test]
+    fn unknown_bytes_are_shown_escaped() {
+        let kind = identify(b"\x00\x01hello!!");
+        let advice = kind.advice(None);
+        assert!(advice.contains(r#""\x00\x01hello!""#), "{advice}");
+    }
+}

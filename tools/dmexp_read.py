@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""Independent .dmexp reader (Python standard library only): checks the layout and the
+CRC, prints the header, and prints the first values of one tensor as f32 bit patterns.
+
+usage: dmexp_read.py FILE [TENSOR] [--count N]    (spec: docs/formats/dmexp.md)"""
+import math
+import struct
+import sys
+import tomllib
+import zlib
+
+SIZES = {"f32": 4, "f16": 2, "bf16": 2}
+
+
+def widen(dtype, raw):
+    """Stored bytes -> Python floats, exactly (every f16/bf16/f32 value is a double)."""
+    if dtype == "f32":
+        return list(struct.unpack(f"<{len(raw) // 4}f", raw))
+    halves = struct.unpack(f"<{len(raw) // 2}H", raw)
+    if dtype == "bf16":  # bf16 is the top half of an f32
+        return [struct.unpack("<f", struct.pack("<I", h << 16))[0] for h in halves]
+    return [struct.unpack("<e", struct.pack("<H", h))[0] for h in halves]
+
+
+def f32_bits(x):
+    return "0x%08x" % struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+def fail(message):
+    sys.exit(f"dmexp_read: {message}")
+
+
+def main(args):
+    count = 8
+    if "--count" in args:
+        i = args.index("--count")
+        count = int(args[i + 1])
+        del args[i : i + 2]
+    if not args:
+        fail(__doc__)
+    with open(args[0], "rb") as f:
+        data = f.read()
+    if len(data) < 24:
+        fail(f"{len(data)} bytes is shorter than the 24-byte prefix")
+    magic, version, hlen, plen, crc = struct.unpack("<7sBIQI", data[:24])
+    if magic != b"DMEXPRT":
+        fail(f"not a .dmexp export: it starts with {data[:8]!r}")
+    if version != 1:
+        fail(f"unknown format version {version} (this reader knows 1)")
+    if len(data) != 24 + hlen + plen:
+        fail(f"file is {len(data)} bytes, the prefix promises {24 + hlen + plen}")
+    payload = data[24 + hlen :]
+    if zlib.crc32(payload) != crc:
+        fail("payload checksum mismatch")
+    header = tomllib.loads(data[24 : 24 + hlen].decode("utf-8"))
+    dtype, size = header["dtype"], SIZES[header["dtype"]]
+    print(f"format DMEXPRT v{version}\nheader_bytes {hlen}\npayload_bytes {plen}")
+    print("crc32 0x%08x ok" % crc)
+    for key in ("dtype", "source", "step", "num_params", "num_tensors", "flushed"):
+        print(key, header[key])
+    print("max_abs", f32_bits(header["max_abs"]))
+    print("min_nonzero_abs", f32_bits(header["min_nonzero_abs"]))
+    offset, places = 0, {}
+    for t in header["tensors"]:
+        n = math.prod(t["dims"])
+        places[t["name"]] = (offset, n)
+        print(f"tensor {t['name']} dims={t['dims']} offset={offset} bytes={n * size}")
+        offset += n * size
+    counted = sum(n for _, n in places.values())
+    if offset != plen or len(places) != header["num_tensors"] or counted != header["num_params"]:
+        fail("the tensors listed do not fill the payload exactly")
+    if len(args) > 1:
+        start, n = places[args[1]]
+        values = widen(dtype, payload[start : start + min(n, count) * size])
+        print("values", args[1], " ".join(f32_bits(v) for v in values))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
