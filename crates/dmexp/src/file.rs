@@ -7,7 +7,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::decode::{Export, check_crc, check_prefix, decode_with_path};
-use crate::encode::Encoded;
+use crate::dtype::Dtype;
+use crate::encode::{Encoded, ExportMeta, TensorRef, encode};
 use crate::error::Error;
 use crate::header::{Header, TensorEntry};
 use crate::layout::{PREFIX_LEN, Prefix};
@@ -44,15 +45,28 @@ pub fn write_atomic(path: &Path, encoded: &Encoded) -> Result<(), Error> {
         .map_err(|e| Error::io(&dir, e))
 }
 
+/// Encodes `tensors` and writes the export to `path` atomically. A failed encode (a
+/// non-finite weight, an overflow) fails before any file is created.
+pub fn encode_to_path(
+    path: &Path,
+    meta: &ExportMeta,
+    tensors: &[TensorRef<'_>],
+    dtype: Dtype,
+) -> Result<Encoded, Error> {
+    let encoded = encode(meta, tensors, dtype)?;
+    write_atomic(path, &encoded)?;
+    Ok(encoded)
+}
+
 /// Reads and fully decodes the export at `path`. The prefix is checked from the first
 /// 24 bytes and the file's length before the rest is read, so a training checkpoint or
 /// a multi-gigabyte sidecar is refused after reading 24 bytes.
 pub fn read(path: &Path) -> Result<Export, Error> {
     let (file, file_len, first) = open_prefix(path)?;
     check_prefix(&first, file_len, Some(path))?;
-    let mut bytes = Vec::with_capacity(file_len as usize);
-    (&file)
-        .read_to_end(&mut bytes)
+    // check_prefix proved the length is exactly 24 + H + P of a real file.
+    let mut bytes = vec![0u8; file_len as usize];
+    file.read_exact_at(&mut bytes, 0)
         .map_err(|e| Error::io(path, e))?;
     decode_with_path(&bytes, Some(path))
 }

@@ -42,7 +42,7 @@ pub use decode::{Export, decode};
 pub use dtype::{Dtype, UnknownDtype};
 pub use encode::{Encoded, ExportMeta, TensorRef, encode};
 pub use error::Error;
-pub use file::{DmexpFile, read, write_atomic};
+pub use file::{DmexpFile, encode_to_path, read, write_atomic};
 pub use header::{Header, TensorEntry};
 pub use identify::{FileKind, identify};
 pub use info::{Info, InfoTensor, info};
