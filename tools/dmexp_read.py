@@ -3,11 +3,7 @@
 CRC, prints the header, and prints the first values of one tensor as f32 bit patterns.
 
 usage: dmexp_read.py FILE [TENSOR] [--count N]    (spec: docs/formats/dmexp.md)"""
-import math
-import struct
-import sys
-import tomllib
-import zlib
+import math, struct, sys, tomllib, zlib  # noqa: E401
 
 SIZES = {"f32": 4, "f16": 2, "bf16": 2}
 
@@ -22,7 +18,7 @@ def widen(dtype, raw):
     return [struct.unpack("<e", struct.pack("<H", h))[0] for h in halves]
 
 
-def f32_bits(x):
+def f32_bits(x):  # a float's f32 bit pattern: exact, and easy to compare across languages
     return "0x%08x" % struct.unpack("<I", struct.pack("<f", x))[0]
 
 
@@ -34,12 +30,10 @@ def main(args):
     count = 8
     if "--count" in args:
         i = args.index("--count")
-        count = int(args[i + 1])
-        del args[i : i + 2]
+        count, args = int(args[i + 1]), args[:i] + args[i + 2 :]
     if not args:
         fail(__doc__)
-    with open(args[0], "rb") as f:
-        data = f.read()
+    data = open(args[0], "rb").read()
     if len(data) < 24:
         fail(f"{len(data)} bytes is shorter than the 24-byte prefix")
     magic, version, hlen, plen, crc = struct.unpack("<7sBIQI", data[:24])
@@ -53,16 +47,19 @@ def main(args):
     if zlib.crc32(payload) != crc:
         fail("payload checksum mismatch")
     header = tomllib.loads(data[24 : 24 + hlen].decode("utf-8"))
+    if header.get("format") != version or header.get("dtype") not in SIZES:
+        fail(f"header format {header.get('format')!r} / dtype {header.get('dtype')!r} not understood")
     dtype, size = header["dtype"], SIZES[header["dtype"]]
-    print(f"format DMEXPRT v{version}\nheader_bytes {hlen}\npayload_bytes {plen}")
-    print("crc32 0x%08x ok" % crc)
+    print(f"format DMEXPRT v{version}\nheader_bytes {hlen}\npayload_bytes {plen}\ncrc32 0x{crc:08x} ok")
     for key in ("dtype", "source", "step", "num_params", "num_tensors", "flushed"):
         print(key, header[key])
-    print("max_abs", f32_bits(header["max_abs"]))
-    print("min_nonzero_abs", f32_bits(header["min_nonzero_abs"]))
+    for key in ("max_abs", "min_nonzero_abs"):
+        print(key, f32_bits(header[key]))
     offset, places = 0, {}
     for t in header["tensors"]:
         n = math.prod(t["dims"])
+        if n < 1 or t["overflowed"] != 0 or t["name"] in places:
+            fail(f"tensor {t['name']!r}: empty dims, overflowed values or a duplicate name")
         places[t["name"]] = (offset, n)
         print(f"tensor {t['name']} dims={t['dims']} offset={offset} bytes={n * size}")
         offset += n * size
@@ -70,7 +67,7 @@ def main(args):
     if offset != plen or len(places) != header["num_tensors"] or counted != header["num_params"]:
         fail("the tensors listed do not fill the payload exactly")
     if len(args) > 1:
-        start, n = places[args[1]]
+        start, n = places.get(args[1]) or fail(f"no tensor named {args[1]!r}")
         values = widen(dtype, payload[start : start + min(n, count) * size])
         print("values", args[1], " ".join(f32_bits(v) for v in values))
 

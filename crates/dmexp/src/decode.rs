@@ -116,30 +116,91 @@ pub fn decode(bytes: &[u8]) -> Result<Export, Error> {
 }
 
 pub(crate) fn decode_with_path(bytes: &[u8], path: Option<&Path>) -> Result<Export, Error> {
+    let view = view_with_path(bytes, path)?;
+    let mut values: Vec<Vec<f32>> = view
+        .header
+        .tensors
+        .iter()
+        .map(|t| vec![0.0; t.num_values as usize])
+        .collect();
+    let mut outputs: Vec<&mut [f32]> = values.iter_mut().map(Vec::as_mut_slice).collect();
+    view.widen_all_into(&mut outputs)?;
+    Ok(Export {
+        header: view.header,
+        values,
+    })
+}
+
+/// A validated export borrowed from memory, not yet widened: for loaders that fill
+/// tensors they have already allocated.
+#[derive(Debug, Clone)]
+pub struct ExportView<'a> {
+    /// The validated header.
+    pub header: Header,
+    payload: &'a [u8],
+}
+
+/// Validates `bytes` as an export (every check of [`decode`] but the statistics, which
+/// need the values) without widening anything.
+pub fn view(bytes: &[u8]) -> Result<ExportView<'_>, Error> {
+    view_with_path(bytes, None)
+}
+
+fn view_with_path<'a>(bytes: &'a [u8], path: Option<&Path>) -> Result<ExportView<'a>, Error> {
     let prefix = check_prefix(bytes, bytes.len() as u64, path)?;
     // check_prefix proved 24 + H + P == bytes.len(), so these slices are in bounds.
     let (header_bytes, payload) = bytes[PREFIX_LEN..].split_at(prefix.header_len as usize);
     check_crc(&prefix, crc32fast::hash(payload))?;
     let header = Header::parse(header_bytes, prefix.version, prefix.payload_len)?;
-    let mut stats = StatsAcc::new(header.dtype);
-    let values = header
-        .tensors
-        .iter()
-        .map(|t| {
-            let start = t.offset as usize;
-            let bytes = &payload[start..start + t.byte_len as usize];
-            let mut out = Vec::with_capacity(t.num_values as usize);
-            narrow::widen_into(header.dtype, bytes, &mut out, &mut stats);
-            out
-        })
-        .collect();
-    check_statistics(&header, &stats)?;
-    Ok(Export { header, values })
+    Ok(ExportView { header, payload })
+}
+
+impl ExportView<'_> {
+    /// Widens every tensor, in header order, into `outputs` (one slice per tensor, each
+    /// exactly the tensor's length), then checks the header's statistics against the
+    /// values.
+    pub fn widen_all_into(&self, outputs: &mut [&mut [f32]]) -> Result<(), Error> {
+        if outputs.len() != self.header.tensors.len() {
+            return Err(Error::OutputMismatch {
+                name: format!("<{} outputs>", outputs.len()),
+                expected: self.header.tensors.len() as u64,
+                actual: outputs.len() as u64,
+            });
+        }
+        let mut stats = StatsAcc::new(self.header.dtype);
+        for (entry, out) in self.header.tensors.iter().zip(outputs.iter_mut()) {
+            self.widen_entry(entry, out, &mut stats)?;
+        }
+        check_statistics(&self.header, &stats)
+    }
+
+    /// Widens the tensor named `name` into `out` (exactly its length).
+    pub fn widen_into(&self, name: &str, out: &mut [f32]) -> Result<(), Error> {
+        let entry = self.header.tensor(name).ok_or_else(|| Error::NoSuchTensor {
+            name: name.to_string(),
+        })?;
+        self.widen_entry(entry, out, &mut StatsAcc::new(self.header.dtype))
+    }
+
+    fn widen_entry(&self, entry: &TensorEntry, out: &mut [f32], stats: &mut StatsAcc) -> Result<(), Error> {
+        if out.len() as u64 != entry.num_values {
+            return Err(Error::OutputMismatch {
+                name: entry.name.clone(),
+                expected: entry.num_values,
+                actual: out.len() as u64,
+            });
+        }
+        // Header::parse proved every tensor lies inside the payload.
+        let start = entry.offset as usize;
+        let bytes = &self.payload[start..start + entry.byte_len as usize];
+        narrow::widen_to(self.header.dtype, bytes, out, stats);
+        Ok(())
+    }
 }
 
 /// The recorded max |w| and min non-zero |w| must be those of the payload; `flushed`
 /// cannot be checked (it describes the values before narrowing).
-fn check_statistics(header: &Header, stats: &StatsAcc) -> Result<(), Error> {
+pub(crate) fn check_statistics(header: &Header, stats: &StatsAcc) -> Result<(), Error> {
     let actual = stats.finish();
     let pairs = [
         ("max_abs", header.max_abs, actual.max_abs),

@@ -1,5 +1,6 @@
-//! Building an export in memory: validate the tensor set, narrow every value (checksum and
-//! statistics gathered on the way), then write the header that describes it.
+//! Building an export in two passes over the weights: the first checks every value and
+//! gathers the statistics the header records; the second narrows and streams the payload
+//! (checksummed on the way) to memory or to a file, so a large model is never held twice.
 
 use std::collections::HashSet;
 use std::io::{self, Write};
@@ -8,7 +9,10 @@ use crate::dtype::Dtype;
 use crate::error::Error;
 use crate::header::{Header, TensorEntry, tensor_size};
 use crate::layout::{FORMAT_VERSION, MAX_HEADER_LEN, PREFIX_LEN, Prefix};
-use crate::narrow::{self, Sink, StatsAcc, ValueProblem};
+use crate::narrow::{self, StatsAcc, ValueProblem};
+
+/// Values narrowed per write while streaming the payload (1 MiB of bf16).
+const STREAM_VALUES: usize = 1 << 19;
 
 /// One f32 tensor to export.
 #[derive(Debug, Clone, Copy)]
@@ -49,12 +53,7 @@ impl Encoded {
 
     /// The fixed prefix.
     pub fn prefix(&self) -> Prefix {
-        Prefix {
-            version: FORMAT_VERSION,
-            header_len: self.header_toml.len() as u32,
-            payload_len: self.payload.len() as u64,
-            payload_crc32: self.payload_crc32,
-        }
+        prefix_for(&self.header_toml, self.payload.len() as u64, self.payload_crc32)
     }
 
     /// Total file length: `24 + H + P`.
@@ -80,44 +79,98 @@ impl Encoded {
     }
 }
 
-/// Narrows `tensors` to `dtype` and builds the export. Fails, naming the tensor and the
-/// index, on a non-finite input or a value that overflows `dtype`; nothing is produced.
+fn prefix_for(header_toml: &str, payload_len: u64, payload_crc32: u32) -> Prefix {
+    Prefix {
+        version: FORMAT_VERSION,
+        header_len: header_toml.len() as u32,
+        payload_len,
+        payload_crc32,
+    }
+}
+
+/// Narrows `tensors` to `dtype` and builds the export in memory. Fails, naming the
+/// tensor and the index, on a non-finite input or a value that overflows `dtype`.
 pub fn encode(meta: &ExportMeta, tensors: &[TensorRef<'_>], dtype: Dtype) -> Result<Encoded, Error> {
-    let entries = lay_out(tensors, dtype)?;
-    let payload_len: u64 = entries.iter().map(|e| e.byte_len).sum();
-    let mut payload = Vec::with_capacity(usize::try_from(payload_len).unwrap_or(0));
-    let mut sink = Sink {
-        stats: StatsAcc::new(dtype),
-        crc: crc32fast::Hasher::new(),
-    };
-    for tensor in tensors {
-        narrow::narrow_into(dtype, tensor.values, &mut payload, &mut sink)
-            .map_err(|problem| value_error(tensor.name, dtype, problem))?;
-    }
-    let stats = sink.stats.finish();
-    let num_params = entries.iter().map(|e| e.num_values).sum();
-    let header = Header {
-        dtype,
-        source: meta.source.clone(),
-        step: meta.step,
-        num_params,
-        flushed: stats.flushed,
-        max_abs: stats.max_abs,
-        min_nonzero_abs: stats.min_nonzero_abs,
-        config: meta.config.clone(),
-        tensors: entries,
-    };
-    let header_toml = header.to_toml()?;
-    let header_len = u32::try_from(header_toml.len()).unwrap_or(u32::MAX);
-    if header_len > MAX_HEADER_LEN {
-        return Err(Error::HeaderTooLarge { len: header_len });
-    }
+    let plan = Plan::new(meta, tensors, dtype)?;
+    let mut payload = Vec::with_capacity(plan.header.payload_len() as usize);
+    let payload_crc32 = plan
+        .write_payload(&mut payload)
+        .map_err(|e| Error::io("<memory>", e))?;
     Ok(Encoded {
-        header,
-        header_toml,
+        header: plan.header,
+        header_toml: plan.header_toml,
         payload,
-        payload_crc32: sink.crc.finalize(),
+        payload_crc32,
     })
+}
+
+/// An export whose every value has been checked and whose header is known; only the
+/// payload remains to be produced.
+pub(crate) struct Plan<'a> {
+    pub(crate) header: Header,
+    pub(crate) header_toml: String,
+    tensors: &'a [TensorRef<'a>],
+}
+
+impl<'a> Plan<'a> {
+    /// Pass one: validates the tensor set and every value, and writes the header.
+    pub(crate) fn new(
+        meta: &ExportMeta,
+        tensors: &'a [TensorRef<'a>],
+        dtype: Dtype,
+    ) -> Result<Plan<'a>, Error> {
+        let entries = lay_out(tensors, dtype)?;
+        let mut stats = StatsAcc::new(dtype);
+        for tensor in tensors {
+            narrow::scan(dtype, tensor.values, &mut stats)
+                .map_err(|problem| value_error(tensor.name, dtype, problem))?;
+        }
+        let stats = stats.finish();
+        let header = Header {
+            dtype,
+            source: meta.source.clone(),
+            step: meta.step,
+            num_params: entries.iter().map(|e| e.num_values).sum(),
+            flushed: stats.flushed,
+            max_abs: stats.max_abs,
+            min_nonzero_abs: stats.min_nonzero_abs,
+            config: meta.config.clone(),
+            tensors: entries,
+        };
+        let header_toml = header.to_toml()?;
+        let header_len = u32::try_from(header_toml.len()).unwrap_or(u32::MAX);
+        if header_len > MAX_HEADER_LEN {
+            return Err(Error::HeaderTooLarge { len: header_len });
+        }
+        Ok(Plan {
+            header,
+            header_toml,
+            tensors,
+        })
+    }
+
+    /// The prefix, given the payload's CRC.
+    pub(crate) fn prefix(&self, payload_crc32: u32) -> Prefix {
+        prefix_for(&self.header_toml, self.header.payload_len(), payload_crc32)
+    }
+
+    /// Pass two: narrows every tensor in order into `out` in 1 MiB pieces and returns
+    /// the payload's CRC-32.
+    pub(crate) fn write_payload(&self, out: &mut impl Write) -> io::Result<u32> {
+        let dtype = self.header.dtype;
+        let width = dtype.size() as usize;
+        let mut buf = vec![0u8; STREAM_VALUES * width];
+        let mut crc = crc32fast::Hasher::new();
+        for tensor in self.tensors {
+            for values in tensor.values.chunks(STREAM_VALUES) {
+                let bytes = &mut buf[..values.len() * width];
+                narrow::narrow_to(dtype, values, bytes);
+                crc.update(bytes);
+                out.write_all(bytes)?;
+            }
+        }
+        Ok(crc.finalize())
+    }
 }
 
 /// Checks the tensor set (the same rules the decoder enforces) and assigns offsets.

@@ -149,6 +149,14 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// A caller-provided output does not have the tensor's length.
+    #[error("output for {name:?} holds {actual} values but the tensor has {expected}")]
+    OutputMismatch {
+        name: String,
+        expected: u64,
+        actual: u64,
+    },
+
     /// A lazy read asked for a tensor the export does not hold.
     #[error("the export holds no tensor named {name:?}")]
     NoSuchTensor { name: String },

@@ -2,25 +2,80 @@
 //! checksum and fetch one tensor without materialising the rest.
 
 use std::fs::File;
-use std::io::{BufWriter, Read};
-use std::os::unix::fs::FileExt;
+use std::io::{BufWriter, Read, Write};
+use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::decode::{Export, check_crc, check_prefix, decode_with_path};
+use crate::decode::{Export, check_crc, check_prefix, check_statistics, decode_with_path};
 use crate::dtype::Dtype;
-use crate::encode::{Encoded, ExportMeta, TensorRef, encode};
+use crate::encode::{Encoded, ExportMeta, Plan, TensorRef};
 use crate::error::Error;
 use crate::header::{Header, TensorEntry};
 use crate::layout::{PREFIX_LEN, Prefix};
-use crate::narrow;
+use crate::narrow::{self, UntypedStats};
 
 /// Payload bytes hashed per read while streaming the checksum.
 const STREAM_CHUNK: usize = 1 << 20;
 
-/// Writes `encoded` to `path` atomically: a temporary file in the same directory, fsync,
-/// rename over `path`, fsync of the directory. On any failure the temporary file is
-/// removed and `path` is untouched (the old file, or none).
+/// Writes `encoded` to `path` atomically: see [`encode_to_path`].
 pub fn write_atomic(path: &Path, encoded: &Encoded) -> Result<(), Error> {
+    replace_atomically(path, |file| {
+        encoded.write_to(BufWriter::with_capacity(1 << 20, file))
+    })
+}
+
+/// What a streamed write produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Written {
+    /// The header written.
+    pub header: Header,
+    /// The prefix written.
+    pub prefix: Prefix,
+}
+
+impl Written {
+    /// Total file length: `24 + H + P`.
+    pub fn file_len(&self) -> u64 {
+        self.prefix.file_len().unwrap_or(u64::MAX)
+    }
+}
+
+/// Encodes `tensors` and writes the export to `path` atomically, streaming the payload
+/// (1 MiB at a time) instead of building it in memory.
+///
+/// Every value is checked before any file is created, so a non-finite weight or an
+/// overflow leaves nothing behind. The file is written to a temporary name in the same
+/// directory, fsynced and renamed over `path`, and the directory is fsynced. A failure
+/// before the rename removes the temporary file and leaves `path` as it was (old content
+/// or absent); only a failure of the final directory fsync is reported with the new,
+/// complete file already in place.
+pub fn encode_to_path(
+    path: &Path,
+    meta: &ExportMeta,
+    tensors: &[TensorRef<'_>],
+    dtype: Dtype,
+) -> Result<Written, Error> {
+    let plan = Plan::new(meta, tensors, dtype)?;
+    let mut payload_crc32 = 0;
+    replace_atomically(path, |mut file| {
+        // The CRC is known only after the payload; its four bytes are patched last.
+        file.write_all(&plan.prefix(0).to_bytes())?;
+        file.write_all(plan.header_toml.as_bytes())?;
+        payload_crc32 = plan.write_payload(&mut file)?;
+        file.write_all_at(&plan.prefix(payload_crc32).to_bytes(), 0)
+    })?;
+    Ok(Written {
+        prefix: plan.prefix(payload_crc32),
+        header: plan.header,
+    })
+}
+
+/// Creates a temporary file beside `path`, lets `fill` write it, fsyncs it, renames it
+/// over `path` and fsyncs the directory. The temporary file is removed on any failure.
+fn replace_atomically(
+    path: &Path,
+    fill: impl FnOnce(&File) -> std::io::Result<()>,
+) -> Result<(), Error> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
@@ -29,13 +84,15 @@ pub fn write_atomic(path: &Path, encoded: &Encoded) -> Result<(), Error> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
+    // An export is made to be handed on: readable by others like any file `cp` makes
+    // (the process umask still applies), not the temporary file's default 0600.
     let temp = tempfile::Builder::new()
         .prefix(&format!(".{file_name}."))
         .suffix(".tmp")
+        .permissions(std::fs::Permissions::from_mode(0o644))
         .tempfile_in(&dir)
         .map_err(|e| Error::io(&dir, e))?;
-    encoded
-        .write_to(BufWriter::with_capacity(1 << 20, temp.as_file()))
+    fill(temp.as_file())
         .and_then(|()| temp.as_file().sync_all())
         .map_err(|e| Error::io(temp.path(), e))?;
     temp.persist(path).map_err(|e| Error::io(path, e.error))?;
@@ -43,19 +100,6 @@ pub fn write_atomic(path: &Path, encoded: &Encoded) -> Result<(), Error> {
     File::open(&dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| Error::io(&dir, e))
-}
-
-/// Encodes `tensors` and writes the export to `path` atomically. A failed encode (a
-/// non-finite weight, an overflow) fails before any file is created.
-pub fn encode_to_path(
-    path: &Path,
-    meta: &ExportMeta,
-    tensors: &[TensorRef<'_>],
-    dtype: Dtype,
-) -> Result<Encoded, Error> {
-    let encoded = encode(meta, tensors, dtype)?;
-    write_atomic(path, &encoded)?;
-    Ok(encoded)
 }
 
 /// Reads and fully decodes the export at `path`. The prefix is checked from the first
@@ -96,7 +140,8 @@ pub struct DmexpFile {
 
 impl DmexpFile {
     /// Opens and validates `path` in the documented order, streaming the payload once
-    /// for the CRC in 1 MiB reads. Memory use is the header plus one chunk.
+    /// (1 MiB reads) for the CRC and the statistics check, so a lazily opened file is
+    /// held to every rule a full decode enforces. Memory use is the header plus one chunk.
     pub fn open(path: &Path) -> Result<DmexpFile, Error> {
         let (file, file_len, first) = open_prefix(path)?;
         let prefix = check_prefix(&first, file_len, Some(path))?;
@@ -104,10 +149,11 @@ impl DmexpFile {
         file.read_exact_at(&mut header_bytes, PREFIX_LEN as u64)
             .map_err(|e| Error::io(path, e))?;
         let payload_start = PREFIX_LEN as u64 + u64::from(prefix.header_len);
-        let computed = stream_crc(&file, payload_start, prefix.payload_len)
+        let (computed, stats) = stream_payload(&file, payload_start, prefix.payload_len)
             .map_err(|e| Error::io(path, e))?;
         check_crc(&prefix, computed)?;
         let header = Header::parse(&header_bytes, prefix.version, prefix.payload_len)?;
+        check_statistics(&header, &stats.for_dtype(header.dtype))?;
         Ok(DmexpFile {
             path: path.to_path_buf(),
             file,
@@ -151,8 +197,10 @@ impl DmexpFile {
     }
 }
 
-fn stream_crc(file: &File, start: u64, len: u64) -> std::io::Result<u32> {
+/// Reads the payload once, in 1 MiB pieces, for its CRC and its statistics.
+fn stream_payload(file: &File, start: u64, len: u64) -> std::io::Result<(u32, UntypedStats)> {
     let mut hasher = crc32fast::Hasher::new();
+    let mut stats = UntypedStats::new();
     let mut buf = vec![0u8; STREAM_CHUNK.min(len as usize)];
     let mut done = 0u64;
     while done < len {
@@ -160,7 +208,8 @@ fn stream_crc(file: &File, start: u64, len: u64) -> std::io::Result<u32> {
         let chunk = &mut buf[..n];
         file.read_exact_at(chunk, start + done)?;
         hasher.update(chunk);
+        stats.observe(chunk);
         done += n as u64;
     }
-    Ok(hasher.finalize())
+    Ok((hasher.finalize(), stats))
 }

@@ -160,7 +160,13 @@ fn validate(raw: RawHeader, version_byte: u8, payload_len: u64) -> Result<Header
             payload_len,
         });
     }
-    let (max_abs, min_nonzero_abs) = check_statistics(raw.max_abs, raw.min_nonzero_abs, raw.flushed, raw.num_params)?;
+    let (max_abs, min_nonzero_abs) =
+        check_statistics(raw.max_abs, raw.min_nonzero_abs, raw.flushed, raw.num_params)?;
+    if dtype == Dtype::F32 && raw.flushed != 0 {
+        return Err(Error::ImpossibleStatistics {
+            reason: format!("an f32 export stores every value verbatim, yet flushed = {}", raw.flushed),
+        });
+    }
     Ok(Header {
         dtype,
         source: raw.source,
@@ -269,7 +275,7 @@ fn check_statistics(
 ) -> Result<(f32, f32), Error> {
     let as_f32 = |field: &str, v: f64| -> Result<f32, Error> {
         let narrowed = v as f32;
-        if !v.is_finite() || v < 0.0 || f64::from(narrowed) != v {
+        if !v.is_finite() || v.is_sign_negative() || f64::from(narrowed) != v {
             return Err(Error::ImpossibleStatistics {
                 reason: format!("{field} = {v} is not a non-negative finite f32"),
             });

@@ -129,12 +129,14 @@ impl Info {
 /// stranger should be able to make without rebuilding anything.
 fn f16_verdict(max_abs: f32, min_nonzero_abs: f32) -> String {
     let f16_max = f16_bits_to_f32(0x7BFF);
+    // 65520 is the midpoint between 65504 and 2^16: from there on, rounding gives infinity.
+    let f16_overflow = 65520.0;
     let f16_min_subnormal = f16_bits_to_f32(0x0001);
     let f16_min_normal = f16_bits_to_f32(0x0400);
-    let top = if max_abs > f16_max {
-        format!("max |w| above {f16_max} would overflow f16 (use bf16)")
+    let top = if max_abs >= f16_overflow {
+        format!("max |w| at or above {f16_overflow} would overflow f16 (use bf16)")
     } else {
-        format!("max |w| fits under {f16_max}")
+        format!("max |w| stays finite in f16 (largest {f16_max})")
     };
     let bottom = if min_nonzero_abs == 0.0 {
         "no non-zero weights".to_string()

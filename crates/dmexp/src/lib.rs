@@ -38,11 +38,11 @@ mod info;
 pub mod layout;
 pub mod narrow;
 
-pub use decode::{Export, decode};
+pub use decode::{Export, ExportView, decode, view};
 pub use dtype::{Dtype, UnknownDtype};
 pub use encode::{Encoded, ExportMeta, TensorRef, encode};
 pub use error::Error;
-pub use file::{DmexpFile, encode_to_path, read, write_atomic};
+pub use file::{DmexpFile, Written, encode_to_path, read, write_atomic};
 pub use header::{Header, TensorEntry};
 pub use identify::{FileKind, identify};
 pub use info::{Info, InfoTensor, info};

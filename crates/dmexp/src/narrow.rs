@@ -18,16 +18,15 @@ const F32_ABS_MASK: u32 = 0x7FFF_FFFF;
 const HALF_ABS_MASK: u16 = 0x7FFF;
 
 /// f32 -> bf16 bits, round to nearest, ties to even. The input must be finite (the
-/// caller checks); a finite input may round up to infinity (only above 3.3895e38).
+/// caller checks); a finite input rounds up to infinity when its bits are at least
+/// `0x7F7F8000` in magnitude (about 3.3962e38, which includes `f32::MAX`).
 pub fn f32_to_bf16_bits(x: f32) -> u16 {
-    let bits = x.to_bits();
-    let lsb_of_result = (bits >> 16) & 1;
-    let rounded = bits.wrapping_add(0x7FFF + lsb_of_result);
-    (rounded >> 16) as u16
+    Bf16Format::narrow(x.to_bits()) as u16
 }
 
-/// f32 -> f16 bits, round to nearest, ties to even; results below 2^-24 in magnitude
-/// round to a subnormal or to ±0, results at or above 65520 become ±infinity.
+/// f32 -> f16 bits, round to nearest, ties to even. Magnitudes below 2^-14 become
+/// subnormals (multiples of 2^-24); at or below 2^-25 they become ±0; at or above 65520
+/// they become ±infinity.
 pub fn f32_to_f16_bits(x: f32) -> u16 {
     f16::from_f32(x).to_bits()
 }
@@ -53,7 +52,7 @@ pub struct NarrowStats {
     pub min_nonzero_abs: f32,
 }
 
-/// Running statistics over stored bit patterns of one dtype, as |bits|.
+/// Running statistics over stored values, kept as |stored bits|.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct StatsAcc {
     dtype: Dtype,
@@ -73,54 +72,76 @@ impl StatsAcc {
         }
     }
 
-    fn widen(&self, abs_bits: u32) -> f32 {
-        match self.dtype {
-            Dtype::F32 => f32::from_bits(abs_bits),
-            Dtype::F16 => f16_bits_to_f32(abs_bits as u16),
-            Dtype::Bf16 => bf16_bits_to_f32(abs_bits as u16),
-        }
-    }
-
     pub(crate) fn finish(&self) -> NarrowStats {
+        let widen = |bits: u32| match self.dtype {
+            Dtype::F32 => f32::from_bits(bits),
+            Dtype::F16 => f16_bits_to_f32(bits as u16),
+            Dtype::Bf16 => bf16_bits_to_f32(bits as u16),
+        };
         let min = match self.min_nonzero_abs_bits {
             u32::MAX => 0.0,
-            bits => self.widen(bits),
+            bits => widen(bits),
         };
         NarrowStats {
             flushed: self.flushed,
-            max_abs: self.widen(self.max_abs_bits),
+            max_abs: widen(self.max_abs_bits),
             min_nonzero_abs: min,
         }
     }
 
-    /// Folds stored 16-bit patterns (little-endian byte pairs) into the statistics.
-    pub(crate) fn observe_half_bytes(&mut self, bytes: &[u8]) {
-        let (mut max, mut min) = (self.max_abs_bits as u16, u16::MAX);
-        for pair in bytes.chunks_exact(2) {
-            let abs = u16::from_le_bytes([pair[0], pair[1]]) & HALF_ABS_MASK;
-            max = max.max(abs);
-            min = min.min(if abs == 0 { u16::MAX } else { abs });
-        }
-        self.merge(u32::from(max), u32::from(min), u16::MAX.into());
+    fn merge(&mut self, chunk: ChunkStats) {
+        self.flushed += u64::from(chunk.flushed);
+        self.max_abs_bits = self.max_abs_bits.max(chunk.max);
+        self.min_nonzero_abs_bits = self.min_nonzero_abs_bits.min(chunk.min_nonzero);
+    }
+}
+
+/// Statistics of a payload gathered before its dtype is known (the lazy reader checks
+/// the CRC before it parses the header): both the 16-bit and the 32-bit reading of the
+/// bytes are kept, and the header's dtype picks one.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct UntypedStats {
+    half: ChunkStats,
+    full: ChunkStats,
+}
+
+impl UntypedStats {
+    pub(crate) fn new() -> Self {
+        let empty = ChunkStats { max: 0, min_nonzero: u32::MAX, flushed: 0 };
+        UntypedStats { half: empty, full: empty }
     }
 
-    /// Folds stored f32 patterns (little-endian) into the statistics.
-    pub(crate) fn observe_f32_bytes(&mut self, bytes: &[u8]) {
-        let (mut max, mut min) = (self.max_abs_bits, u32::MAX);
-        for quad in bytes.chunks_exact(4) {
-            let abs = u32::from_le_bytes([quad[0], quad[1], quad[2], quad[3]]) & F32_ABS_MASK;
-            max = max.max(abs);
-            min = min.min(if abs == 0 { u32::MAX } else { abs });
-        }
-        self.merge(max, min, u32::MAX);
+    /// Folds in the next payload bytes; every call but the last must pass a multiple of 4.
+    pub(crate) fn observe(&mut self, bytes: &[u8]) {
+        fold_abs::<Bf16Format>(bytes, &mut self.half);
+        fold_abs::<F32Format>(bytes, &mut self.full);
     }
 
-    fn merge(&mut self, max: u32, min: u32, none: u32) {
-        self.max_abs_bits = self.max_abs_bits.max(max);
-        if min != none {
-            self.min_nonzero_abs_bits = self.min_nonzero_abs_bits.min(min);
-        }
+    pub(crate) fn for_dtype(&self, dtype: Dtype) -> StatsAcc {
+        let mut acc = StatsAcc::new(dtype);
+        acc.merge(match dtype {
+            Dtype::F32 => self.full,
+            Dtype::F16 | Dtype::Bf16 => self.half,
+        });
+        acc
     }
+}
+
+/// Max and min non-zero of |stored| over `bytes` read as format `F`.
+fn fold_abs<F: Format>(bytes: &[u8], stats: &mut ChunkStats) {
+    for b in bytes.chunks_exact(F::WIDTH) {
+        let abs = F::read(b) & F::ABS;
+        stats.max = stats.max.max(abs);
+        stats.min_nonzero = stats.min_nonzero.min(if abs == 0 { u32::MAX } else { abs });
+    }
+}
+
+/// Statistics of one chunk, in the integer form the inner loops vectorise.
+#[derive(Debug, Clone, Copy)]
+struct ChunkStats {
+    max: u32,
+    min_nonzero: u32,
+    flushed: u32,
 }
 
 /// Why one value could not be stored.
@@ -132,153 +153,179 @@ pub(crate) enum ValueProblem {
     Overflow { index: u64, value: f32 },
 }
 
-/// Narrows `values` to `dtype`, appending little-endian bytes to `out` and folding the
-/// stored values into `acc`. On a problem, `out` may hold part of the tensor.
-pub(crate) fn narrow_into(
-    dtype: Dtype,
-    values: &[f32],
-    out: &mut Vec<u8>,
-    sink: &mut Sink,
-) -> Result<(), ValueProblem> {
-    let start = out.len();
-    out.resize(start + values.len() * dtype.size() as usize, 0);
-    let dest = &mut out[start..];
-    match dtype {
-        Dtype::F32 => narrow_chunks(values, dest, 4, sink, store_f32),
-        Dtype::F16 => narrow_chunks(values, dest, 2, sink, |x, o| {
-            store_half(x, o, f32_to_f16_bits, 0x7C00)
-        }),
-        Dtype::Bf16 => narrow_chunks(values, dest, 2, sink, |x, o| {
-            store_half(x, o, f32_to_bf16_bits, 0x7F80)
-        }),
+/// One storage format, as integer operations on bit patterns. Implemented by zero-sized
+/// types so that each loop is compiled (and vectorised) for one format.
+trait Format {
+    /// Bytes per stored value.
+    const WIDTH: usize;
+    /// Mask of the stored magnitude (everything but the sign).
+    const ABS: u32;
+    /// The smallest stored magnitude that is infinite or NaN.
+    const NON_FINITE: u32;
+    /// f32 bits -> stored bits (in the low `8 * WIDTH` bits).
+    fn narrow(bits: u32) -> u32;
+    /// Stored bits -> f32, exactly.
+    fn widen(stored: u32) -> f32;
+    fn write(stored: u32, out: &mut [u8]);
+    fn read(bytes: &[u8]) -> u32;
+}
+
+struct F32Format;
+struct F16Format;
+struct Bf16Format;
+
+impl Format for F32Format {
+    const WIDTH: usize = 4;
+    const ABS: u32 = F32_ABS_MASK;
+    const NON_FINITE: u32 = F32_EXP_MASK;
+    fn narrow(bits: u32) -> u32 {
+        bits
+    }
+    fn widen(stored: u32) -> f32 {
+        f32::from_bits(stored)
+    }
+    fn write(stored: u32, out: &mut [u8]) {
+        out.copy_from_slice(&stored.to_le_bytes());
+    }
+    fn read(b: &[u8]) -> u32 {
+        u32::from_le_bytes([b[0], b[1], b[2], b[3]])
     }
 }
 
-/// Where narrowed chunks go while they are still in cache: the statistics and the
-/// payload checksum.
-pub(crate) struct Sink {
-    pub(crate) stats: StatsAcc,
-    pub(crate) crc: crc32fast::Hasher,
-}
-
-/// What storing one value produced, for the statistics.
-#[derive(Clone, Copy)]
-struct Stored {
-    abs_bits: u32,
-    /// The input was non-zero and the stored value is ±0.
-    flushed: bool,
-    /// The input was non-finite or the stored value is.
-    problem: bool,
-}
-
-fn store_f32(x: f32, out: &mut [u8]) -> Stored {
-    let bits = x.to_bits();
-    out.copy_from_slice(&bits.to_le_bytes());
-    Stored {
-        abs_bits: bits & F32_ABS_MASK,
-        flushed: false,
-        problem: bits & F32_EXP_MASK == F32_EXP_MASK,
+impl Format for F16Format {
+    const WIDTH: usize = 2;
+    const ABS: u32 = HALF_ABS_MASK as u32;
+    const NON_FINITE: u32 = 0x7C00;
+    fn narrow(bits: u32) -> u32 {
+        u32::from(f32_to_f16_bits(f32::from_bits(bits)))
+    }
+    fn widen(stored: u32) -> f32 {
+        f16_bits_to_f32(stored as u16)
+    }
+    fn write(stored: u32, out: &mut [u8]) {
+        out.copy_from_slice(&(stored as u16).to_le_bytes());
+    }
+    fn read(b: &[u8]) -> u32 {
+        u32::from(u16::from_le_bytes([b[0], b[1]]))
     }
 }
 
-fn store_half(x: f32, out: &mut [u8], narrow: impl Fn(f32) -> u16, exp_mask: u16) -> Stored {
-    let bits = x.to_bits();
-    let stored = narrow(x);
-    out.copy_from_slice(&stored.to_le_bytes());
-    let abs = stored & HALF_ABS_MASK;
-    Stored {
-        abs_bits: u32::from(abs),
-        flushed: abs == 0 && bits & F32_ABS_MASK != 0,
-        problem: bits & F32_EXP_MASK == F32_EXP_MASK || abs & exp_mask == exp_mask,
+impl Format for Bf16Format {
+    const WIDTH: usize = 2;
+    const ABS: u32 = HALF_ABS_MASK as u32;
+    const NON_FINITE: u32 = 0x7F80;
+    fn narrow(bits: u32) -> u32 {
+        // Adding 0x7FFF plus the lowest kept bit carries into the kept bits exactly when
+        // the dropped half is above the midpoint, or at it with an odd kept part.
+        let lowest_kept_bit = (bits >> 16) & 1;
+        bits.wrapping_add(0x7FFF + lowest_kept_bit) >> 16
+    }
+    fn widen(stored: u32) -> f32 {
+        f32::from_bits(stored << 16)
+    }
+    fn write(stored: u32, out: &mut [u8]) {
+        out.copy_from_slice(&(stored as u16).to_le_bytes());
+    }
+    fn read(b: &[u8]) -> u32 {
+        u32::from(u16::from_le_bytes([b[0], b[1]]))
     }
 }
 
-fn narrow_chunks(
-    values: &[f32],
-    dest: &mut [u8],
-    width: usize,
-    sink: &mut Sink,
-    store: impl Fn(f32, &mut [u8]) -> Stored,
-) -> Result<(), ValueProblem> {
-    for (chunk_index, (chunk, out)) in values
-        .chunks(CHUNK)
-        .zip(dest.chunks_mut(CHUNK * width))
-        .enumerate()
-    {
-        let (mut max, mut min, mut flushed, mut problem) = (0u32, u32::MAX, 0u64, false);
-        for (&x, o) in chunk.iter().zip(out.chunks_exact_mut(width)) {
-            let s = store(x, o);
-            max = max.max(s.abs_bits);
-            min = min.min(if s.abs_bits == 0 { u32::MAX } else { s.abs_bits });
-            flushed += u64::from(s.flushed);
-            problem |= s.problem;
+/// Calls `$body` with `$F` bound to the format type of `$dtype`.
+macro_rules! with_format {
+    ($dtype:expr, $F:ident => $body:expr) => {
+        match $dtype {
+            Dtype::F32 => {
+                type $F = F32Format;
+                $body
+            }
+            Dtype::F16 => {
+                type $F = F16Format;
+                $body
+            }
+            Dtype::Bf16 => {
+                type $F = Bf16Format;
+                $body
+            }
         }
-        if problem {
-            return Err(first_problem(chunk, chunk_index * CHUNK, width, &store));
+    };
+}
+
+/// Pass one of encoding: checks that every value of one tensor can be stored in `dtype`
+/// and folds the stored values into `acc`, without writing anything.
+pub(crate) fn scan(dtype: Dtype, values: &[f32], acc: &mut StatsAcc) -> Result<(), ValueProblem> {
+    with_format!(dtype, F => scan_with::<F>(values, acc))
+}
+
+fn scan_with<F: Format>(values: &[f32], acc: &mut StatsAcc) -> Result<(), ValueProblem> {
+    for (chunk_index, chunk) in values.chunks(CHUNK).enumerate() {
+        let mut stats = ChunkStats { max: 0, min_nonzero: u32::MAX, flushed: 0 };
+        let mut bad = false;
+        for &x in chunk {
+            let bits = x.to_bits();
+            let abs = F::narrow(bits) & F::ABS;
+            stats.max = stats.max.max(abs);
+            stats.min_nonzero = stats.min_nonzero.min(if abs == 0 { u32::MAX } else { abs });
+            stats.flushed += u32::from((abs == 0) & (bits & F32_ABS_MASK != 0));
+            bad |= (bits & F32_EXP_MASK == F32_EXP_MASK) | (abs >= F::NON_FINITE);
         }
-        sink.stats.flushed += flushed;
-        sink.stats.merge(max, min, u32::MAX);
-        sink.crc.update(out);
+        if bad {
+            return Err(first_problem::<F>(chunk, chunk_index * CHUNK));
+        }
+        acc.merge(stats);
     }
     Ok(())
 }
 
 /// Rescans a chunk known to hold a problem and names the first one.
-fn first_problem(
-    chunk: &[f32],
-    base: usize,
-    width: usize,
-    store: &impl Fn(f32, &mut [u8]) -> Stored,
-) -> ValueProblem {
-    let mut scratch = [0u8; 4];
-    for (offset, &value) in chunk.iter().enumerate() {
+fn first_problem<F: Format>(chunk: &[f32], base: usize) -> ValueProblem {
+    let problem = chunk.iter().enumerate().find_map(|(offset, &value)| {
         let index = (base + offset) as u64;
         if !value.is_finite() {
-            return ValueProblem::NonFiniteInput { index, value };
+            Some(ValueProblem::NonFiniteInput { index, value })
+        } else if F::narrow(value.to_bits()) & F::ABS >= F::NON_FINITE {
+            Some(ValueProblem::Overflow { index, value })
+        } else {
+            None
         }
-        if store(value, &mut scratch[..width]).problem {
-            return ValueProblem::Overflow { index, value };
-        }
-    }
-    unreachable!("a chunk flagged with a problem holds a non-finite input or an overflow")
+    });
+    // The scan flagged this chunk with the same two tests, so one of them holds.
+    problem.unwrap_or(ValueProblem::Overflow { index: base as u64, value: f32::NAN })
 }
 
-/// Widens stored bytes of `dtype` to f32, appending to `out`, and folds them into `acc`.
-pub(crate) fn widen_into(dtype: Dtype, bytes: &[u8], out: &mut Vec<f32>, acc: &mut StatsAcc) {
-    for chunk in bytes.chunks(CHUNK * dtype.size() as usize) {
-        match dtype {
-            Dtype::F32 => {
-                acc.observe_f32_bytes(chunk);
-                out.extend(
-                    chunk
-                        .chunks_exact(4)
-                        .map(|q| f32::from_le_bytes([q[0], q[1], q[2], q[3]])),
-                );
-            }
-            Dtype::Bf16 => {
-                acc.observe_half_bytes(chunk);
-                out.extend(
-                    chunk
-                        .chunks_exact(2)
-                        .map(|p| bf16_bits_to_f32(u16::from_le_bytes([p[0], p[1]]))),
-                );
-            }
-            Dtype::F16 => {
-                acc.observe_half_bytes(chunk);
-                out.extend(
-                    chunk
-                        .chunks_exact(2)
-                        .map(|p| f16_bits_to_f32(u16::from_le_bytes([p[0], p[1]]))),
-                );
-            }
+/// Pass two of encoding: narrows `values` into `out` (exactly `values.len()` x width
+/// bytes). The values must have passed [`scan`].
+pub(crate) fn narrow_to(dtype: Dtype, values: &[f32], out: &mut [u8]) {
+    with_format!(dtype, F => {
+        for (&x, o) in values.iter().zip(out.chunks_exact_mut(F::WIDTH)) {
+            F::write(F::narrow(x.to_bits()), o);
         }
+    })
+}
+
+/// Widens stored bytes of `dtype` into `out` (exactly one f32 per stored value) and
+/// folds the stored values into `acc`.
+pub(crate) fn widen_to(dtype: Dtype, bytes: &[u8], out: &mut [f32], acc: &mut StatsAcc) {
+    with_format!(dtype, F => widen_with::<F>(bytes, out, acc))
+}
+
+fn widen_with<F: Format>(bytes: &[u8], out: &mut [f32], acc: &mut StatsAcc) {
+    for (chunk, out) in bytes.chunks(CHUNK * F::WIDTH).zip(out.chunks_mut(CHUNK)) {
+        let mut stats = ChunkStats { max: 0, min_nonzero: u32::MAX, flushed: 0 };
+        for (o, b) in out.iter_mut().zip(chunk.chunks_exact(F::WIDTH)) {
+            let stored = F::read(b);
+            let abs = stored & F::ABS;
+            stats.max = stats.max.max(abs);
+            stats.min_nonzero = stats.min_nonzero.min(if abs == 0 { u32::MAX } else { abs });
+            *o = F::widen(stored);
+        }
+        acc.merge(stats);
     }
 }
 
-/// Widens stored bytes of `dtype` to f32 without statistics (lazy single-tensor reads).
+/// Widens stored bytes of `dtype` to a new f32 vector (lazy single-tensor reads).
 pub(crate) fn widen(dtype: Dtype, bytes: &[u8]) -> Vec<f32> {
-    let mut out = Vec::with_capacity(bytes.len() / dtype.size() as usize);
-    let mut acc = StatsAcc::new(dtype);
-    widen_into(dtype, bytes, &mut out, &mut acc);
+    let mut out = vec![0.0; bytes.len() / dtype.size() as usize];
+    widen_to(dtype, bytes, &mut out, &mut StatsAcc::new(dtype));
     out
 }

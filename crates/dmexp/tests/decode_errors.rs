@@ -171,7 +171,12 @@ fn header_failures_each_have_their_own_error() {
         (with_header_edit("max_abs = 16777216.0", "max_abs = -1.0"), |e| matches!(e, Error::ImpossibleStatistics { .. })),
         (with_header_edit("max_abs = 16777216.0", "max_abs = 0.1"), |e| matches!(e, Error::ImpossibleStatistics { .. })),
         (with_header_edit("max_abs = 16777216.0", "max_abs = 1e-12"), |e| matches!(e, Error::ImpossibleStatistics { .. })),
+        (with_header_edit("max_abs = 16777216.0", "max_abs = -0.0"), |e| matches!(e, Error::ImpossibleStatistics { .. })),
         (with_header_edit("max_abs = 16777216.0", "max_abs = 8.0"), |e| matches!(e, Error::StatisticMismatch { field: "max_abs", .. })),
+        (
+            with_header_edit("min_nonzero_abs = 0.0000000009968061931431293", "min_nonzero_abs = 0.0000152587890625"),
+            |e| matches!(e, Error::StatisticMismatch { field: "min_nonzero_abs", .. }),
+        ),
     ];
     for (bytes, expected) in cases {
         let err = decode_err(&bytes);
@@ -189,6 +194,24 @@ impl ReplaceDims for Vec<u8> {
         let (_, header, payload) = split(&self);
         assemble(header.replacen(from, to, 1).as_bytes(), &payload)
     }
+}
+
+#[test]
+fn an_f32_export_cannot_claim_flushed_values() {
+    let fixture = golden_fixture();
+    let bytes = dmexp::encode(&fixture.meta, &fixture.refs(), Dtype::F32).unwrap().to_bytes();
+    let (_, header, payload) = split(&bytes);
+    let edited = header.replacen("flushed = 0", "flushed = 1", 1);
+    let err = decode_err(&assemble(edited.as_bytes(), &payload));
+    assert!(matches!(err, Error::ImpossibleStatistics { .. }), "{err:?}");
+}
+
+#[test]
+fn a_non_finite_value_smuggled_into_the_payload_is_refused_even_with_the_crc_fixed() {
+    let (_, header, mut payload) = split(&valid());
+    payload[0..2].copy_from_slice(&0x7FC0u16.to_le_bytes()); // a bf16 NaN
+    let err = decode_err(&assemble(header.as_bytes(), &payload));
+    assert!(matches!(err, Error::StatisticMismatch { field: "max_abs", .. }), "{err:?}");
 }
 
 #[test]

@@ -19,7 +19,7 @@ fn names_in(dir: &Path) -> Vec<String> {
     names
 }
 
-fn write_fixture(path: &Path) -> dmexp::Encoded {
+fn write_fixture(path: &Path) -> dmexp::Written {
     let fixture = golden_fixture();
     dmexp::encode_to_path(path, &fixture.meta, &fixture.refs(), Dtype::Bf16).unwrap()
 }
@@ -30,7 +30,11 @@ fn written_file_reads_back_whole_and_lazily() {
     let path = dir.path().join("latest.bf16.dmexp");
     let encoded = write_fixture(&path);
     assert_eq!(names_in(dir.path()), ["latest.bf16.dmexp"], "no temporary file is left");
-    assert_eq!(fs::read(&path).unwrap(), encoded.to_bytes());
+    let fixture = golden_fixture();
+    let in_memory = dmexp::encode(&fixture.meta, &fixture.refs(), Dtype::Bf16).unwrap();
+    assert_eq!(fs::read(&path).unwrap(), in_memory.to_bytes(), "streamed and in-memory encodes agree");
+    assert_eq!(encoded.header, *in_memory.header());
+    assert_eq!(encoded.prefix, in_memory.prefix());
 
     let whole = dmexp::read(&path).unwrap();
     let lazy = DmexpFile::open(&path).unwrap();
@@ -63,6 +67,34 @@ fn a_lazy_read_touches_only_the_requested_tensors_bytes() {
     assert_eq!(before, after);
     assert_eq!(after, vec![1.0; 8]);
     assert!(matches!(DmexpFile::open(&path), Err(Error::ChecksumMismatch { .. })));
+}
+
+#[test]
+fn lazy_open_holds_the_file_to_the_statistics_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("x.dmexp");
+    write_fixture(&path);
+    let mut bytes = fs::read(&path).unwrap();
+    let prefix = dmexp::Prefix::read(&bytes).unwrap();
+    let payload_start = 24 + prefix.header_len as usize;
+    // A bf16 infinity in the first value, with the CRC recomputed to match.
+    bytes[payload_start..payload_start + 2].copy_from_slice(&0x7F80u16.to_le_bytes());
+    let fixed = dmexp::Prefix { payload_crc32: crc32fast::hash(&bytes[payload_start..]), ..prefix };
+    bytes[..24].copy_from_slice(&fixed.to_bytes());
+    fs::write(&path, &bytes).unwrap();
+    for err in [DmexpFile::open(&path).unwrap_err(), dmexp::info(&path).unwrap_err()] {
+        assert!(matches!(err, Error::StatisticMismatch { field: "max_abs", .. }), "{err:?}");
+    }
+}
+
+#[test]
+fn an_export_is_readable_by_others_like_a_copied_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shared.dmexp");
+    write_fixture(&path);
+    let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode & 0o044, 0o044, "group and others can read it: {mode:o}");
 }
 
 #[test]
