@@ -41,17 +41,29 @@ impl Workload {
         // Weight-like values: a fixed LCG mapped to roughly N(0, 0.02)-sized magnitudes.
         let mut state = 0x9E37_79B9_7F4A_7C15u64;
         let mut next = move || {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.08
         };
         let values: Vec<Vec<f32>> = (0..TENSORS)
             .map(|_| (0..VALUES_PER_TENSOR).map(|_| next()).collect())
             .collect();
-        let names = (0..TENSORS).map(|i| format!("blocks.{i}.mlp.weight")).collect();
+        let names = (0..TENSORS)
+            .map(|i| format!("blocks.{i}.mlp.weight"))
+            .collect();
         let dims = vec![[1024, 1024]; TENSORS];
-        let meta = ExportMeta { source: "bench.bin@step0".into(), step: 0, config: toml::Table::new() };
+        let meta = ExportMeta {
+            source: "bench.bin@step0".into(),
+            step: 0,
+            config: toml::Table::new(),
+        };
         let shm = PathBuf::from("/dev/shm");
-        let dir = if shm.is_dir() { shm } else { std::env::temp_dir() };
+        let dir = if shm.is_dir() {
+            shm
+        } else {
+            std::env::temp_dir()
+        };
         let mut w = Workload {
             names,
             dims,
@@ -60,7 +72,9 @@ impl Workload {
             encoded_bf16: Vec::new(),
             out_path: dir.join(format!("dmexp-bench-{}.dmexp", std::process::id())),
         };
-        w.encoded_bf16 = dmexp::encode(&w.meta, &w.refs(), Dtype::Bf16).expect("encode").to_bytes();
+        w.encoded_bf16 = dmexp::encode(&w.meta, &w.refs(), Dtype::Bf16)
+            .expect("encode")
+            .to_bytes();
         w
     }
 
@@ -117,7 +131,12 @@ fn best_gbps(runs: usize, mut f: impl FnMut()) -> f64 {
 
 fn main() {
     let w = Workload::new();
-    let src: Vec<u8> = w.values.iter().flatten().flat_map(|v| v.to_le_bytes()).collect();
+    let src: Vec<u8> = w
+        .values
+        .iter()
+        .flatten()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
     let mut dst = vec![0u8; src.len()];
     let mut buffers: Vec<Vec<f32>> = w.values.iter().map(|v| vec![0.0; v.len()]).collect();
 
@@ -128,8 +147,12 @@ fn main() {
     let mut group = criterion.benchmark_group("dmexp_256MB_f32");
     group.throughput(Throughput::Bytes(F32_BYTES));
     group.bench_function("memcpy", |b| b.iter(|| memcpy(&src, &mut dst)));
-    group.bench_function("memcpy_to_fresh_memory", |b| b.iter(|| black_box(src.to_vec())));
-    group.bench_function("decode_bf16_into_existing_buffers", |b| b.iter(|| decode_into(&w, &mut buffers)));
+    group.bench_function("memcpy_to_fresh_memory", |b| {
+        b.iter(|| black_box(src.to_vec()))
+    });
+    group.bench_function("decode_bf16_into_existing_buffers", |b| {
+        b.iter(|| decode_into(&w, &mut buffers))
+    });
     group.bench_function("decode_bf16_to_new_tensors", |b| b.iter(|| decode(&w)));
     group.bench_function("write_payload_to_tmpfs", |b| b.iter(|| write_payload(&w)));
     group.bench_function("encode_bf16_to_tmpfs", |b| b.iter(|| encode(&w)));
@@ -137,20 +160,53 @@ fn main() {
     criterion.final_summary();
 
     let rows: Vec<(&str, f64, &str)> = vec![
-        ("memcpy (same bytes, existing buffer)", best_gbps(7, || memcpy(&src, &mut dst)), ""),
-        ("memcpy to fresh memory", best_gbps(7, || drop(black_box(src.to_vec()))), ""),
-        ("decode bf16 into existing buffers", best_gbps(7, || decode_into(&w, &mut buffers)), ">=30%"),
-        ("decode bf16 to new tensors", best_gbps(7, || decode(&w)), ""),
-        ("write the bf16 payload to tmpfs", best_gbps(7, || write_payload(&w)), ""),
-        ("encode bf16 + atomic write to tmpfs", best_gbps(7, || encode(&w)), ">=20%"),
+        (
+            "memcpy (same bytes, existing buffer)",
+            best_gbps(7, || memcpy(&src, &mut dst)),
+            "",
+        ),
+        (
+            "memcpy to fresh memory",
+            best_gbps(7, || drop(black_box(src.to_vec()))),
+            "",
+        ),
+        (
+            "decode bf16 into existing buffers",
+            best_gbps(7, || decode_into(&w, &mut buffers)),
+            ">=30%",
+        ),
+        (
+            "decode bf16 to new tensors",
+            best_gbps(7, || decode(&w)),
+            "",
+        ),
+        (
+            "write the bf16 payload to tmpfs",
+            best_gbps(7, || write_payload(&w)),
+            "",
+        ),
+        (
+            "encode bf16 + atomic write to tmpfs",
+            best_gbps(7, || encode(&w)),
+            ">=20%",
+        ),
     ];
     let _ = std::fs::remove_file(&w.out_path);
     let _ = std::fs::remove_file(w.out_path.with_extension("raw"));
     let memcpy_gbps = rows[0].1;
     println!();
-    println!("dmexp bf16 throughput: {} MB of f32 weights in {TENSORS} tensors, best of 7, GB/s of f32 bytes", F32_BYTES / 1_000_000);
-    println!("{:<40} {:>8} {:>10} {:>6}", "operation", "GB/s", "vs memcpy", "goal");
+    println!(
+        "dmexp bf16 throughput: {} MB of f32 weights in {TENSORS} tensors, best of 7, GB/s of f32 bytes",
+        F32_BYTES / 1_000_000
+    );
+    println!(
+        "{:<40} {:>8} {:>10} {:>6}",
+        "operation", "GB/s", "vs memcpy", "goal"
+    );
     for (name, gbps, goal) in rows {
-        println!("{name:<40} {gbps:>8.2} {:>9.1}% {goal:>6}", 100.0 * gbps / memcpy_gbps);
+        println!(
+            "{name:<40} {gbps:>8.2} {:>9.1}% {goal:>6}",
+            100.0 * gbps / memcpy_gbps
+        );
     }
 }

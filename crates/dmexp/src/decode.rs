@@ -39,7 +39,11 @@ impl Export {
 
 /// Checks steps 1-5 (length, magic, version, header bound, exact total length) from the
 /// first bytes of a file and its full length. `path` only improves the messages.
-pub(crate) fn check_prefix(first: &[u8], file_len: u64, path: Option<&Path>) -> Result<Prefix, Error> {
+pub(crate) fn check_prefix(
+    first: &[u8],
+    file_len: u64,
+    path: Option<&Path>,
+) -> Result<Prefix, Error> {
     if file_len < PREFIX_LEN as u64 {
         return Err(Error::TooShort { len: file_len });
     }
@@ -176,13 +180,21 @@ impl ExportView<'_> {
 
     /// Widens the tensor named `name` into `out` (exactly its length).
     pub fn widen_into(&self, name: &str, out: &mut [f32]) -> Result<(), Error> {
-        let entry = self.header.tensor(name).ok_or_else(|| Error::NoSuchTensor {
-            name: name.to_string(),
-        })?;
+        let entry = self
+            .header
+            .tensor(name)
+            .ok_or_else(|| Error::NoSuchTensor {
+                name: name.to_string(),
+            })?;
         self.widen_entry(entry, out, &mut StatsAcc::new(self.header.dtype))
     }
 
-    fn widen_entry(&self, entry: &TensorEntry, out: &mut [f32], stats: &mut StatsAcc) -> Result<(), Error> {
+    fn widen_entry(
+        &self,
+        entry: &TensorEntry,
+        out: &mut [f32],
+        stats: &mut StatsAcc,
+    ) -> Result<(), Error> {
         if out.len() as u64 != entry.num_values {
             return Err(Error::OutputMismatch {
                 name: entry.name.clone(),
@@ -204,7 +216,11 @@ pub(crate) fn check_statistics(header: &Header, stats: &StatsAcc) -> Result<(), 
     let actual = stats.finish();
     let pairs = [
         ("max_abs", header.max_abs, actual.max_abs),
-        ("min_nonzero_abs", header.min_nonzero_abs, actual.min_nonzero_abs),
+        (
+            "min_nonzero_abs",
+            header.min_nonzero_abs,
+            actual.min_nonzero_abs,
+        ),
     ];
     for (field, recorded, actual) in pairs {
         if recorded.to_bits() != actual.to_bits() {

@@ -53,7 +53,11 @@ impl Encoded {
 
     /// The fixed prefix.
     pub fn prefix(&self) -> Prefix {
-        prefix_for(&self.header_toml, self.payload.len() as u64, self.payload_crc32)
+        prefix_for(
+            &self.header_toml,
+            self.payload.len() as u64,
+            self.payload_crc32,
+        )
     }
 
     /// Total file length: `24 + H + P`.
@@ -90,7 +94,11 @@ fn prefix_for(header_toml: &str, payload_len: u64, payload_crc32: u32) -> Prefix
 
 /// Narrows `tensors` to `dtype` and builds the export in memory. Fails, naming the
 /// tensor and the index, on a non-finite input or a value that overflows `dtype`.
-pub fn encode(meta: &ExportMeta, tensors: &[TensorRef<'_>], dtype: Dtype) -> Result<Encoded, Error> {
+pub fn encode(
+    meta: &ExportMeta,
+    tensors: &[TensorRef<'_>],
+    dtype: Dtype,
+) -> Result<Encoded, Error> {
     let plan = Plan::new(meta, tensors, dtype)?;
     let mut payload = Vec::with_capacity(plan.header.payload_len() as usize);
     let payload_crc32 = plan

@@ -12,7 +12,9 @@ use crate::layout::{MAX_HEADER_LEN, PREFIX_LEN};
 pub enum Error {
     // ---- decode, in the order the checks run (see docs/formats/dmexp.md) ----
     /// Fewer than the 24 bytes of the fixed prefix.
-    #[error("{len} bytes is too short for a .dmexp export: the fixed prefix alone is {PREFIX_LEN} bytes")]
+    #[error(
+        "{len} bytes is too short for a .dmexp export: the fixed prefix alone is {PREFIX_LEN} bytes"
+    )]
     TooShort { len: u64 },
 
     /// The first seven bytes are not `DMEXPRT`; `advice` names what the file is instead.
@@ -20,31 +22,49 @@ pub enum Error {
     NotAnExport { kind: FileKind, advice: String },
 
     /// The version byte is not one this crate reads.
-    #[error("unknown .dmexp format version {found}; this build reads version(s) {known:?} (a newer dormouse may read it)")]
+    #[error(
+        "unknown .dmexp format version {found}; this build reads version(s) {known:?} (a newer dormouse may read it)"
+    )]
     UnknownVersion { found: u8, known: &'static [u8] },
 
     /// The header length field exceeds [`MAX_HEADER_LEN`]; nothing was allocated for it.
-    #[error("header length {len} exceeds the {MAX_HEADER_LEN}-byte limit: the file is damaged or not an export")]
+    #[error(
+        "header length {len} exceeds the {MAX_HEADER_LEN}-byte limit: the file is damaged or not an export"
+    )]
     HeaderTooLarge { len: u32 },
 
     /// `24 + H + P` does not fit in a u64.
-    #[error("header length {header_len} plus payload length {payload_len} overflows: the length fields are damaged")]
+    #[error(
+        "header length {header_len} plus payload length {payload_len} overflows: the length fields are damaged"
+    )]
     LengthOverflow { header_len: u32, payload_len: u64 },
 
     /// The header would end past the end of the file.
-    #[error("the header ({header_len} bytes from offset 24) runs past the end of the {file_len}-byte file: truncated or damaged")]
+    #[error(
+        "the header ({header_len} bytes from offset 24) runs past the end of the {file_len}-byte file: truncated or damaged"
+    )]
     HeaderPastEnd { header_len: u32, file_len: u64 },
 
     /// The file is shorter than `24 + H + P`.
-    #[error("truncated: the prefix promises {expected} bytes (24 + header + payload) but the file has {actual}")]
+    #[error(
+        "truncated: the prefix promises {expected} bytes (24 + header + payload) but the file has {actual}"
+    )]
     Truncated { expected: u64, actual: u64 },
 
     /// The file is longer than `24 + H + P`.
-    #[error("{extra} unexpected bytes after the payload: the prefix promises {expected} bytes but the file has {actual}")]
-    TrailingBytes { expected: u64, actual: u64, extra: u64 },
+    #[error(
+        "{extra} unexpected bytes after the payload: the prefix promises {expected} bytes but the file has {actual}"
+    )]
+    TrailingBytes {
+        expected: u64,
+        actual: u64,
+        extra: u64,
+    },
 
     /// The CRC-32 of the payload differs from the one in the prefix.
-    #[error("payload checksum mismatch: the prefix records CRC-32 {stored:#010x}, the payload hashes to {computed:#010x}; the file is corrupt")]
+    #[error(
+        "payload checksum mismatch: the prefix records CRC-32 {stored:#010x}, the payload hashes to {computed:#010x}; the file is corrupt"
+    )]
     ChecksumMismatch { stored: u32, computed: u32 },
 
     /// The header bytes are not UTF-8.
@@ -80,7 +100,9 @@ pub enum Error {
     DuplicateTensor { name: String },
 
     /// A tensor has no dims or a zero dim.
-    #[error("tensor {name:?} has dims {dims:?}: every tensor needs at least one dim and no dim may be 0")]
+    #[error(
+        "tensor {name:?} has dims {dims:?}: every tensor needs at least one dim and no dim may be 0"
+    )]
     InvalidDims { name: String, dims: Vec<u64> },
 
     /// The product of a tensor's dims (times the value size) overflows a u64.
@@ -96,7 +118,9 @@ pub enum Error {
     ParamCountMismatch { declared: u64, counted: u64 },
 
     /// The tensors' total size disagrees with the payload length.
-    #[error("the tensors listed need {needed} payload bytes but the payload is {payload_len} bytes: the header does not describe the payload")]
+    #[error(
+        "the tensors listed need {needed} payload bytes but the payload is {payload_len} bytes: the header does not describe the payload"
+    )]
     PayloadSizeMismatch { needed: u64, payload_len: u64 },
 
     /// The header's statistics fields are impossible on their own.
@@ -104,7 +128,9 @@ pub enum Error {
     ImpossibleStatistics { reason: String },
 
     /// A statistic recorded in the header disagrees with the payload (full decode only).
-    #[error("the header records {field} = {recorded:e} but the payload's is {actual:e}: the header was altered")]
+    #[error(
+        "the header records {field} = {recorded:e} but the payload's is {actual:e}: the header was altered"
+    )]
     StatisticMismatch {
         field: &'static str,
         recorded: f32,
@@ -122,7 +148,9 @@ pub enum Error {
     },
 
     /// An input weight is NaN or infinite: the model itself is broken, not the format.
-    #[error("tensor {tensor:?} value #{index} is {value}: the model holds a non-finite weight, which no dtype can export (the training run diverged or the checkpoint is damaged)")]
+    #[error(
+        "tensor {tensor:?} value #{index} is {value}: the model holds a non-finite weight, which no dtype can export (the training run diverged or the checkpoint is damaged)"
+    )]
     NonFiniteInput {
         tensor: String,
         index: u64,
@@ -130,7 +158,9 @@ pub enum Error {
     },
 
     /// A finite weight becomes infinite in the requested dtype.
-    #[error("tensor {tensor:?} value #{index} = {value:e} overflows {dtype} (largest finite {max:e}); export with --dtype {suggest} instead")]
+    #[error(
+        "tensor {tensor:?} value #{index} = {value:e} overflows {dtype} (largest finite {max:e}); export with --dtype {suggest} instead"
+    )]
     Overflow {
         tensor: String,
         index: u64,

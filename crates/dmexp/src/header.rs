@@ -160,11 +160,18 @@ fn validate(raw: RawHeader, version_byte: u8, payload_len: u64) -> Result<Header
             payload_len,
         });
     }
-    let (max_abs, min_nonzero_abs) =
-        check_statistics(raw.max_abs, raw.min_nonzero_abs, raw.flushed, raw.num_params)?;
+    let (max_abs, min_nonzero_abs) = check_statistics(
+        raw.max_abs,
+        raw.min_nonzero_abs,
+        raw.flushed,
+        raw.num_params,
+    )?;
     if dtype == Dtype::F32 && raw.flushed != 0 {
         return Err(Error::ImpossibleStatistics {
-            reason: format!("an f32 export stores every value verbatim, yet flushed = {}", raw.flushed),
+            reason: format!(
+                "an f32 export stores every value verbatim, yet flushed = {}",
+                raw.flushed
+            ),
         });
     }
     Ok(Header {

@@ -145,9 +145,10 @@ pub fn export_command(path: Option<&Path>) -> String {
                 .parent()
                 .filter(|d| !d.as_os_str().is_empty())
                 .map_or_else(|| ".".to_string(), |d| d.display().to_string());
-            let name = p
-                .file_stem()
-                .map_or_else(|| "<name>".to_string(), |s| s.to_string_lossy().into_owned());
+            let name = p.file_stem().map_or_else(
+                || "<name>".to_string(),
+                |s| s.to_string_lossy().into_owned(),
+            );
             (dir, name)
         }
         None => ("<ckpt-dir>".to_string(), "<ckpt-name>".to_string()),
@@ -201,7 +202,8 @@ mod tests {
             FileKind::TrainingCheckpoint.advice(Some(Path::new("runs/checkpoints/latest.bin")));
         assert!(advice.contains("TRAINING CHECKPOINT"), "{advice}");
         assert!(
-            advice.contains("export run --ckpt-dir runs/checkpoints --ckpt-name latest --dtype bf16"),
+            advice
+                .contains("export run --ckpt-dir runs/checkpoints --ckpt-name latest --dtype bf16"),
             "{advice}"
         );
         assert_eq!(

@@ -101,25 +101,63 @@ impl Info {
     }
 
     fn write_text(&self, s: &mut String) -> std::fmt::Result {
-        writeln!(s, "file        {} ({} bytes)", self.path, grouped(self.file_bytes))?;
+        writeln!(
+            s,
+            "file        {} ({} bytes)",
+            self.path,
+            grouped(self.file_bytes)
+        )?;
         writeln!(s, "format      {} v{}", self.magic, self.format_version)?;
-        writeln!(s, "dtype       {} ({} bytes per value; loads as f32)", self.dtype, self.bytes_per_value)?;
+        writeln!(
+            s,
+            "dtype       {} ({} bytes per value; loads as f32)",
+            self.dtype, self.bytes_per_value
+        )?;
         writeln!(s, "source      {}", self.source)?;
         writeln!(s, "step        {}", self.step)?;
-        writeln!(s, "params      {} in {} tensors", grouped(self.num_params), self.num_tensors)?;
-        writeln!(s, "layout      24-byte prefix + {} header bytes + {} payload bytes", grouped(u64::from(self.header_bytes)), grouped(self.payload_bytes))?;
-        writeln!(s, "checksum    ok (CRC-32 {} over the payload)", self.payload_crc32)?;
+        writeln!(
+            s,
+            "params      {} in {} tensors",
+            grouped(self.num_params),
+            self.num_tensors
+        )?;
+        writeln!(
+            s,
+            "layout      24-byte prefix + {} header bytes + {} payload bytes",
+            grouped(u64::from(self.header_bytes)),
+            grouped(self.payload_bytes)
+        )?;
+        writeln!(
+            s,
+            "checksum    ok (CRC-32 {} over the payload)",
+            self.payload_crc32
+        )?;
         writeln!(s, "max |w|     {:.6e}", self.max_abs)?;
         writeln!(s, "min |w|>0   {:.6e}", self.min_nonzero_abs)?;
-        writeln!(s, "flushed     {} non-zero weights became 0 when narrowed", grouped(self.flushed))?;
-        writeln!(s, "f16 range   {}", f16_verdict(self.max_abs, self.min_nonzero_abs))?;
+        writeln!(
+            s,
+            "flushed     {} non-zero weights became 0 when narrowed",
+            grouped(self.flushed)
+        )?;
+        writeln!(
+            s,
+            "f16 range   {}",
+            f16_verdict(self.max_abs, self.min_nonzero_abs)
+        )?;
         writeln!(s, "config")?;
         for line in toml::to_string(&self.config).unwrap_or_default().lines() {
             writeln!(s, "  {line}")?;
         }
         writeln!(s, "tensors     (name, dims, payload offset, bytes)")?;
         for t in &self.tensors {
-            writeln!(s, "  {:<40} {:<16} {:>12} {:>12}", t.name, format!("{:?}", t.dims), t.payload_offset, t.bytes)?;
+            writeln!(
+                s,
+                "  {:<40} {:<16} {:>12} {:>12}",
+                t.name,
+                format!("{:?}", t.dims),
+                t.payload_offset,
+                t.bytes
+            )?;
         }
         Ok(())
     }
@@ -143,7 +181,9 @@ fn f16_verdict(max_abs: f32, min_nonzero_abs: f32) -> String {
     } else if min_nonzero_abs < f16_min_subnormal {
         format!("some weights below f16's smallest subnormal {f16_min_subnormal:e} may become 0")
     } else if min_nonzero_abs < f16_min_normal {
-        format!("some weights are f16 subnormals (below {f16_min_normal:e}), with reduced precision")
+        format!(
+            "some weights are f16 subnormals (below {f16_min_normal:e}), with reduced precision"
+        )
     } else {
         "every non-zero weight is an f16 normal".to_string()
     };
@@ -155,7 +195,7 @@ fn grouped(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);

@@ -107,8 +107,15 @@ pub(crate) struct UntypedStats {
 
 impl UntypedStats {
     pub(crate) fn new() -> Self {
-        let empty = ChunkStats { max: 0, min_nonzero: u32::MAX, flushed: 0 };
-        UntypedStats { half: empty, full: empty }
+        let empty = ChunkStats {
+            max: 0,
+            min_nonzero: u32::MAX,
+            flushed: 0,
+        };
+        UntypedStats {
+            half: empty,
+            full: empty,
+        }
     }
 
     /// Folds in the next payload bytes; every call but the last must pass a multiple of 4.
@@ -259,7 +266,11 @@ pub(crate) fn scan(dtype: Dtype, values: &[f32], acc: &mut StatsAcc) -> Result<(
 
 fn scan_with<F: Format>(values: &[f32], acc: &mut StatsAcc) -> Result<(), ValueProblem> {
     for (chunk_index, chunk) in values.chunks(CHUNK).enumerate() {
-        let mut stats = ChunkStats { max: 0, min_nonzero: u32::MAX, flushed: 0 };
+        let mut stats = ChunkStats {
+            max: 0,
+            min_nonzero: u32::MAX,
+            flushed: 0,
+        };
         let mut bad = false;
         for &x in chunk {
             let bits = x.to_bits();
@@ -290,7 +301,10 @@ fn first_problem<F: Format>(chunk: &[f32], base: usize) -> ValueProblem {
         }
     });
     // The scan flagged this chunk with the same two tests, so one of them holds.
-    problem.unwrap_or(ValueProblem::Overflow { index: base as u64, value: f32::NAN })
+    problem.unwrap_or(ValueProblem::Overflow {
+        index: base as u64,
+        value: f32::NAN,
+    })
 }
 
 /// Pass two of encoding: narrows `values` into `out` (exactly `values.len()` x width
@@ -311,7 +325,11 @@ pub(crate) fn widen_to(dtype: Dtype, bytes: &[u8], out: &mut [f32], acc: &mut St
 
 fn widen_with<F: Format>(bytes: &[u8], out: &mut [f32], acc: &mut StatsAcc) {
     for (chunk, out) in bytes.chunks(CHUNK * F::WIDTH).zip(out.chunks_mut(CHUNK)) {
-        let mut stats = ChunkStats { max: 0, min_nonzero: u32::MAX, flushed: 0 };
+        let mut stats = ChunkStats {
+            max: 0,
+            min_nonzero: u32::MAX,
+            flushed: 0,
+        };
         for (o, b) in out.iter_mut().zip(chunk.chunks_exact(F::WIDTH)) {
             let stored = F::read(b);
             let abs = stored & F::ABS;

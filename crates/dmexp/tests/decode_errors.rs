@@ -59,30 +59,48 @@ fn the_valid_fixture_decodes() {
 #[test]
 fn layout_failures_each_have_their_own_error() {
     let bytes = valid();
-    assert!(matches!(decode_err(&bytes[..23]), Error::TooShort { len: 23 }));
+    assert!(matches!(
+        decode_err(&bytes[..23]),
+        Error::TooShort { len: 23 }
+    ));
     assert!(matches!(decode_err(b""), Error::TooShort { len: 0 }));
 
     let mut future = bytes.clone();
     future[7] = 2;
     let err = decode_err(&future);
-    assert!(matches!(err, Error::UnknownVersion { found: 2, .. }), "{err:?}");
-    assert!(err.to_string().contains("[1]"), "names the known versions: {err}");
+    assert!(
+        matches!(err, Error::UnknownVersion { found: 2, .. }),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("[1]"),
+        "names the known versions: {err}"
+    );
 
     let huge = with_prefix(|p| p.header_len = 64 * 1024 * 1024 + 1);
     assert!(matches!(decode_err(&huge), Error::HeaderTooLarge { .. }));
 
     let overflow = with_prefix(|p| p.payload_len = u64::MAX - 10);
-    assert!(matches!(decode_err(&overflow), Error::LengthOverflow { .. }));
+    assert!(matches!(
+        decode_err(&overflow),
+        Error::LengthOverflow { .. }
+    ));
 
     let past_end = with_prefix(|p| p.header_len = bytes.len() as u32);
     assert!(matches!(decode_err(&past_end), Error::HeaderPastEnd { .. }));
 
     let err = decode_err(&bytes[..bytes.len() - 1]);
-    assert!(matches!(err, Error::Truncated { expected, actual } if expected == actual + 1), "{err:?}");
+    assert!(
+        matches!(err, Error::Truncated { expected, actual } if expected == actual + 1),
+        "{err:?}"
+    );
 
     let mut padded = bytes.clone();
     padded.extend_from_slice(&[0, 0, 0]);
-    assert!(matches!(decode_err(&padded), Error::TrailingBytes { extra: 3, .. }));
+    assert!(matches!(
+        decode_err(&padded),
+        Error::TrailingBytes { extra: 3, .. }
+    ));
 }
 
 #[test]
@@ -95,7 +113,10 @@ fn any_flipped_payload_bit_is_a_checksum_error() {
             let mut corrupt = bytes.clone();
             corrupt[byte] ^= 1 << bit;
             let err = decode_err(&corrupt);
-            assert!(matches!(err, Error::ChecksumMismatch { .. }), "{byte}/{bit}: {err:?}");
+            assert!(
+                matches!(err, Error::ChecksumMismatch { .. }),
+                "{byte}/{bit}: {err:?}"
+            );
         }
     }
     let mut corrupt = bytes;
@@ -108,30 +129,66 @@ fn wrong_magic_names_the_file_kind_and_what_to_run() {
     let mut checkpoint = b"DMTRAIN\0".to_vec();
     checkpoint.resize(64, 0);
     let err = decode_err(&checkpoint);
-    assert!(matches!(&err, Error::NotAnExport { kind: FileKind::TrainingCheckpoint, .. }), "{err:?}");
+    assert!(
+        matches!(
+            &err,
+            Error::NotAnExport {
+                kind: FileKind::TrainingCheckpoint,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
     assert!(err.to_string().contains("TRAINING CHECKPOINT"), "{err}");
     assert!(err.to_string().contains("export run --ckpt-dir"), "{err}");
 
     let mut tile = b"MNRNTIL1".to_vec();
     tile.resize(16384, 0);
     let err = decode_err(&tile);
-    assert!(matches!(&err, Error::NotAnExport { kind: FileKind::TileContainer, .. }));
+    assert!(matches!(
+        &err,
+        Error::NotAnExport {
+            kind: FileKind::TileContainer,
+            ..
+        }
+    ));
     assert!(err.to_string().contains("minirun info"), "{err}");
 
     let mut safetensors = 40u64.to_le_bytes().to_vec();
     safetensors.extend_from_slice(br#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#);
     let err = decode_err(&safetensors);
-    assert!(matches!(&err, Error::NotAnExport { kind: FileKind::Safetensors, .. }));
+    assert!(matches!(
+        &err,
+        Error::NotAnExport {
+            kind: FileKind::Safetensors,
+            ..
+        }
+    ));
     assert!(err.to_string().contains("minirun pack"), "{err}");
 
     let mut gguf = b"GGUF\x03\0\0\0".to_vec();
     gguf.resize(32, 0);
-    assert!(matches!(decode_err(&gguf), Error::NotAnExport { kind: FileKind::Gguf, .. }));
+    assert!(matches!(
+        decode_err(&gguf),
+        Error::NotAnExport {
+            kind: FileKind::Gguf,
+            ..
+        }
+    ));
 
     let random = [0x5Au8; 40];
     let err = decode_err(&random);
-    assert!(matches!(&err, Error::NotAnExport { kind: FileKind::Unknown { .. }, .. }));
-    assert!(err.to_string().contains("ZZZZZZZZ"), "shows the bytes found: {err}");
+    assert!(matches!(
+        &err,
+        Error::NotAnExport {
+            kind: FileKind::Unknown { .. },
+            ..
+        }
+    ));
+    assert!(
+        err.to_string().contains("ZZZZZZZZ"),
+        "shows the bytes found: {err}"
+    );
 }
 
 #[test]
@@ -142,7 +199,10 @@ fn header_failures_each_have_their_own_error() {
         decode_err(&assemble(&not_utf8, &payload)),
         Error::HeaderNotUtf8 { .. }
     ));
-    assert!(matches!(decode_err(&assemble(b"format = [", &payload)), Error::HeaderToml { .. }));
+    assert!(matches!(
+        decode_err(&assemble(b"format = [", &payload)),
+        Error::HeaderToml { .. }
+    ));
     let unknown_key = with_header_edit("step = 7\n", "step = 7\nquantized = true\n");
     assert!(matches!(decode_err(&unknown_key), Error::HeaderToml { .. }));
     let missing_key = with_header_edit("step = 7\n", "");
@@ -150,32 +210,128 @@ fn header_failures_each_have_their_own_error() {
     let negative = with_header_edit("step = 7\n", "step = -7\n");
     assert!(matches!(decode_err(&negative), Error::HeaderToml { .. }));
 
-    let cases: Vec<(Vec<u8>, fn(&Error) -> bool)> = vec![
-        (with_header_edit("format = 1", "format = 2"), |e| matches!(e, Error::FormatMismatch { header: 2, version_byte: 1 })),
-        (with_header_edit("dtype = \"bf16\"", "dtype = \"bfloat16\""), |e| matches!(e, Error::UnknownDtype { .. })),
-        (with_header_edit("num_tensors = 3", "num_tensors = 4"), |e| matches!(e, Error::TensorCountMismatch { declared: 4, listed: 3 })),
-        (with_header_edit("name = \"norm.weight\"", "name = \"\""), |e| matches!(e, Error::EmptyTensorName { index: 2 })),
-        (with_header_edit("name = \"norm.weight\"", "name = \"embed.weight\""), |e| matches!(e, Error::DuplicateTensor { .. })),
-        (with_header_edit("dims = [8]", "dims = []"), |e| matches!(e, Error::InvalidDims { .. })),
-        (with_header_edit("dims = [8]", "dims = [8, 0]"), |e| matches!(e, Error::InvalidDims { .. })),
-        (with_header_edit("dims = [8]", "dims = [4294967296, 4294967296]"), |e| matches!(e, Error::DimsOverflow { .. })),
-        // 2^63 - 1 values fit a u64; their bytes (x 2) do not.
-        (with_header_edit("dims = [8]", "dims = [9223372036854775807]"), |e| matches!(e, Error::DimsOverflow { .. })),
-        (with_header_edit("overflowed = 0", "overflowed = 3"), |e| matches!(e, Error::OverflowedTensor { count: 3, .. })),
-        (with_header_edit("num_params = 48", "num_params = 47"), |e| matches!(e, Error::ParamCountMismatch { declared: 47, counted: 48 })),
+    let cases: Vec<(Vec<u8>, IsExpected)> = vec![
+        (with_header_edit("format = 1", "format = 2"), |e| {
+            matches!(
+                e,
+                Error::FormatMismatch {
+                    header: 2,
+                    version_byte: 1
+                }
+            )
+        }),
         (
-            with_header_edit("num_params = 48\n", "num_params = 56\n").replace_dims("dims = [8]", "dims = [16]"),
-            |e| matches!(e, Error::PayloadSizeMismatch { needed: 112, payload_len: 96 }),
+            with_header_edit("dtype = \"bf16\"", "dtype = \"bfloat16\""),
+            |e| matches!(e, Error::UnknownDtype { .. }),
         ),
-        (with_header_edit("flushed = 1", "flushed = 49"), |e| matches!(e, Error::ImpossibleStatistics { .. })),
-        (with_header_edit("max_abs = 16777216.0", "max_abs = -1.0"), |e| matches!(e, Error::ImpossibleStatistics { .. })),
-        (with_header_edit("max_abs = 16777216.0", "max_abs = 0.1"), |e| matches!(e, Error::ImpossibleStatistics { .. })),
-        (with_header_edit("max_abs = 16777216.0", "max_abs = 1e-12"), |e| matches!(e, Error::ImpossibleStatistics { .. })),
-        (with_header_edit("max_abs = 16777216.0", "max_abs = -0.0"), |e| matches!(e, Error::ImpossibleStatistics { .. })),
-        (with_header_edit("max_abs = 16777216.0", "max_abs = 8.0"), |e| matches!(e, Error::StatisticMismatch { field: "max_abs", .. })),
         (
-            with_header_edit("min_nonzero_abs = 0.0000000009968061931431293", "min_nonzero_abs = 0.0000152587890625"),
-            |e| matches!(e, Error::StatisticMismatch { field: "min_nonzero_abs", .. }),
+            with_header_edit("num_tensors = 3", "num_tensors = 4"),
+            |e| {
+                matches!(
+                    e,
+                    Error::TensorCountMismatch {
+                        declared: 4,
+                        listed: 3
+                    }
+                )
+            },
+        ),
+        (
+            with_header_edit("name = \"norm.weight\"", "name = \"\""),
+            |e| matches!(e, Error::EmptyTensorName { index: 2 }),
+        ),
+        (
+            with_header_edit("name = \"norm.weight\"", "name = \"embed.weight\""),
+            |e| matches!(e, Error::DuplicateTensor { .. }),
+        ),
+        (with_header_edit("dims = [8]", "dims = []"), |e| {
+            matches!(e, Error::InvalidDims { .. })
+        }),
+        (with_header_edit("dims = [8]", "dims = [8, 0]"), |e| {
+            matches!(e, Error::InvalidDims { .. })
+        }),
+        (
+            with_header_edit("dims = [8]", "dims = [4294967296, 4294967296]"),
+            |e| matches!(e, Error::DimsOverflow { .. }),
+        ),
+        // 2^63 - 1 values fit a u64; their bytes (x 2) do not.
+        (
+            with_header_edit("dims = [8]", "dims = [9223372036854775807]"),
+            |e| matches!(e, Error::DimsOverflow { .. }),
+        ),
+        (with_header_edit("overflowed = 0", "overflowed = 3"), |e| {
+            matches!(e, Error::OverflowedTensor { count: 3, .. })
+        }),
+        (
+            with_header_edit("num_params = 48", "num_params = 47"),
+            |e| {
+                matches!(
+                    e,
+                    Error::ParamCountMismatch {
+                        declared: 47,
+                        counted: 48
+                    }
+                )
+            },
+        ),
+        (
+            with_header_edit("num_params = 48\n", "num_params = 56\n")
+                .replace_dims("dims = [8]", "dims = [16]"),
+            |e| {
+                matches!(
+                    e,
+                    Error::PayloadSizeMismatch {
+                        needed: 112,
+                        payload_len: 96
+                    }
+                )
+            },
+        ),
+        (with_header_edit("flushed = 1", "flushed = 49"), |e| {
+            matches!(e, Error::ImpossibleStatistics { .. })
+        }),
+        (
+            with_header_edit("max_abs = 16777216.0", "max_abs = -1.0"),
+            |e| matches!(e, Error::ImpossibleStatistics { .. }),
+        ),
+        (
+            with_header_edit("max_abs = 16777216.0", "max_abs = 0.1"),
+            |e| matches!(e, Error::ImpossibleStatistics { .. }),
+        ),
+        (
+            with_header_edit("max_abs = 16777216.0", "max_abs = 1e-12"),
+            |e| matches!(e, Error::ImpossibleStatistics { .. }),
+        ),
+        (
+            with_header_edit("max_abs = 16777216.0", "max_abs = -0.0"),
+            |e| matches!(e, Error::ImpossibleStatistics { .. }),
+        ),
+        (
+            with_header_edit("max_abs = 16777216.0", "max_abs = 8.0"),
+            |e| {
+                matches!(
+                    e,
+                    Error::StatisticMismatch {
+                        field: "max_abs",
+                        ..
+                    }
+                )
+            },
+        ),
+        (
+            with_header_edit(
+                "min_nonzero_abs = 0.0000000009968061931431293",
+                "min_nonzero_abs = 0.0000152587890625",
+            ),
+            |e| {
+                matches!(
+                    e,
+                    Error::StatisticMismatch {
+                        field: "min_nonzero_abs",
+                        ..
+                    }
+                )
+            },
         ),
     ];
     for (bytes, expected) in cases {
@@ -183,6 +339,9 @@ fn header_failures_each_have_their_own_error() {
         assert!(expected(&err), "unexpected error: {err:?}");
     }
 }
+
+/// Whether an error is the one a case expects.
+type IsExpected = fn(&Error) -> bool;
 
 trait ReplaceDims {
     fn replace_dims(self, from: &str, to: &str) -> Vec<u8>;
@@ -199,7 +358,9 @@ impl ReplaceDims for Vec<u8> {
 #[test]
 fn an_f32_export_cannot_claim_flushed_values() {
     let fixture = golden_fixture();
-    let bytes = dmexp::encode(&fixture.meta, &fixture.refs(), Dtype::F32).unwrap().to_bytes();
+    let bytes = dmexp::encode(&fixture.meta, &fixture.refs(), Dtype::F32)
+        .unwrap()
+        .to_bytes();
     let (_, header, payload) = split(&bytes);
     let edited = header.replacen("flushed = 0", "flushed = 1", 1);
     let err = decode_err(&assemble(edited.as_bytes(), &payload));
@@ -211,14 +372,26 @@ fn a_non_finite_value_smuggled_into_the_payload_is_refused_even_with_the_crc_fix
     let (_, header, mut payload) = split(&valid());
     payload[0..2].copy_from_slice(&0x7FC0u16.to_le_bytes()); // a bf16 NaN
     let err = decode_err(&assemble(header.as_bytes(), &payload));
-    assert!(matches!(err, Error::StatisticMismatch { field: "max_abs", .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            Error::StatisticMismatch {
+                field: "max_abs",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
 }
 
 #[test]
 fn an_export_with_no_tensors_is_refused() {
     let header = "format = 1\ndtype = \"f32\"\nsource = \"x\"\nstep = 0\nnum_params = 0\nnum_tensors = 0\n\
                   flushed = 0\nmax_abs = 0.0\nmin_nonzero_abs = 0.0\ntensors = []\n\n[config]\n";
-    assert!(matches!(decode_err(&assemble(header.as_bytes(), &[])), Error::NoTensors));
+    assert!(matches!(
+        decode_err(&assemble(header.as_bytes(), &[])),
+        Error::NoTensors
+    ));
 }
 
 proptest! {

@@ -29,10 +29,18 @@ fn written_file_reads_back_whole_and_lazily() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("latest.bf16.dmexp");
     let encoded = write_fixture(&path);
-    assert_eq!(names_in(dir.path()), ["latest.bf16.dmexp"], "no temporary file is left");
+    assert_eq!(
+        names_in(dir.path()),
+        ["latest.bf16.dmexp"],
+        "no temporary file is left"
+    );
     let fixture = golden_fixture();
     let in_memory = dmexp::encode(&fixture.meta, &fixture.refs(), Dtype::Bf16).unwrap();
-    assert_eq!(fs::read(&path).unwrap(), in_memory.to_bytes(), "streamed and in-memory encodes agree");
+    assert_eq!(
+        fs::read(&path).unwrap(),
+        in_memory.to_bytes(),
+        "streamed and in-memory encodes agree"
+    );
     assert_eq!(encoded.header, *in_memory.header());
     assert_eq!(encoded.prefix, in_memory.prefix());
 
@@ -45,7 +53,10 @@ fn written_file_reads_back_whole_and_lazily() {
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&lazy_values), bits(values));
     }
-    assert!(matches!(lazy.read_tensor("nope"), Err(Error::NoSuchTensor { .. })));
+    assert!(matches!(
+        lazy.read_tensor("nope"),
+        Err(Error::NoSuchTensor { .. })
+    ));
 }
 
 #[test]
@@ -59,14 +70,23 @@ fn a_lazy_read_touches_only_the_requested_tensors_bytes() {
     // that touched them would now see garbage or fail; one that did not is unaffected.
     let payload_start = 24 + u64::from(lazy.prefix().header_len);
     let file = fs::OpenOptions::new().write(true).open(&path).unwrap();
-    for entry in lazy.header().tensors.iter().filter(|t| t.name != "norm.weight") {
+    for entry in lazy
+        .header()
+        .tensors
+        .iter()
+        .filter(|t| t.name != "norm.weight")
+    {
         let junk = vec![0xFFu8; entry.byte_len as usize];
-        file.write_all_at(&junk, payload_start + entry.offset).unwrap();
+        file.write_all_at(&junk, payload_start + entry.offset)
+            .unwrap();
     }
     let (_, after) = lazy.read_tensor("norm.weight").unwrap();
     assert_eq!(before, after);
     assert_eq!(after, vec![1.0; 8]);
-    assert!(matches!(DmexpFile::open(&path), Err(Error::ChecksumMismatch { .. })));
+    assert!(matches!(
+        DmexpFile::open(&path),
+        Err(Error::ChecksumMismatch { .. })
+    ));
 }
 
 #[test]
@@ -79,11 +99,26 @@ fn lazy_open_holds_the_file_to_the_statistics_too() {
     let payload_start = 24 + prefix.header_len as usize;
     // A bf16 infinity in the first value, with the CRC recomputed to match.
     bytes[payload_start..payload_start + 2].copy_from_slice(&0x7F80u16.to_le_bytes());
-    let fixed = dmexp::Prefix { payload_crc32: crc32fast::hash(&bytes[payload_start..]), ..prefix };
+    let fixed = dmexp::Prefix {
+        payload_crc32: crc32fast::hash(&bytes[payload_start..]),
+        ..prefix
+    };
     bytes[..24].copy_from_slice(&fixed.to_bytes());
     fs::write(&path, &bytes).unwrap();
-    for err in [DmexpFile::open(&path).unwrap_err(), dmexp::info(&path).unwrap_err()] {
-        assert!(matches!(err, Error::StatisticMismatch { field: "max_abs", .. }), "{err:?}");
+    for err in [
+        DmexpFile::open(&path).unwrap_err(),
+        dmexp::info(&path).unwrap_err(),
+    ] {
+        assert!(
+            matches!(
+                err,
+                Error::StatisticMismatch {
+                    field: "max_abs",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
     }
 }
 
@@ -94,19 +129,35 @@ fn an_export_is_readable_by_others_like_a_copied_file() {
     let path = dir.path().join("shared.dmexp");
     write_fixture(&path);
     let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
-    assert_eq!(mode & 0o044, 0o044, "group and others can read it: {mode:o}");
+    assert_eq!(
+        mode & 0o044,
+        0o044,
+        "group and others can read it: {mode:o}"
+    );
 }
 
 #[test]
 fn a_failed_encode_creates_nothing_and_keeps_the_old_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("latest.f16.dmexp");
-    let meta = ExportMeta { source: "s".into(), step: 1, config: toml::Table::new() };
+    let meta = ExportMeta {
+        source: "s".into(),
+        step: 1,
+        config: toml::Table::new(),
+    };
     let too_big = [1.0f32, 70000.0];
-    let tensors = [TensorRef { name: "w", dims: &[2], values: &too_big }];
+    let tensors = [TensorRef {
+        name: "w",
+        dims: &[2],
+        values: &too_big,
+    }];
     let err = dmexp::encode_to_path(&path, &meta, &tensors, Dtype::F16).unwrap_err();
     assert!(matches!(err, Error::Overflow { .. }));
-    assert!(names_in(dir.path()).is_empty(), "{:?}", names_in(dir.path()));
+    assert!(
+        names_in(dir.path()).is_empty(),
+        "{:?}",
+        names_in(dir.path())
+    );
 
     fs::write(&path, b"the previous export").unwrap();
     dmexp::encode_to_path(&path, &meta, &tensors, Dtype::F16).unwrap_err();
@@ -123,7 +174,8 @@ fn writing_into_a_missing_directory_fails_with_the_path() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("no/such/dir/x.dmexp");
     let fixture = golden_fixture();
-    let err = dmexp::encode_to_path(&path, &fixture.meta, &fixture.refs(), Dtype::Bf16).unwrap_err();
+    let err =
+        dmexp::encode_to_path(&path, &fixture.meta, &fixture.refs(), Dtype::Bf16).unwrap_err();
     assert!(matches!(err, Error::Io { .. }), "{err:?}");
     assert!(err.to_string().contains("no/such/dir"), "{err}");
     assert!(names_in(dir.path()).is_empty());
@@ -147,8 +199,20 @@ fn a_training_checkpoint_is_refused_with_the_command_that_converts_it() {
         DmexpFile::open(&path).unwrap_err(),
         dmexp::info(&path).unwrap_err(),
     ] {
-        assert!(matches!(&err, Error::NotAnExport { kind: FileKind::TrainingCheckpoint, .. }), "{err:?}");
-        let expected = format!("export run --ckpt-dir {} --ckpt-name latest --dtype bf16", dir.path().display());
+        assert!(
+            matches!(
+                &err,
+                Error::NotAnExport {
+                    kind: FileKind::TrainingCheckpoint,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        let expected = format!(
+            "export run --ckpt-dir {} --ckpt-name latest --dtype bf16",
+            dir.path().display()
+        );
         assert!(err.to_string().contains(&expected), "{err}");
     }
 }
@@ -157,11 +221,19 @@ fn a_training_checkpoint_is_refused_with_the_command_that_converts_it() {
 fn a_huge_file_with_a_wrong_length_is_refused_before_it_is_read() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("huge.dmexp");
-    let prefix = dmexp::Prefix { version: 1, header_len: 100, payload_len: 1 << 20, payload_crc32: 0 };
+    let prefix = dmexp::Prefix {
+        version: 1,
+        header_len: 100,
+        payload_len: 1 << 20,
+        payload_crc32: 0,
+    };
     sparse_file(&path, &prefix.to_bytes(), 64 << 30);
     let err = dmexp::read(&path).unwrap_err();
     assert!(matches!(err, Error::TrailingBytes { .. }), "{err:?}");
-    assert!(matches!(DmexpFile::open(&path).unwrap_err(), Error::TrailingBytes { .. }));
+    assert!(matches!(
+        DmexpFile::open(&path).unwrap_err(),
+        Error::TrailingBytes { .. }
+    ));
 }
 
 #[test]
@@ -187,7 +259,10 @@ fn info_describes_everything_in_the_header_as_text_and_json() {
     ] {
         assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
     }
-    assert!(text.contains(&format!("({} bytes)", encoded.file_len())), "{text}");
+    assert!(
+        text.contains(&format!("({} bytes)", encoded.file_len())),
+        "{text}"
+    );
 
     let json: serde_json::Value = serde_json::from_str(&info.to_json()).unwrap();
     assert_eq!(json["dtype"], "bf16");
@@ -203,5 +278,8 @@ fn info_describes_everything_in_the_header_as_text_and_json() {
     let last = bytes.len() - 1;
     bytes[last] ^= 0x10;
     fs::write(&path, &bytes).unwrap();
-    assert!(matches!(dmexp::info(&path), Err(Error::ChecksumMismatch { .. })));
+    assert!(matches!(
+        dmexp::info(&path),
+        Err(Error::ChecksumMismatch { .. })
+    ));
 }

@@ -42,7 +42,11 @@ fn decoder_reads_the_golden_file_with_pinned_values() {
     assert_eq!(header.num_tensors(), 3);
     assert_eq!(header.flushed, 1, "only the f32 subnormal 2^-149 flushes");
     assert_eq!(header.max_abs.to_bits(), 0x4B80_0000, "2^24");
-    assert_eq!(header.min_nonzero_abs.to_bits(), 0x3089_0000, "1e-9 rounded to bf16");
+    assert_eq!(
+        header.min_nonzero_abs.to_bits(),
+        0x3089_0000,
+        "1e-9 rounded to bf16"
+    );
     assert_eq!(header.config["engram_hash"].as_str(), Some("mulxor-v1"));
     let (_, edges) = export.tensor("blocks.0.edges").unwrap();
     let bits: Vec<u32> = edges.iter().map(|v| v.to_bits()).collect();
@@ -105,7 +109,11 @@ fn independent_python_reader_agrees_with_the_decoder() {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/dmexp_read.py");
     let golden = std::fs::read(GOLDEN_PATH).unwrap();
     let export = dmexp::decode(&golden).unwrap();
-    for (tensor, count) in [("blocks.0.edges", 8), ("embed.weight", 12), ("norm.weight", 3)] {
+    for (tensor, count) in [
+        ("blocks.0.edges", 8),
+        ("embed.weight", 12),
+        ("norm.weight", 3),
+    ] {
         let output = Command::new("python3")
             .arg(&script)
             .arg(GOLDEN_PATH)

@@ -39,17 +39,49 @@ fn f(bits: u32) -> f32 {
 #[test]
 fn f16_edges_match_hand_computed_bits() {
     let cases: [(f32, u16, &str); 14] = [
-        (f(0x3380_0000), 0x0001, "2^-24, the smallest f16 subnormal, is kept"),
-        (f(0x3300_0000), 0x0000, "2^-25 is a tie between 0 and 2^-24: ties to even give 0"),
-        (f(0x3300_0001), 0x0001, "just above 2^-25 rounds up to 2^-24"),
-        (f(0x33C0_0000), 0x0002, "1.5 x 2^-24 ties to the even subnormal 2 x 2^-24"),
-        (f(0x387B_A882), 0x03EF, "6.0e-5 is a subnormal in f16 and keeps 10 bits of scale"),
+        (
+            f(0x3380_0000),
+            0x0001,
+            "2^-24, the smallest f16 subnormal, is kept",
+        ),
+        (
+            f(0x3300_0000),
+            0x0000,
+            "2^-25 is a tie between 0 and 2^-24: ties to even give 0",
+        ),
+        (
+            f(0x3300_0001),
+            0x0001,
+            "just above 2^-25 rounds up to 2^-24",
+        ),
+        (
+            f(0x33C0_0000),
+            0x0002,
+            "1.5 x 2^-24 ties to the even subnormal 2 x 2^-24",
+        ),
+        (
+            f(0x387B_A882),
+            0x03EF,
+            "6.0e-5 is a subnormal in f16 and keeps 10 bits of scale",
+        ),
         (f(0x3880_0000), 0x0400, "2^-14, the smallest f16 normal"),
         (1.0, 0x3C00, "one"),
-        (f(0x3F80_1000), 0x3C00, "1 + 2^-11 ties down to the even 1.0"),
-        (f(0x3F80_3000), 0x3C02, "1 + 3 x 2^-11 ties up to the even 1 + 2^-9"),
+        (
+            f(0x3F80_1000),
+            0x3C00,
+            "1 + 2^-11 ties down to the even 1.0",
+        ),
+        (
+            f(0x3F80_3000),
+            0x3C02,
+            "1 + 3 x 2^-11 ties up to the even 1 + 2^-9",
+        ),
         (65504.0, 0x7BFF, "65504, the largest f16"),
-        (f(0x477F_EFFD), 0x7BFF, "65519.99 is below the 65520 midpoint"),
+        (
+            f(0x477F_EFFD),
+            0x7BFF,
+            "65519.99 is below the 65520 midpoint",
+        ),
         (-0.0, 0x8000, "-0.0 stays -0.0"),
         (-2.5, 0xC100, "negative normal"),
         (f(0xB280_0000), 0x8000, "-2^-26 becomes -0.0"),
@@ -69,7 +101,11 @@ fn bf16_edges_match_hand_computed_bits() {
         (f(0x3F81_8000), 0x3F82, "tie rounds up to even"),
         (f(0x3F80_8001), 0x3F81, "above the tie rounds up"),
         (f(0x3F80_7FFF), 0x3F80, "below the tie rounds down"),
-        (f(0x7F7F_7FFF), 0x7F7F, "just below the largest bf16's rounding edge"),
+        (
+            f(0x7F7F_7FFF),
+            0x7F7F,
+            "just below the largest bf16's rounding edge",
+        ),
         (f(0x3089_705F), 0x3089, "1.0e-9 keeps its exponent in bf16"),
         (f(0x0001_8000), 0x0002, "subnormal tie rounds to even 2"),
         (f(0x0000_8000), 0x0000, "subnormal tie rounds to even 0"),
@@ -108,13 +144,19 @@ fn f16_overflow_is_refused_naming_tensor_index_value_and_bf16() {
                 suggest,
                 ..
             } => {
-                assert_eq!((tensor.as_str(), *index, *dtype, *suggest), ("w", 2, Dtype::F16, Dtype::Bf16));
+                assert_eq!(
+                    (tensor.as_str(), *index, *dtype, *suggest),
+                    ("w", 2, Dtype::F16, Dtype::Bf16)
+                );
                 assert_eq!(v.to_bits(), value.to_bits());
             }
             other => panic!("expected Overflow, got {other:?}"),
         }
         let message = err.to_string();
-        assert!(message.contains("\"w\"") && message.contains("#2") && message.contains("--dtype bf16"), "{message}");
+        assert!(
+            message.contains("\"w\"") && message.contains("#2") && message.contains("--dtype bf16"),
+            "{message}"
+        );
         // The same weights are fine in bf16 (f32::MAX aside, which overflows bf16 too).
         if value != f32::MAX {
             assert!(stored_halves(Dtype::Bf16, &values).is_ok());
@@ -127,7 +169,15 @@ fn bf16_overflow_at_f32_max_is_refused_naming_f32() {
     for value in [f32::MAX, f(0x7F7F_8000), -f32::MAX] {
         let err = stored_halves(Dtype::Bf16, &[value]).unwrap_err();
         assert!(
-            matches!(err, Error::Overflow { dtype: Dtype::Bf16, suggest: Dtype::F32, index: 0, .. }),
+            matches!(
+                err,
+                Error::Overflow {
+                    dtype: Dtype::Bf16,
+                    suggest: Dtype::F32,
+                    index: 0,
+                    ..
+                }
+            ),
             "{err:?}"
         );
         assert!(err.to_string().contains("--dtype f32"));
@@ -138,9 +188,16 @@ fn bf16_overflow_at_f32_max_is_refused_naming_f32() {
 fn nan_and_infinite_inputs_are_refused_as_a_broken_model_in_every_dtype() {
     for dtype in Dtype::ALL {
         for value in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, f(0x7FC0_0001)] {
-            let values = vec![0.0; 5000].into_iter().chain([value]).collect::<Vec<f32>>();
+            let values = vec![0.0; 5000]
+                .into_iter()
+                .chain([value])
+                .collect::<Vec<f32>>();
             let dims = [values.len() as u64];
-            let tensors = [TensorRef { name: "blocks.3.w", dims: &dims, values: &values }];
+            let tensors = [TensorRef {
+                name: "blocks.3.w",
+                dims: &dims,
+                values: &values,
+            }];
             let err = dmexp::encode(&meta(), &tensors, dtype).unwrap_err();
             match &err {
                 Error::NonFiniteInput { tensor, index, .. } => {
@@ -149,7 +206,10 @@ fn nan_and_infinite_inputs_are_refused_as_a_broken_model_in_every_dtype() {
                 other => panic!("{dtype}: expected NonFiniteInput, got {other:?}"),
             }
             assert!(err.to_string().contains("non-finite weight"), "{err}");
-            assert!(!err.to_string().contains("--dtype"), "the format is not the problem: {err}");
+            assert!(
+                !err.to_string().contains("--dtype"),
+                "the format is not the problem: {err}"
+            );
         }
     }
 }
@@ -183,12 +243,20 @@ fn check_against_reference(bits: u32) {
     }
     let f16_out = f16_bits_to_f32(f32_to_f16_bits(x));
     match f16_reference(x) {
-        Some(r) => assert_eq!(f64::from(f16_out).to_bits(), r.to_bits(), "f16 of {bits:#010x}"),
+        Some(r) => assert_eq!(
+            f64::from(f16_out).to_bits(),
+            r.to_bits(),
+            "f16 of {bits:#010x}"
+        ),
         None => assert!(f16_out.is_infinite(), "f16 of {bits:#010x} must overflow"),
     }
     let bf16_out = bf16_bits_to_f32(f32_to_bf16_bits(x));
     match bf16_reference(x) {
-        Some(r) => assert_eq!(f64::from(bf16_out).to_bits(), r.to_bits(), "bf16 of {bits:#010x}"),
+        Some(r) => assert_eq!(
+            f64::from(bf16_out).to_bits(),
+            r.to_bits(),
+            "bf16 of {bits:#010x}"
+        ),
         None => assert!(bf16_out.is_infinite(), "bf16 of {bits:#010x} must overflow"),
     }
 }
@@ -199,7 +267,14 @@ fn narrowing_matches_the_f64_reference_across_a_sweep_of_all_f32() {
     for bits in (0..=u32::MAX).step_by(997) {
         check_against_reference(bits);
     }
-    for base in [0x3300_0000u32, 0x3380_0000, 0x3880_0000, 0x477F_E000, 0x7F7F_0000, 0x0000_0000] {
+    for base in [
+        0x3300_0000u32,
+        0x3380_0000,
+        0x3880_0000,
+        0x477F_E000,
+        0x7F7F_0000,
+        0x0000_0000,
+    ] {
         for bits in base..base + 0x1_0000 {
             check_against_reference(bits);
             check_against_reference(bits | 0x8000_0000);
@@ -214,14 +289,30 @@ fn widening_every_16_bit_pattern_is_exact_and_round_trips() {
         let sign = if h & 0x8000 != 0 { -1.0 } else { 1.0 };
         let (e, m) = (i32::from((h >> 10) & 0x1F), f64::from(h & 0x3FF));
         if e != 0x1F {
-            let magnitude = if e == 0 { m * 2f64.powi(-24) } else { (1024.0 + m) * 2f64.powi(e - 25) };
-            assert_eq!(f64::from(f16_bits_to_f32(h)), sign * magnitude, "f16 {h:#06x}");
+            let magnitude = if e == 0 {
+                m * 2f64.powi(-24)
+            } else {
+                (1024.0 + m) * 2f64.powi(e - 25)
+            };
+            assert_eq!(
+                f64::from(f16_bits_to_f32(h)),
+                sign * magnitude,
+                "f16 {h:#06x}"
+            );
             assert_eq!(f32_to_f16_bits(f16_bits_to_f32(h)), h);
         }
         let (e, m) = (i32::from((h >> 7) & 0xFF), f64::from(h & 0x7F));
         if e != 0xFF {
-            let magnitude = if e == 0 { m * 2f64.powi(-133) } else { (128.0 + m) * 2f64.powi(e - 134) };
-            assert_eq!(f64::from(bf16_bits_to_f32(h)), sign * magnitude, "bf16 {h:#06x}");
+            let magnitude = if e == 0 {
+                m * 2f64.powi(-133)
+            } else {
+                (128.0 + m) * 2f64.powi(e - 134)
+            };
+            assert_eq!(
+                f64::from(bf16_bits_to_f32(h)),
+                sign * magnitude,
+                "bf16 {h:#06x}"
+            );
             assert_eq!(f32_to_bf16_bits(bf16_bits_to_f32(h)), h);
         }
     }

@@ -20,7 +20,10 @@ fn every_dtype_round_trips_with_the_exact_file_length() {
             Dtype::F32 => 4,
             Dtype::F16 | Dtype::Bf16 => 2,
         };
-        assert_eq!(bytes.len() as u64, 24 + u64::from(prefix.header_len) + bytes_per_value * 48);
+        assert_eq!(
+            bytes.len() as u64,
+            24 + u64::from(prefix.header_len) + bytes_per_value * 48
+        );
         assert_eq!(encoded.file_len(), bytes.len() as u64);
 
         let export = dmexp::decode(&bytes).unwrap();
@@ -29,7 +32,8 @@ fn every_dtype_round_trips_with_the_exact_file_length() {
         assert_eq!(export.header.step, fixture.meta.step);
         assert_eq!(export.header.config, fixture.meta.config);
         assert_eq!(&export.header, encoded.header());
-        for ((name, dims, values), (entry, decoded)) in fixture.tensors.iter().zip(export.tensors()) {
+        for ((name, dims, values), (entry, decoded)) in fixture.tensors.iter().zip(export.tensors())
+        {
             assert_eq!((&entry.name, &entry.dims), (name, dims));
             assert_eq!(decoded.len(), values.len());
             if dtype == Dtype::F32 {
@@ -44,11 +48,26 @@ fn every_dtype_round_trips_with_the_exact_file_length() {
 #[test]
 fn f32_export_records_the_true_extremes_and_flushes_nothing() {
     let values = [1.1023e-9f32, -5.1545, 0.0, 1e-45];
-    let tensors = [TensorRef { name: "w", dims: &[4], values: &values }];
-    let meta = ExportMeta { source: "s@step1".into(), step: 1, config: toml::Table::new() };
-    let header = dmexp::encode(&meta, &tensors, Dtype::F32).unwrap().header().clone();
+    let tensors = [TensorRef {
+        name: "w",
+        dims: &[4],
+        values: &values,
+    }];
+    let meta = ExportMeta {
+        source: "s@step1".into(),
+        step: 1,
+        config: toml::Table::new(),
+    };
+    let header = dmexp::encode(&meta, &tensors, Dtype::F32)
+        .unwrap()
+        .header()
+        .clone();
     assert_eq!(header.max_abs, 5.1545);
-    assert_eq!(header.min_nonzero_abs.to_bits(), 1, "the smallest f32 subnormal is kept");
+    assert_eq!(
+        header.min_nonzero_abs.to_bits(),
+        1,
+        "the smallest f32 subnormal is kept"
+    );
     assert_eq!(header.flushed, 0);
 }
 
@@ -114,20 +133,59 @@ proptest! {
 
 #[test]
 fn encode_refuses_malformed_tensor_sets() {
-    let meta = ExportMeta { source: "s".into(), step: 0, config: toml::Table::new() };
+    let meta = ExportMeta {
+        source: "s".into(),
+        step: 0,
+        config: toml::Table::new(),
+    };
     let v = [1.0f32; 4];
     let cases: Vec<(Vec<TensorRef<'_>>, &str)> = vec![
         (vec![], "NoTensors"),
-        (vec![TensorRef { name: "", dims: &[4], values: &v }], "EmptyTensorName"),
         (
-            vec![TensorRef { name: "a", dims: &[4], values: &v }, TensorRef { name: "a", dims: &[4], values: &v }],
+            vec![TensorRef {
+                name: "",
+                dims: &[4],
+                values: &v,
+            }],
+            "EmptyTensorName",
+        ),
+        (
+            vec![
+                TensorRef {
+                    name: "a",
+                    dims: &[4],
+                    values: &v,
+                },
+                TensorRef {
+                    name: "a",
+                    dims: &[4],
+                    values: &v,
+                },
+            ],
             "DuplicateTensor",
         ),
-        (vec![TensorRef { name: "a", dims: &[2, 3], values: &v }], "ValueCountMismatch"),
-        (vec![TensorRef { name: "a", dims: &[4, 0], values: &v }], "InvalidDims"),
+        (
+            vec![TensorRef {
+                name: "a",
+                dims: &[2, 3],
+                values: &v,
+            }],
+            "ValueCountMismatch",
+        ),
+        (
+            vec![TensorRef {
+                name: "a",
+                dims: &[4, 0],
+                values: &v,
+            }],
+            "InvalidDims",
+        ),
     ];
     for (tensors, expected) in cases {
         let err = dmexp::encode(&meta, &tensors, Dtype::Bf16).unwrap_err();
-        assert!(format!("{err:?}").starts_with(expected), "{expected}: {err:?}");
+        assert!(
+            format!("{err:?}").starts_with(expected),
+            "{expected}: {err:?}"
+        );
     }
 }
