@@ -92,6 +92,21 @@ fn looks_like_safetensors(bytes: &[u8]) -> bool {
 }
 
 impl FileKind {
+    /// A short stable name for scripts (`--json` output).
+    pub fn label(&self) -> &'static str {
+        match self {
+            FileKind::Export { .. } => "dmexp-export",
+            FileKind::TrainingCheckpoint => "dormouse-training-checkpoint",
+            FileKind::OriginalCheckpoint => "original-dormouse-checkpoint",
+            FileKind::TileContainer => "tile-container",
+            FileKind::Safetensors => "safetensors",
+            FileKind::Gguf => "gguf",
+            FileKind::Zip => "zip",
+            FileKind::TooShort { .. } => "too-short",
+            FileKind::Unknown { .. } => "unknown",
+        }
+    }
+
     /// One sentence for a person: what the file is and what to run instead. `path`,
     /// when known, is used to spell out the exact command.
     pub fn advice(&self, path: Option<&Path>) -> String {

@@ -1,1 +1,60 @@
-fn main() {}
+//! `minirun`: inspect tile containers and artifacts (more subcommands arrive with pack,
+//! verify and run).
+
+mod container_info;
+mod info;
+mod synth;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "minirun",
+    version,
+    about = "Inspect, verify and run quantized tile-container artifacts",
+    long_about = "minirun works with artifacts: byte-preserving repacks of quantized upstream checkpoints \
+                  into 16 KiB-aligned MNRNTIL1 tile containers, described by an index.json."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Say what a file or artifact is: a tile container's header, an artifact's index.json, or
+    /// (for anything else) what the file is and what reads it.
+    ///
+    /// Examples:
+    ///   minirun info layer00/layer00-w1.mxfp4tile
+    ///   minirun info layer00/layer00-w1.mxfp4tile --verify-tiles --threads 2
+    ///   minirun info ./DeepSeek-V4-Flash-0731-minirun --json
+    Info(info::InfoArgs),
+    /// Write a synthetic-deterministic MXFP4 tile container (for storage benchmarks and tests):
+    /// every byte is recomputable from the seed, so a reader can check it without a digest.
+    ///
+    /// Example: minirun synth --out /tmp/bench.mxfp4tile --rows 2048 --cols 4096 --tiles 481 --digests
+    Synth(synth::SynthArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Info(args) => info::run(&args),
+        Command::Synth(args) => synth::run(&args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("minirun: {err:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// A path argument, for messages.
+pub(crate) fn shown(path: &std::path::Path) -> String {
+    path.display().to_string()
+}

@@ -12,7 +12,7 @@
 use std::io::{Seek, Write};
 
 use crate::tile::{
-    ContainerWriter, ContentKind, Geometry, QuantMode, ScaleDtype, TileContainer, WriteError, hex,
+    ContainerWriter, ContentKind, Geometry, QuantMode, ScaleDtype, TileContainer, WriteError,
 };
 
 /// The SplitMix64 increment (the golden ratio in 64-bit fixed point).
@@ -81,12 +81,19 @@ fn tile_base(seed: u64, tile: u64) -> u64 {
 }
 
 /// The packed and scale payloads of synthetic tile `tile`.
-pub fn tile_payloads(seed: u64, tile: u64, packed_bytes: u64, scale_bytes: u64) -> (Vec<u8>, Vec<u8>) {
+pub fn tile_payloads(
+    seed: u64,
+    tile: u64,
+    packed_bytes: u64,
+    scale_bytes: u64,
+) -> (Vec<u8>, Vec<u8>) {
     let base = tile_base(seed, tile);
     let mut packed = vec![0u8; packed_bytes as usize];
     fill_content(derive(base, PACKED_LABEL), 0, &mut packed);
     let scale_seed = derive(base, SCALE_LABEL);
-    let scales = (0..scale_bytes).map(|j| 100 + (value(scale_seed, j) % 41) as u8).collect();
+    let scales = (0..scale_bytes)
+        .map(|j| 100 + (value(scale_seed, j) % 41) as u8)
+        .collect();
     (packed, scales)
 }
 
@@ -111,10 +118,21 @@ pub fn write_mxfp4_container<W: Write + Seek>(
         scale_block_rows: 1,
         tile_count,
     };
-    let mut writer = ContainerWriter::new(out, geometry, ContentKind::SyntheticDeterministic, seed, with_digests)?;
+    let mut writer = ContainerWriter::new(
+        out,
+        geometry,
+        ContentKind::SyntheticDeterministic,
+        seed,
+        with_digests,
+    )?;
     let layout = geometry.layout().map_err(crate::tile::TileError::from)?;
     for tile in 0..tile_count {
-        let (packed, scales) = tile_payloads(seed, u64::from(tile), layout.packed_bytes, layout.scale_bytes);
+        let (packed, scales) = tile_payloads(
+            seed,
+            u64::from(tile),
+            layout.packed_bytes,
+            layout.scale_bytes,
+        );
         writer.push_tile(&packed, &scales, &[])?;
         on_tile(tile);
     }
@@ -124,14 +142,20 @@ pub fn write_mxfp4_container<W: Write + Seek>(
 /// Why a regeneration check did not confirm a tile.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RegenerationError {
-    #[error("this container is checkpoint-derived: its bytes cannot be recomputed, only checked against a digest")]
+    #[error(
+        "this container is checkpoint-derived: its bytes cannot be recomputed, only checked against a digest"
+    )]
     CheckpointDerived,
     #[error("only synthetic mxfp4 containers can be regenerated; this one is {0}")]
     NotMxfp4(QuantMode),
     #[error(transparent)]
     Tile(#[from] crate::tile::TileError),
     #[error("tile {tile} is {actual} bytes; a tile is {expected}")]
-    Length { tile: u64, expected: u64, actual: u64 },
+    Length {
+        tile: u64,
+        expected: u64,
+        actual: u64,
+    },
     #[error(
         "tile {tile} differs from the synthetic content of seed {seed} at tile byte {offset}{v1_note}"
     )]
@@ -145,7 +169,11 @@ pub enum RegenerationError {
 
 /// Recomputes synthetic tile `tile` and compares it with `bytes` (the tile's whole stride).
 /// Refused for checkpoint-derived content, which can only be checked against a digest.
-pub fn regenerate_check(container: &TileContainer, tile: u64, bytes: &[u8]) -> Result<(), RegenerationError> {
+pub fn regenerate_check(
+    container: &TileContainer,
+    tile: u64,
+    bytes: &[u8],
+) -> Result<(), RegenerationError> {
     if container.content_kind == ContentKind::CheckpointDerived {
         return Err(RegenerationError::CheckpointDerived);
     }
@@ -155,7 +183,11 @@ pub fn regenerate_check(container: &TileContainer, tile: u64, bytes: &[u8]) -> R
     let range = container.tile_range(tile)?;
     let l = container.layout;
     if bytes.len() as u64 != range.end - range.start {
-        return Err(RegenerationError::Length { tile, expected: l.tile_stride, actual: bytes.len() as u64 });
+        return Err(RegenerationError::Length {
+            tile,
+            expected: l.tile_stride,
+            actual: bytes.len() as u64,
+        });
     }
     let (packed, scales) = tile_payloads(container.seed, tile, l.packed_bytes, l.scale_bytes);
     let mut expected = packed;
@@ -176,10 +208,4 @@ pub fn regenerate_check(container: &TileContainer, tile: u64, bytes: &[u8]) -> R
             },
         }),
     }
-}
-
-/// Lowercase hex of a synthetic tile's SHA-256, for messages and tests.
-pub fn tile_sha256_hex(bytes: &[u8]) -> String {
-    use sha2::{Digest, Sha256};
-    hex(&Sha256::digest(bytes))
 }

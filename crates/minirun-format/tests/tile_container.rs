@@ -16,7 +16,16 @@ fn geometry(mode: QuantMode, rows: u32, cols: u32, tiles: u32) -> Geometry {
         QuantMode::Affine => (64, 4, ScaleDtype::Bf16, 1),
         QuantMode::Fp8E4m3Block => (128, 8, ScaleDtype::E8m0, 128),
     };
-    Geometry { mode, rows, cols, group_size, bits, scale_dtype, scale_block_rows, tile_count: tiles }
+    Geometry {
+        mode,
+        rows,
+        cols,
+        group_size,
+        bits,
+        scale_dtype,
+        scale_block_rows,
+        tile_count: tiles,
+    }
 }
 
 fn spec(g: Geometry, kind: ContentKind, digests: bool) -> ContainerSpec {
@@ -52,91 +61,313 @@ fn synthetic_v1_container_matches_the_reference_byte_for_byte() {
             .unwrap();
     let bytes = out.into_inner();
     assert_eq!(bytes.len(), 573_440);
-    assert_eq!(hex(&Sha256::digest(&bytes)), "fd93682afd3c0521311ab2830d6eda86da9201297e25d390122bfa51afe0eb06");
+    assert_eq!(
+        hex(&Sha256::digest(&bytes)),
+        "fd93682afd3c0521311ab2830d6eda86da9201297e25d390122bfa51afe0eb06"
+    );
     assert_eq!(container.version, 1);
     let tile0 = container.tile_range(0).unwrap();
     let tile0 = &bytes[tile0.start as usize..tile0.end as usize];
-    assert_eq!(hex(&Sha256::digest(tile0)), "c3182f127dd8577c63812ceef9a4cebe559ffb7a1e6499c564e7cc8491f85411");
+    assert_eq!(
+        hex(&Sha256::digest(tile0)),
+        "c3182f127dd8577c63812ceef9a4cebe559ffb7a1e6499c564e7cc8491f85411"
+    );
     let at = |r: std::ops::Range<u64>| hex(&bytes[r.start as usize..r.start as usize + 8]);
     assert_eq!(at(container.packed_range(0).unwrap()), "fc90b4ee875ee3fb");
     assert_eq!(at(container.scale_range(0).unwrap()), "6a797f8a887d6b6e");
     assert_eq!(at(container.packed_range(1).unwrap()), "9682be411cab2a1f");
-    assert_eq!(TileContainer::parse(&bytes, bytes.len() as u64).unwrap(), container);
+    assert_eq!(
+        TileContainer::parse(&bytes, bytes.len() as u64).unwrap(),
+        container
+    );
 }
 
 /// Every published geometry of the reference's section 1.7: our writer chooses the same
 /// version and flags, derives the same stride and size, and our reader accepts it.
 #[test]
 fn every_published_geometry_is_written_and_read_as_published() {
-    let fp8 = Geometry { mode: QuantMode::Fp8E4m3Block, ..geometry(QuantMode::Fp8E4m3Block, 512, 4096, 1) };
+    let fp8 = Geometry {
+        mode: QuantMode::Fp8E4m3Block,
+        ..geometry(QuantMode::Fp8E4m3Block, 512, 4096, 1)
+    };
     let cases: Vec<(&str, ContainerSpec, u32, u32, u64, u64)> = vec![
-        ("K3 w1/w3", spec(geometry(QuantMode::Mxfp4, 1024, 3584, 2688), ContentKind::SyntheticDeterministic, false), 1, 0, 1_949_696, 5_240_799_232),
-        ("K3 w2", spec(geometry(QuantMode::Mxfp4, 512, 3072, 6272), ContentKind::SyntheticDeterministic, false), 1, 0, 835_584, 5_240_799_232),
-        ("V4 w1/w3", spec(geometry(QuantMode::Mxfp4, 2048, 4096, 256), ContentKind::CheckpointDerived, true), 2, 0x2, 4_456_448, 1_140_867_072),
-        ("V4 w2", spec(geometry(QuantMode::Mxfp4, 4096, 2048, 256), ContentKind::CheckpointDerived, true), 2, 0x2, 4_456_448, 1_140_867_072),
-        ("V4 wkv fp8", spec(fp8, ContentKind::CheckpointDerived, true), 3, 0xE, 2_113_536, 2_129_920),
-        ("Qwen3 affine", spec(geometry(QuantMode::Affine, 768, 2048, 128), ContentKind::CheckpointDerived, false), 2, 0x1, 884_736, 16_384 + 128 * 884_736),
-        ("Qwen3 affine + digests", spec(geometry(QuantMode::Affine, 768, 2048, 128), ContentKind::CheckpointDerived, true), 2, 0x3, 884_736, 16_384 + 128 * 884_736),
+        (
+            "K3 w1/w3",
+            spec(
+                geometry(QuantMode::Mxfp4, 1024, 3584, 2688),
+                ContentKind::SyntheticDeterministic,
+                false,
+            ),
+            1,
+            0,
+            1_949_696,
+            5_240_799_232,
+        ),
+        (
+            "K3 w2",
+            spec(
+                geometry(QuantMode::Mxfp4, 512, 3072, 6272),
+                ContentKind::SyntheticDeterministic,
+                false,
+            ),
+            1,
+            0,
+            835_584,
+            5_240_799_232,
+        ),
+        (
+            "V4 w1/w3",
+            spec(
+                geometry(QuantMode::Mxfp4, 2048, 4096, 256),
+                ContentKind::CheckpointDerived,
+                true,
+            ),
+            2,
+            0x2,
+            4_456_448,
+            1_140_867_072,
+        ),
+        (
+            "V4 w2",
+            spec(
+                geometry(QuantMode::Mxfp4, 4096, 2048, 256),
+                ContentKind::CheckpointDerived,
+                true,
+            ),
+            2,
+            0x2,
+            4_456_448,
+            1_140_867_072,
+        ),
+        (
+            "V4 wkv fp8",
+            spec(fp8, ContentKind::CheckpointDerived, true),
+            3,
+            0xE,
+            2_113_536,
+            2_129_920,
+        ),
+        (
+            "Qwen3 affine",
+            spec(
+                geometry(QuantMode::Affine, 768, 2048, 128),
+                ContentKind::CheckpointDerived,
+                false,
+            ),
+            2,
+            0x1,
+            884_736,
+            16_384 + 128 * 884_736,
+        ),
+        (
+            "Qwen3 affine + digests",
+            spec(
+                geometry(QuantMode::Affine, 768, 2048, 128),
+                ContentKind::CheckpointDerived,
+                true,
+            ),
+            2,
+            0x3,
+            884_736,
+            16_384 + 128 * 884_736,
+        ),
     ];
     for (name, spec, version, flags, stride, total) in cases {
         let (header, written) = spec.encode_header().unwrap();
         assert_eq!(header.len(), 16_384, "{name}");
-        assert_eq!((written.version, written.flags.0), (version, flags), "{name}");
-        assert_eq!((written.layout.tile_stride, written.layout.total_bytes), (stride, total), "{name}");
+        assert_eq!(
+            (written.version, written.flags.0),
+            (version, flags),
+            "{name}"
+        );
+        assert_eq!(
+            (written.layout.tile_stride, written.layout.total_bytes),
+            (stride, total),
+            "{name}"
+        );
         let read = TileContainer::parse(&header, total).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(read, written, "{name}");
-        assert!(matches!(TileContainer::parse(&header, total - 1), Err(TileError::FileTooShort { .. })), "{name}");
+        assert!(
+            matches!(
+                TileContainer::parse(&header, total - 1),
+                Err(TileError::FileTooShort { .. })
+            ),
+            "{name}"
+        );
     }
 }
 
 #[test]
 fn a_version_1_container_reads_as_implied_synthetic_and_says_so() {
-    let (header, _) = spec(geometry(QuantMode::Mxfp4, 1024, 3584, 3), ContentKind::SyntheticDeterministic, false)
-        .encode_header()
-        .unwrap();
+    let (header, _) = spec(
+        geometry(QuantMode::Mxfp4, 1024, 3584, 3),
+        ContentKind::SyntheticDeterministic,
+        false,
+    )
+    .encode_header()
+    .unwrap();
     let c = TileContainer::parse(&header, 1 << 30).unwrap();
-    assert_eq!((c.version, c.content_kind, c.content_kind_declared), (1, ContentKind::SyntheticDeterministic, false));
+    assert_eq!(
+        (c.version, c.content_kind, c.content_kind_declared),
+        (1, ContentKind::SyntheticDeterministic, false)
+    );
 }
 
 #[test]
 fn the_writer_refuses_geometry_it_cannot_align_and_digest_tables_that_do_not_fit() {
     let unaligned = geometry(QuantMode::Mxfp4, 100, 1024, 1);
-    let err = ContainerWriter::new(Cursor::new(Vec::new()), unaligned, ContentKind::CheckpointDerived, 0, false)
-        .err()
-        .unwrap();
-    assert!(matches!(err, WriteError::Tile(TileError::Geometry(GeometryError::Unaligned { region: "packed", .. }))), "{err}");
+    let err = ContainerWriter::new(
+        Cursor::new(Vec::new()),
+        unaligned,
+        ContentKind::CheckpointDerived,
+        0,
+        false,
+    )
+    .err()
+    .unwrap();
+    assert!(
+        matches!(
+            err,
+            WriteError::Tile(TileError::Geometry(GeometryError::Unaligned {
+                region: "packed",
+                ..
+            }))
+        ),
+        "{err}"
+    );
 
-    let v2 = |tiles| spec(geometry(QuantMode::Mxfp4, 512, 1024, tiles), ContentKind::CheckpointDerived, true);
+    let v2 = |tiles| {
+        spec(
+            geometry(QuantMode::Mxfp4, 512, 1024, tiles),
+            ContentKind::CheckpointDerived,
+            true,
+        )
+    };
     assert!(v2(508).encode_header().is_ok());
-    assert!(matches!(v2(509).encode_header(), Err(TileError::DigestTableTooLarge { tiles: 509, capacity: 508 })));
-    let v3 = |tiles| spec(geometry(QuantMode::Fp8E4m3Block, 128, 128, tiles), ContentKind::CheckpointDerived, true);
+    assert!(matches!(
+        v2(509).encode_header(),
+        Err(TileError::DigestTableTooLarge {
+            tiles: 509,
+            capacity: 508
+        })
+    ));
+    let v3 = |tiles| {
+        spec(
+            geometry(QuantMode::Fp8E4m3Block, 128, 128, tiles),
+            ContentKind::CheckpointDerived,
+            true,
+        )
+    };
     assert!(v3(507).encode_header().is_ok());
-    assert!(matches!(v3(508).encode_header(), Err(TileError::DigestTableTooLarge { tiles: 508, capacity: 507 })));
+    assert!(matches!(
+        v3(508).encode_header(),
+        Err(TileError::DigestTableTooLarge {
+            tiles: 508,
+            capacity: 507
+        })
+    ));
 }
 
 #[test]
 fn geometry_rules_each_have_their_own_error() {
     let base = geometry(QuantMode::Affine, 512, 2048, 1);
-    let cases: Vec<(Geometry, fn(&GeometryError) -> bool)> = vec![
-        (Geometry { rows: 0, ..base }, |e| matches!(e, GeometryError::Empty { .. })),
-        (Geometry { tile_count: 0, ..base }, |e| matches!(e, GeometryError::NoTiles)),
-        (Geometry { bits: 3, ..base }, |e| matches!(e, GeometryError::Bits { bits: 3 })),
-        (Geometry { group_size: 48, ..base }, |e| matches!(e, GeometryError::Group { group: 48 })),
-        (Geometry { scale_dtype: ScaleDtype::E8m0, ..base }, |e| matches!(e, GeometryError::Mode { .. })),
-        (Geometry { group_size: 64, ..geometry(QuantMode::Mxfp4, 512, 1024, 1) }, |e| matches!(e, GeometryError::Mode { .. })),
-        (Geometry { scale_block_rows: 1, ..geometry(QuantMode::Fp8E4m3Block, 512, 512, 1) }, |e| matches!(e, GeometryError::Mode { .. })),
-        (Geometry { scale_block_rows: 2, ..base }, |e| matches!(e, GeometryError::Mode { .. })),
-        (Geometry { rows: 200, ..geometry(QuantMode::Fp8E4m3Block, 512, 512, 1) }, |e| matches!(e, GeometryError::BlockRows { .. })),
-        (Geometry { cols: 2000, ..base }, |e| matches!(e, GeometryError::ColsGroup { .. })),
-        (Geometry { cols: 130, group_size: 2, ..geometry(QuantMode::Fp8E4m3Block, 128, 128, 1) }, |e| matches!(e, GeometryError::ColsPacking { .. })),
-        (Geometry { rows: 128, ..base }, |e| matches!(e, GeometryError::Unaligned { region: "scale", .. })),
-        (Geometry { rows: 1 << 31, cols: 1 << 31, tile_count: u32::MAX, ..geometry(QuantMode::Fp8E4m3Block, 128, 128, 1) }, |e| matches!(e, GeometryError::Overflow)),
+    let cases: Vec<(Geometry, IsGeometryError)> = vec![
+        (Geometry { rows: 0, ..base }, |e| {
+            matches!(e, GeometryError::Empty { .. })
+        }),
+        (
+            Geometry {
+                tile_count: 0,
+                ..base
+            },
+            |e| matches!(e, GeometryError::NoTiles),
+        ),
+        (Geometry { bits: 3, ..base }, |e| {
+            matches!(e, GeometryError::Bits { bits: 3 })
+        }),
+        (
+            Geometry {
+                group_size: 48,
+                ..base
+            },
+            |e| matches!(e, GeometryError::Group { group: 48 }),
+        ),
+        (
+            Geometry {
+                scale_dtype: ScaleDtype::E8m0,
+                ..base
+            },
+            |e| matches!(e, GeometryError::Mode { .. }),
+        ),
+        (
+            Geometry {
+                group_size: 64,
+                ..geometry(QuantMode::Mxfp4, 512, 1024, 1)
+            },
+            |e| matches!(e, GeometryError::Mode { .. }),
+        ),
+        (
+            Geometry {
+                scale_block_rows: 1,
+                ..geometry(QuantMode::Fp8E4m3Block, 512, 512, 1)
+            },
+            |e| matches!(e, GeometryError::Mode { .. }),
+        ),
+        (
+            Geometry {
+                scale_block_rows: 2,
+                ..base
+            },
+            |e| matches!(e, GeometryError::Mode { .. }),
+        ),
+        (
+            Geometry {
+                rows: 200,
+                ..geometry(QuantMode::Fp8E4m3Block, 512, 512, 1)
+            },
+            |e| matches!(e, GeometryError::BlockRows { .. }),
+        ),
+        (Geometry { cols: 2000, ..base }, |e| {
+            matches!(e, GeometryError::ColsGroup { .. })
+        }),
+        (
+            Geometry {
+                cols: 130,
+                group_size: 2,
+                ..geometry(QuantMode::Fp8E4m3Block, 128, 128, 1)
+            },
+            |e| matches!(e, GeometryError::ColsPacking { .. }),
+        ),
+        (Geometry { rows: 128, ..base }, |e| {
+            matches!(
+                e,
+                GeometryError::Unaligned {
+                    region: "scale",
+                    ..
+                }
+            )
+        }),
+        (
+            Geometry {
+                rows: 1 << 31,
+                cols: 1 << 31,
+                tile_count: u32::MAX,
+                ..geometry(QuantMode::Fp8E4m3Block, 128, 128, 1)
+            },
+            |e| matches!(e, GeometryError::Overflow),
+        ),
     ];
     for (g, expected) in cases {
         let err = g.layout().unwrap_err();
         assert!(expected(&err), "{g:?}: {err:?}");
     }
 }
+
+/// Whether an error is the one a case expects.
+type IsGeometryError = fn(&GeometryError) -> bool;
+type IsTileError = fn(&TileError) -> bool;
+/// One change to a header's bytes.
+type Edit = Box<dyn Fn(&mut Vec<u8>)>;
 
 fn put_u32(bytes: &mut [u8], at: usize, v: u32) {
     bytes[at..at + 4].copy_from_slice(&v.to_le_bytes());
@@ -148,10 +379,26 @@ fn put_u64(bytes: &mut [u8], at: usize, v: u64) {
 
 /// A valid header of each version to break one rule at a time.
 fn headers() -> (Vec<u8>, Vec<u8>, Vec<u8>) {
-    let v1 = spec(geometry(QuantMode::Mxfp4, 512, 1024, 2), ContentKind::SyntheticDeterministic, false);
-    let v2 = spec(geometry(QuantMode::Affine, 768, 2048, 4), ContentKind::CheckpointDerived, true);
-    let v3 = spec(geometry(QuantMode::Fp8E4m3Block, 512, 4096, 1), ContentKind::CheckpointDerived, true);
-    (v1.encode_header().unwrap().0, v2.encode_header().unwrap().0, v3.encode_header().unwrap().0)
+    let v1 = spec(
+        geometry(QuantMode::Mxfp4, 512, 1024, 2),
+        ContentKind::SyntheticDeterministic,
+        false,
+    );
+    let v2 = spec(
+        geometry(QuantMode::Affine, 768, 2048, 4),
+        ContentKind::CheckpointDerived,
+        true,
+    );
+    let v3 = spec(
+        geometry(QuantMode::Fp8E4m3Block, 512, 4096, 1),
+        ContentKind::CheckpointDerived,
+        true,
+    );
+    (
+        v1.encode_header().unwrap().0,
+        v2.encode_header().unwrap().0,
+        v3.encode_header().unwrap().0,
+    )
 }
 
 #[test]
@@ -163,29 +410,121 @@ fn the_reader_refuses_each_broken_rule_with_its_own_error() {
         assert!(expected(&err), "{err:?}");
     };
     check(&v2[..16383], |e| matches!(e, TileError::Truncated { .. }));
-    let edits: Vec<(&Vec<u8>, Box<dyn Fn(&mut Vec<u8>)>, fn(&TileError) -> bool)> = vec![
-        (&v1, Box::new(|b| b[0] = b'X'), |e| matches!(e, TileError::BadMagic { .. })),
-        (&v1, Box::new(|b| put_u32(b, 8, 4)), |e| matches!(e, TileError::UnsupportedVersion { found: 4 })),
-        (&v1, Box::new(|b| put_u32(b, 8, 0)), |e| matches!(e, TileError::UnsupportedVersion { found: 0 })),
-        (&v1, Box::new(|b| put_u32(b, 12, 4096)), |e| matches!(e, TileError::HeaderSize { found: 4096 })),
-        (&v2, Box::new(|b| put_u32(b, 80, 3)), |e| matches!(e, TileError::UnknownMode { code: 3 })),
-        (&v2, Box::new(|b| put_u32(b, 88, 2)), |e| matches!(e, TileError::UnknownContentKind { code: 2 })),
-        (&v2, Box::new(|b| put_u32(b, 92, 0x13)), |e| matches!(e, TileError::UnknownFlags { unknown: 0x10, .. })),
-        (&v2, Box::new(|b| put_u32(b, 120, 9)), |e| matches!(e, TileError::UnknownScaleDtype { code: 9 })),
-        (&v2, Box::new(|b| put_u32(b, 124, 1)), |e| matches!(e, TileError::ReservedNonZero { offset: 124, .. })),
-        (&v2, Box::new(|b| put_u32(b, 92, 0x2)), |e| matches!(e, TileError::BiasFlag { flag: false, .. })),
-        (&v3, Box::new(|b| put_u32(b, 148, 1)), |e| matches!(e, TileError::ReservedNonZero { offset: 148, .. })),
-        (&v3, Box::new(|b| put_u64(b, 152, 1)), |e| matches!(e, TileError::ReservedNonZero { offset: 152, .. })),
-        (&v2, Box::new(|b| put_u32(b, 92, 0x7)), |e| matches!(e, TileError::FlagsNeedV3 { .. })),
-        (&v2, Box::new(|b| put_u64(b, 112, 0)), |e| matches!(e, TileError::DigestTableOffset { found: 0, expected: 128 })),
-        (&v3, Box::new(|b| put_u64(b, 112, 128)), |e| matches!(e, TileError::DigestTableOffset { found: 128, expected: 160 })),
-        (&v2, Box::new(|b| { put_u32(b, 92, 0x1); }), |e| matches!(e, TileError::DigestTableOffset { found: 128, expected: 0 })),
-        (&v2, Box::new(|b| put_u32(b, 16, 600)), |e| matches!(e, TileError::DigestTableTooLarge { tiles: 600, .. })),
-        (&v2, Box::new(|b| put_u32(b, 24, 2000)), |e| matches!(e, TileError::Geometry(GeometryError::ColsGroup { .. }))),
-        (&v1, Box::new(|b| put_u64(b, 56, 278_529)), |e| matches!(e, TileError::DerivedField { field: "tile_stride", .. })),
-        (&v2, Box::new(|b| put_u64(b, 104, 0)), |e| matches!(e, TileError::DerivedField { field: "bias_offset", .. })),
-        (&v3, Box::new(|b| put_u64(b, 140, 0)), |e| matches!(e, TileError::DerivedField { field: "scale_region", .. })),
-        (&v3, Box::new(|b| put_u32(b, 92, 0x6)), |e| matches!(e, TileError::FlagsMismatch { declared: 0x6, derived: 0xE })),
+    let edits: Vec<(&Vec<u8>, Edit, IsTileError)> = vec![
+        (&v1, Box::new(|b| b[0] = b'X'), |e| {
+            matches!(e, TileError::BadMagic { .. })
+        }),
+        (&v1, Box::new(|b| put_u32(b, 8, 4)), |e| {
+            matches!(e, TileError::UnsupportedVersion { found: 4 })
+        }),
+        (&v1, Box::new(|b| put_u32(b, 8, 0)), |e| {
+            matches!(e, TileError::UnsupportedVersion { found: 0 })
+        }),
+        (&v1, Box::new(|b| put_u32(b, 12, 4096)), |e| {
+            matches!(e, TileError::HeaderSize { found: 4096 })
+        }),
+        (&v2, Box::new(|b| put_u32(b, 80, 3)), |e| {
+            matches!(e, TileError::UnknownMode { code: 3 })
+        }),
+        (&v2, Box::new(|b| put_u32(b, 88, 2)), |e| {
+            matches!(e, TileError::UnknownContentKind { code: 2 })
+        }),
+        (&v2, Box::new(|b| put_u32(b, 92, 0x13)), |e| {
+            matches!(e, TileError::UnknownFlags { unknown: 0x10, .. })
+        }),
+        (&v2, Box::new(|b| put_u32(b, 120, 9)), |e| {
+            matches!(e, TileError::UnknownScaleDtype { code: 9 })
+        }),
+        (&v2, Box::new(|b| put_u32(b, 124, 1)), |e| {
+            matches!(e, TileError::ReservedNonZero { offset: 124, .. })
+        }),
+        (&v2, Box::new(|b| put_u32(b, 92, 0x2)), |e| {
+            matches!(e, TileError::BiasFlag { flag: false, .. })
+        }),
+        (&v3, Box::new(|b| put_u32(b, 148, 1)), |e| {
+            matches!(e, TileError::ReservedNonZero { offset: 148, .. })
+        }),
+        (&v3, Box::new(|b| put_u64(b, 152, 1)), |e| {
+            matches!(e, TileError::ReservedNonZero { offset: 152, .. })
+        }),
+        (&v2, Box::new(|b| put_u32(b, 92, 0x7)), |e| {
+            matches!(e, TileError::FlagsNeedV3 { .. })
+        }),
+        (&v2, Box::new(|b| put_u64(b, 112, 0)), |e| {
+            matches!(
+                e,
+                TileError::DigestTableOffset {
+                    found: 0,
+                    expected: 128
+                }
+            )
+        }),
+        (&v3, Box::new(|b| put_u64(b, 112, 128)), |e| {
+            matches!(
+                e,
+                TileError::DigestTableOffset {
+                    found: 128,
+                    expected: 160
+                }
+            )
+        }),
+        (
+            &v2,
+            Box::new(|b| {
+                put_u32(b, 92, 0x1);
+            }),
+            |e| {
+                matches!(
+                    e,
+                    TileError::DigestTableOffset {
+                        found: 128,
+                        expected: 0
+                    }
+                )
+            },
+        ),
+        (&v2, Box::new(|b| put_u32(b, 16, 600)), |e| {
+            matches!(e, TileError::DigestTableTooLarge { tiles: 600, .. })
+        }),
+        (&v2, Box::new(|b| put_u32(b, 24, 2000)), |e| {
+            matches!(e, TileError::Geometry(GeometryError::ColsGroup { .. }))
+        }),
+        (&v1, Box::new(|b| put_u64(b, 56, 278_529)), |e| {
+            matches!(
+                e,
+                TileError::DerivedField {
+                    field: "tile_stride",
+                    ..
+                }
+            )
+        }),
+        (&v2, Box::new(|b| put_u64(b, 104, 0)), |e| {
+            matches!(
+                e,
+                TileError::DerivedField {
+                    field: "bias_offset",
+                    ..
+                }
+            )
+        }),
+        (&v3, Box::new(|b| put_u64(b, 140, 0)), |e| {
+            matches!(
+                e,
+                TileError::DerivedField {
+                    field: "scale_region",
+                    ..
+                }
+            )
+        }),
+        (&v3, Box::new(|b| put_u32(b, 92, 0x6)), |e| {
+            matches!(
+                e,
+                TileError::FlagsMismatch {
+                    declared: 0x6,
+                    derived: 0xE
+                }
+            )
+        }),
     ];
     for (base, edit, expected) in edits {
         let mut bytes = base.clone();
@@ -196,7 +535,15 @@ fn the_reader_refuses_each_broken_rule_with_its_own_error() {
     let mut as_v2 = v1.clone();
     put_u32(&mut as_v2, 8, 2);
     put_u32(&mut as_v2, 84, 4);
-    check(&as_v2, |e| matches!(e, TileError::VersionTooHigh { declared: 2, needed: 1 }));
+    check(&as_v2, |e| {
+        matches!(
+            e,
+            TileError::VersionTooHigh {
+                declared: 2,
+                needed: 1
+            }
+        )
+    });
 }
 
 #[test]
@@ -204,7 +551,14 @@ fn fp8_tiles_are_padded_hashed_and_checked() {
     let g = geometry(QuantMode::Fp8E4m3Block, 256, 1024, 3);
     let layout = g.layout().unwrap();
     assert_eq!((layout.scale_bytes, layout.scale_region), (2 * 8, 16_384));
-    let mut writer = ContainerWriter::new(Cursor::new(Vec::new()), g, ContentKind::CheckpointDerived, 0, true).unwrap();
+    let mut writer = ContainerWriter::new(
+        Cursor::new(Vec::new()),
+        g,
+        ContentKind::CheckpointDerived,
+        0,
+        true,
+    )
+    .unwrap();
     for tile in 0..3u8 {
         let packed = vec![tile + 1; layout.packed_bytes as usize];
         let scales = vec![127 + tile; layout.scale_bytes as usize];
@@ -220,37 +574,76 @@ fn fp8_tiles_are_padded_hashed_and_checked() {
         let tile = &bytes[r.start as usize..r.end as usize];
         read.verify_tile(i, tile).unwrap();
         let s = read.scale_range(i).unwrap();
-        assert!(bytes[s.start as usize..s.end as usize].iter().all(|&b| b == 127 + i as u8));
-        assert!(bytes[s.end as usize..r.end as usize].iter().all(|&b| b == 0), "zero padding");
+        assert!(
+            bytes[s.start as usize..s.end as usize]
+                .iter()
+                .all(|&b| b == 127 + i as u8)
+        );
+        assert!(
+            bytes[s.end as usize..r.end as usize]
+                .iter()
+                .all(|&b| b == 0),
+            "zero padding"
+        );
         let mut corrupt = tile.to_vec();
         corrupt[100] ^= 1;
-        assert!(matches!(read.verify_tile(i, &corrupt), Err(TileError::DigestMismatch { .. })));
+        assert!(matches!(
+            read.verify_tile(i, &corrupt),
+            Err(TileError::DigestMismatch { .. })
+        ));
     }
-    assert!(matches!(read.tile_range(3), Err(TileError::NoSuchTile { index: 3, count: 3 })));
-    assert!(matches!(synthetic::regenerate_check(&read, 0, &bytes[16384..16384 + layout.tile_stride as usize]), Err(RegenerationError::CheckpointDerived)));
+    assert!(matches!(
+        read.tile_range(3),
+        Err(TileError::NoSuchTile { index: 3, count: 3 })
+    ));
+    assert!(matches!(
+        synthetic::regenerate_check(&read, 0, &bytes[16384..16384 + layout.tile_stride as usize]),
+        Err(RegenerationError::CheckpointDerived)
+    ));
 }
 
 #[test]
 fn affine_tiles_place_biases_after_scales_and_the_writer_checks_payload_sizes() {
     let g = geometry(QuantMode::Affine, 768, 2048, 1);
     let l = g.layout().unwrap();
-    let mut writer = ContainerWriter::new(Cursor::new(Vec::new()), g, ContentKind::CheckpointDerived, 0, false).unwrap();
+    let mut writer = ContainerWriter::new(
+        Cursor::new(Vec::new()),
+        g,
+        ContentKind::CheckpointDerived,
+        0,
+        false,
+    )
+    .unwrap();
     let packed = vec![1u8; l.packed_bytes as usize];
     let scales = vec![2u8; l.scale_bytes as usize];
     let err = writer.push_tile(&packed, &scales, &[]).unwrap_err();
-    assert!(matches!(err, WriteError::SubRegion { region: "bias", .. }), "{err}");
-    writer.push_tile(&packed, &scales, &vec![3u8; l.bias_bytes as usize]).unwrap();
+    assert!(
+        matches!(err, WriteError::SubRegion { region: "bias", .. }),
+        "{err}"
+    );
+    writer
+        .push_tile(&packed, &scales, &vec![3u8; l.bias_bytes as usize])
+        .unwrap();
     let (out, c) = writer.finish().unwrap();
     let bytes = out.into_inner();
     let b = c.bias_range(0).unwrap().unwrap();
     assert_eq!(b.start, 16_384 + 786_432 + 49_152);
-    assert!(bytes[b.start as usize..b.end as usize].iter().all(|&x| x == 3));
-    assert!(matches!(c.verify_tile(0, &bytes[16384..]), Err(TileError::NoDigests)));
+    assert!(
+        bytes[b.start as usize..b.end as usize]
+            .iter()
+            .all(|&x| x == 3)
+    );
+    assert!(matches!(
+        c.verify_tile(0, &bytes[16384..]),
+        Err(TileError::NoDigests)
+    ));
 }
 
 #[test]
 fn synthetic_tiles_regenerate_and_a_changed_byte_is_found() {
-    let (out, c) = synthetic::write_mxfp4_container(Cursor::new(Vec::new()), 512, 1024, 3, 7, true, |_| {}).unwrap();
+    let (out, c) =
+        synthetic::write_mxfp4_container(Cursor::new(Vec::new()), 512, 1024, 3, 7, true, |_| {})
+            .unwrap();
     let bytes = out.into_inner();
     assert_eq!((c.version, c.flags.0), (2, Flags::TILE_DIGESTS));
     for i in 0..3 {
@@ -261,7 +654,16 @@ fn synthetic_tiles_regenerate_and_a_changed_byte_is_found() {
         let mut changed = tile.to_vec();
         changed[200_000] ^= 0x40;
         let err = synthetic::regenerate_check(&c, i, &changed).unwrap_err();
-        assert!(matches!(err, RegenerationError::Mismatch { offset: 200_000, .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                RegenerationError::Mismatch {
+                    offset: 200_000,
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 }
 
@@ -270,17 +672,42 @@ mod properties {
     use proptest::prelude::*;
 
     fn valid_geometry() -> impl Strategy<Value = Geometry> {
-        let mxfp4 = (1u32..5, 1u32..5, 1u32..40).prop_map(|(r, c, t)| geometry(QuantMode::Mxfp4, 512 * r, 1024 * c, t));
-        let affine = (prop::sample::select(vec![4u32, 8]), prop::sample::select(vec![32u32, 64, 128]),
-            prop::sample::select(vec![ScaleDtype::F16, ScaleDtype::Bf16, ScaleDtype::F32]), 1u32..4, 1u32..4, 1u32..40)
+        let mxfp4 = (1u32..5, 1u32..5, 1u32..40)
+            .prop_map(|(r, c, t)| geometry(QuantMode::Mxfp4, 512 * r, 1024 * c, t));
+        let affine = (
+            prop::sample::select(vec![4u32, 8]),
+            prop::sample::select(vec![32u32, 64, 128]),
+            prop::sample::select(vec![ScaleDtype::F16, ScaleDtype::Bf16, ScaleDtype::F32]),
+            1u32..4,
+            1u32..4,
+            1u32..40,
+        )
             .prop_map(|(bits, group, dtype, r, c, t)| Geometry {
-                mode: QuantMode::Affine, rows: 512 * r, cols: group * 32 * c, group_size: group, bits,
-                scale_dtype: dtype, scale_block_rows: 1, tile_count: t,
+                mode: QuantMode::Affine,
+                rows: 512 * r,
+                cols: group * 32 * c,
+                group_size: group,
+                bits,
+                scale_dtype: dtype,
+                scale_block_rows: 1,
+                tile_count: t,
             });
-        let fp8 = (prop::sample::select(vec![32u32, 64, 128]), 1u32..8, 1u32..5, 1u32..9, 1u32..40)
+        let fp8 = (
+            prop::sample::select(vec![32u32, 64, 128]),
+            1u32..8,
+            1u32..5,
+            1u32..9,
+            1u32..40,
+        )
             .prop_map(|(group, block_log, r, c, t)| Geometry {
-                mode: QuantMode::Fp8E4m3Block, rows: (1 << block_log) * r, cols: group * c, group_size: group,
-                bits: 8, scale_dtype: ScaleDtype::E8m0, scale_block_rows: 1 << block_log, tile_count: t,
+                mode: QuantMode::Fp8E4m3Block,
+                rows: (1 << block_log) * r,
+                cols: group * c,
+                group_size: group,
+                bits: 8,
+                scale_dtype: ScaleDtype::E8m0,
+                scale_block_rows: 1 << block_log,
+                tile_count: t,
             });
         prop_oneof![mxfp4, affine, fp8]
     }

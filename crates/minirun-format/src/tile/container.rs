@@ -14,9 +14,13 @@ use super::{DIGEST_TABLE_V2, DIGEST_TABLE_V3, HEADER_BYTES, MAGIC};
 /// Why a container (or one of its tiles) is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TileError {
-    #[error("truncated: a tile container starts with a 16384-byte header but only {len} bytes are there")]
+    #[error(
+        "truncated: a tile container starts with a 16384-byte header but only {len} bytes are there"
+    )]
     Truncated { len: u64 },
-    #[error("not a tile container: it starts with {found:02x?} where a container starts with \"MNRNTIL1\"")]
+    #[error(
+        "not a tile container: it starts with {found:02x?} where a container starts with \"MNRNTIL1\""
+    )]
     BadMagic { found: [u8; 8] },
     #[error("unsupported tile container version {found}; this build reads versions 1, 2 and 3")]
     UnsupportedVersion { found: u32 },
@@ -24,17 +28,27 @@ pub enum TileError {
     HeaderSize { found: u32 },
     #[error("unknown quantization mode code {code} (known: 0 mxfp4, 1 affine, 2 fp8-e4m3-block)")]
     UnknownMode { code: u32 },
-    #[error("unknown content kind code {code} (known: 0 synthetic-deterministic, 1 checkpoint-derived)")]
+    #[error(
+        "unknown content kind code {code} (known: 0 synthetic-deterministic, 1 checkpoint-derived)"
+    )]
     UnknownContentKind { code: u32 },
-    #[error("feature flags {flags:#x} set bits this build does not understand ({unknown:#x}); refusing rather than reading on without them")]
+    #[error(
+        "feature flags {flags:#x} set bits this build does not understand ({unknown:#x}); refusing rather than reading on without them"
+    )]
     UnknownFlags { flags: u32, unknown: u32 },
-    #[error("unknown scale element type code {code} (known: 0 e8m0, 1 float16, 2 bfloat16, 3 float32)")]
+    #[error(
+        "unknown scale element type code {code} (known: 0 e8m0, 1 float16, 2 bfloat16, 3 float32)"
+    )]
     UnknownScaleDtype { code: u32 },
     #[error("reserved header field at offset {offset} holds {value:#x}; it must be 0")]
     ReservedNonZero { offset: u32, value: u64 },
-    #[error("the biases flag is {flag} but the mode is {mode}: biases exist exactly in affine mode")]
+    #[error(
+        "the biases flag is {flag} but the mode is {mode}: biases exist exactly in affine mode"
+    )]
     BiasFlag { mode: QuantMode, flag: bool },
-    #[error("version {version} cannot carry flags {flags:#x}: 2-D block scales and padded sub-regions need version 3")]
+    #[error(
+        "version {version} cannot carry flags {flags:#x}: 2-D block scales and padded sub-regions need version 3"
+    )]
     FlagsNeedV3 { version: u32, flags: u32 },
     #[error("digest table offset {found} is wrong for these flags (expected {expected})")]
     DigestTableOffset { found: u64, expected: u64 },
@@ -48,19 +62,31 @@ pub enum TileError {
         declared: u64,
         derived: u64,
     },
-    #[error("declared version {declared}, but this content is expressible as version {needed}, the lowest version, which is the one a writer must emit")]
+    #[error(
+        "declared version {declared}, but this content is expressible as version {needed}, the lowest version, which is the one a writer must emit"
+    )]
     VersionTooHigh { declared: u32, needed: u32 },
-    #[error("declared flags {declared:#x} differ from the flags this content requires ({derived:#x})")]
+    #[error(
+        "declared flags {declared:#x} differ from the flags this content requires ({derived:#x})"
+    )]
     FlagsMismatch { declared: u32, derived: u32 },
     #[error("the file is {len} bytes but the header's geometry needs {needed}: truncated")]
     FileTooShort { len: u64, needed: u64 },
     #[error("tile {index} does not exist: the container has {count} tiles")]
     NoSuchTile { index: u64, count: u32 },
     #[error("tile {index} is {actual} bytes; the stride is {expected}")]
-    TileLength { index: u64, expected: u64, actual: u64 },
-    #[error("this container carries no tile digests (flag 0x2 unset); its tiles can only be checked against an external digest")]
+    TileLength {
+        index: u64,
+        expected: u64,
+        actual: u64,
+    },
+    #[error(
+        "this container carries no tile digests (flag 0x2 unset); its tiles can only be checked against an external digest"
+    )]
     NoDigests,
-    #[error("tile {index} hashes to {actual} but the header records {expected}: the tile is corrupt")]
+    #[error(
+        "tile {index} hashes to {actual} but the header records {expected}: the tile is corrupt"
+    )]
     DigestMismatch {
         index: u64,
         expected: String,
@@ -107,7 +133,11 @@ pub fn hex(bytes: &[u8]) -> String {
 }
 
 fn digest_table_start(version: u32) -> u64 {
-    if version >= 3 { DIGEST_TABLE_V3 } else { DIGEST_TABLE_V2 }
+    if version >= 3 {
+        DIGEST_TABLE_V3
+    } else {
+        DIGEST_TABLE_V2
+    }
 }
 
 /// How many digests fit between the table start and the end of the header.
@@ -124,12 +154,19 @@ impl ContainerSpec {
         if let Some(d) = &self.digests
             && d.len() != g.tile_count as usize
         {
-            return Err(TileError::DigestCount { count: d.len(), tiles: g.tile_count });
+            return Err(TileError::DigestCount {
+                count: d.len(),
+                tiles: g.tile_count,
+            });
         }
         let with_digests = self.digests.is_some();
         let version = g.lowest_version(self.content_kind, with_digests);
         let flags = g.derived_flags(with_digests);
-        let table = if with_digests { digest_table_start(version) } else { 0 };
+        let table = if with_digests {
+            digest_table_start(version)
+        } else {
+            0
+        };
         if with_digests && u64::from(g.tile_count) > digest_capacity(version) {
             return Err(TileError::DigestTableTooLarge {
                 tiles: g.tile_count,
@@ -164,7 +201,7 @@ impl ContainerSpec {
             ..RawHeader::default()
         };
         let digests = self.digests.clone();
-        let bytes = raw.to_bytes(digests.as_deref().unwrap_or(&[]));
+        let bytes = raw.encode(digests.as_deref().unwrap_or(&[]));
         let container = TileContainer {
             version,
             geometry: *g,
@@ -184,7 +221,9 @@ impl TileContainer {
     /// the total file length, in the documented order of refusals.
     pub fn parse(header: &[u8], file_len: u64) -> Result<TileContainer, TileError> {
         if (header.len() as u64) < HEADER_BYTES || file_len < HEADER_BYTES {
-            return Err(TileError::Truncated { len: file_len.min(header.len() as u64) });
+            return Err(TileError::Truncated {
+                len: file_len.min(header.len() as u64),
+            });
         }
         let raw = RawHeader::read(header);
         check_identity(&raw)?;
@@ -197,7 +236,11 @@ impl TileContainer {
             group_size: raw.group_size,
             bits: if raw.version == 1 { 4 } else { raw.bits },
             scale_dtype,
-            scale_block_rows: if raw.version >= 3 { raw.scale_block_rows } else { 1 },
+            scale_block_rows: if raw.version >= 3 {
+                raw.scale_block_rows
+            } else {
+                1
+            },
             tile_count: raw.tile_count,
         };
         let with_digests = Flags(raw.flags).has(Flags::TILE_DIGESTS);
@@ -206,14 +249,23 @@ impl TileContainer {
         check_derived(&raw, &layout)?;
         let needed = geometry.lowest_version(kind, with_digests);
         if raw.version != needed {
-            return Err(TileError::VersionTooHigh { declared: raw.version, needed });
+            return Err(TileError::VersionTooHigh {
+                declared: raw.version,
+                needed,
+            });
         }
         let derived = geometry.derived_flags(with_digests);
         if raw.flags != derived.0 {
-            return Err(TileError::FlagsMismatch { declared: raw.flags, derived: derived.0 });
+            return Err(TileError::FlagsMismatch {
+                declared: raw.flags,
+                derived: derived.0,
+            });
         }
         if file_len < layout.total_bytes {
-            return Err(TileError::FileTooShort { len: file_len, needed: layout.total_bytes });
+            return Err(TileError::FileTooShort {
+                len: file_len,
+                needed: layout.total_bytes,
+            });
         }
         Ok(TileContainer {
             version: raw.version,
@@ -230,7 +282,10 @@ impl TileContainer {
     /// Byte range of tile `index` in the file (its whole stride, padding included).
     pub fn tile_range(&self, index: u64) -> Result<Range<u64>, TileError> {
         if index >= u64::from(self.geometry.tile_count) {
-            return Err(TileError::NoSuchTile { index, count: self.geometry.tile_count });
+            return Err(TileError::NoSuchTile {
+                index,
+                count: self.geometry.tile_count,
+            });
         }
         // parse() proved first + count * stride fits in a u64.
         let start = self.layout.first_tile_offset + index * self.layout.tile_stride;
@@ -283,7 +338,10 @@ impl TileContainer {
         digests
             .get(index as usize)
             .copied()
-            .ok_or(TileError::NoSuchTile { index, count: self.geometry.tile_count })
+            .ok_or(TileError::NoSuchTile {
+                index,
+                count: self.geometry.tile_count,
+            })
     }
 }
 
@@ -296,7 +354,9 @@ fn check_identity(raw: &RawHeader) -> Result<(), TileError> {
         return Err(TileError::UnsupportedVersion { found: raw.version });
     }
     if u64::from(raw.header_bytes) != HEADER_BYTES {
-        return Err(TileError::HeaderSize { found: raw.header_bytes });
+        return Err(TileError::HeaderSize {
+            found: raw.header_bytes,
+        });
     }
     Ok(())
 }
@@ -304,17 +364,26 @@ fn check_identity(raw: &RawHeader) -> Result<(), TileError> {
 /// Step 5: the codes; version 1 implies mxfp4, synthetic content and e8m0 scales.
 fn decode_codes(raw: &RawHeader) -> Result<(QuantMode, ContentKind, ScaleDtype), TileError> {
     if raw.version == 1 {
-        return Ok((QuantMode::Mxfp4, ContentKind::SyntheticDeterministic, ScaleDtype::E8m0));
+        return Ok((
+            QuantMode::Mxfp4,
+            ContentKind::SyntheticDeterministic,
+            ScaleDtype::E8m0,
+        ));
     }
     let mode = QuantMode::from_code(raw.mode).ok_or(TileError::UnknownMode { code: raw.mode })?;
-    let kind = ContentKind::from_code(raw.content_kind)
-        .ok_or(TileError::UnknownContentKind { code: raw.content_kind })?;
+    let kind = ContentKind::from_code(raw.content_kind).ok_or(TileError::UnknownContentKind {
+        code: raw.content_kind,
+    })?;
     let unknown = raw.flags & !Flags::KNOWN;
     if unknown != 0 {
-        return Err(TileError::UnknownFlags { flags: raw.flags, unknown });
+        return Err(TileError::UnknownFlags {
+            flags: raw.flags,
+            unknown,
+        });
     }
-    let scale = ScaleDtype::from_code(raw.scale_dtype)
-        .ok_or(TileError::UnknownScaleDtype { code: raw.scale_dtype })?;
+    let scale = ScaleDtype::from_code(raw.scale_dtype).ok_or(TileError::UnknownScaleDtype {
+        code: raw.scale_dtype,
+    })?;
     Ok((mode, kind, scale))
 }
 
@@ -325,30 +394,52 @@ fn check_reserved_and_flags(raw: &RawHeader, mode: QuantMode) -> Result<(), Tile
         return Ok(());
     }
     if raw.reserved_124 != 0 {
-        return Err(TileError::ReservedNonZero { offset: 124, value: raw.reserved_124.into() });
+        return Err(TileError::ReservedNonZero {
+            offset: 124,
+            value: raw.reserved_124.into(),
+        });
     }
     let bias_flag = Flags(raw.flags).has(Flags::BIASES);
     if bias_flag != (mode == QuantMode::Affine) {
-        return Err(TileError::BiasFlag { mode, flag: bias_flag });
+        return Err(TileError::BiasFlag {
+            mode,
+            flag: bias_flag,
+        });
     }
     if raw.reserved_148 != 0 {
-        return Err(TileError::ReservedNonZero { offset: 148, value: raw.reserved_148.into() });
+        return Err(TileError::ReservedNonZero {
+            offset: 148,
+            value: raw.reserved_148.into(),
+        });
     }
     if raw.reserved_152 != 0 {
-        return Err(TileError::ReservedNonZero { offset: 152, value: raw.reserved_152 });
+        return Err(TileError::ReservedNonZero {
+            offset: 152,
+            value: raw.reserved_152,
+        });
     }
     let v3_only = Flags::BLOCK_SCALES_2D | Flags::PADDED_SUBREGIONS;
     if raw.version == 2 && raw.flags & v3_only != 0 {
-        return Err(TileError::FlagsNeedV3 { version: raw.version, flags: raw.flags });
+        return Err(TileError::FlagsNeedV3 {
+            version: raw.version,
+            flags: raw.flags,
+        });
     }
     Ok(())
 }
 
 /// Step 7: the table sits right after the fixed fields when the flag is set, else 0.
 fn check_digest_table(raw: &RawHeader, with_digests: bool) -> Result<(), TileError> {
-    let expected = if with_digests { digest_table_start(raw.version) } else { 0 };
+    let expected = if with_digests {
+        digest_table_start(raw.version)
+    } else {
+        0
+    };
     if raw.digest_table_offset != expected {
-        return Err(TileError::DigestTableOffset { found: raw.digest_table_offset, expected });
+        return Err(TileError::DigestTableOffset {
+            found: raw.digest_table_offset,
+            expected,
+        });
     }
     if with_digests && u64::from(raw.tile_count) > digest_capacity(raw.version) {
         return Err(TileError::DigestTableTooLarge {
@@ -366,7 +457,11 @@ fn check_derived(raw: &RawHeader, layout: &Layout) -> Result<(), TileError> {
         ("scale_bytes", raw.scale_bytes, layout.scale_bytes),
         ("scale_offset", raw.scale_offset, layout.scale_offset),
         ("tile_stride", raw.tile_stride, layout.tile_stride),
-        ("first_tile_offset", raw.first_tile_offset, layout.first_tile_offset),
+        (
+            "first_tile_offset",
+            raw.first_tile_offset,
+            layout.first_tile_offset,
+        ),
     ];
     if raw.version >= 2 {
         pairs.push(("bias_bytes", raw.bias_bytes, layout.bias_bytes));
@@ -376,8 +471,15 @@ fn check_derived(raw: &RawHeader, layout: &Layout) -> Result<(), TileError> {
         pairs.push(("packed_region", raw.packed_region, layout.packed_region));
         pairs.push(("scale_region", raw.scale_region, layout.scale_region));
     }
-    match pairs.into_iter().find(|(_, declared, derived)| declared != derived) {
-        Some((field, declared, derived)) => Err(TileError::DerivedField { field, declared, derived }),
+    match pairs
+        .into_iter()
+        .find(|(_, declared, derived)| declared != derived)
+    {
+        Some((field, declared, derived)) => Err(TileError::DerivedField {
+            field,
+            declared,
+            derived,
+        }),
         None => Ok(()),
     }
 }

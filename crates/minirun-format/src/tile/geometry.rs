@@ -100,7 +100,11 @@ impl Geometry {
             .checked_mul(groups_per_row)
             .and_then(|v| v.checked_mul(self.scale_dtype.size()))
             .ok_or_else(overflow)?;
-        let bias_bytes = if self.mode == QuantMode::Affine { scale_bytes } else { 0 };
+        let bias_bytes = if self.mode == QuantMode::Affine {
+            scale_bytes
+        } else {
+            0
+        };
         self.check_alignment(packed_bytes, scale_bytes, bias_bytes)?;
         let packed_region = align_up(packed_bytes).ok_or_else(overflow)?;
         let scale_region = align_up(scale_bytes).ok_or_else(overflow)?;
@@ -121,7 +125,11 @@ impl Geometry {
             scale_region,
             bias_region,
             scale_offset: packed_region,
-            bias_offset: if bias_bytes > 0 { packed_region + scale_region } else { 0 },
+            bias_offset: if bias_bytes > 0 {
+                packed_region + scale_region
+            } else {
+                0
+            },
             tile_stride,
             first_tile_offset: HEADER_BYTES,
             total_bytes,
@@ -130,7 +138,10 @@ impl Geometry {
 
     fn check_rules(&self) -> Result<(), GeometryError> {
         if self.rows == 0 || self.cols == 0 {
-            return Err(GeometryError::Empty { rows: self.rows, cols: self.cols });
+            return Err(GeometryError::Empty {
+                rows: self.rows,
+                cols: self.cols,
+            });
         }
         if self.tile_count == 0 {
             return Err(GeometryError::NoTiles);
@@ -139,17 +150,28 @@ impl Geometry {
             return Err(GeometryError::Bits { bits: self.bits });
         }
         if !self.group_size.is_power_of_two() {
-            return Err(GeometryError::Group { group: self.group_size });
+            return Err(GeometryError::Group {
+                group: self.group_size,
+            });
         }
         self.check_mode()?;
-        if self.rows % self.scale_block_rows != 0 {
-            return Err(GeometryError::BlockRows { rows: self.rows, block_rows: self.scale_block_rows });
+        if !self.rows.is_multiple_of(self.scale_block_rows) {
+            return Err(GeometryError::BlockRows {
+                rows: self.rows,
+                block_rows: self.scale_block_rows,
+            });
         }
-        if self.cols % self.group_size != 0 {
-            return Err(GeometryError::ColsGroup { cols: self.cols, group: self.group_size });
+        if !self.cols.is_multiple_of(self.group_size) {
+            return Err(GeometryError::ColsGroup {
+                cols: self.cols,
+                group: self.group_size,
+            });
         }
-        if self.cols % (32 / self.bits) != 0 {
-            return Err(GeometryError::ColsPacking { cols: self.cols, bits: self.bits });
+        if !self.cols.is_multiple_of(32 / self.bits) {
+            return Err(GeometryError::ColsPacking {
+                cols: self.cols,
+                bits: self.bits,
+            });
         }
         Ok(())
     }
@@ -159,14 +181,18 @@ impl Geometry {
         let mode = self.mode;
         let fail = |requirement| Err(GeometryError::Mode { mode, requirement });
         match mode {
-            QuantMode::Mxfp4 if self.group_size != MXFP4_GROUP => fail("group size 32 (fixed by OCP MX)"),
+            QuantMode::Mxfp4 if self.group_size != MXFP4_GROUP => {
+                fail("group size 32 (fixed by OCP MX)")
+            }
             QuantMode::Mxfp4 if self.bits != 4 => fail("4-bit elements"),
             QuantMode::Mxfp4 if self.scale_dtype != ScaleDtype::E8m0 => fail("uint8-e8m0 scales"),
             QuantMode::Affine if self.scale_dtype == ScaleDtype::E8m0 => {
                 fail("float scales and biases (float16, bfloat16 or float32), not e8m0")
             }
             QuantMode::Fp8E4m3Block if self.bits != 8 => fail("8-bit elements"),
-            QuantMode::Fp8E4m3Block if self.scale_dtype != ScaleDtype::E8m0 => fail("uint8-e8m0 block scales"),
+            QuantMode::Fp8E4m3Block if self.scale_dtype != ScaleDtype::E8m0 => {
+                fail("uint8-e8m0 block scales")
+            }
             QuantMode::Fp8E4m3Block if self.scale_block_rows <= 1 => {
                 fail("a 2-D scale grid: more than one row per scale")
             }
@@ -184,8 +210,12 @@ impl Geometry {
             return Ok(());
         }
         for (region, bytes) in [("packed", packed), ("scale", scales), ("bias", biases)] {
-            if bytes % ALIGNMENT != 0 {
-                return Err(GeometryError::Unaligned { mode: self.mode, region, bytes });
+            if !bytes.is_multiple_of(ALIGNMENT) {
+                return Err(GeometryError::Unaligned {
+                    mode: self.mode,
+                    region,
+                    bytes,
+                });
             }
         }
         Ok(())

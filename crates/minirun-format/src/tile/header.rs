@@ -129,7 +129,7 @@ impl RawHeader {
 
     /// The 16384-byte header: the fields of `self.version`, then `digests` at
     /// `digest_table_offset` if any, zeros everywhere else.
-    pub(crate) fn to_bytes(&self, digests: &[[u8; 32]]) -> Vec<u8> {
+    pub(crate) fn encode(self, digests: &[[u8; 32]]) -> Vec<u8> {
         let mut out = vec![0u8; HEADER_BYTES as usize];
         let mut put = |at: usize, field: &[u8]| out[at..at + field.len()].copy_from_slice(field);
         put(0, &self.magic);

@@ -5,10 +5,10 @@ use std::io::{self, Seek, SeekFrom, Write};
 
 use sha2::{Digest, Sha256};
 
+use super::HEADER_BYTES;
 use super::codes::ContentKind;
 use super::container::{ContainerSpec, TileContainer, TileError};
 use super::geometry::{Geometry, Layout};
-use super::HEADER_BYTES;
 
 /// Why writing a container failed.
 #[derive(Debug, thiserror::Error)]
@@ -47,8 +47,14 @@ impl<W: Write + Seek> ContainerWriter<W> {
         seed: u64,
         with_digests: bool,
     ) -> Result<Self, WriteError> {
-        let placeholder_digests = with_digests.then(|| vec![[0u8; 32]; geometry.tile_count as usize]);
-        let spec = ContainerSpec { geometry, content_kind, seed, digests: placeholder_digests };
+        let placeholder_digests =
+            with_digests.then(|| vec![[0u8; 32]; geometry.tile_count as usize]);
+        let spec = ContainerSpec {
+            geometry,
+            content_kind,
+            seed,
+            digests: placeholder_digests,
+        };
         let (_, container) = spec.encode_header()?;
         out.write_all(&vec![0u8; HEADER_BYTES as usize])?;
         Ok(ContainerWriter {
@@ -62,10 +68,18 @@ impl<W: Write + Seek> ContainerWriter<W> {
 
     /// Appends one tile from its sub-region payloads (biases exactly in affine mode), each
     /// zero-padded to its 16 KiB region.
-    pub fn push_tile(&mut self, packed: &[u8], scales: &[u8], biases: &[u8]) -> Result<(), WriteError> {
+    pub fn push_tile(
+        &mut self,
+        packed: &[u8],
+        scales: &[u8],
+        biases: &[u8],
+    ) -> Result<(), WriteError> {
         let tile = self.written;
         if tile >= self.spec.geometry.tile_count {
-            return Err(WriteError::TileCount { written: tile + 1, declared: self.spec.geometry.tile_count });
+            return Err(WriteError::TileCount {
+                written: tile + 1,
+                declared: self.spec.geometry.tile_count,
+            });
         }
         let l = self.layout;
         let regions = [
@@ -75,7 +89,12 @@ impl<W: Write + Seek> ContainerWriter<W> {
         ];
         for (region, bytes, expected, _) in regions {
             if bytes.len() as u64 != expected {
-                return Err(WriteError::SubRegion { tile, region, expected, actual: bytes.len() as u64 });
+                return Err(WriteError::SubRegion {
+                    tile,
+                    region,
+                    expected,
+                    actual: bytes.len() as u64,
+                });
             }
         }
         let mut hasher = Sha256::new();
@@ -96,7 +115,10 @@ impl<W: Write + Seek> ContainerWriter<W> {
     pub fn finish(mut self) -> Result<(W, TileContainer), WriteError> {
         let declared = self.spec.geometry.tile_count;
         if self.written != declared {
-            return Err(WriteError::TileCount { written: self.written, declared });
+            return Err(WriteError::TileCount {
+                written: self.written,
+                declared,
+            });
         }
         if self.spec.digests.is_some() {
             self.spec.digests = Some(std::mem::take(&mut self.digests));

@@ -1,0 +1,227 @@
+//! `minirun info CONTAINER [--verify-tiles]`: the header, and optionally every tile checked.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use minirun_format::synthetic;
+use minirun_format::tile::{ContentKind, HEADER_BYTES, TileContainer, hex};
+use rayon::prelude::*;
+use serde::Serialize;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use crate::info::InfoArgs;
+use crate::shown;
+
+/// Bytes per read while hashing a tile.
+const READ_CHUNK: u64 = 4 << 20;
+
+pub fn run(path: &Path, args: &InfoArgs) -> Result<ExitCode> {
+    let file = File::open(path).with_context(|| format!("cannot open {}", shown(path)))?;
+    let file_len = file.metadata()?.len();
+    let mut header = vec![0u8; HEADER_BYTES.min(file_len) as usize];
+    file.read_exact_at(&mut header, 0)?;
+    let container = TileContainer::parse(&header, file_len)
+        .with_context(|| format!("{} is not a valid tile container", shown(path)))?;
+    let report = if args.verify_tiles {
+        Some(verify_tiles(&file, &container, args.threads)?)
+    } else {
+        None
+    };
+    if args.json {
+        let doc = json!({ "kind": "tile-container", "path": shown(path), "file_bytes": file_len,
+                          "container": container, "verification": report });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        print!("{}", describe(path, file_len, &container));
+        if let Some(r) = &report {
+            print!("{}", r.describe());
+        }
+    }
+    Ok(match report {
+        Some(r) if !r.failures.is_empty() => ExitCode::from(1),
+        _ => ExitCode::SUCCESS,
+    })
+}
+
+fn describe(path: &Path, file_len: u64, c: &TileContainer) -> String {
+    let g = &c.geometry;
+    let l = &c.layout;
+    let kind = if c.content_kind_declared {
+        c.content_kind.to_string()
+    } else {
+        format!(
+            "{} (implied: version 1 cannot state its content kind)",
+            c.content_kind
+        )
+    };
+    let digests = match &c.digests {
+        Some(d) => format!("{} SHA-256 tile digests in the header", d.len()),
+        None => {
+            "none (tiles can only be checked against an external digest or regenerated)".to_string()
+        }
+    };
+    let trailing = file_len.saturating_sub(l.total_bytes);
+    let lines = [
+        format!(
+            "container   {} ({file_len} bytes{})",
+            shown(path),
+            if trailing > 0 {
+                format!(", {trailing} past the last tile")
+            } else {
+                String::new()
+            }
+        ),
+        format!("format      MNRNTIL1 version {}", c.version),
+        format!(
+            "mode        {} ({}-bit elements, group {})",
+            g.mode, g.bits, g.group_size
+        ),
+        format!(
+            "scales      {} ({} row(s) per scale)",
+            g.scale_dtype, g.scale_block_rows
+        ),
+        format!("content     {kind}; seed {}", c.seed),
+        format!("flags       {}", c.flags),
+        format!(
+            "geometry    {} tiles of {} rows x {} cols ({} rows in all)",
+            g.tile_count,
+            g.rows,
+            g.cols,
+            u64::from(g.rows) * u64::from(g.tile_count)
+        ),
+        format!(
+            "tile        stride {} = packed {} (region {}) + scales {} (region {}){}",
+            l.tile_stride,
+            l.packed_bytes,
+            l.packed_region,
+            l.scale_bytes,
+            l.scale_region,
+            if l.bias_bytes > 0 {
+                format!(
+                    " + biases {} (region {}) at {}",
+                    l.bias_bytes, l.bias_region, l.bias_offset
+                )
+            } else {
+                String::new()
+            }
+        ),
+        format!(
+            "total       {} bytes = 16384 header + {} x {}",
+            l.total_bytes, g.tile_count, l.tile_stride
+        ),
+        format!("digests     {digests}"),
+    ];
+    lines.join("\n") + "\n"
+}
+
+/// The outcome of checking every tile.
+#[derive(Debug, Serialize)]
+struct VerifyReport {
+    method: &'static str,
+    tiles: u32,
+    bytes: u64,
+    seconds: f64,
+    threads: usize,
+    failures: Vec<String>,
+}
+
+impl VerifyReport {
+    fn describe(&self) -> String {
+        let gbps = self.bytes as f64 / self.seconds.max(1e-9) / 1e9;
+        let mut s = format!(
+            "verified    {} tiles, {} bytes by {} in {:.2} s ({gbps:.2} GB/s, {} threads): {}\n",
+            self.tiles,
+            self.bytes,
+            self.method,
+            self.seconds,
+            self.threads,
+            if self.failures.is_empty() {
+                "all ok".to_string()
+            } else {
+                format!("{} FAILED", self.failures.len())
+            }
+        );
+        for f in &self.failures {
+            s.push_str(&format!("  {f}\n"));
+        }
+        s
+    }
+}
+
+fn verify_tiles(file: &File, c: &TileContainer, threads: Option<usize>) -> Result<VerifyReport> {
+    let method = match (&c.digests, c.content_kind) {
+        (Some(_), _) => "SHA-256 against the header's digests",
+        (None, ContentKind::SyntheticDeterministic) => "regenerating the synthetic content",
+        (None, ContentKind::CheckpointDerived) => bail!(
+            "this checkpoint-derived container carries no tile digests: its tiles can only be checked \
+             against an external digest (minirun verify against the publisher's tree)"
+        ),
+    };
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.unwrap_or(0))
+        .build()
+        .context("cannot start the hashing threads")?;
+    let total = u64::from(c.geometry.tile_count) * c.layout.tile_stride;
+    let bar = ProgressBar::new(total).with_style(
+        ProgressStyle::with_template(
+            "{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let start = Instant::now();
+    let failures: Vec<String> = pool.install(|| {
+        (0..u64::from(c.geometry.tile_count))
+            .into_par_iter()
+            .filter_map(|i| {
+                check_tile(file, c, i, &bar)
+                    .err()
+                    .map(|e| format!("tile {i}: {e:#}"))
+            })
+            .collect()
+    });
+    bar.finish_and_clear();
+    Ok(VerifyReport {
+        method,
+        tiles: c.geometry.tile_count,
+        bytes: total,
+        seconds: start.elapsed().as_secs_f64(),
+        threads: pool.current_num_threads(),
+        failures,
+    })
+}
+
+fn check_tile(file: &File, c: &TileContainer, index: u64, bar: &ProgressBar) -> Result<()> {
+    let range = c.tile_range(index)?;
+    if c.digests.is_none() {
+        let mut tile = vec![0u8; (range.end - range.start) as usize];
+        file.read_exact_at(&mut tile, range.start)?;
+        bar.inc(tile.len() as u64);
+        return Ok(synthetic::regenerate_check(c, index, &tile)?);
+    }
+    let expected = c.expected_digest(index)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; READ_CHUNK.min(range.end - range.start) as usize];
+    let mut at = range.start;
+    while at < range.end {
+        let n = (range.end - at).min(buf.len() as u64) as usize;
+        file.read_exact_at(&mut buf[..n], at)?;
+        hasher.update(&buf[..n]);
+        bar.inc(n as u64);
+        at += n as u64;
+    }
+    let actual: [u8; 32] = hasher.finalize().into();
+    if actual != expected {
+        bail!(
+            "SHA-256 {} differs from the recorded {}",
+            hex(&actual),
+            hex(&expected)
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,234 @@
+//! `minirun info` and `minirun synth`, run as the real binary.
+
+use std::fs;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn minirun(args: &[&str], dir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_minirun"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run minirun")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn a_synthetic_container_is_described_and_its_tiles_verified() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = minirun(
+        &[
+            "synth",
+            "--out",
+            "c.mxfp4tile",
+            "--rows",
+            "512",
+            "--cols",
+            "1024",
+            "--tiles",
+            "4",
+            "--digests",
+        ],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = minirun(
+        &["info", "c.mxfp4tile", "--verify-tiles", "--threads", "2"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    for needle in [
+        "MNRNTIL1 version 2",
+        "mxfp4",
+        "tile-digests",
+        "4 tiles of 512 rows x 1024 cols",
+        "4 SHA-256 tile digests",
+        "all ok",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?}:\n{text}");
+    }
+
+    let json = minirun(&["info", "c.mxfp4tile", "--json"], dir.path());
+    let doc: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(doc["kind"], "tile-container");
+    assert_eq!(doc["container"]["version"], 2);
+    assert_eq!(doc["container"]["geometry"]["mode"], "mxfp4");
+    assert_eq!(doc["container"]["layout"]["tile_stride"], 278_528);
+    assert_eq!(doc["container"]["digests"].as_array().unwrap().len(), 4);
+
+    // Corrupt one byte of tile 2: verification names it and exits 1.
+    let file = fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join("c.mxfp4tile"))
+        .unwrap();
+    file.write_all_at(&[0xAA], 16_384 + 2 * 278_528 + 1000)
+        .unwrap();
+    let out = minirun(&["info", "c.mxfp4tile", "--verify-tiles"], dir.path());
+    assert_eq!(out.status.code(), Some(1));
+    let text = stdout(&out);
+    assert!(
+        text.contains("1 FAILED") && text.contains("tile 2: SHA-256"),
+        "{text}"
+    );
+}
+
+#[test]
+fn synthetic_tiles_without_digests_are_verified_by_regeneration() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = minirun(
+        &[
+            "synth",
+            "--out",
+            "v1.mxfp4tile",
+            "--rows",
+            "512",
+            "--cols",
+            "1024",
+            "--tiles",
+            "2",
+            "--seed",
+            "99",
+        ],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        fs::metadata(dir.path().join("v1.mxfp4tile")).unwrap().len(),
+        573_440
+    );
+    let out = minirun(&["info", "v1.mxfp4tile", "--verify-tiles"], dir.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("regenerating the synthetic content"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(
+        stdout(&out).contains("implied"),
+        "v1 says its kind is implied: {}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn synth_refuses_geometry_it_cannot_align_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = minirun(
+        &[
+            "synth",
+            "--out",
+            "bad.mxfp4tile",
+            "--rows",
+            "100",
+            "--cols",
+            "1024",
+            "--tiles",
+            "1",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("16384"), "{}", stderr(&out));
+    assert_eq!(
+        fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "no file, no temporary file"
+    );
+}
+
+#[test]
+fn a_damaged_container_is_refused_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    minirun(
+        &[
+            "synth",
+            "--out",
+            "c.mxfp4tile",
+            "--rows",
+            "512",
+            "--cols",
+            "1024",
+            "--tiles",
+            "2",
+        ],
+        dir.path(),
+    );
+    let path = dir.path().join("c.mxfp4tile");
+    let bytes = fs::read(&path).unwrap();
+    fs::write(&path, &bytes[..bytes.len() - 1]).unwrap();
+    let out = minirun(&["info", "c.mxfp4tile"], dir.path());
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("truncated"), "{}", stderr(&out));
+}
+
+#[test]
+fn an_artifact_directory_or_index_is_described() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../minirun-format/tests/data/index/kimi-k3.index.json");
+    fs::copy(&fixture, dir.path().join("index.json")).unwrap();
+    for target in [".", "index.json"] {
+        let out = minirun(&["info", target], dir.path());
+        assert!(out.status.success(), "{}", stderr(&out));
+        let text = stdout(&out);
+        assert!(
+            text.contains("single-source-totals") && text.contains("moonshotai/Kimi-K3"),
+            "{text}"
+        );
+    }
+    let out = minirun(&["info", ".", "--json"], dir.path());
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["kind"], "artifact-index");
+    let empty = tempfile::tempdir().unwrap();
+    let out = minirun(&["info", "."], empty.path());
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("without an index.json"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn other_files_are_named_with_what_reads_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let golden =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../dmexp/tests/data/golden.bf16.dmexp");
+    fs::copy(&golden, dir.path().join("model.dmexp")).unwrap();
+    let out = minirun(&["info", "model.dmexp"], dir.path());
+    assert!(out.status.success());
+    assert!(
+        stdout(&out).contains(".dmexp export") && stdout(&out).contains("export info"),
+        "{}",
+        stdout(&out)
+    );
+
+    let mut checkpoint = b"DMTRAIN\0".to_vec();
+    checkpoint.resize(100, 0);
+    fs::write(dir.path().join("latest.bin"), &checkpoint).unwrap();
+    let out = minirun(&["info", "latest.bin", "--json"], dir.path());
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["kind"], "dormouse-training-checkpoint");
+
+    fs::write(
+        dir.path().join("junk"),
+        b"\x01\x02\x03\x04 nothing known here",
+    )
+    .unwrap();
+    let out = minirun(&["info", "junk"], dir.path());
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stdout(&out).contains("not a dormouse export"),
+        "{}",
+        stdout(&out)
+    );
+}
