@@ -640,6 +640,40 @@ fn affine_tiles_place_biases_after_scales_and_the_writer_checks_payload_sizes() 
 }
 
 #[test]
+fn the_writer_places_the_header_where_the_container_starts() {
+    let mut out = Cursor::new(b"prefix".to_vec());
+    out.set_position(6);
+    let (out, c) = synthetic::write_mxfp4_container(out, 512, 1024, 1, 3, true, |_| {}).unwrap();
+    let bytes = out.into_inner();
+    assert_eq!(&bytes[..6], b"prefix");
+    assert_eq!(
+        TileContainer::parse(&bytes[6..], bytes.len() as u64 - 6).unwrap(),
+        c
+    );
+    let err = ContainerWriter::new(
+        Cursor::new(Vec::new()),
+        geometry(QuantMode::Mxfp4, 512, 1024, 2),
+        ContentKind::SyntheticDeterministic,
+        0,
+        false,
+    )
+    .unwrap()
+    .finish()
+    .err()
+    .unwrap();
+    assert!(
+        matches!(
+            err,
+            WriteError::TileCount {
+                written: 0,
+                declared: 2
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
 fn synthetic_tiles_regenerate_and_a_changed_byte_is_found() {
     let (out, c) =
         synthetic::write_mxfp4_container(Cursor::new(Vec::new()), 512, 1024, 3, 7, true, |_| {})

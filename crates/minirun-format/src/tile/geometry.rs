@@ -26,7 +26,8 @@ pub struct Geometry {
     pub tile_count: u32,
 }
 
-/// Why a geometry cannot be served. Checked in the order the variants are listed.
+/// Why a geometry cannot be served. The rules are checked in the order the variants are
+/// listed; `Overflow` can arise at any derivation, so it may come before `Unaligned`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GeometryError {
     #[error("rows ({rows}) and cols ({cols}) must both be positive")]

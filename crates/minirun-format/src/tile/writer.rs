@@ -26,11 +26,16 @@ pub enum WriteError {
     },
     #[error("{written} tiles were written but the geometry declares {declared}")]
     TileCount { written: u32, declared: u32 },
+    #[error("all {declared} tiles the geometry declares are already written")]
+    TooManyTiles { declared: u32 },
 }
 
-/// Streams the tiles of one container into `out`.
+/// Streams the tiles of one container into `out`, starting at `out`'s current position
+/// (normally the start of a new, empty file).
 pub struct ContainerWriter<W: Write + Seek> {
     out: W,
+    /// Where the header goes: `out`'s position when the writer was made.
+    start: u64,
     spec: ContainerSpec,
     layout: Layout,
     digests: Vec<[u8; 32]>,
@@ -56,9 +61,11 @@ impl<W: Write + Seek> ContainerWriter<W> {
             digests: placeholder_digests,
         };
         let (_, container) = spec.encode_header()?;
+        let start = out.stream_position()?;
         out.write_all(&vec![0u8; HEADER_BYTES as usize])?;
         Ok(ContainerWriter {
             out,
+            start,
             spec,
             layout: container.layout,
             digests: Vec::new(),
@@ -124,9 +131,10 @@ impl<W: Write + Seek> ContainerWriter<W> {
             self.spec.digests = Some(std::mem::take(&mut self.digests));
         }
         let (header, container) = self.spec.encode_header()?;
-        self.out.seek(SeekFrom::Start(0))?;
+        let end = self.out.stream_position()?;
+        self.out.seek(SeekFrom::Start(self.start))?;
         self.out.write_all(&header)?;
-        self.out.seek(SeekFrom::End(0))?;
+        self.out.seek(SeekFrom::Start(end))?;
         self.out.flush()?;
         Ok((self.out, container))
     }
