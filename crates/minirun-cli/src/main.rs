@@ -26,16 +26,18 @@ struct Cli {
 enum Command {
     /// Say what a file or artifact is: a tile container's header, an artifact's index.json, or
     /// (for anything else) what the file is and what reads it.
-    ///
-    /// Examples:
-    ///   minirun info layer00/layer00-w1.mxfp4tile
-    ///   minirun info layer00/layer00-w1.mxfp4tile --verify-tiles --threads 2
-    ///   minirun info ./DeepSeek-V4-Flash-0731-minirun --json
+    #[command(after_help = "Examples:
+  minirun info layer00/layer00-w1.mxfp4tile
+  minirun info layer00/layer00-w1.mxfp4tile --verify-tiles --threads 2
+  minirun info ./DeepSeek-V4-Flash-0731-minirun --json
+
+Exit status: 0 described (and every tile verified); 1 an error, a refused container or a
+failed tile; 2 a file no minirun or dormouse format recognises.")]
     Info(info::InfoArgs),
     /// Write a synthetic-deterministic MXFP4 tile container (for storage benchmarks and tests):
     /// every byte is recomputable from the seed, so a reader can check it without a digest.
-    ///
-    /// Example: minirun synth --out /tmp/bench.mxfp4tile --rows 2048 --cols 4096 --tiles 481 --digests
+    #[command(after_help = "Example (a 2.1 GB container with tile digests):
+  minirun synth --out /tmp/bench.mxfp4tile --rows 2048 --cols 4096 --tiles 482 --digests")]
     Synth(synth::SynthArgs),
 }
 
