@@ -90,7 +90,7 @@ fn index_info(path: &Path, as_json: bool) -> Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         println!("index       {} ({len} bytes)", shown(path));
-        print!("{}", index.describe());
+        println!("{}", index.describe());
     }
     Ok(ExitCode::SUCCESS)
 }
