@@ -3,6 +3,7 @@
 
 mod container_info;
 mod info;
+mod pack_cmd;
 mod synth;
 
 use std::process::ExitCode;
@@ -39,6 +40,22 @@ failed tile; 2 a file no minirun or dormouse format recognises.")]
     #[command(after_help = "Example (a 2.1 GB container with tile digests):
   minirun synth --out /tmp/bench.mxfp4tile --rows 2048 --cols 4096 --tiles 482 --digests")]
     Synth(synth::SynthArgs),
+    /// Repack an upstream quantized safetensors checkpoint byte for byte into an artifact:
+    /// tile containers for quantized matrices, plain streams for everything else, a manifest
+    /// with every file's SHA-256 per unit, and index.json.
+    #[command(
+        after_help = "Recognised upstream layouts: MLX affine and mxfp4 (config.json `quantization`),
+gpt-oss MXFP4 (`*_blocks` + `*_scales`), FP8 e4m3 with block scales (`weight_scale_inv`), and
+unquantized tensors. Anything else that looks quantized is refused, never guessed.
+
+Example:
+  minirun pack --source ./Qwen3-MLX-4bit --out ./Qwen3-MLX-4bit-minirun \\
+      --source-repo mlx-community/Qwen3-4bit --source-revision <40-hex commit>"
+    )]
+    Pack(pack_cmd::PackArgs),
+    /// Compare every packed block, scale, bias and plain stream of an artifact with the source
+    /// checkpoint, byte for byte; exits 1 naming the first difference.
+    Check(pack_cmd::CheckArgs),
 }
 
 fn main() -> ExitCode {
@@ -46,6 +63,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Info(args) => info::run(&args),
         Command::Synth(args) => synth::run(&args),
+        Command::Pack(args) => pack_cmd::pack(&args),
+        Command::Check(args) => pack_cmd::check(&args),
     };
     match result {
         Ok(code) => code,

@@ -1,5 +1,6 @@
-//! Writing a container tile by tile. The header, which records each tile's SHA-256, is
-//! written last over a zeroed placeholder, so tiles stream through once.
+//! Writing a container tile by tile. Without digests the header is known up front and the
+//! file is written strictly in order; with digests the header, which records each tile's
+//! SHA-256, is written last over a zeroed placeholder, so tiles still stream through once.
 
 use std::io::{self, Seek, SeekFrom, Write};
 
@@ -43,8 +44,10 @@ pub struct ContainerWriter<W: Write + Seek> {
 }
 
 impl<W: Write + Seek> ContainerWriter<W> {
-    /// Validates the request (geometry, version, digest-table room) and writes a zeroed
-    /// header placeholder. Nothing is written when the request is refused.
+    /// Validates the request (geometry, version, digest-table room) and writes the header:
+    /// the final one when no digests are requested (so the output is written strictly in
+    /// order), else a zeroed placeholder that [`finish`](Self::finish) replaces. Nothing is
+    /// written when the request is refused.
     pub fn new(
         mut out: W,
         geometry: Geometry,
@@ -60,9 +63,13 @@ impl<W: Write + Seek> ContainerWriter<W> {
             seed,
             digests: placeholder_digests,
         };
-        let (_, container) = spec.encode_header()?;
+        let (header, container) = spec.encode_header()?;
         let start = out.stream_position()?;
-        out.write_all(&vec![0u8; HEADER_BYTES as usize])?;
+        if with_digests {
+            out.write_all(&vec![0u8; HEADER_BYTES as usize])?;
+        } else {
+            out.write_all(&header)?;
+        }
         Ok(ContainerWriter {
             out,
             start,
@@ -104,15 +111,19 @@ impl<W: Write + Seek> ContainerWriter<W> {
                 });
             }
         }
-        let mut hasher = Sha256::new();
+        let mut hasher = self.spec.digests.is_some().then(Sha256::new);
         for (_, bytes, payload, region) in regions {
             let padding = vec![0u8; (region - payload) as usize];
             for part in [bytes, &padding[..]] {
-                hasher.update(part);
+                if let Some(h) = hasher.as_mut() {
+                    h.update(part);
+                }
                 self.out.write_all(part)?;
             }
         }
-        self.digests.push(hasher.finalize().into());
+        if let Some(h) = hasher {
+            self.digests.push(h.finalize().into());
+        }
         self.written += 1;
         Ok(())
     }
@@ -127,9 +138,12 @@ impl<W: Write + Seek> ContainerWriter<W> {
                 declared,
             });
         }
-        if self.spec.digests.is_some() {
-            self.spec.digests = Some(std::mem::take(&mut self.digests));
+        if self.spec.digests.is_none() {
+            let (_, container) = self.spec.encode_header()?;
+            self.out.flush()?;
+            return Ok((self.out, container));
         }
+        self.spec.digests = Some(std::mem::take(&mut self.digests));
         let (header, container) = self.spec.encode_header()?;
         let end = self.out.stream_position()?;
         self.out.seek(SeekFrom::Start(self.start))?;

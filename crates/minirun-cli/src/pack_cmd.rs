@@ -1,0 +1,135 @@
+//! `minirun pack` and `minirun check`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use minirun_pack::{CheckError, PackOptions};
+use serde_json::json;
+
+use crate::shown;
+
+#[derive(Args)]
+pub struct PackArgs {
+    /// The upstream checkpoint directory: config.json, *.safetensors shards, tokenizer files, licence.
+    #[arg(long, value_name = "CHECKPOINT_DIR")]
+    pub source: PathBuf,
+    /// The artifact directory to write (new, empty, or a previous pack's output).
+    #[arg(long, value_name = "ARTIFACT_DIR")]
+    pub out: PathBuf,
+    /// The Hugging Face repo the checkpoint was published as (owner/name); with
+    /// --source-revision it makes index.json name its upstream and carry identities.
+    #[arg(long, value_name = "OWNER/NAME", requires = "source_revision")]
+    pub source_repo: Option<String>,
+    /// The pinned upstream commit (40 lowercase hex characters).
+    #[arg(long, value_name = "SHA", requires = "source_repo")]
+    pub source_revision: Option<String>,
+    /// Print a JSON summary instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct CheckArgs {
+    /// The artifact directory written by `minirun pack`.
+    pub artifact: PathBuf,
+    /// The checkpoint directory it was packed from.
+    #[arg(long, value_name = "CHECKPOINT_DIR")]
+    pub source: PathBuf,
+    /// Print a JSON report instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn bytes_bar() -> ProgressBar {
+    ProgressBar::new_spinner().with_style(
+        ProgressStyle::with_template("{spinner} {bytes} {binary_bytes_per_sec} {elapsed}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    )
+}
+
+pub fn pack(args: &PackArgs) -> Result<ExitCode> {
+    let opts = PackOptions {
+        source_repo: args.source_repo.clone(),
+        source_revision: args.source_revision.clone(),
+    };
+    let bar = bytes_bar();
+    let start = Instant::now();
+    let summary = minirun_pack::pack(&args.source, &args.out, &opts, &|n| bar.inc(n))
+        .with_context(|| {
+            format!(
+                "cannot pack {} into {}",
+                shown(&args.source),
+                shown(&args.out)
+            )
+        })?;
+    bar.finish_and_clear();
+    let seconds = start.elapsed().as_secs_f64();
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &json!({ "artifact": shown(&args.out), "seconds": seconds, "summary": summary })
+            )?
+        );
+    } else {
+        println!(
+            "packed {} -> {}: {} units, {} payload files ({} tile containers, {} quantized tensors kept as plain streams), {} bytes in {seconds:.2} s",
+            shown(&args.source),
+            shown(&args.out),
+            summary.units.len(),
+            summary.payload_files,
+            summary.tile_containers,
+            summary.quantized_as_plain,
+            summary.payload_bytes
+        );
+        println!("copied verbatim: {}", summary.copied_files.join(", "));
+        for w in &summary.warnings {
+            eprintln!("warning: {w}");
+        }
+        println!(
+            "next: minirun check {} --source {}",
+            shown(&args.out),
+            shown(&args.source)
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn check(args: &CheckArgs) -> Result<ExitCode> {
+    let bar = bytes_bar();
+    let result = minirun_pack::check(&args.artifact, &args.source, &|n| bar.inc(n));
+    bar.finish_and_clear();
+    match result {
+        Ok(report) => {
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&json!({ "identical": true, "report": report }))?
+                );
+            } else {
+                println!(
+                    "identical: {} files in {} units ({} bytes) match the source byte for byte",
+                    report.files,
+                    report.units.len(),
+                    report.bytes_compared
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(CheckError::Differs(d)) => {
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&json!({ "identical": false, "difference": d }))?
+                );
+            }
+            eprintln!("minirun: {}", CheckError::Differs(d));
+            Ok(ExitCode::from(1))
+        }
+        Err(other) => Err(other).context("cannot check the artifact"),
+    }
+}

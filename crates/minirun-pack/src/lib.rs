@@ -1,0 +1,38 @@
+//! `minirun pack` and `minirun check`: repack an upstream safetensors checkpoint byte for
+//! byte into a minirun artifact, and compare an artifact with its source.
+
+pub mod check;
+pub mod checkpoint;
+pub mod manifest;
+pub mod pack;
+pub mod recognize;
+pub mod shard;
+
+pub use check::{CheckError, CheckReport, Difference, check};
+pub use pack::{PackOptions, PackSummary, pack};
+
+use std::path::{Path, PathBuf};
+
+/// Why packing or checking failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PackError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: not a valid safetensors shard: {reason}", path.display())]
+    BadShard { path: PathBuf, reason: String },
+    #[error("{what}: {reason}")]
+    Refused { what: String, reason: String },
+}
+
+impl PackError {
+    pub(crate) fn io(path: impl AsRef<Path>, source: std::io::Error) -> Self {
+        PackError::Io {
+            path: path.as_ref().to_path_buf(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! The metadata an artifact carries: a `manifest.json` per unit (every file, its geometry,
+//! its source tensors and its SHA-256) and the root `index.json`. Specified in
+//! `docs/formats/artifact.md`.
+
+use serde::{Deserialize, Serialize};
+
+/// Where some bytes came from in the upstream checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceRef {
+    pub source_tensor: String,
+    pub dtype: String,
+    pub shape: Vec<usize>,
+    /// The shard file the tensor is in.
+    pub shard: String,
+    /// Byte offset of the tensor's data in the shard.
+    pub shard_offset: u64,
+    pub bytes: u64,
+}
+
+/// How a quantized tensor is encoded (recorded for tile containers and for quantized
+/// tensors stored as plain streams).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quantization {
+    pub scheme: String,
+    pub layout: String,
+    pub element_bits: u32,
+    pub group: u32,
+    pub block_rows: u32,
+    pub scale_dtype: String,
+    pub role: String,
+}
+
+/// One tensor inside a blob: its bytes lie at `offset..offset + bytes` of the blob.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    #[serde(flatten)]
+    pub source: SourceRef,
+    pub offset: u64,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub quantization: Option<Quantization>,
+    /// Why a quantized tensor is a plain stream instead of a tile container.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub not_tiled: Option<String>,
+}
+
+/// One payload file of a unit. (A manifest holds a few of these; boxing the larger
+/// variant would only complicate the serialized form's code.)
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum FileEntry {
+    TileContainer {
+        name: String,
+        bytes: u64,
+        sha256: String,
+        layout: String,
+        scheme: String,
+        rows: u32,
+        cols: u32,
+        /// Tiles: one per expert, or 1 for a single matrix.
+        count: u32,
+        element_bits: u32,
+        group: u32,
+        block_rows: u32,
+        scale_dtype: String,
+        packed: SourceRef,
+        scales: SourceRef,
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        biases: Option<SourceRef>,
+    },
+    Blob {
+        name: String,
+        bytes: u64,
+        sha256: String,
+        members: Vec<Member>,
+    },
+}
+
+impl FileEntry {
+    pub fn name(&self) -> &str {
+        match self {
+            FileEntry::TileContainer { name, .. } | FileEntry::Blob { name, .. } => name,
+        }
+    }
+
+    pub fn bytes(&self) -> u64 {
+        match self {
+            FileEntry::TileContainer { bytes, .. } | FileEntry::Blob { bytes, .. } => *bytes,
+        }
+    }
+
+    pub fn sha256(&self) -> &str {
+        match self {
+            FileEntry::TileContainer { sha256, .. } | FileEntry::Blob { sha256, .. } => sha256,
+        }
+    }
+}
+
+/// `<unit>/manifest.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnitManifest {
+    pub unit: String,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub source_repo: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub source_revision: Option<String>,
+    pub files: Vec<FileEntry>,
+}

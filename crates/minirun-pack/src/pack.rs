@@ -1,0 +1,519 @@
+//! Writing an artifact: units of tile containers and plain-stream blobs, a manifest per
+//! unit, the upstream's root files copied verbatim, and `index.json` last.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{self, BufWriter, Seek, SeekFrom, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use minirun_format::identity::{is_canonical_repo_id, is_pinned_revision};
+use minirun_format::tile::{ContainerWriter, ContentKind, Geometry, QuantMode, hex};
+use rayon::prelude::*;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use crate::PackError;
+use crate::checkpoint::Checkpoint;
+use crate::manifest::{FileEntry, Member, Quantization, SourceRef, UnitManifest};
+use crate::recognize::{Item, QuantMatrix, recognize};
+use crate::shard::{TensorSource, read_slice_into};
+
+/// Present in an output directory while a pack is running; its absence (with index.json
+/// present) is what says an artifact is complete.
+pub const INCOMPLETE_MARKER: &str = ".minirun-pack-incomplete";
+
+/// Bytes copied per read when streaming a plain tensor.
+const COPY_CHUNK: u64 = 8 << 20;
+
+/// Who published the upstream checkpoint, when the caller knows.
+#[derive(Debug, Clone, Default)]
+pub struct PackOptions {
+    pub source_repo: Option<String>,
+    pub source_revision: Option<String>,
+}
+
+/// What a pack wrote.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PackSummary {
+    pub units: Vec<UnitSummary>,
+    pub payload_files: usize,
+    pub payload_bytes: u64,
+    pub tile_containers: usize,
+    pub quantized_as_plain: usize,
+    pub copied_files: Vec<String>,
+    pub warnings: Vec<String>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct UnitSummary {
+    pub unit: String,
+    pub files: usize,
+    pub bytes: u64,
+}
+
+/// Repacks the checkpoint at `source` into the artifact directory `out`. `progress` is
+/// called with the number of payload bytes written since the last call.
+pub fn pack(
+    source: &Path,
+    out: &Path,
+    opts: &PackOptions,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<PackSummary, PackError> {
+    check_provenance(opts)?;
+    let ckpt = Checkpoint::open(source)?;
+    let items = recognize(&ckpt)?;
+    prepare_output(out)?;
+    let mut summary = PackSummary {
+        units: Vec::new(),
+        payload_files: 0,
+        payload_bytes: 0,
+        tile_containers: 0,
+        quantized_as_plain: 0,
+        copied_files: Vec::new(),
+        warnings: Vec::new(),
+    };
+    let mut units: BTreeMap<String, Vec<Item>> = BTreeMap::new();
+    for item in items {
+        units.entry(unit_of(item.name())).or_default().push(item);
+    }
+    for (unit, items) in &units {
+        let manifest = write_unit(&ckpt, out, unit, items, opts, progress, &mut summary)?;
+        let bytes = manifest.files.iter().map(FileEntry::bytes).sum();
+        summary.payload_files += manifest.files.len();
+        summary.payload_bytes += bytes;
+        summary.units.push(UnitSummary {
+            unit: unit.clone(),
+            files: manifest.files.len(),
+            bytes,
+        });
+    }
+    for name in &ckpt.other_files {
+        copy_verbatim(&ckpt.dir.join(name), &out.join(name))?;
+        summary.copied_files.push(name.clone());
+    }
+    let index = index_json(&ckpt, out, opts, &summary)?;
+    write_atomic(&out.join("index.json"), |mut w| {
+        w.write_all(&pretty(&index)?)
+    })?;
+    std::fs::remove_file(out.join(INCOMPLETE_MARKER)).map_err(|e| PackError::io(out, e))?;
+    if opts.source_repo.is_none() {
+        summary.warnings.push(
+            "no --source-repo/--source-revision: index.json names no upstream, so the artifact's identity is unknown \
+             and it carries no tokenizer or configuration identity"
+                .to_string(),
+        );
+    }
+    Ok(summary)
+}
+
+fn refused(what: impl Into<String>, reason: impl Into<String>) -> PackError {
+    PackError::Refused {
+        what: what.into(),
+        reason: reason.into(),
+    }
+}
+
+fn check_provenance(opts: &PackOptions) -> Result<(), PackError> {
+    match (&opts.source_repo, &opts.source_revision) {
+        (None, None) => Ok(()),
+        (Some(repo), Some(rev)) => {
+            if !is_canonical_repo_id(repo) {
+                return Err(refused(
+                    "--source-repo",
+                    format!("{repo:?} is not a canonical Hugging Face repo id (owner/name)"),
+                ));
+            }
+            if !is_pinned_revision(rev) {
+                return Err(refused(
+                    "--source-revision",
+                    format!("{rev:?} is not a pinned commit (40 lowercase hex characters)"),
+                ));
+            }
+            Ok(())
+        }
+        _ => Err(refused(
+            "--source-repo/--source-revision",
+            "give both or neither: a repository without a pinned revision is no identity",
+        )),
+    }
+}
+
+/// `out` must be absent, empty, or a previous pack's output (complete or interrupted).
+fn prepare_output(out: &Path) -> Result<(), PackError> {
+    if out.exists() {
+        let entries = std::fs::read_dir(out)
+            .map_err(|e| PackError::io(out, e))?
+            .count();
+        let ours = out.join("index.json").is_file() || out.join(INCOMPLETE_MARKER).is_file();
+        if entries > 0 && !ours {
+            return Err(refused(
+                out.display().to_string(),
+                "the output directory holds files that no pack wrote; choose a new or empty directory",
+            ));
+        }
+    }
+    std::fs::create_dir_all(out).map_err(|e| PackError::io(out, e))?;
+    // The marker goes first and the index last: a directory with the marker is unfinished.
+    File::create(out.join(INCOMPLETE_MARKER)).map_err(|e| PackError::io(out, e))?;
+    let _ = std::fs::remove_file(out.join("index.json"));
+    Ok(())
+}
+
+/// `model.layers.7.mlp...` -> `layer07`; anything outside a layer -> `global`.
+pub fn unit_of(name: &str) -> String {
+    let mut parts = name.split('.');
+    while let Some(part) = parts.next() {
+        if part == "layers"
+            && let Some(n) = parts.next().and_then(|n| n.parse::<u32>().ok())
+        {
+            return format!("layer{n:02}");
+        }
+    }
+    "global".to_string()
+}
+
+fn source_ref(t: &TensorSource) -> SourceRef {
+    SourceRef {
+        source_tensor: t.name.clone(),
+        dtype: format!("{:?}", t.dtype),
+        shape: t.shape.clone(),
+        shard: t.shard.clone(),
+        shard_offset: t.start,
+        bytes: t.len,
+    }
+}
+
+fn geometry_of(q: &QuantMatrix) -> Geometry {
+    Geometry {
+        mode: q.mode,
+        rows: q.rows,
+        cols: q.cols,
+        group_size: q.group,
+        bits: q.bits,
+        scale_dtype: q.scale_dtype,
+        scale_block_rows: q.block_rows,
+        tile_count: q.experts.unwrap_or(1),
+    }
+}
+
+fn extension(mode: QuantMode) -> &'static str {
+    match mode {
+        QuantMode::Mxfp4 => "mxfp4tile",
+        QuantMode::Affine => "affinetile",
+        QuantMode::Fp8E4m3Block => "fp8tile",
+    }
+}
+
+fn write_unit(
+    ckpt: &Checkpoint,
+    out: &Path,
+    unit: &str,
+    items: &[Item],
+    opts: &PackOptions,
+    progress: &(dyn Fn(u64) + Sync),
+    summary: &mut PackSummary,
+) -> Result<UnitManifest, PackError> {
+    let dir = out.join(unit);
+    std::fs::create_dir_all(&dir).map_err(|e| PackError::io(&dir, e))?;
+    let mut containers = Vec::new();
+    let mut plain: Vec<(TensorSource, Option<Quantization>, Option<String>)> = Vec::new();
+    for item in items {
+        match item {
+            Item::Plain(t) => plain.push((t.clone(), None, None)),
+            Item::Quantized(q) => match geometry_of(q).layout() {
+                Ok(_) => {
+                    containers.push(q);
+                    summary.tile_containers += 1;
+                }
+                Err(why) => {
+                    summary.quantized_as_plain += 1;
+                    let roles = [
+                        ("packed", Some(&q.packed)),
+                        ("scales", Some(&q.scales)),
+                        ("biases", q.biases.as_ref()),
+                    ];
+                    for (role, t) in roles {
+                        if let Some(t) = t {
+                            plain.push((
+                                t.clone(),
+                                Some(quantization(q, role)),
+                                Some(why.to_string()),
+                            ));
+                        }
+                    }
+                }
+            },
+        }
+    }
+    // Files are independent: write (and hash) them on every core. Order stays deterministic.
+    let blob_name = format!("{unit}-plain.blob");
+    let (containers, blob) = rayon::join(
+        || {
+            containers
+                .par_iter()
+                .map(|q| write_container(ckpt, &dir, q, progress))
+                .collect::<Result<Vec<_>, _>>()
+        },
+        || {
+            (!plain.is_empty())
+                .then(|| write_blob(ckpt, &dir, &blob_name, &plain, progress))
+                .transpose()
+        },
+    );
+    let mut files = containers?;
+    files.extend(blob?);
+    let manifest = UnitManifest {
+        unit: unit.to_string(),
+        source_repo: opts.source_repo.clone(),
+        source_revision: opts.source_revision.clone(),
+        files,
+    };
+    let value =
+        serde_json::to_value(&manifest).map_err(|e| refused("manifest.json", e.to_string()))?;
+    write_atomic(&dir.join("manifest.json"), |mut w| {
+        w.write_all(&pretty(&value)?)
+    })?;
+    Ok(manifest)
+}
+
+fn quantization(q: &QuantMatrix, role: &str) -> Quantization {
+    Quantization {
+        scheme: q.scheme.to_string(),
+        layout: q.mode.name().to_string(),
+        element_bits: q.bits,
+        group: q.group,
+        block_rows: q.block_rows,
+        scale_dtype: q.scale_dtype.name().to_string(),
+        role: role.to_string(),
+    }
+}
+
+fn write_container(
+    ckpt: &Checkpoint,
+    dir: &Path,
+    q: &QuantMatrix,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<FileEntry, PackError> {
+    let geometry = geometry_of(q);
+    let name = format!("{}.{}", q.module, extension(q.mode));
+    let count = u64::from(geometry.tile_count);
+    let per = |t: &TensorSource| t.len / count;
+    let mut sha = String::new();
+    let mut bytes = 0;
+    write_atomic(&dir.join(&name), |file| {
+        let hashing = HashingWriter::new(BufWriter::with_capacity(4 << 20, file));
+        let mut writer =
+            ContainerWriter::new(hashing, geometry, ContentKind::CheckpointDerived, 0, false)
+                .map_err(|e| io::Error::other(e.to_string()))?;
+        let (mut packed, mut scales, mut biases) = (Vec::new(), Vec::new(), Vec::new());
+        for tile in 0..count {
+            let read = |t: &TensorSource, buf: &mut Vec<u8>| {
+                read_slice_into(&ckpt.dir, t, tile * per(t), per(t), buf)
+                    .map_err(|e| io::Error::other(e.to_string()))
+            };
+            read(&q.packed, &mut packed)?;
+            read(&q.scales, &mut scales)?;
+            match &q.biases {
+                Some(b) => read(b, &mut biases)?,
+                None => biases.clear(),
+            }
+            writer
+                .push_tile(&packed, &scales, &biases)
+                .map_err(|e| io::Error::other(e.to_string()))?;
+            progress((packed.len() + scales.len() + biases.len()) as u64);
+        }
+        let (hashing, container) = writer
+            .finish()
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        let (mut inner, digest, len) = hashing.finish();
+        inner.flush()?;
+        sha = digest;
+        bytes = len;
+        debug_assert_eq!(len, container.layout.total_bytes);
+        Ok(())
+    })?;
+    Ok(FileEntry::TileContainer {
+        name,
+        bytes,
+        sha256: sha,
+        layout: q.mode.name().to_string(),
+        scheme: q.scheme.to_string(),
+        rows: q.rows,
+        cols: q.cols,
+        count: geometry.tile_count,
+        element_bits: q.bits,
+        group: q.group,
+        block_rows: q.block_rows,
+        scale_dtype: q.scale_dtype.name().to_string(),
+        packed: source_ref(&q.packed),
+        scales: source_ref(&q.scales),
+        biases: q.biases.as_ref().map(source_ref),
+    })
+}
+
+fn write_blob(
+    ckpt: &Checkpoint,
+    dir: &Path,
+    name: &str,
+    tensors: &[(TensorSource, Option<Quantization>, Option<String>)],
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<FileEntry, PackError> {
+    let mut members = Vec::new();
+    let mut sha = String::new();
+    let mut bytes = 0;
+    write_atomic(&dir.join(name), |file| {
+        let mut hashing = HashingWriter::new(BufWriter::with_capacity(4 << 20, file));
+        for (t, quantization, not_tiled) in tensors {
+            members.push(Member {
+                source: source_ref(t),
+                offset: hashing.position,
+                quantization: quantization.clone(),
+                not_tiled: not_tiled.clone(),
+            });
+            let mut done = 0;
+            let mut chunk = Vec::new();
+            while done < t.len {
+                let n = (t.len - done).min(COPY_CHUNK);
+                read_slice_into(&ckpt.dir, t, done, n, &mut chunk)
+                    .map_err(|e| io::Error::other(e.to_string()))?;
+                hashing.write_all(&chunk)?;
+                progress(n);
+                done += n;
+            }
+        }
+        let (mut inner, digest, len) = hashing.finish();
+        inner.flush()?;
+        sha = digest;
+        bytes = len;
+        Ok(())
+    })?;
+    Ok(FileEntry::Blob {
+        name: name.to_string(),
+        bytes,
+        sha256: sha,
+        members,
+    })
+}
+
+fn copy_verbatim(from: &Path, to: &Path) -> Result<(), PackError> {
+    let mut src = File::open(from).map_err(|e| PackError::io(from, e))?;
+    write_atomic(to, |mut file| io::copy(&mut src, &mut file).map(|_| ()))
+}
+
+/// `index.json` in the single-source-units shape, with identities when provenance is known.
+fn index_json(
+    ckpt: &Checkpoint,
+    out: &Path,
+    opts: &PackOptions,
+    summary: &PackSummary,
+) -> Result<Value, PackError> {
+    let units: Vec<Value> = summary
+        .units
+        .iter()
+        .map(|u| json!({ "unit": u.unit, "files": u.files, "bytes": u.bytes }))
+        .collect();
+    let mut index = json!({
+        "format": "quantized_tile_container",
+        "format_version": 1,
+        "relationship": "byte_preserving_repack",
+        "units": units,
+        "total_bytes": summary.payload_bytes,
+    });
+    let (Some(repo), Some(rev)) = (&opts.source_repo, &opts.source_revision) else {
+        return Ok(index);
+    };
+    index["source_repo"] = json!(repo);
+    index["source_revision"] = json!(rev);
+    let identity = |file: &str| -> Result<Value, PackError> {
+        let path = out.join(file);
+        let data = std::fs::read(&path).map_err(|e| PackError::io(&path, e))?;
+        Ok(
+            json!({ "file": file, "bytes": data.len(), "sha256": hex(&Sha256::digest(&data)),
+                   "source_repo": repo, "source_revision": rev }),
+        )
+    };
+    index["configuration"] = identity("config.json")?;
+    let tokenizer = ["tokenizer.json", "tokenizer.model", "tiktoken.model"]
+        .into_iter()
+        .find(|f| ckpt.other_files.iter().any(|o| o == f));
+    let license = ckpt.other_files.iter().find(|f| {
+        let lower = f.to_ascii_lowercase();
+        lower.starts_with("license") || lower.starts_with("licence")
+    });
+    if let (Some(tokenizer), Some(license)) = (tokenizer, license) {
+        let mut t = identity(tokenizer)?;
+        t["license"] = json!(license);
+        index["tokenizer"] = t;
+    }
+    Ok(index)
+}
+
+fn pretty(value: &Value) -> io::Result<Vec<u8>> {
+    let mut bytes = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
+    bytes.push(b'\n');
+    Ok(bytes)
+}
+
+/// Writes `path` through a temporary file in the same directory, fsynced and renamed: a
+/// file that exists is complete.
+fn write_atomic(path: &Path, fill: impl FnOnce(&File) -> io::Result<()>) -> Result<(), PackError> {
+    let dir: PathBuf = path
+        .parent()
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+    let temp = tempfile::Builder::new()
+        .prefix(".minirun-pack.")
+        .permissions(std::fs::Permissions::from_mode(0o644))
+        .tempfile_in(&dir)
+        .map_err(|e| PackError::io(&dir, e))?;
+    fill(temp.as_file())
+        .and_then(|()| temp.as_file().sync_all())
+        .map_err(|e| PackError::io(path, e))?;
+    temp.persist(path)
+        .map_err(|e| PackError::io(path, e.error))?;
+    Ok(())
+}
+
+/// A writer that hashes what passes through, for a per-file SHA-256 without re-reading.
+/// It supports only the position queries the container writer makes.
+struct HashingWriter<W: Write> {
+    inner: W,
+    hasher: Sha256,
+    position: u64,
+}
+
+impl<W: Write> HashingWriter<W> {
+    fn new(inner: W) -> Self {
+        HashingWriter {
+            inner,
+            hasher: Sha256::new(),
+            position: 0,
+        }
+    }
+
+    fn finish(self) -> (W, String, u64) {
+        (self.inner, hex(&self.hasher.finalize()), self.position)
+    }
+}
+
+impl<W: Write> Write for HashingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.position += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+impl<W: Write> Seek for HashingWriter<W> {
+    fn seek(&mut self, pos: SeekFrom) -> io::Result<u64> {
+        match pos {
+            SeekFrom::Current(0) => Ok(self.position),
+            _ => Err(io::Error::other("a hashing writer only moves forward")),
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! Safetensors shards read without loading them: the header is parsed by the
+//! `safetensors` crate's own `Metadata` and validated like its full reader does (offsets
+//! contiguous from 0, sizes = shape x dtype, data ending exactly at the end of the file);
+//! tensor bytes are then read by range.
+
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use safetensors::tensor::{Dtype, Metadata};
+
+use crate::PackError;
+
+/// Safetensors refuses headers above 100 MB; so do we, before allocating.
+const MAX_HEADER: u64 = 100_000_000;
+
+/// One tensor's place in its shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorSource {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    /// The shard's file name, relative to the checkpoint directory.
+    pub shard: String,
+    /// Absolute byte offset of the tensor's data in the shard.
+    pub start: u64,
+    pub len: u64,
+}
+
+/// A shard whose header has been validated.
+#[derive(Debug)]
+pub struct Shard {
+    pub path: PathBuf,
+    pub file_name: String,
+    pub tensors: Vec<TensorSource>,
+}
+
+impl Shard {
+    pub fn open(path: &Path) -> Result<Shard, PackError> {
+        let bad = |reason: String| PackError::BadShard {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let mut file = File::open(path).map_err(|e| PackError::io(path, e))?;
+        let file_len = file.metadata().map_err(|e| PackError::io(path, e))?.len();
+        let mut len_bytes = [0u8; 8];
+        file.read_exact(&mut len_bytes).map_err(|_| {
+            bad(format!(
+                "{file_len} bytes is too short for a safetensors header"
+            ))
+        })?;
+        let header_len = u64::from_le_bytes(len_bytes);
+        if header_len > MAX_HEADER || header_len.saturating_add(8) > file_len {
+            return Err(bad(format!(
+                "the header length field says {header_len} bytes but the file has {file_len}"
+            )));
+        }
+        let mut header = vec![0u8; header_len as usize];
+        file.read_exact(&mut header)
+            .map_err(|e| PackError::io(path, e))?;
+        let text =
+            std::str::from_utf8(&header).map_err(|e| bad(format!("header is not UTF-8: {e}")))?;
+        let metadata: Metadata = serde_json::from_str(text)
+            .map_err(|e| bad(format!("header is not a safetensors header: {e}")))?;
+        let file_name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let data_start = 8 + header_len;
+        let tensors = validate(&metadata, data_start, file_len, &file_name).map_err(bad)?;
+        Ok(Shard {
+            path: path.to_path_buf(),
+            file_name,
+            tensors,
+        })
+    }
+}
+
+/// The checks `SafeTensors::deserialize` makes, applied to a header read on its own.
+fn validate(
+    metadata: &Metadata,
+    data_start: u64,
+    file_len: u64,
+    shard: &str,
+) -> Result<Vec<TensorSource>, String> {
+    let mut tensors = Vec::new();
+    let mut expected_start = 0usize;
+    for name in metadata.offset_keys() {
+        let Some(info) = metadata.info(&name) else {
+            continue;
+        };
+        let (s, e) = info.data_offsets;
+        if s != expected_start || e < s {
+            return Err(format!(
+                "tensor {name:?} does not start where the previous one ended"
+            ));
+        }
+        let bits = info
+            .shape
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+            .and_then(|n| n.checked_mul(info.dtype.bitsize()))
+            .ok_or_else(|| format!("tensor {name:?}: shape {:?} overflows", info.shape))?;
+        if bits % 8 != 0 || e - s != bits / 8 {
+            return Err(format!(
+                "tensor {name:?}: {} bytes for shape {:?} of {:?}",
+                e - s,
+                info.shape,
+                info.dtype
+            ));
+        }
+        tensors.push(TensorSource {
+            name: name.clone(),
+            dtype: info.dtype,
+            shape: info.shape.clone(),
+            shard: shard.to_string(),
+            start: data_start + s as u64,
+            len: (e - s) as u64,
+        });
+        expected_start = e;
+    }
+    if data_start + expected_start as u64 != file_len {
+        return Err(format!(
+            "the tensors end at byte {} but the file has {file_len} bytes",
+            data_start + expected_start as u64
+        ));
+    }
+    Ok(tensors)
+}
+
+/// Reads `len` bytes at `offset` of `source`'s tensor into `buf` (resized to `len`): a
+/// bounded read of one tensor slice, reusing the caller's buffer.
+pub fn read_slice_into(
+    dir: &Path,
+    source: &TensorSource,
+    offset: u64,
+    len: u64,
+    buf: &mut Vec<u8>,
+) -> Result<(), PackError> {
+    let path = dir.join(&source.shard);
+    if offset.checked_add(len).is_none_or(|end| end > source.len) {
+        return Err(PackError::BadShard {
+            path,
+            reason: format!("read past the end of tensor {:?}", source.name),
+        });
+    }
+    let file = File::open(&path).map_err(|e| PackError::io(&path, e))?;
+    buf.resize(len as usize, 0);
+    file.read_exact_at(buf, source.start + offset)
+        .map_err(|e| PackError::io(&path, e))
+}

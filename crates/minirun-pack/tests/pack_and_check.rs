@@ -1,0 +1,357 @@
+//! Pack every fixture checkpoint (built by tools/make_pack_fixtures.py with mlx-lm, numpy and
+//! ml_dtypes), check it byte for byte, and make sure every damage and every lie is caught.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use minirun_format::index::{ArtifactIndex, IndexShape};
+use minirun_format::tile::{HEADER_BYTES, TileContainer};
+use minirun_pack::manifest::{FileEntry, UnitManifest};
+use minirun_pack::{CheckError, PackError, PackOptions, PackSummary, check, pack};
+use safetensors::tensor::{Dtype, TensorView};
+
+const REPO: &str = "minirun-tests/fixture";
+const REVISION: &str = "0123456789abcdef0123456789abcdef01234567";
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/checkpoints")
+        .join(name)
+}
+
+fn opts() -> PackOptions {
+    PackOptions {
+        source_repo: Some(REPO.into()),
+        source_revision: Some(REVISION.into()),
+    }
+}
+
+fn pack_into(source: &Path, out: &Path) -> PackSummary {
+    pack(source, out, &opts(), &|_| {}).unwrap_or_else(|e| panic!("{}: {e}", source.display()))
+}
+
+fn manifest(artifact: &Path, unit: &str) -> UnitManifest {
+    serde_json::from_slice(&fs::read(artifact.join(unit).join("manifest.json")).unwrap()).unwrap()
+}
+
+fn containers(artifact: &Path, unit: &str) -> Vec<String> {
+    manifest(artifact, unit)
+        .files
+        .iter()
+        .filter(|f| matches!(f, FileEntry::TileContainer { .. }))
+        .map(|f| f.name().to_string())
+        .collect()
+}
+
+/// Every fixture packs, checks clean, carries identities and has the expected containers.
+#[test]
+fn every_fixture_packs_and_checks_byte_for_byte() {
+    let cases: [(&str, &[&str]); 5] = [
+        (
+            "mlx-affine4",
+            &[
+                "model.layers.0.mlp.switch_mlp.gate_proj.affinetile",
+                "model.layers.0.self_attn.q_proj.affinetile",
+            ],
+        ),
+        (
+            "mlx-affine8",
+            &["model.layers.0.mlp.switch_mlp.down_proj.affinetile"],
+        ),
+        (
+            "mlx-mxfp4",
+            &["model.layers.0.mlp.switch_mlp.up_proj.mxfp4tile"],
+        ),
+        (
+            "gptoss-mxfp4",
+            &[
+                "model.layers.0.mlp.experts.gate_up_proj.mxfp4tile",
+                "model.layers.0.mlp.experts.down_proj.mxfp4tile",
+            ],
+        ),
+        ("deepseek-fp8", &[]),
+    ];
+    for (name, expected) in cases {
+        let out = tempfile::tempdir().unwrap();
+        let summary = pack_into(&fixture(name), out.path());
+        let report =
+            check(out.path(), &fixture(name), &|_| {}).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(report.files, summary.payload_files, "{name}");
+        let found = containers(out.path(), "layer00");
+        for want in expected {
+            assert!(
+                found.iter().any(|f| f == want),
+                "{name}: no {want} in {found:?}"
+            );
+        }
+        let index = ArtifactIndex::parse(&fs::read(out.path().join("index.json")).unwrap());
+        assert_eq!(index.shape, IndexShape::SingleSourceUnits, "{name}");
+        assert_eq!(
+            (index.files, index.bytes),
+            (
+                Some(summary.payload_files as u64),
+                Some(summary.payload_bytes)
+            ),
+            "{name}"
+        );
+        assert!(
+            matches!(index.tokenizer, Some(Ok(_))),
+            "{name}: {:?}",
+            index.tokenizer
+        );
+        assert!(
+            matches!(index.configuration, Some(Ok(_))),
+            "{name}: {:?}",
+            index.configuration
+        );
+        for copied in [
+            "config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "LICENSE",
+        ] {
+            assert_eq!(
+                fs::read(out.path().join(copied)).unwrap(),
+                fs::read(fixture(name).join(copied)).unwrap(),
+                "{name}/{copied}"
+            );
+        }
+        assert!(
+            !out.path()
+                .join(minirun_pack::pack::INCOMPLETE_MARKER)
+                .exists()
+        );
+    }
+}
+
+#[test]
+fn unalignable_quantized_matrices_stay_plain_streams_with_the_reason() {
+    let out = tempfile::tempdir().unwrap();
+    let summary = pack_into(&fixture("mlx-affine4"), out.path());
+    assert!(summary.quantized_as_plain > 0);
+    let m = manifest(out.path(), "layer00");
+    let blob = m.files.iter().find_map(|f| match f {
+        FileEntry::Blob { members, .. } => Some(members),
+        _ => None,
+    });
+    let k_proj = blob
+        .unwrap()
+        .iter()
+        .find(|m| m.source.source_tensor == "model.layers.0.self_attn.k_proj.weight")
+        .unwrap();
+    assert_eq!(k_proj.quantization.as_ref().unwrap().role, "packed");
+    assert!(
+        k_proj.not_tiled.as_ref().unwrap().contains("16384"),
+        "{:?}",
+        k_proj.not_tiled
+    );
+}
+
+#[test]
+fn packing_is_deterministic() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    pack_into(&fixture("gptoss-mxfp4"), a.path());
+    pack_into(&fixture("gptoss-mxfp4"), b.path());
+    let tree = |root: &Path| -> BTreeMap<PathBuf, Vec<u8>> {
+        let mut files = BTreeMap::new();
+        for unit in fs::read_dir(root).unwrap() {
+            let path = unit.unwrap().path();
+            let entries: Vec<PathBuf> = if path.is_dir() {
+                fs::read_dir(&path)
+                    .unwrap()
+                    .map(|e| e.unwrap().path())
+                    .collect()
+            } else {
+                vec![path]
+            };
+            for p in entries {
+                files.insert(
+                    p.strip_prefix(root).unwrap().to_path_buf(),
+                    fs::read(&p).unwrap(),
+                );
+            }
+        }
+        files
+    };
+    assert_eq!(tree(a.path()), tree(b.path()));
+}
+
+/// One flipped byte anywhere in the payload is found and named.
+#[test]
+fn check_names_the_file_tile_region_and_tensor_of_a_flipped_byte() {
+    let out = tempfile::tempdir().unwrap();
+    pack_into(&fixture("mlx-mxfp4"), out.path());
+    let name = "model.layers.0.mlp.switch_mlp.gate_proj.mxfp4tile";
+    let path = out.path().join("layer00").join(name);
+    let header = fs::read(&path).unwrap();
+    let c = TileContainer::parse(&header[..HEADER_BYTES as usize], header.len() as u64).unwrap();
+    let flip = |at: u64| {
+        let f = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let mut b = [0u8];
+        f.read_exact_at(&mut b, at).unwrap();
+        f.write_all_at(&[b[0] ^ 0x20], at).unwrap();
+    };
+    let cases = [
+        (
+            c.scale_range(1).unwrap().start + 5,
+            "scales",
+            "model.layers.0.mlp.switch_mlp.gate_proj.scales",
+            Some(1),
+        ),
+        (
+            c.packed_range(0).unwrap().start + 77,
+            "packed",
+            "model.layers.0.mlp.switch_mlp.gate_proj.weight",
+            Some(0),
+        ),
+    ];
+    for (at, region, tensor, tile) in cases {
+        flip(at);
+        match check(out.path(), &fixture("mlx-mxfp4"), &|_| {}) {
+            Err(CheckError::Differs(d)) => {
+                assert_eq!(
+                    (
+                        d.file.as_str(),
+                        d.region.as_str(),
+                        d.source_tensor.as_str(),
+                        d.tile,
+                        d.file_offset
+                    ),
+                    (name, region, tensor, tile, at)
+                );
+            }
+            other => panic!("expected a difference, got {other:?}"),
+        }
+        flip(at);
+    }
+    // A plain stream member.
+    let blob = out.path().join("layer00/layer00-plain.blob");
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&blob)
+        .unwrap();
+    f.write_all_at(&[0x5A], 3).unwrap();
+    let err = check(out.path(), &fixture("mlx-mxfp4"), &|_| {}).unwrap_err();
+    assert!(
+        matches!(&err, CheckError::Differs(d) if d.region == "member"),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("layer00/layer00-plain.blob"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_config_the_tensors_contradict_is_refused() {
+    let out = tempfile::tempdir().unwrap();
+    let err = pack(&fixture("lying-config"), out.path(), &opts(), &|_| {}).unwrap_err();
+    assert!(
+        matches!(&err, PackError::Refused { reason, .. } if reason.contains("contradict")),
+        "{err}"
+    );
+    assert!(err.to_string().contains("8-bit"), "{err}");
+}
+
+#[test]
+fn a_shard_with_a_bad_header_is_refused() {
+    let out = tempfile::tempdir().unwrap();
+    let err = pack(&fixture("bad-header"), out.path(), &opts(), &|_| {}).unwrap_err();
+    assert!(matches!(&err, PackError::BadShard { .. }), "{err}");
+    assert!(err.to_string().contains("header length"), "{err}");
+}
+
+#[test]
+fn provenance_must_be_canonical_and_complete() {
+    let out = tempfile::tempdir().unwrap();
+    let bad = [
+        PackOptions {
+            source_repo: Some("not a repo".into()),
+            source_revision: Some(REVISION.into()),
+        },
+        PackOptions {
+            source_repo: Some(REPO.into()),
+            source_revision: Some("main".into()),
+        },
+        PackOptions {
+            source_repo: Some(REPO.into()),
+            source_revision: None,
+        },
+    ];
+    for o in bad {
+        assert!(matches!(
+            pack(&fixture("mlx-affine4"), out.path(), &o, &|_| {}),
+            Err(PackError::Refused { .. })
+        ));
+    }
+    // Without provenance the artifact packs, but its index names no upstream and no identities.
+    let summary = pack(
+        &fixture("mlx-affine4"),
+        out.path(),
+        &PackOptions::default(),
+        &|_| {},
+    )
+    .unwrap();
+    assert!(!summary.warnings.is_empty());
+    let index = ArtifactIndex::parse(&fs::read(out.path().join("index.json")).unwrap());
+    assert_eq!(index.shape, IndexShape::Unrecognized);
+    assert!(index.tokenizer.is_none() && index.configuration.is_none());
+}
+
+#[test]
+fn an_output_directory_holding_foreign_files_is_refused() {
+    let out = tempfile::tempdir().unwrap();
+    fs::write(out.path().join("notes.txt"), b"mine").unwrap();
+    let err = pack(&fixture("mlx-affine4"), out.path(), &opts(), &|_| {}).unwrap_err();
+    assert!(err.to_string().contains("no pack wrote"), "{err}");
+    // A previous pack's output (even an interrupted one) is rewritten.
+    let again = tempfile::tempdir().unwrap();
+    fs::write(
+        again.path().join(minirun_pack::pack::INCOMPLETE_MARKER),
+        b"",
+    )
+    .unwrap();
+    pack_into(&fixture("mlx-affine4"), again.path());
+    pack_into(&fixture("mlx-affine4"), again.path());
+    check(again.path(), &fixture("mlx-affine4"), &|_| {}).unwrap();
+}
+
+/// A DeepSeek-V4-style FP8 checkpoint (e8m0 block scales) becomes version-3 containers; one
+/// with float32 scales (DeepSeek V3 style) stays plain, because the container format's
+/// fp8-e4m3-block mode carries e8m0 scales only.
+#[test]
+fn fp8_with_e8m0_block_scales_becomes_v3_containers() {
+    let src = tempfile::tempdir().unwrap();
+    let weight: Vec<u8> = (0..256 * 384).map(|i| (i * 7 % 251) as u8).collect();
+    let scales: Vec<u8> = (0..2 * 3).map(|i| 120 + i as u8).collect();
+    let views = vec![
+        (
+            "model.layers.0.self_attn.wq.weight".to_string(),
+            TensorView::new(Dtype::F8_E4M3, vec![256, 384], &weight).unwrap(),
+        ),
+        (
+            "model.layers.0.self_attn.wq.weight_scale_inv".to_string(),
+            TensorView::new(Dtype::F8_E8M0, vec![2, 3], &scales).unwrap(),
+        ),
+    ];
+    safetensors::serialize_to_file(views, None, &src.path().join("model.safetensors")).unwrap();
+    let config = r#"{"model_type": "deepseek_v4", "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}"#;
+    fs::write(src.path().join("config.json"), config).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let summary = pack(src.path(), out.path(), &PackOptions::default(), &|_| {}).unwrap();
+    assert_eq!(summary.tile_containers, 1);
+    let path = out
+        .path()
+        .join("layer00/model.layers.0.self_attn.wq.fp8tile");
+    let bytes = fs::read(&path).unwrap();
+    let c = TileContainer::parse(&bytes, bytes.len() as u64).unwrap();
+    assert_eq!((c.version, c.flags.0, c.layout.scale_bytes), (3, 0xC, 6));
+    check(out.path(), src.path(), &|_| {}).unwrap();
+}
