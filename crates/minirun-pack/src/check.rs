@@ -63,31 +63,37 @@ pub fn check(
         files: 0,
         bytes_compared: 0,
     };
-    for (unit_dir, manifest) in manifests(artifact)? {
-        // Files are compared on every core; the first difference in manifest order is reported.
-        let results: Vec<Result<u64, CheckError>> = manifest
-            .files
-            .par_iter()
-            .map(|entry| {
-                let ctx = Ctx {
-                    ckpt: &ckpt,
-                    unit: &manifest.unit,
-                    dir: &unit_dir,
-                    file: entry.name(),
-                    progress,
-                };
-                match entry {
-                    FileEntry::TileContainer { .. } => ctx.container(entry),
-                    FileEntry::Blob { members, bytes, .. } => ctx.blob(members, *bytes),
-                }
-            })
-            .collect();
-        for result in results {
-            report.bytes_compared += result?;
-            report.files += 1;
-        }
-        report.units.push(manifest.unit.clone());
+    let units = manifests(artifact)?;
+    let jobs: Vec<(&Path, &str, &FileEntry)> = units
+        .iter()
+        .flat_map(|(dir, m)| {
+            m.files
+                .iter()
+                .map(move |f| (dir.as_path(), m.unit.as_str(), f))
+        })
+        .collect();
+    // Files are compared on every core; the first difference in manifest order is reported.
+    let results: Vec<Result<u64, CheckError>> = jobs
+        .par_iter()
+        .map(|&(dir, unit, entry)| {
+            let ctx = Ctx {
+                ckpt: &ckpt,
+                unit,
+                dir,
+                file: entry.name(),
+                progress,
+            };
+            match entry {
+                FileEntry::TileContainer { .. } => ctx.container(entry),
+                FileEntry::Blob { members, bytes, .. } => ctx.blob(members, *bytes),
+            }
+        })
+        .collect();
+    for result in results {
+        report.bytes_compared += result?;
+        report.files += 1;
     }
+    report.units = units.iter().map(|(_, m)| m.unit.clone()).collect();
     if report.units.is_empty() {
         return Err(PackError::Refused {
             what: artifact.display().to_string(),

@@ -77,13 +77,50 @@ pub fn pack(
     for item in items {
         units.entry(unit_of(item.name())).or_default().push(item);
     }
-    for (unit, items) in &units {
-        let manifest = write_unit(&ckpt, out, unit, items, opts, progress, &mut summary)?;
+    let plans: Vec<UnitPlan> = units
+        .iter()
+        .map(|(unit, items)| plan_unit(out, unit, items, &mut summary))
+        .collect::<Result<_, _>>()?;
+    // Every payload file is independent: write (and hash) them all on every core, then
+    // gather them back per unit in a fixed order, so the output stays deterministic.
+    let jobs: Vec<(usize, Option<&QuantMatrix>)> = plans
+        .iter()
+        .enumerate()
+        .flat_map(|(u, plan)| {
+            let containers = plan.containers.iter().map(move |q| (u, Some(*q)));
+            let blob = (!plan.plain.is_empty()).then_some((u, None));
+            containers.chain(blob)
+        })
+        .collect();
+    let written: Vec<(usize, FileEntry)> = jobs
+        .par_iter()
+        .map(|&(u, job)| {
+            let plan = &plans[u];
+            let entry = match job {
+                Some(q) => write_container(&ckpt, &plan.dir, q, progress),
+                None => write_blob(
+                    &ckpt,
+                    &plan.dir,
+                    &format!("{}-plain.blob", plan.unit),
+                    &plan.plain,
+                    progress,
+                ),
+            };
+            entry.map(|e| (u, e))
+        })
+        .collect::<Result<_, _>>()?;
+    for (u, plan) in plans.iter().enumerate() {
+        let files: Vec<FileEntry> = written
+            .iter()
+            .filter(|(w, _)| *w == u)
+            .map(|(_, e)| e.clone())
+            .collect();
+        let manifest = write_manifest(plan, files, opts)?;
         let bytes = manifest.files.iter().map(FileEntry::bytes).sum();
         summary.payload_files += manifest.files.len();
         summary.payload_bytes += bytes;
         summary.units.push(UnitSummary {
-            unit: unit.clone(),
+            unit: plan.unit.clone(),
             files: manifest.files.len(),
             bytes,
         });
@@ -205,25 +242,34 @@ fn extension(mode: QuantMode) -> &'static str {
     }
 }
 
-fn write_unit(
-    ckpt: &Checkpoint,
+/// What one unit will hold: its containers and its plain-stream members.
+struct UnitPlan<'a> {
+    unit: String,
+    dir: PathBuf,
+    containers: Vec<&'a QuantMatrix>,
+    plain: Vec<(TensorSource, Option<Quantization>, Option<String>)>,
+}
+
+fn plan_unit<'a>(
     out: &Path,
     unit: &str,
-    items: &[Item],
-    opts: &PackOptions,
-    progress: &(dyn Fn(u64) + Sync),
+    items: &'a [Item],
     summary: &mut PackSummary,
-) -> Result<UnitManifest, PackError> {
+) -> Result<UnitPlan<'a>, PackError> {
     let dir = out.join(unit);
     std::fs::create_dir_all(&dir).map_err(|e| PackError::io(&dir, e))?;
-    let mut containers = Vec::new();
-    let mut plain: Vec<(TensorSource, Option<Quantization>, Option<String>)> = Vec::new();
+    let mut plan = UnitPlan {
+        unit: unit.to_string(),
+        dir,
+        containers: Vec::new(),
+        plain: Vec::new(),
+    };
     for item in items {
         match item {
-            Item::Plain(t) => plain.push((t.clone(), None, None)),
+            Item::Plain(t) => plan.plain.push((t.clone(), None, None)),
             Item::Quantized(q) => match geometry_of(q).layout() {
                 Ok(_) => {
-                    containers.push(q);
+                    plan.containers.push(q);
                     summary.tile_containers += 1;
                 }
                 Err(why) => {
@@ -235,7 +281,7 @@ fn write_unit(
                     ];
                     for (role, t) in roles {
                         if let Some(t) = t {
-                            plain.push((
+                            plan.plain.push((
                                 t.clone(),
                                 Some(quantization(q, role)),
                                 Some(why.to_string()),
@@ -246,32 +292,23 @@ fn write_unit(
             },
         }
     }
-    // Files are independent: write (and hash) them on every core. Order stays deterministic.
-    let blob_name = format!("{unit}-plain.blob");
-    let (containers, blob) = rayon::join(
-        || {
-            containers
-                .par_iter()
-                .map(|q| write_container(ckpt, &dir, q, progress))
-                .collect::<Result<Vec<_>, _>>()
-        },
-        || {
-            (!plain.is_empty())
-                .then(|| write_blob(ckpt, &dir, &blob_name, &plain, progress))
-                .transpose()
-        },
-    );
-    let mut files = containers?;
-    files.extend(blob?);
+    Ok(plan)
+}
+
+fn write_manifest(
+    plan: &UnitPlan<'_>,
+    files: Vec<FileEntry>,
+    opts: &PackOptions,
+) -> Result<UnitManifest, PackError> {
     let manifest = UnitManifest {
-        unit: unit.to_string(),
+        unit: plan.unit.clone(),
         source_repo: opts.source_repo.clone(),
         source_revision: opts.source_revision.clone(),
         files,
     };
     let value =
         serde_json::to_value(&manifest).map_err(|e| refused("manifest.json", e.to_string()))?;
-    write_atomic(&dir.join("manifest.json"), |mut w| {
+    write_atomic(&plan.dir.join("manifest.json"), |mut w| {
         w.write_all(&pretty(&value)?)
     })?;
     Ok(manifest)
