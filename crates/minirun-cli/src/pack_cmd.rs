@@ -44,10 +44,14 @@ pub struct CheckArgs {
     pub json: bool,
 }
 
-fn bytes_bar() -> ProgressBar {
-    ProgressBar::new_spinner().with_style(
-        ProgressStyle::with_template("{spinner} {bytes} {binary_bytes_per_sec} {elapsed}")
-            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+/// A progress bar over the checkpoint's tensor bytes (read from the shard headers only).
+fn bytes_bar(source: &std::path::Path) -> ProgressBar {
+    let total = minirun_pack::checkpoint::Checkpoint::open(source)
+        .map(|c| c.tensors.values().map(|t| t.len).sum())
+        .unwrap_or(0);
+    ProgressBar::new(total).with_style(
+        ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
     )
 }
 
@@ -56,7 +60,7 @@ pub fn pack(args: &PackArgs) -> Result<ExitCode> {
         source_repo: args.source_repo.clone(),
         source_revision: args.source_revision.clone(),
     };
-    let bar = bytes_bar();
+    let bar = bytes_bar(&args.source);
     let start = Instant::now();
     let summary = minirun_pack::pack(&args.source, &args.out, &opts, &|n| bar.inc(n))
         .with_context(|| {
@@ -100,7 +104,7 @@ pub fn pack(args: &PackArgs) -> Result<ExitCode> {
 }
 
 pub fn check(args: &CheckArgs) -> Result<ExitCode> {
-    let bar = bytes_bar();
+    let bar = bytes_bar(&args.source);
     let result = minirun_pack::check(&args.artifact, &args.source, &|n| bar.inc(n));
     bar.finish_and_clear();
     match result {
