@@ -180,12 +180,7 @@ impl ExportView<'_> {
 
     /// Widens the tensor named `name` into `out` (exactly its length).
     pub fn widen_into(&self, name: &str, out: &mut [f32]) -> Result<(), Error> {
-        let entry = self
-            .header
-            .tensor(name)
-            .ok_or_else(|| Error::NoSuchTensor {
-                name: name.to_string(),
-            })?;
+        let entry = self.header.require(name)?;
         self.widen_entry(entry, out, &mut StatsAcc::new(self.header.dtype))
     }
 

@@ -185,12 +185,7 @@ impl DmexpFile {
 
     /// Reads one tensor and widens it to f32, reading only that tensor's bytes.
     pub fn read_tensor(&self, name: &str) -> Result<(&TensorEntry, Vec<f32>), Error> {
-        let entry = self
-            .header
-            .tensor(name)
-            .ok_or_else(|| Error::NoSuchTensor {
-                name: name.to_string(),
-            })?;
+        let entry = self.header.require(name)?;
         let mut bytes = vec![0u8; entry.byte_len as usize];
         let at = PREFIX_LEN as u64 + u64::from(self.prefix.header_len) + entry.offset;
         self.file

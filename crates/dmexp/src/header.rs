@@ -89,6 +89,13 @@ impl Header {
         self.tensors.iter().find(|t| t.name == name)
     }
 
+    /// The entry named `name`, or [`Error::NoSuchTensor`].
+    pub fn require(&self, name: &str) -> Result<&TensorEntry, Error> {
+        self.tensor(name).ok_or_else(|| Error::NoSuchTensor {
+            name: name.to_string(),
+        })
+    }
+
     /// Serializes the header to its TOML text.
     pub fn to_toml(&self) -> Result<String, Error> {
         let raw = RawHeader {

@@ -50,8 +50,10 @@ fn bytes_bar(source: &std::path::Path) -> ProgressBar {
         .map(|c| c.tensors.values().map(|t| t.len).sum())
         .unwrap_or(0);
     ProgressBar::new(total).with_style(
-        ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ProgressStyle::with_template(
+            "{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
     )
 }
 
