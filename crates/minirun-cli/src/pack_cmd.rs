@@ -83,7 +83,7 @@ pub fn pack(args: &PackArgs) -> Result<ExitCode> {
         );
     } else {
         println!(
-            "packed {} -> {}: {} units, {} payload files ({} tile containers, {} quantized tensors kept as plain streams), {} bytes in {seconds:.2} s",
+            "packed {} -> {}: {} units, {} payload files ({} tile containers, {} quantized matrices kept as plain streams), {} bytes in {seconds:.2} s",
             shown(&args.source),
             shown(&args.out),
             summary.units.len(),

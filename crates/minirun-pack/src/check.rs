@@ -64,6 +64,9 @@ pub fn check(
         bytes_compared: 0,
     };
     let units = manifests(artifact)?;
+    if !units.is_empty() {
+        check_complete(artifact, &units)?;
+    }
     let jobs: Vec<(&Path, &str, &FileEntry)> = units
         .iter()
         .flat_map(|(dir, m)| {
@@ -104,6 +107,81 @@ pub fn check(
         .into());
     }
     Ok(report)
+}
+
+fn incomplete(artifact: &Path, reason: String) -> CheckError {
+    PackError::Refused {
+        what: artifact.display().to_string(),
+        reason,
+    }
+    .into()
+}
+
+/// The artifact must be a finished pack: no marker, an index.json whose units are exactly the
+/// manifests found, and no file in a unit that its manifest does not list.
+fn check_complete(artifact: &Path, units: &[(PathBuf, UnitManifest)]) -> Result<(), CheckError> {
+    if artifact.join(crate::pack::INCOMPLETE_MARKER).exists() {
+        return Err(incomplete(
+            artifact,
+            "an interrupted pack: run minirun pack again".to_string(),
+        ));
+    }
+    let index_path = artifact.join("index.json");
+    let bytes = std::fs::read(&index_path).map_err(|e| PackError::io(&index_path, e))?;
+    let index: serde_json::Value = serde_json::from_slice(&bytes)
+        .map_err(|e| incomplete(artifact, format!("index.json is not JSON: {e}")))?;
+    let listed: Vec<(String, u64, u64)> = index
+        .get("units")
+        .and_then(serde_json::Value::as_array)
+        .map(|a| {
+            a.iter()
+                .map(|u| {
+                    let field = |k: &str| {
+                        u.get(k)
+                            .and_then(serde_json::Value::as_u64)
+                            .unwrap_or(u64::MAX)
+                    };
+                    (
+                        u.get("unit")
+                            .and_then(serde_json::Value::as_str)
+                            .unwrap_or("")
+                            .to_string(),
+                        field("files"),
+                        field("bytes"),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let found: Vec<(String, u64, u64)> = units
+        .iter()
+        .map(|(_, m)| {
+            (
+                m.unit.clone(),
+                m.files.len() as u64,
+                m.files.iter().map(FileEntry::bytes).sum(),
+            )
+        })
+        .collect();
+    if listed != found {
+        return Err(incomplete(
+            artifact,
+            format!("index.json lists units {listed:?} but the manifests describe {found:?}"),
+        ));
+    }
+    for (dir, m) in units {
+        let on_disk = std::fs::read_dir(dir).map_err(|e| PackError::io(dir, e))?;
+        for entry in on_disk.filter_map(Result::ok) {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name != "manifest.json" && !m.files.iter().any(|f| f.name() == name) {
+                return Err(incomplete(
+                    artifact,
+                    format!("{}/{name} is not in its unit's manifest", m.unit),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn manifests(artifact: &Path) -> Result<Vec<(PathBuf, UnitManifest)>, PackError> {

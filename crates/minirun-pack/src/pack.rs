@@ -7,7 +7,9 @@ use std::io::{self, BufWriter, Seek, SeekFrom, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use minirun_format::identity::{is_canonical_repo_id, is_pinned_revision};
+use minirun_format::identity::{
+    is_canonical_repo_id, is_canonical_root_file_name, is_pinned_revision,
+};
 use minirun_format::tile::{ContainerWriter, ContentKind, Geometry, QuantMode, hex};
 use rayon::prelude::*;
 use serde_json::{Value, json};
@@ -129,7 +131,9 @@ pub fn pack(
         copy_verbatim(&ckpt.dir.join(name), &out.join(name))?;
         summary.copied_files.push(name.clone());
     }
-    let index = index_json(&ckpt, out, opts, &summary)?;
+    let mut warnings = Vec::new();
+    let index = index_json(&ckpt, out, opts, &summary, &mut warnings)?;
+    summary.warnings.extend(warnings);
     write_atomic(&out.join("index.json"), |mut w| {
         w.write_all(&pretty(&index)?)
     })?;
@@ -176,25 +180,48 @@ fn check_provenance(opts: &PackOptions) -> Result<(), PackError> {
     }
 }
 
-/// `out` must be absent, empty, or a previous pack's output (complete or interrupted).
+/// `out` must be absent, empty, or a previous pack's output (complete or interrupted),
+/// which is cleared first so that no file of an earlier pack survives into this one.
 fn prepare_output(out: &Path) -> Result<(), PackError> {
     if out.exists() {
-        let entries = std::fs::read_dir(out)
+        let entries: Vec<PathBuf> = std::fs::read_dir(out)
             .map_err(|e| PackError::io(out, e))?
-            .count();
-        let ours = out.join("index.json").is_file() || out.join(INCOMPLETE_MARKER).is_file();
-        if entries > 0 && !ours {
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .collect();
+        if !entries.is_empty() && !is_previous_pack(out) {
             return Err(refused(
                 out.display().to_string(),
                 "the output directory holds files that no pack wrote; choose a new or empty directory",
             ));
         }
+        // The marker goes first: a directory with the marker is unfinished.
+        File::create(out.join(INCOMPLETE_MARKER)).map_err(|e| PackError::io(out, e))?;
+        for path in entries.iter().filter(|p| !p.ends_with(INCOMPLETE_MARKER)) {
+            let removed = if path.is_dir() {
+                std::fs::remove_dir_all(path)
+            } else {
+                std::fs::remove_file(path)
+            };
+            removed.map_err(|e| PackError::io(path, e))?;
+        }
+        return Ok(());
     }
     std::fs::create_dir_all(out).map_err(|e| PackError::io(out, e))?;
-    // The marker goes first and the index last: a directory with the marker is unfinished.
     File::create(out.join(INCOMPLETE_MARKER)).map_err(|e| PackError::io(out, e))?;
-    let _ = std::fs::remove_file(out.join("index.json"));
     Ok(())
+}
+
+/// An interrupted pack left its marker; a finished one left an index.json of our shape.
+fn is_previous_pack(out: &Path) -> bool {
+    if out.join(INCOMPLETE_MARKER).is_file() {
+        return true;
+    }
+    let Ok(bytes) = std::fs::read(out.join("index.json")) else {
+        return false;
+    };
+    let index: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    index.get("relationship").and_then(Value::as_str) == Some("byte_preserving_repack")
+        && index.get("format").and_then(Value::as_str) == Some("quantized_tile_container")
 }
 
 /// `model.layers.7.mlp...` -> `layer07`; anything outside a layer -> `global`.
@@ -269,6 +296,13 @@ fn plan_unit<'a>(
             Item::Plain(t) => plan.plain.push((t.clone(), None, None)),
             Item::Quantized(q) => match geometry_of(q).layout() {
                 Ok(_) => {
+                    let name = format!("{}.{}", q.module, extension(q.mode));
+                    if !is_canonical_root_file_name(&name) {
+                        return Err(refused(
+                            &q.packed.name,
+                            "this tensor name cannot be a file name in the artifact (only letters, digits, '.', '-', '_')",
+                        ));
+                    }
                     plan.containers.push(q);
                     summary.tile_containers += 1;
                 }
@@ -444,6 +478,7 @@ fn index_json(
     out: &Path,
     opts: &PackOptions,
     summary: &PackSummary,
+    warnings: &mut Vec<String>,
 ) -> Result<Value, PackError> {
     let units: Vec<Value> = summary
         .units
@@ -476,12 +511,20 @@ fn index_json(
         .find(|f| ckpt.other_files.iter().any(|o| o == f));
     let license = ckpt.other_files.iter().find(|f| {
         let lower = f.to_ascii_lowercase();
-        lower.starts_with("license") || lower.starts_with("licence")
+        (lower.starts_with("license") || lower.starts_with("licence"))
+            && is_canonical_root_file_name(f)
     });
-    if let (Some(tokenizer), Some(license)) = (tokenizer, license) {
-        let mut t = identity(tokenizer)?;
-        t["license"] = json!(license);
-        index["tokenizer"] = t;
+    match (tokenizer, license) {
+        (Some(tokenizer), Some(license)) => {
+            let mut t = identity(tokenizer)?;
+            t["license"] = json!(license);
+            index["tokenizer"] = t;
+        }
+        _ => warnings.push(
+            "no tokenizer identity in index.json: it needs a tokenizer file (tokenizer.json, tokenizer.model or \
+             tiktoken.model) and a licence file (LICENSE*) at the checkpoint's root"
+                .to_string(),
+        ),
     }
     Ok(index)
 }

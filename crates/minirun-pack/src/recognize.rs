@@ -175,6 +175,13 @@ fn dim(shape: &[usize], from_end: usize) -> u64 {
         .map_or(0, |&d| d as u64)
 }
 
+/// Same rank and the same dims before the last `matrix_dims` (the expert dimension).
+fn same_leading(a: &[usize], b: &[usize], matrix_dims: usize) -> bool {
+    a.len() == b.len()
+        && a.get(..a.len().saturating_sub(matrix_dims))
+            == b.get(..b.len().saturating_sub(matrix_dims))
+}
+
 fn to_u32(v: u64, what: &str) -> Result<u32, PackError> {
     u32::try_from(v)
         .map_err(|_| refused(what, format!("dimension {v} does not fit a tile container")))
@@ -263,7 +270,7 @@ fn mlx_matrix(
     let consistent = bits != 0
         && group != 0
         && dim(&scales.shape, 2) == rows
-        && scales.shape.len() == packed.shape.len()
+        && same_leading(&packed.shape, &scales.shape, 2)
         && cols == groups * u64::from(group);
     if !consistent {
         return Err(refused(
@@ -326,6 +333,8 @@ fn gpt_oss_matrix(
         && scales.dtype == Dtype::U8
         && dim(&blocks.shape, 1) == 16
         && scales.shape.len() + 1 == blocks.shape.len()
+        && blocks.shape.get(..blocks.shape.len().saturating_sub(3))
+            == scales.shape.get(..scales.shape.len().saturating_sub(2))
         && dim(&scales.shape, 2) == rows
         && dim(&scales.shape, 1) == groups;
     if !ok {

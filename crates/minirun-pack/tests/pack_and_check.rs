@@ -355,3 +355,60 @@ fn fp8_with_e8m0_block_scales_becomes_v3_containers() {
     assert_eq!((c.version, c.flags.0, c.layout.scale_bytes), (3, 0xC, 6));
     check(out.path(), src.path(), &|_| {}).unwrap();
 }
+
+#[test]
+fn check_refuses_an_incomplete_or_padded_artifact() {
+    let out = tempfile::tempdir().unwrap();
+    pack_into(&fixture("gptoss-mxfp4"), out.path());
+    let source = fixture("gptoss-mxfp4");
+    fs::write(out.path().join("layer00/stray.bin"), b"left over").unwrap();
+    let err = check(out.path(), &source, &|_| {}).unwrap_err();
+    assert!(err.to_string().contains("stray.bin"), "{err}");
+    fs::remove_file(out.path().join("layer00/stray.bin")).unwrap();
+    fs::remove_dir_all(out.path().join("global")).unwrap();
+    let err = check(out.path(), &source, &|_| {}).unwrap_err();
+    assert!(err.to_string().contains("index.json lists units"), "{err}");
+    fs::write(out.path().join(minirun_pack::pack::INCOMPLETE_MARKER), b"").unwrap();
+    let err = check(out.path(), &source, &|_| {}).unwrap_err();
+    assert!(err.to_string().contains("interrupted pack"), "{err}");
+}
+
+#[test]
+fn a_repack_leaves_nothing_of_the_previous_pack() {
+    let out = tempfile::tempdir().unwrap();
+    pack_into(&fixture("deepseek-fp8"), out.path());
+    pack_into(&fixture("gptoss-mxfp4"), out.path());
+    check(out.path(), &fixture("gptoss-mxfp4"), &|_| {}).unwrap();
+}
+
+#[test]
+fn a_tensor_name_that_is_not_a_safe_file_name_is_refused() {
+    let src = tempfile::tempdir().unwrap();
+    let blocks = vec![0u8; 512 * 32 * 16];
+    let scales = vec![127u8; 512 * 32];
+    let views = vec![
+        (
+            "../../escape_blocks".to_string(),
+            TensorView::new(Dtype::U8, vec![512, 32, 16], &blocks).unwrap(),
+        ),
+        (
+            "../../escape_scales".to_string(),
+            TensorView::new(Dtype::U8, vec![512, 32], &scales).unwrap(),
+        ),
+    ];
+    safetensors::serialize_to_file(views, None, &src.path().join("model.safetensors")).unwrap();
+    fs::write(
+        src.path().join("config.json"),
+        r#"{"quantization_config": {"quant_method": "mxfp4"}}"#,
+    )
+    .unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let err = pack(
+        src.path(),
+        &out.path().join("art"),
+        &PackOptions::default(),
+        &|_| {},
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("cannot be a file name"), "{err}");
+}
