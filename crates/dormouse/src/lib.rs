@@ -1,0 +1,13 @@
+//! dormouse: a small byte-level language model with an Engram hashed n-gram memory, on
+//! candle (CPU).
+//!
+//! - [`config`]: `DormouseConfig`, its validation and the embedded presets;
+//! - [`engram`]: the documented n-gram hash (`mulxor-v1`) that addresses the memory;
+//! - [`model`]: the model, one forward function for training and inference, with a KV cache.
+
+pub mod config;
+pub mod engram;
+pub mod model;
+
+pub use config::{ConfigError, ConfigReadError, DormouseConfig};
+pub use model::{Dormouse, KvCache};

@@ -1,0 +1,451 @@
+//! The dormouse model: byte embedding, pre-norm blocks (RMSNorm, causal multi-head attention
+//! with RoPE, SwiGLU MLP), Engram memory read at the configured blocks, final RMSNorm, LM head.
+//!
+//! One forward function serves training and inference: [`Dormouse::forward`] takes a batch of
+//! byte windows and an optional [`KvCache`]; with a cache it continues where the cache left off.
+//! Every operation is built from differentiable tensor primitives (candle's fused RMSNorm,
+//! RoPE and softmax kernels have no backward pass), so the function that is trained is the
+//! function that is served.
+//!
+//! Tensor names (module paths, stable; the `.dmexp` export and checkpoints use them):
+//!
+//! | name | shape |
+//! |---|---|
+//! | `embed.weight` | [256, d_model] |
+//! | `engram.order{n}.table` | [engram_rows, engram_dim] per order n |
+//! | `blocks.{i}.engram.proj.weight` | [d_model, orders x engram_dim] (blocks in `engram_layers`) |
+//! | `blocks.{i}.engram.gate.weight`, `.bias` | [1, d_model], [1] |
+//! | `blocks.{i}.attn_norm.weight` | [d_model] |
+//! | `blocks.{i}.attn.{q,k,v,o}_proj.weight` | [d_model, d_model] |
+//! | `blocks.{i}.mlp_norm.weight` | [d_model] |
+//! | `blocks.{i}.mlp.{gate,up}_proj.weight` | [mlp_hidden, d_model] |
+//! | `blocks.{i}.mlp.down_proj.weight` | [d_model, mlp_hidden] |
+//! | `norm.weight` | [d_model] |
+//! | `lm_head.weight` | [256, d_model] (absent when `tie_embeddings`) |
+
+use candle_core::{D, DType, Device, Module, Result, Tensor};
+use candle_nn::{Embedding, Init, Linear, VarBuilder, linear, linear_no_bias};
+
+use crate::config::{DormouseConfig, VOCAB_SIZE};
+use crate::engram;
+
+/// Standard deviation of the embedding and memory tables at initialisation.
+const INIT_STD: f64 = 0.02;
+
+/// RMSNorm from primitives: `x / sqrt(mean(x^2) + eps) * weight`.
+#[derive(Debug, Clone)]
+struct RmsNorm {
+    weight: Tensor,
+    eps: f64,
+}
+
+impl RmsNorm {
+    fn new(size: usize, eps: f64, vb: VarBuilder) -> Result<Self> {
+        Ok(RmsNorm {
+            weight: vb.get_with_hints(size, "weight", Init::Const(1.0))?,
+            eps,
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mean_square = x.sqr()?.mean_keepdim(D::Minus1)?;
+        let normed = x.broadcast_div(&(mean_square + self.eps)?.sqrt()?)?;
+        normed.broadcast_mul(&self.weight)
+    }
+}
+
+/// Rotary position embedding tables (rotate-half convention), `[max_seq_len, head_dim / 2]`.
+#[derive(Debug, Clone)]
+struct Rope {
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl Rope {
+    fn new(cfg: &DormouseConfig, device: &Device) -> Result<Self> {
+        let half = cfg.head_dim() / 2;
+        let inv_freq: Vec<f32> = (0..half)
+            .map(|i| (1.0 / cfg.rope_theta.powf(2.0 * i as f64 / cfg.head_dim() as f64)) as f32)
+            .collect();
+        let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?;
+        let positions = Tensor::arange(0u32, cfg.max_seq_len as u32, device)?
+            .to_dtype(DType::F32)?
+            .reshape((cfg.max_seq_len, 1))?;
+        let angles = positions.broadcast_mul(&inv_freq)?;
+        Ok(Rope {
+            cos: angles.cos()?,
+            sin: angles.sin()?,
+        })
+    }
+
+    /// Rotates `x` `[B, H, T, Dh]` for absolute positions `start..start + T`.
+    fn apply(&self, x: &Tensor, start: usize) -> Result<Tensor> {
+        let (_, _, t, dh) = x.dims4()?;
+        let cos = self.cos.narrow(0, start, t)?;
+        let sin = self.sin.narrow(0, start, t)?;
+        let x1 = x.narrow(D::Minus1, 0, dh / 2)?;
+        let x2 = x.narrow(D::Minus1, dh / 2, dh / 2)?;
+        let rotated_1 = (x1.broadcast_mul(&cos)? - x2.broadcast_mul(&sin)?)?;
+        let rotated_2 = (x2.broadcast_mul(&cos)? + x1.broadcast_mul(&sin)?)?;
+        Tensor::cat(&[rotated_1, rotated_2], D::Minus1)
+    }
+}
+
+/// Causal multi-head self-attention.
+#[derive(Debug, Clone)]
+struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    n_heads: usize,
+    head_dim: usize,
+}
+
+impl Attention {
+    fn new(cfg: &DormouseConfig, vb: VarBuilder) -> Result<Self> {
+        let d = cfg.d_model;
+        Ok(Attention {
+            q_proj: linear_no_bias(d, d, vb.pp("q_proj"))?,
+            k_proj: linear_no_bias(d, d, vb.pp("k_proj"))?,
+            v_proj: linear_no_bias(d, d, vb.pp("v_proj"))?,
+            o_proj: linear_no_bias(d, d, vb.pp("o_proj"))?,
+            n_heads: cfg.n_heads,
+            head_dim: cfg.head_dim(),
+        })
+    }
+
+    fn heads(&self, x: &Tensor, b: usize, t: usize) -> Result<Tensor> {
+        x.reshape((b, t, self.n_heads, self.head_dim))?
+            .transpose(1, 2)?
+            .contiguous()
+    }
+
+    fn forward(
+        &self,
+        x: &Tensor,
+        start: usize,
+        rope: &Rope,
+        cache: Option<&mut LayerCache>,
+    ) -> Result<Tensor> {
+        let (b, t, d) = x.dims3()?;
+        let q = rope.apply(&self.heads(&self.q_proj.forward(x)?, b, t)?, start)?;
+        let mut k = rope.apply(&self.heads(&self.k_proj.forward(x)?, b, t)?, start)?;
+        let mut v = self.heads(&self.v_proj.forward(x)?, b, t)?;
+        if let Some(cache) = cache {
+            if let Some((past_k, past_v)) = &cache.kv {
+                k = Tensor::cat(&[past_k, &k], 2)?;
+                v = Tensor::cat(&[past_v, &v], 2)?;
+            }
+            cache.kv = Some((k.clone(), v.clone()));
+        }
+        let keys = k.dim(2)?;
+        let scores =
+            (q.matmul(&k.transpose(2, 3)?.contiguous()?)? / (self.head_dim as f64).sqrt())?;
+        let scores = scores.broadcast_add(&causal_mask(t, start, keys, x.device())?)?;
+        let weights = candle_nn::ops::softmax(&scores, D::Minus1)?;
+        let out = weights.matmul(&v)?.transpose(1, 2)?.reshape((b, t, d))?;
+        self.o_proj.forward(&out)
+    }
+}
+
+/// `[T, S]`: 0 where query `i` (absolute position `start + i`) may see key `j`, else -inf.
+fn causal_mask(t: usize, start: usize, keys: usize, device: &Device) -> Result<Tensor> {
+    let mask: Vec<f32> = (0..t)
+        .flat_map(|i| {
+            (0..keys).map(move |j| {
+                if j <= start + i {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+        })
+        .collect();
+    Tensor::from_vec(mask, (t, keys), device)
+}
+
+/// SwiGLU: `down(silu(gate(x)) * up(x))`.
+#[derive(Debug, Clone)]
+struct Mlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+impl Mlp {
+    fn new(cfg: &DormouseConfig, vb: VarBuilder) -> Result<Self> {
+        Ok(Mlp {
+            gate_proj: linear_no_bias(cfg.d_model, cfg.mlp_hidden, vb.pp("gate_proj"))?,
+            up_proj: linear_no_bias(cfg.d_model, cfg.mlp_hidden, vb.pp("up_proj"))?,
+            down_proj: linear_no_bias(cfg.mlp_hidden, cfg.d_model, vb.pp("down_proj"))?,
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let gated = (self.gate_proj.forward(x)?.silu()? * self.up_proj.forward(x)?)?;
+        self.down_proj.forward(&gated)
+    }
+}
+
+/// Where a block reads the memory: projection of the gathered rows and a gate computed from
+/// the hidden state.
+#[derive(Debug, Clone)]
+struct EngramRead {
+    proj: Linear,
+    gate: Linear,
+}
+
+impl EngramRead {
+    fn new(cfg: &DormouseConfig, vb: VarBuilder) -> Result<Self> {
+        let width = cfg.engram_orders.len() * cfg.engram_dim;
+        Ok(EngramRead {
+            proj: linear_no_bias(width, cfg.d_model, vb.pp("proj"))?,
+            gate: linear(cfg.d_model, 1, vb.pp("gate"))?,
+        })
+    }
+
+    /// `h + sigmoid(gate(h)) * proj(memory)`.
+    fn forward(&self, h: &Tensor, memory: &Tensor) -> Result<Tensor> {
+        let gate = candle_nn::ops::sigmoid(&self.gate.forward(h)?)?;
+        h + self.proj.forward(memory)?.broadcast_mul(&gate)?
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Block {
+    engram: Option<EngramRead>,
+    attn_norm: RmsNorm,
+    attn: Attention,
+    mlp_norm: RmsNorm,
+    mlp: Mlp,
+}
+
+impl Block {
+    fn new(cfg: &DormouseConfig, index: usize, vb: VarBuilder) -> Result<Self> {
+        let reads = cfg.use_engram && cfg.engram_layers.contains(&index);
+        Ok(Block {
+            engram: if reads {
+                Some(EngramRead::new(cfg, vb.pp("engram"))?)
+            } else {
+                None
+            },
+            attn_norm: RmsNorm::new(cfg.d_model, cfg.norm_eps, vb.pp("attn_norm"))?,
+            attn: Attention::new(cfg, vb.pp("attn"))?,
+            mlp_norm: RmsNorm::new(cfg.d_model, cfg.norm_eps, vb.pp("mlp_norm"))?,
+            mlp: Mlp::new(cfg, vb.pp("mlp"))?,
+        })
+    }
+
+    fn forward(
+        &self,
+        h: &Tensor,
+        memory: Option<&Tensor>,
+        start: usize,
+        rope: &Rope,
+        cache: Option<&mut LayerCache>,
+    ) -> Result<Tensor> {
+        let h = match (&self.engram, memory) {
+            (Some(read), Some(memory)) => read.forward(h, memory)?,
+            _ => h.clone(),
+        };
+        let h = (&h
+            + self
+                .attn
+                .forward(&self.attn_norm.forward(&h)?, start, rope, cache)?)?;
+        &h + self.mlp.forward(&self.mlp_norm.forward(&h)?)?
+    }
+}
+
+/// The keys and values one block has seen.
+#[derive(Debug, Clone, Default)]
+struct LayerCache {
+    kv: Option<(Tensor, Tensor)>,
+}
+
+/// Incremental-decoding state: per-block keys and values, the position reached, and the last
+/// bytes of each sequence (the Engram n-grams of new bytes reach back into them).
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    layers: Vec<LayerCache>,
+    position: usize,
+    recent: Vec<Vec<u8>>,
+}
+
+impl KvCache {
+    pub fn new(cfg: &DormouseConfig) -> Self {
+        KvCache {
+            layers: vec![LayerCache::default(); cfg.n_layers],
+            position: 0,
+            recent: Vec::new(),
+        }
+    }
+
+    /// Bytes consumed so far (the absolute position of the next byte).
+    pub fn position(&self) -> usize {
+        self.position
+    }
+}
+
+/// The model.
+#[derive(Debug, Clone)]
+pub struct Dormouse {
+    cfg: DormouseConfig,
+    embed: Embedding,
+    tables: Vec<Tensor>,
+    blocks: Vec<Block>,
+    norm: RmsNorm,
+    lm_head: Option<Linear>,
+    rope: Rope,
+}
+
+impl Dormouse {
+    /// Builds the model from `cfg`, taking every tensor from `vb` by its module path.
+    pub fn new(cfg: &DormouseConfig, vb: VarBuilder) -> Result<Self> {
+        cfg.validate().map_err(candle_core::Error::wrap)?;
+        let embed_w = vb.pp("embed").get_with_hints(
+            (VOCAB_SIZE, cfg.d_model),
+            "weight",
+            Init::Randn {
+                mean: 0.0,
+                stdev: INIT_STD,
+            },
+        )?;
+        let tables = if cfg.use_engram {
+            cfg.engram_orders
+                .iter()
+                .map(|n| {
+                    vb.pp("engram").pp(format!("order{n}")).get_with_hints(
+                        (cfg.engram_rows, cfg.engram_dim),
+                        "table",
+                        Init::Randn {
+                            mean: 0.0,
+                            stdev: INIT_STD,
+                        },
+                    )
+                })
+                .collect::<Result<_>>()?
+        } else {
+            Vec::new()
+        };
+        let blocks = (0..cfg.n_layers)
+            .map(|i| Block::new(cfg, i, vb.pp("blocks").pp(i)))
+            .collect::<Result<_>>()?;
+        let lm_head = if cfg.tie_embeddings {
+            None
+        } else {
+            Some(linear_no_bias(cfg.d_model, VOCAB_SIZE, vb.pp("lm_head"))?)
+        };
+        Ok(Dormouse {
+            cfg: cfg.clone(),
+            embed: Embedding::new(embed_w, cfg.d_model),
+            tables,
+            blocks,
+            norm: RmsNorm::new(cfg.d_model, cfg.norm_eps, vb.pp("norm"))?,
+            lm_head,
+            rope: Rope::new(cfg, vb.device())?,
+        })
+    }
+
+    pub fn config(&self) -> &DormouseConfig {
+        &self.cfg
+    }
+
+    /// Logits `[B, T, 256]` for a batch of equally long byte windows. Without a cache the
+    /// windows start at position 0 with nothing before them; with a cache they continue the
+    /// sequences the cache holds (and the cache is extended).
+    pub fn forward(&self, windows: &[&[u8]], mut cache: Option<&mut KvCache>) -> Result<Tensor> {
+        let device = self.rope.cos.device().clone();
+        let (b, t) = (windows.len(), windows.first().map_or(0, |w| w.len()));
+        if b == 0 || t == 0 || windows.iter().any(|w| w.len() != t) {
+            candle_core::bail!(
+                "forward needs at least one window, all of the same non-zero length"
+            );
+        }
+        let start = cache.as_ref().map_or(0, |c| c.position);
+        if start + t > self.cfg.max_seq_len {
+            candle_core::bail!(
+                "position {} is past max_seq_len {}",
+                start + t,
+                self.cfg.max_seq_len
+            );
+        }
+        let ids: Vec<u32> = windows
+            .iter()
+            .flat_map(|w| w.iter().map(|&x| u32::from(x)))
+            .collect();
+        let mut h = self
+            .embed
+            .forward(&Tensor::from_vec(ids, (b, t), &device)?)?;
+        let memory = self.read_memory(windows, cache.as_deref(), &device)?;
+        for (i, block) in self.blocks.iter().enumerate() {
+            let layer = cache.as_deref_mut().and_then(|c| c.layers.get_mut(i));
+            h = block.forward(&h, memory.as_ref(), start, &self.rope, layer)?;
+        }
+        if let Some(c) = cache {
+            c.position += t;
+            c.remember(windows, self.max_order());
+        }
+        let h = self.norm.forward(&h)?;
+        match &self.lm_head {
+            Some(head) => head.forward(&h),
+            None => h.broadcast_matmul(&self.embed.embeddings().t()?),
+        }
+    }
+
+    fn max_order(&self) -> usize {
+        self.cfg.engram_orders.iter().copied().max().unwrap_or(1)
+    }
+
+    /// The gathered memory rows `[B, T, orders x engram_dim]`, or `None` without Engram.
+    fn read_memory(
+        &self,
+        windows: &[&[u8]],
+        cache: Option<&KvCache>,
+        device: &Device,
+    ) -> Result<Option<Tensor>> {
+        if self.tables.is_empty() {
+            return Ok(None);
+        }
+        let (b, t) = (windows.len(), windows[0].len());
+        let mut per_order: Vec<Vec<u32>> = vec![Vec::with_capacity(b * t); self.tables.len()];
+        for (s, window) in windows.iter().enumerate() {
+            let history = cache
+                .and_then(|c| c.recent.get(s))
+                .map_or(&[][..], Vec::as_slice);
+            let rows = engram::rows_for(
+                history,
+                window,
+                &self.cfg.engram_orders,
+                self.cfg.engram_rows,
+            );
+            for (all, order_rows) in per_order.iter_mut().zip(rows) {
+                all.extend(order_rows);
+            }
+        }
+        let gathered = per_order
+            .into_iter()
+            .zip(&self.tables)
+            .map(|(rows, table)| {
+                let index = Tensor::from_vec(rows, b * t, device)?;
+                table
+                    .index_select(&index, 0)?
+                    .reshape((b, t, self.cfg.engram_dim))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Some(Tensor::cat(&gathered, D::Minus1)?))
+    }
+}
+
+impl KvCache {
+    /// Keeps the last `max_order - 1` bytes of each sequence for the next n-grams.
+    fn remember(&mut self, windows: &[&[u8]], max_order: usize) {
+        self.recent.resize(windows.len(), Vec::new());
+        let keep = max_order.saturating_sub(1);
+        for (recent, window) in self.recent.iter_mut().zip(windows) {
+            recent.extend_from_slice(window);
+            let drop = recent.len().saturating_sub(keep);
+            recent.drain(..drop);
+        }
+    }
+}
