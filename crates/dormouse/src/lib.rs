@@ -3,11 +3,15 @@
 //!
 //! - [`config`]: `DormouseConfig`, its validation and the embedded presets;
 //! - [`engram`]: the documented n-gram hash (`mulxor-v1`) that addresses the memory;
-//! - [`model`]: the model, one forward function for training and inference, with a KV cache.
+//! - [`model`]: the model, one forward function for training and inference, with a KV cache;
+//! - [`checkpoint`]: the training checkpoint container (`DMTRAIN`), read section by section;
+//! - [`weights`]: named tensors to and from safetensors, checked against the model's shapes.
 
+pub mod checkpoint;
 pub mod config;
 pub mod engram;
 pub mod model;
+pub mod weights;
 
 pub use config::{ConfigError, ConfigReadError, DormouseConfig};
 pub use model::{Dormouse, KvCache};
