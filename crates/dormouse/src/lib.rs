@@ -5,12 +5,15 @@
 //! - [`engram`]: the documented n-gram hash (`mulxor-v1`) that addresses the memory;
 //! - [`model`]: the model, one forward function for training and inference, with a KV cache;
 //! - [`checkpoint`]: the training checkpoint container (`DMTRAIN`), read section by section;
-//! - [`weights`]: named tensors to and from safetensors, checked against the model's shapes.
+//! - [`weights`]: named tensors to and from safetensors, checked against the model's shapes;
+//! - [`train`]: the training loop's parts (corpus split, seeded init, AdamW, schedule, EMA,
+//!   held-out BPB) and a resumable run.
 
 pub mod checkpoint;
 pub mod config;
 pub mod engram;
 pub mod model;
+pub mod train;
 pub mod weights;
 
 pub use config::{ConfigError, ConfigReadError, DormouseConfig};

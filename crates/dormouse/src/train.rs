@@ -1,0 +1,475 @@
+//! The training loop's parts: a held-out corpus split, seeded initialisation, AdamW whose
+//! state can be saved, warmup + cosine learning rate, gradient clipping, an EMA teacher, and
+//! held-out bits per byte. Every random choice is a pure function of (seed, step), so a
+//! resumed run draws exactly the batches the uninterrupted run would have.
+
+use candle_core::{DType, Device, Result, Tensor, Var, backprop::GradStore};
+use candle_nn::{VarBuilder, VarMap};
+
+use crate::config::DormouseConfig;
+use crate::model::Dormouse;
+
+/// How a run trains (the `train` flags).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TrainSettings {
+    pub steps: u64,
+    pub batch: usize,
+    pub seq: usize,
+    pub lr: f64,
+    pub warmup: u64,
+    pub min_lr: f64,
+    pub weight_decay: f64,
+    pub grad_clip: f64,
+    pub ema_decay: f64,
+    pub seed: u64,
+    pub eval_bytes: usize,
+}
+
+impl Default for TrainSettings {
+    fn default() -> Self {
+        TrainSettings {
+            steps: 1000,
+            batch: 8,
+            seq: 256,
+            lr: 3e-3,
+            warmup: 50,
+            min_lr: 3e-4,
+            weight_decay: 0.01,
+            grad_clip: 1.0,
+            ema_decay: 0.99,
+            seed: 1,
+            eval_bytes: 65_536,
+        }
+    }
+}
+
+/// SplitMix64: the run's only source of randomness.
+#[derive(Debug, Clone)]
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    pub fn new(seed: u64) -> Self {
+        SplitMix64(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// A standard normal sample (Box-Muller).
+    pub fn next_normal(&mut self) -> f64 {
+        let u1 = self.next_f64().max(f64::MIN_POSITIVE);
+        let u2 = self.next_f64();
+        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    }
+}
+
+/// A generator for one purpose at one step, independent of every other draw.
+pub fn stream(seed: u64, purpose: u64, step: u64) -> SplitMix64 {
+    let mut mixer = SplitMix64::new(seed ^ purpose.wrapping_mul(0xD1B5_4A32_D192_ED03));
+    let base = mixer.next_u64();
+    SplitMix64::new(base ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}
+
+const BATCH_STREAM: u64 = 1;
+const INIT_STREAM: u64 = 2;
+
+/// Why a corpus cannot be trained on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CorpusError {
+    #[error("the corpus is empty")]
+    Empty,
+    #[error(
+        "the corpus has {len} bytes: it needs at least one training window of {window} bytes plus the {eval} held-out bytes"
+    )]
+    TooShort {
+        len: usize,
+        window: usize,
+        eval: usize,
+    },
+}
+
+/// The corpus, split into a training part and a held-out tail that is never trained on.
+#[derive(Debug, Clone)]
+pub struct Corpus {
+    bytes: Vec<u8>,
+    train_len: usize,
+}
+
+impl Corpus {
+    pub fn new(
+        bytes: Vec<u8>,
+        eval_bytes: usize,
+        seq: usize,
+    ) -> std::result::Result<Self, CorpusError> {
+        if bytes.is_empty() {
+            return Err(CorpusError::Empty);
+        }
+        let window = seq + 1;
+        if bytes.len() < eval_bytes + window || eval_bytes < window {
+            return Err(CorpusError::TooShort {
+                len: bytes.len(),
+                window,
+                eval: eval_bytes.max(window),
+            });
+        }
+        Ok(Corpus {
+            train_len: bytes.len() - eval_bytes,
+            bytes,
+        })
+    }
+
+    pub fn train(&self) -> &[u8] {
+        &self.bytes[..self.train_len]
+    }
+
+    pub fn held_out(&self) -> &[u8] {
+        &self.bytes[self.train_len..]
+    }
+
+    /// The batch of step `step`: `batch` windows of `seq + 1` bytes from the training part.
+    pub fn batch(&self, seed: u64, step: u64, batch: usize, seq: usize) -> Vec<&[u8]> {
+        let mut rng = stream(seed, BATCH_STREAM, step);
+        let starts = self.train_len - seq;
+        (0..batch)
+            .map(|_| {
+                let start = (rng.next_u64() % starts as u64) as usize;
+                &self.bytes[start..start + seq + 1]
+            })
+            .collect()
+    }
+}
+
+/// Learning rate at `step`: linear warmup to `lr`, then cosine decay to `min_lr` at `steps`.
+pub fn lr_at(s: &TrainSettings, step: u64) -> f64 {
+    if step < s.warmup {
+        return s.lr * (step + 1) as f64 / s.warmup as f64;
+    }
+    let span = s.steps.saturating_sub(s.warmup).max(1) as f64;
+    let progress = ((step - s.warmup) as f64 / span).min(1.0);
+    s.min_lr + 0.5 * (s.lr - s.min_lr) * (1.0 + (std::f64::consts::PI * progress).cos())
+}
+
+/// Every variable, sorted by name: the one order optimizer state and EMA follow.
+pub fn sorted_vars(varmap: &VarMap) -> Vec<(String, Var)> {
+    let data = varmap
+        .data()
+        .lock()
+        .map(|d| {
+            d.iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    let mut vars = data;
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    vars
+}
+
+/// Builds the model with every parameter drawn from `seed` (candle's CPU generator cannot be
+/// seeded): tables and the embedding N(0, 0.02), norms 1, biases 0, other matrices uniform in
+/// +-1/sqrt(fan_in).
+pub fn seeded_model(
+    cfg: &DormouseConfig,
+    seed: u64,
+    device: &Device,
+) -> Result<(VarMap, Dormouse)> {
+    let varmap = VarMap::new();
+    let model = Dormouse::new(cfg, VarBuilder::from_varmap(&varmap, DType::F32, device))?;
+    for (i, (name, var)) in sorted_vars(&varmap).into_iter().enumerate() {
+        let mut rng = stream(seed, INIT_STREAM, i as u64);
+        let dims = var.dims().to_vec();
+        let n = var.elem_count();
+        let fan_in = *dims.last().unwrap_or(&1) as f64;
+        let values: Vec<f32> = if name.ends_with("norm.weight") {
+            vec![1.0; n]
+        } else if name.ends_with(".bias") {
+            vec![0.0; n]
+        } else if name.ends_with(".table") || name == "embed.weight" {
+            (0..n).map(|_| (0.02 * rng.next_normal()) as f32).collect()
+        } else {
+            let bound = 1.0 / fan_in.sqrt();
+            (0..n)
+                .map(|_| ((2.0 * rng.next_f64() - 1.0) * bound) as f32)
+                .collect()
+        };
+        var.set(&Tensor::from_vec(values, dims, device)?)?;
+    }
+    Ok((varmap, model))
+}
+
+/// AdamW with decoupled weight decay, whose moments can be saved and restored exactly.
+#[derive(Debug, Clone)]
+pub struct AdamW {
+    pub m: Vec<Tensor>,
+    pub v: Vec<Tensor>,
+    pub step: u64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+}
+
+impl AdamW {
+    pub fn new(vars: &[(String, Var)]) -> Result<Self> {
+        let zeros = |v: &Var| v.as_tensor().zeros_like();
+        Ok(AdamW {
+            m: vars.iter().map(|(_, v)| zeros(v)).collect::<Result<_>>()?,
+            v: vars.iter().map(|(_, v)| zeros(v)).collect::<Result<_>>()?,
+            step: 0,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+        })
+    }
+
+    /// One update with gradients already scaled by `clip_scale`. Norm and bias parameters
+    /// (1-D) are not decayed.
+    pub fn update(
+        &mut self,
+        vars: &[(String, Var)],
+        grads: &GradStore,
+        lr: f64,
+        weight_decay: f64,
+        clip_scale: f64,
+    ) -> Result<()> {
+        self.step += 1;
+        let (b1, b2) = (self.beta1, self.beta2);
+        let correction1 = 1.0 - b1.powi(self.step as i32);
+        let correction2 = 1.0 - b2.powi(self.step as i32);
+        for (i, (_, var)) in vars.iter().enumerate() {
+            let Some(grad) = grads.get(var.as_tensor()) else {
+                continue;
+            };
+            let grad = (grad * clip_scale)?;
+            self.m[i] = ((&self.m[i] * b1)? + (&grad * (1.0 - b1))?)?;
+            self.v[i] = ((&self.v[i] * b2)? + (grad.sqr()? * (1.0 - b2))?)?;
+            let m_hat = (&self.m[i] / correction1)?;
+            let v_hat = (&self.v[i] / correction2)?;
+            let step = (m_hat / (v_hat.sqrt()? + self.eps)?)?;
+            let decay = if var.rank() > 1 { weight_decay } else { 0.0 };
+            let decayed = (var.as_tensor().detach() * (1.0 - lr * decay))?;
+            var.set(&(decayed - (step * lr)?)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// The global gradient norm and the factor that clips it to `max_norm`.
+pub fn clip_scale(vars: &[(String, Var)], grads: &GradStore, max_norm: f64) -> Result<(f64, f64)> {
+    let mut total = 0f64;
+    for (_, var) in vars {
+        if let Some(g) = grads.get(var.as_tensor()) {
+            total += f64::from(g.sqr()?.sum_all()?.to_scalar::<f32>()?);
+        }
+    }
+    let norm = total.sqrt();
+    let scale = if max_norm > 0.0 && norm > max_norm {
+        max_norm / norm
+    } else {
+        1.0
+    };
+    Ok((norm, scale))
+}
+
+/// Cross-entropy (nats per byte) of predicting each window's next bytes.
+pub fn loss(model: &Dormouse, windows: &[&[u8]]) -> Result<Tensor> {
+    let inputs: Vec<&[u8]> = windows.iter().map(|w| &w[..w.len() - 1]).collect();
+    let logits = model.forward(&inputs, None)?;
+    let (b, t, v) = logits.dims3()?;
+    let targets: Vec<u32> = windows
+        .iter()
+        .flat_map(|w| w[1..].iter().map(|&x| u32::from(x)))
+        .collect();
+    let targets = Tensor::from_vec(targets, b * t, logits.device())?;
+    candle_nn::loss::cross_entropy(&logits.reshape((b * t, v))?, &targets)
+}
+
+/// Held-out bits per byte over consecutive windows of `seq + 1` bytes of `held_out`.
+pub fn bits_per_byte(model: &Dormouse, held_out: &[u8], seq: usize) -> Result<f64> {
+    let windows: Vec<&[u8]> = held_out.windows(seq + 1).step_by(seq).collect();
+    let mut nats = 0.0;
+    for chunk in windows.chunks(8) {
+        nats += f64::from(loss(model, chunk)?.to_scalar::<f32>()?) * chunk.len() as f64;
+    }
+    Ok(nats / windows.len().max(1) as f64 / std::f64::consts::LN_2)
+}
+
+/// `ema = decay * ema + (1 - decay) * params`.
+pub fn update_ema(ema: &mut [Tensor], vars: &[(String, Var)], decay: f64) -> Result<()> {
+    for (e, (_, var)) in ema.iter_mut().zip(vars) {
+        *e = ((&*e * decay)? + (var.as_tensor().detach() * (1.0 - decay))?)?;
+    }
+    Ok(())
+}
+
+/// One step's record (a JSONL line of the training log).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct StepLog {
+    pub step: u64,
+    pub loss: f64,
+    pub lr: f64,
+    pub grad_norm: f64,
+}
+
+/// Why a run could not be saved or resumed.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    #[error(transparent)]
+    Weights(#[from] crate::weights::WeightsError),
+    #[error("the trainer section is damaged: {0}")]
+    TrainerState(String),
+    #[error(
+        "the loss became {loss} at step {step}: the run diverged; the last good checkpoint is kept"
+    )]
+    Diverged { step: u64, loss: f64 },
+}
+
+/// The trainer section of a checkpoint.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct TrainerState {
+    /// Updates applied so far: the next step to run.
+    step: u64,
+    settings: TrainSettings,
+}
+
+/// A run in memory: model, optimizer, EMA teacher and position.
+pub struct Trainer {
+    pub settings: TrainSettings,
+    pub varmap: VarMap,
+    pub model: Dormouse,
+    vars: Vec<(String, Var)>,
+    pub optim: AdamW,
+    pub ema: Vec<Tensor>,
+    /// Updates applied so far.
+    pub step: u64,
+}
+
+impl Trainer {
+    /// A fresh run: seeded parameters, zero moments, the teacher a copy of the student.
+    pub fn new(cfg: &DormouseConfig, settings: TrainSettings, device: &Device) -> Result<Self> {
+        let (varmap, model) = seeded_model(cfg, settings.seed, device)?;
+        let vars = sorted_vars(&varmap);
+        let optim = AdamW::new(&vars)?;
+        let ema = vars
+            .iter()
+            .map(|(_, v)| v.as_tensor().copy())
+            .collect::<Result<_>>()?;
+        Ok(Trainer {
+            settings,
+            varmap,
+            model,
+            vars,
+            optim,
+            ema,
+            step: 0,
+        })
+    }
+
+    /// Runs step `self.step` on the batch the seed assigns to it.
+    pub fn train_step(&mut self, corpus: &Corpus) -> std::result::Result<StepLog, RunError> {
+        let s = &self.settings;
+        let windows = corpus.batch(s.seed, self.step, s.batch, s.seq);
+        let loss = loss(&self.model, &windows)?;
+        let value = f64::from(loss.to_scalar::<f32>()?);
+        if !value.is_finite() {
+            return Err(RunError::Diverged {
+                step: self.step,
+                loss: value,
+            });
+        }
+        let grads = loss.backward()?;
+        let (grad_norm, scale) = clip_scale(&self.vars, &grads, s.grad_clip)?;
+        let lr = lr_at(s, self.step);
+        self.optim
+            .update(&self.vars, &grads, lr, s.weight_decay, scale)?;
+        update_ema(&mut self.ema, &self.vars, s.ema_decay)?;
+        let log = StepLog {
+            step: self.step,
+            loss: value,
+            lr,
+            grad_norm,
+        };
+        self.step += 1;
+        Ok(log)
+    }
+
+    /// The checkpoint sections of this run.
+    pub fn save(&self, path: &std::path::Path) -> std::result::Result<(), RunError> {
+        use crate::checkpoint::{self, SectionKind};
+        let model = crate::weights::save_varmap(&self.varmap)?;
+        let named = |prefix: &str, ts: &[Tensor]| -> Vec<(String, Tensor)> {
+            self.vars
+                .iter()
+                .zip(ts)
+                .map(|((n, _), t)| (format!("{prefix}{n}"), t.clone()))
+                .collect()
+        };
+        let mut moments = named("m.", &self.optim.m);
+        moments.extend(named("v.", &self.optim.v));
+        let optim = serialize(&moments)?;
+        let ema = serialize(&named("", &self.ema))?;
+        let state = TrainerState {
+            step: self.step,
+            settings: self.settings.clone(),
+        };
+        let trainer = toml::to_string(&state).map_err(|e| RunError::TrainerState(e.to_string()))?;
+        let sections: [(SectionKind, &[u8]); 4] = [
+            (SectionKind::Model, &model),
+            (SectionKind::Optimizer, &optim),
+            (SectionKind::Ema, &ema),
+            (SectionKind::Trainer, trainer.as_bytes()),
+        ];
+        checkpoint::write(path, &sections)?;
+        Ok(())
+    }
+
+    /// Continues the run saved at `path`: the same model, moments, teacher and step.
+    pub fn resume(
+        cfg: &DormouseConfig,
+        path: &std::path::Path,
+        device: &Device,
+    ) -> std::result::Result<Self, RunError> {
+        use crate::checkpoint::{Checkpoint, SectionKind};
+        let ckpt = Checkpoint::open(path)?;
+        let text = String::from_utf8(ckpt.read(SectionKind::Trainer)?)
+            .map_err(|e| RunError::TrainerState(e.to_string()))?;
+        let state: TrainerState =
+            toml::from_str(&text).map_err(|e| RunError::TrainerState(e.to_string()))?;
+        let mut run = Trainer::new(cfg, state.settings, device)?;
+        crate::weights::load_into_varmap(&run.varmap, &ckpt.read(SectionKind::Model)?, device)?;
+        let moments =
+            candle_core::safetensors::load_buffer(&ckpt.read(SectionKind::Optimizer)?, device)?;
+        let ema = candle_core::safetensors::load_buffer(&ckpt.read(SectionKind::Ema)?, device)?;
+        let take = |map: &std::collections::HashMap<String, Tensor>, key: String| {
+            map.get(&key)
+                .cloned()
+                .ok_or_else(|| RunError::TrainerState(format!("the checkpoint lacks {key}")))
+        };
+        for (i, (name, _)) in run.vars.iter().enumerate() {
+            run.optim.m[i] = take(&moments, format!("m.{name}"))?;
+            run.optim.v[i] = take(&moments, format!("v.{name}"))?;
+            run.ema[i] = take(&ema, name.clone())?;
+        }
+        run.optim.step = state.step;
+        run.step = state.step;
+        Ok(run)
+    }
+}
+
+fn serialize(tensors: &[(String, Tensor)]) -> std::result::Result<Vec<u8>, RunError> {
+    safetensors::serialize(tensors.iter().map(|(n, t)| (n.as_str(), t)), None)
+        .map_err(|e| RunError::TrainerState(e.to_string()))
+}

@@ -1,0 +1,148 @@
+//! Training: the loss falls on a learnable corpus, the schedule has its shape, and a run saved
+//! after k steps and resumed is the same run as the uninterrupted one, bit for bit.
+
+use candle_core::{Device, Tensor};
+use dormouse::DormouseConfig;
+use dormouse::train::{Corpus, CorpusError, TrainSettings, Trainer, bits_per_byte, lr_at};
+
+fn corpus_text() -> Vec<u8> {
+    b"the quick brown fox jumps over the lazy dog. "
+        .iter()
+        .copied()
+        .cycle()
+        .take(20_000)
+        .collect()
+}
+
+fn settings(steps: u64) -> TrainSettings {
+    TrainSettings {
+        steps,
+        batch: 2,
+        seq: 32,
+        warmup: 3,
+        eval_bytes: 2_000,
+        seed: 11,
+        ..TrainSettings::default()
+    }
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
+        .into_iter()
+        .map(f32::to_bits)
+        .collect()
+}
+
+#[test]
+fn the_loss_falls_and_beats_chance_on_held_out_bytes() {
+    let cfg = DormouseConfig::preset("nano").unwrap();
+    let s = TrainSettings {
+        lr: 1e-2,
+        ..settings(40)
+    };
+    let corpus = Corpus::new(corpus_text(), s.eval_bytes, s.seq).unwrap();
+    let mut run = Trainer::new(&cfg, s.clone(), &Device::Cpu).unwrap();
+    let before = bits_per_byte(&run.model, corpus.held_out(), s.seq).unwrap();
+    let mut losses = Vec::new();
+    for _ in 0..s.steps {
+        losses.push(run.train_step(&corpus).unwrap().loss);
+    }
+    let after = bits_per_byte(&run.model, corpus.held_out(), s.seq).unwrap();
+    assert!(
+        before > 7.0,
+        "an untrained byte model is near 8 bits per byte: {before}"
+    );
+    assert!(after < before - 2.0, "held-out BPB {before} -> {after}");
+    assert!(losses[losses.len() - 1] < losses[0] * 0.6, "{losses:?}");
+}
+
+#[test]
+fn resuming_is_the_same_run_bit_for_bit() {
+    let cfg = DormouseConfig::preset("nano").unwrap();
+    let s = settings(8);
+    let corpus = Corpus::new(corpus_text(), s.eval_bytes, s.seq).unwrap();
+    let device = Device::Cpu;
+
+    let mut straight = Trainer::new(&cfg, s.clone(), &device).unwrap();
+    let straight_losses: Vec<u64> = (0..8)
+        .map(|_| straight.train_step(&corpus).unwrap().loss.to_bits())
+        .collect();
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("latest.bin");
+    let mut first = Trainer::new(&cfg, s.clone(), &device).unwrap();
+    let mut split_losses: Vec<u64> = (0..3)
+        .map(|_| first.train_step(&corpus).unwrap().loss.to_bits())
+        .collect();
+    first.save(&path).unwrap();
+    drop(first);
+    let mut resumed = Trainer::resume(&cfg, &path, &device).unwrap();
+    assert_eq!(resumed.step, 3);
+    split_losses.extend((3..8).map(|_| resumed.train_step(&corpus).unwrap().loss.to_bits()));
+
+    assert_eq!(split_losses, straight_losses, "identical logged losses");
+    let vars = |t: &Trainer| {
+        let mut all: Vec<(String, Vec<u32>)> = t
+            .varmap
+            .data()
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), bits(v.as_tensor())))
+            .collect();
+        all.sort();
+        all
+    };
+    assert_eq!(vars(&resumed), vars(&straight), "model tensors");
+    let moments = |t: &Trainer| {
+        t.optim
+            .m
+            .iter()
+            .chain(&t.optim.v)
+            .map(bits)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(moments(&resumed), moments(&straight), "optimizer moments");
+    assert_eq!(
+        resumed.ema.iter().map(bits).collect::<Vec<_>>(),
+        straight.ema.iter().map(bits).collect::<Vec<_>>(),
+        "EMA teacher"
+    );
+}
+
+#[test]
+fn the_schedule_warms_up_then_decays_to_min_lr() {
+    let s = TrainSettings {
+        steps: 100,
+        warmup: 10,
+        lr: 1e-3,
+        min_lr: 1e-4,
+        ..TrainSettings::default()
+    };
+    assert!((lr_at(&s, 0) - 1e-4).abs() < 1e-12);
+    assert!((lr_at(&s, 9) - 1e-3).abs() < 1e-12);
+    assert!((lr_at(&s, 10) - 1e-3).abs() < 1e-12);
+    assert!((lr_at(&s, 55) - 5.5e-4).abs() < 1e-9, "cosine midpoint");
+    assert!((lr_at(&s, 100) - 1e-4).abs() < 1e-12);
+    assert!(
+        (lr_at(&s, 500) - 1e-4).abs() < 1e-12,
+        "stays at min_lr after the last step"
+    );
+}
+
+#[test]
+fn a_corpus_too_short_for_a_window_and_the_held_out_tail_is_refused() {
+    assert_eq!(
+        Corpus::new(Vec::new(), 100, 32).unwrap_err(),
+        CorpusError::Empty
+    );
+    assert!(matches!(
+        Corpus::new(vec![b'a'; 120], 100, 32),
+        Err(CorpusError::TooShort { .. })
+    ));
+    let ok = Corpus::new(vec![b'a'; 200], 100, 32).unwrap();
+    assert_eq!((ok.train().len(), ok.held_out().len()), (100, 100));
+}
