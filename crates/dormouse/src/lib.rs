@@ -11,6 +11,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod data;
 pub mod engram;
 pub mod model;
 pub mod train;

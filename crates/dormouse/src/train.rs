@@ -473,3 +473,20 @@ fn serialize(tensors: &[(String, Tensor)]) -> std::result::Result<Vec<u8>, RunEr
     safetensors::serialize(tensors.iter().map(|(n, t)| (n.as_str(), t)), None)
         .map_err(|e| RunError::TrainerState(e.to_string()))
 }
+
+impl Trainer {
+    /// The EMA teacher as a model of its own (for held-out evaluation).
+    pub fn teacher(&self) -> Result<Dormouse> {
+        let device = self.ema.first().map_or(Device::Cpu, |t| t.device().clone());
+        let tensors: std::collections::HashMap<String, Tensor> = self
+            .vars
+            .iter()
+            .zip(&self.ema)
+            .map(|((n, _), t)| (n.clone(), t.clone()))
+            .collect();
+        Dormouse::new(
+            self.model.config(),
+            VarBuilder::from_tensors(tensors, DType::F32, &device),
+        )
+    }
+}

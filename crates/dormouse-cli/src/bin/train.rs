@@ -1,0 +1,409 @@
+//! `train`: train a dormouse model and keep the run in a checkpoint.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use candle_core::Device;
+use clap::Parser;
+use dormouse::DormouseConfig;
+use dormouse::train::{Corpus, RunError, TrainSettings, Trainer, bits_per_byte};
+use dormouse_cli::baselines;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+
+#[derive(Parser)]
+#[command(
+    name = "train",
+    version,
+    about = "Train a byte-level dormouse model (with its Engram memory) and save the run as a checkpoint",
+    after_help = "Examples:
+  train --preset nano --steps 200                      # the embedded corpus, seconds on a laptop
+  train --preset small --steps 3000 --data ./texts/    # your own files and folders
+  train --resume --steps 6000                          # continue checkpoints/latest.bin to step 6000
+
+A run is checkpoints/<name>.bin (model, AdamW moments, EMA teacher, trainer state) plus
+<name>.config.toml, the exact config it trains. Turn it into one inference file with
+`export run --ckpt-dir checkpoints --ckpt-name <name>`."
+)]
+struct Args {
+    /// A preset config: nano (< 300k params) or small (~9.2M). Default: nano.
+    #[arg(long, conflicts_with = "config")]
+    preset: Option<String>,
+    /// A config TOML file (see configs/*.toml).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Training text: files and folders (walked recursively). Default: the embedded
+    /// public-domain corpus (the King James Version, 4.3 MB).
+    #[arg(long, value_name = "PATH", num_args = 1..)]
+    data: Vec<PathBuf>,
+    /// Total training steps (on --resume: the step to continue to).
+    #[arg(long)]
+    steps: Option<u64>,
+    /// Windows per step. Default 8.
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Bytes per window. Default 256.
+    #[arg(long)]
+    seq: Option<usize>,
+    /// Peak learning rate. Default 3e-3.
+    #[arg(long)]
+    lr: Option<f64>,
+    /// Linear warmup steps. Default 50.
+    #[arg(long)]
+    warmup: Option<u64>,
+    /// Learning rate at the end of the cosine decay. Default 3e-4.
+    #[arg(long)]
+    min_lr: Option<f64>,
+    /// AdamW weight decay (matrices only). Default 0.01.
+    #[arg(long)]
+    weight_decay: Option<f64>,
+    /// Clip the global gradient norm to this. Default 1.0.
+    #[arg(long)]
+    grad_clip: Option<f64>,
+    /// EMA teacher decay per step. Default 0.99.
+    #[arg(long)]
+    ema_decay: Option<f64>,
+    /// Seed of initialisation and batch sampling. Default 1.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Held-out tail of the corpus, never trained on. Default 65536.
+    #[arg(long)]
+    eval_bytes: Option<usize>,
+    /// Where runs live.
+    #[arg(long, default_value = "checkpoints")]
+    ckpt_dir: PathBuf,
+    /// The run's name: <ckpt-dir>/<name>.bin and <name>.config.toml.
+    #[arg(long, default_value = "latest")]
+    ckpt_name: String,
+    /// Save every N steps (and always at the end). Default: only at the end.
+    #[arg(long, default_value_t = 0)]
+    save_every: u64,
+    /// Evaluate held-out bits per byte every N steps (and at the end). Default: only at the end.
+    #[arg(long, default_value_t = 0)]
+    eval_every: u64,
+    /// Continue the run saved as <ckpt-dir>/<ckpt-name>.bin.
+    #[arg(long)]
+    resume: bool,
+    /// Append one JSON line per step and per evaluation to this file.
+    #[arg(long, value_name = "FILE")]
+    log: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("train: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(args: Args) -> Result<()> {
+    let device = Device::Cpu;
+    fs::create_dir_all(&args.ckpt_dir)
+        .with_context(|| format!("cannot create {}", args.ckpt_dir.display()))?;
+    probe_writable(&args.ckpt_dir)?;
+    let bin = args.ckpt_dir.join(format!("{}.bin", args.ckpt_name));
+    let snapshot = args
+        .ckpt_dir
+        .join(format!("{}.config.toml", args.ckpt_name));
+    let mut trainer = if args.resume {
+        resume(&args, &bin, &snapshot, &device)?
+    } else {
+        start(&args, &bin, &snapshot, &device)?
+    };
+    let s = trainer.settings.clone();
+    let bytes = match args.data.is_empty() {
+        true => dormouse::data::EMBEDDED_CORPUS.to_vec(),
+        false => dormouse::data::read_paths(&args.data)?,
+    };
+    let corpus = Corpus::new(bytes, s.eval_bytes, s.seq).context("cannot train on this corpus")?;
+    let mut log = match &args.log {
+        Some(path) => Some(
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("cannot open {}", path.display()))?,
+        ),
+        None => None,
+    };
+    let params: usize = trainer
+        .varmap
+        .all_vars()
+        .iter()
+        .map(|v| v.elem_count())
+        .sum();
+    eprintln!(
+        "training {params} parameters on {} bytes ({} held out) from step {} to {}, batch {} x {} bytes",
+        corpus.train().len(),
+        corpus.held_out().len(),
+        trainer.step,
+        s.steps,
+        s.batch,
+        s.seq
+    );
+    report_baselines(&corpus, &mut log)?;
+    train_loop(&mut trainer, &corpus, &args, &bin, &mut log)
+}
+
+fn probe_writable(dir: &Path) -> Result<()> {
+    tempfile::tempfile_in(dir)
+        .map(drop)
+        .with_context(|| format!("the checkpoint folder {} is not writable", dir.display()))
+}
+
+fn config_from_args(args: &Args) -> Result<DormouseConfig> {
+    Ok(match (&args.config, &args.preset) {
+        (Some(path), _) => {
+            let text = fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            DormouseConfig::from_toml(&text)
+                .with_context(|| format!("{} is not a valid config", path.display()))?
+        }
+        (None, preset) => DormouseConfig::preset(preset.as_deref().unwrap_or("nano"))?,
+    })
+}
+
+fn settings_from_args(args: &Args) -> TrainSettings {
+    let d = TrainSettings::default();
+    TrainSettings {
+        steps: args.steps.unwrap_or(d.steps),
+        batch: args.batch.unwrap_or(d.batch),
+        seq: args.seq.unwrap_or(d.seq),
+        lr: args.lr.unwrap_or(d.lr),
+        warmup: args.warmup.unwrap_or(d.warmup),
+        min_lr: args.min_lr.unwrap_or(d.min_lr),
+        weight_decay: args.weight_decay.unwrap_or(d.weight_decay),
+        grad_clip: args.grad_clip.unwrap_or(d.grad_clip),
+        ema_decay: args.ema_decay.unwrap_or(d.ema_decay),
+        seed: args.seed.unwrap_or(d.seed),
+        eval_bytes: args.eval_bytes.unwrap_or(d.eval_bytes),
+    }
+}
+
+fn start(args: &Args, bin: &Path, snapshot: &Path, device: &Device) -> Result<Trainer> {
+    if bin.exists() {
+        bail!(
+            "a run named {:?} already exists at {}: pass --resume to continue it, or --ckpt-name NAME to start another \
+             (refusing to overwrite trained state)",
+            args.ckpt_name,
+            bin.display()
+        );
+    }
+    let cfg = config_from_args(args)?;
+    let settings = settings_from_args(args);
+    if settings.seq > cfg.max_seq_len {
+        bail!(
+            "--seq {} exceeds the config's max_seq_len {}",
+            settings.seq,
+            cfg.max_seq_len
+        );
+    }
+    write_atomic(snapshot, cfg.to_toml().as_bytes())?;
+    Ok(Trainer::new(&cfg, settings, device)?)
+}
+
+fn resume(args: &Args, bin: &Path, snapshot: &Path, device: &Device) -> Result<Trainer> {
+    let text = fs::read_to_string(snapshot)
+        .with_context(|| format!("cannot resume: {} is missing", snapshot.display()))?;
+    let cfg = DormouseConfig::from_toml(&text)
+        .with_context(|| format!("{} is not a valid config", snapshot.display()))?;
+    if args.config.is_some() || args.preset.is_some() {
+        let asked = config_from_args(args)?;
+        let differing = differing_fields(&cfg, &asked);
+        if !differing.is_empty() {
+            bail!(
+                "--resume with a config that differs from the run's snapshot {}: {}",
+                snapshot.display(),
+                differing.join("; ")
+            );
+        }
+    }
+    let mut trainer = Trainer::resume(&cfg, bin, device)
+        .with_context(|| format!("cannot resume {}", bin.display()))?;
+    let asked = settings_from_args(args);
+    let saved = trainer.settings.clone();
+    let mut changed = Vec::new();
+    let mut check = |flag: &str, given: bool, same: bool| {
+        if given && !same {
+            changed.push(flag.to_string());
+        }
+    };
+    check("--batch", args.batch.is_some(), asked.batch == saved.batch);
+    check("--seq", args.seq.is_some(), asked.seq == saved.seq);
+    check("--lr", args.lr.is_some(), asked.lr == saved.lr);
+    check(
+        "--warmup",
+        args.warmup.is_some(),
+        asked.warmup == saved.warmup,
+    );
+    check(
+        "--min-lr",
+        args.min_lr.is_some(),
+        asked.min_lr == saved.min_lr,
+    );
+    check(
+        "--weight-decay",
+        args.weight_decay.is_some(),
+        asked.weight_decay == saved.weight_decay,
+    );
+    check(
+        "--grad-clip",
+        args.grad_clip.is_some(),
+        asked.grad_clip == saved.grad_clip,
+    );
+    check(
+        "--ema-decay",
+        args.ema_decay.is_some(),
+        asked.ema_decay == saved.ema_decay,
+    );
+    check("--seed", args.seed.is_some(), asked.seed == saved.seed);
+    check(
+        "--eval-bytes",
+        args.eval_bytes.is_some(),
+        asked.eval_bytes == saved.eval_bytes,
+    );
+    if !changed.is_empty() {
+        bail!(
+            "a resumed run is the same run: {} cannot change on --resume (only --steps can)",
+            changed.join(", ")
+        );
+    }
+    if let Some(steps) = args.steps {
+        trainer.settings.steps = steps;
+    }
+    Ok(trainer)
+}
+
+/// `field: snapshot -> asked` for every field that differs.
+fn differing_fields(snapshot: &DormouseConfig, asked: &DormouseConfig) -> Vec<String> {
+    let (a, b) = (
+        toml::Value::try_from(snapshot),
+        toml::Value::try_from(asked),
+    );
+    let (Ok(toml::Value::Table(a)), Ok(toml::Value::Table(b))) = (a, b) else {
+        return vec!["the configs cannot be compared".to_string()];
+    };
+    a.iter()
+        .filter(|(k, v)| b.get(*k) != Some(v))
+        .map(|(k, v)| {
+            format!(
+                "{k}: {v} in the snapshot, {} asked",
+                b.get(k).map_or("nothing".to_string(), |x| x.to_string())
+            )
+        })
+        .collect()
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut temp = tempfile::Builder::new()
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .tempfile_in(dir)?;
+    temp.write_all(bytes)?;
+    temp.as_file().sync_all()?;
+    temp.persist(path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+fn log_line(log: &mut Option<File>, value: serde_json::Value) -> Result<()> {
+    if let Some(file) = log {
+        writeln!(file, "{value}")?;
+    }
+    Ok(())
+}
+
+fn report_baselines(corpus: &Corpus, log: &mut Option<File>) -> Result<()> {
+    let b = baselines::measure(corpus.held_out())?;
+    eprintln!(
+        "held-out baselines (bits per byte; a trained model must beat them): gzip -9 {:.3}, xz -9 {:.3}, zstd -19 {:.3}, order-0 entropy {:.3}",
+        b.gzip_9, b.xz_9, b.zstd_19, b.order0_entropy
+    );
+    log_line(log, json!({ "baselines": b }))
+}
+
+fn evaluate(
+    trainer: &Trainer,
+    corpus: &Corpus,
+    log: &mut Option<File>,
+    bar: &ProgressBar,
+) -> Result<()> {
+    let seq = trainer.settings.seq;
+    let model = bits_per_byte(&trainer.model, corpus.held_out(), seq)?;
+    let teacher = bits_per_byte(&trainer.teacher()?, corpus.held_out(), seq)?;
+    bar.suspend(|| {
+        eprintln!(
+            "step {}: held-out bits per byte {model:.4} (EMA teacher {teacher:.4})",
+            trainer.step
+        )
+    });
+    log_line(
+        log,
+        json!({ "eval": { "step": trainer.step, "bpb": model, "ema_bpb": teacher } }),
+    )
+}
+
+fn train_loop(
+    trainer: &mut Trainer,
+    corpus: &Corpus,
+    args: &Args,
+    bin: &Path,
+    log: &mut Option<File>,
+) -> Result<()> {
+    let s = trainer.settings.clone();
+    let bar = ProgressBar::new(s.steps).with_style(
+        ProgressStyle::with_template("{bar:30} step {pos}/{len} {msg} ETA {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_position(trainer.step);
+    let started = Instant::now();
+    let first = trainer.step;
+    while trainer.step < s.steps {
+        let entry = match trainer.train_step(corpus) {
+            Ok(entry) => entry,
+            Err(RunError::Diverged { step, loss }) => {
+                bar.abandon();
+                bail!(
+                    "the loss became {loss} at step {step}; the last good checkpoint ({}) is kept",
+                    bin.display()
+                );
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let tokens = (trainer.step - first) as f64 * (s.batch * s.seq) as f64;
+        let rate = tokens / started.elapsed().as_secs_f64().max(1e-9);
+        bar.set_message(format!(
+            "loss {:.4} lr {:.2e} {rate:.0} tok/s",
+            entry.loss, entry.lr
+        ));
+        bar.set_position(trainer.step);
+        log_line(
+            log,
+            json!({ "step": entry.step, "loss": entry.loss, "lr": entry.lr, "grad_norm": entry.grad_norm, "tokens_per_s": rate }),
+        )?;
+        if args.eval_every > 0 && trainer.step.is_multiple_of(args.eval_every) && trainer.step < s.steps {
+            evaluate(trainer, corpus, log, &bar)?;
+        }
+        if args.save_every > 0 && trainer.step.is_multiple_of(args.save_every) && trainer.step < s.steps {
+            trainer.save(bin)?;
+        }
+    }
+    bar.finish_and_clear();
+    evaluate(trainer, corpus, log, &bar)?;
+    trainer.save(bin)?;
+    eprintln!(
+        "saved step {} to {}; export it with: export run --ckpt-dir {} --ckpt-name {}",
+        trainer.step,
+        bin.display(),
+        args.ckpt_dir.display(),
+        args.ckpt_name
+    );
+    Ok(())
+}

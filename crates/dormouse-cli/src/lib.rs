@@ -1,0 +1,3 @@
+//! Shared pieces of dormouse's programs.
+
+pub mod baselines;
