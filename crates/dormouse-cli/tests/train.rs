@@ -176,3 +176,49 @@ fn bad_inputs_are_refused_with_a_clear_message() {
         );
     }
 }
+
+#[test]
+fn a_diverging_run_stops_naming_the_step_and_keeps_the_last_good_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = corpus(dir.path());
+    let ok = train(
+        dir.path(),
+        &[&SHORT[..], &["--steps", "2", "--data", &data]].concat(),
+    );
+    assert!(ok.status.success(), "{}", stderr(&ok));
+    let good = fs::read(dir.path().join("checkpoints/latest.bin")).unwrap();
+    // A learning rate of 1e30 sends the weights to infinity on the first update.
+    let fname = "diverge";
+    let out = train(
+        dir.path(),
+        &[
+            &SHORT[..],
+            &[
+                "--steps",
+                "5",
+                "--data",
+                &data,
+                "--lr",
+                "1e30",
+                "--warmup",
+                "1",
+                "--ckpt-name",
+                fname,
+                "--save-every",
+                "1",
+            ],
+        ]
+        .concat(),
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("the loss became") && stderr(&out).contains("at step"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        fs::read(dir.path().join("checkpoints/latest.bin")).unwrap(),
+        good,
+        "another run's checkpoint is untouched"
+    );
+}

@@ -160,19 +160,14 @@ pub fn lr_at(s: &TrainSettings, step: u64) -> f64 {
 }
 
 /// Every variable, sorted by name: the one order optimizer state and EMA follow.
-pub fn sorted_vars(varmap: &VarMap) -> Vec<(String, Var)> {
+pub fn sorted_vars(varmap: &VarMap) -> Result<Vec<(String, Var)>> {
     let data = varmap
         .data()
         .lock()
-        .map(|d| {
-            d.iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect::<Vec<_>>()
-        })
-        .unwrap_or_default();
-    let mut vars = data;
+        .map_err(|_| candle_core::Error::Msg("the variable map is poisoned".into()))?;
+    let mut vars: Vec<(String, Var)> = data.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     vars.sort_by(|a, b| a.0.cmp(&b.0));
-    vars
+    Ok(vars)
 }
 
 /// Builds the model with every parameter drawn from `seed` (candle's CPU generator cannot be
@@ -185,7 +180,7 @@ pub fn seeded_model(
 ) -> Result<(VarMap, Dormouse)> {
     let varmap = VarMap::new();
     let model = Dormouse::new(cfg, VarBuilder::from_varmap(&varmap, DType::F32, device))?;
-    for (i, (name, var)) in sorted_vars(&varmap).into_iter().enumerate() {
+    for (i, (name, var)) in sorted_vars(&varmap)?.into_iter().enumerate() {
         let mut rng = stream(seed, INIT_STREAM, i as u64);
         let dims = var.dims().to_vec();
         let n = var.elem_count();
@@ -220,7 +215,7 @@ pub struct AdamW {
 
 impl AdamW {
     pub fn new(vars: &[(String, Var)]) -> Result<Self> {
-        let zeros = |v: &Var| v.as_tensor().zeros_like();
+        let zeros = |v: &Var| Ok(v.as_tensor().zeros_like()?.detach());
         Ok(AdamW {
             m: vars.iter().map(|(_, v)| zeros(v)).collect::<Result<_>>()?,
             v: vars.iter().map(|(_, v)| zeros(v)).collect::<Result<_>>()?,
@@ -249,9 +244,11 @@ impl AdamW {
             let Some(grad) = grads.get(var.as_tensor()) else {
                 continue;
             };
-            let grad = (grad * clip_scale)?;
-            self.m[i] = ((&self.m[i] * b1)? + (&grad * (1.0 - b1))?)?;
-            self.v[i] = ((&self.v[i] * b2)? + (grad.sqr()? * (1.0 - b2))?)?;
+            // Everything kept across steps is detached: a tensor that still records the ops
+            // that made it keeps every earlier step's tensors alive (memory grows per step).
+            let grad = (grad.detach() * clip_scale)?;
+            self.m[i] = ((&self.m[i] * b1)? + (&grad * (1.0 - b1))?)?.detach();
+            self.v[i] = ((&self.v[i] * b2)? + (grad.sqr()? * (1.0 - b2))?)?.detach();
             let m_hat = (&self.m[i] / correction1)?;
             let v_hat = (&self.v[i] / correction2)?;
             let step = (m_hat / (v_hat.sqrt()? + self.eps)?)?;
@@ -306,7 +303,7 @@ pub fn bits_per_byte(model: &Dormouse, held_out: &[u8], seq: usize) -> Result<f6
 /// `ema = decay * ema + (1 - decay) * params`.
 pub fn update_ema(ema: &mut [Tensor], vars: &[(String, Var)], decay: f64) -> Result<()> {
     for (e, (_, var)) in ema.iter_mut().zip(vars) {
-        *e = ((&*e * decay)? + (var.as_tensor().detach() * (1.0 - decay))?)?;
+        *e = ((&*e * decay)? + (var.as_tensor().detach() * (1.0 - decay))?)?.detach();
     }
     Ok(())
 }
@@ -361,11 +358,11 @@ impl Trainer {
     /// A fresh run: seeded parameters, zero moments, the teacher a copy of the student.
     pub fn new(cfg: &DormouseConfig, settings: TrainSettings, device: &Device) -> Result<Self> {
         let (varmap, model) = seeded_model(cfg, settings.seed, device)?;
-        let vars = sorted_vars(&varmap);
+        let vars = sorted_vars(&varmap)?;
         let optim = AdamW::new(&vars)?;
         let ema = vars
             .iter()
-            .map(|(_, v)| v.as_tensor().copy())
+            .map(|(_, v)| Ok(v.as_tensor().copy()?.detach()))
             .collect::<Result<_>>()?;
         Ok(Trainer {
             settings,

@@ -59,29 +59,31 @@ fn the_loss_falls_and_beats_chance_on_held_out_bytes() {
     assert!(losses[losses.len() - 1] < losses[0] * 0.6, "{losses:?}");
 }
 
-#[test]
-fn resuming_is_the_same_run_bit_for_bit() {
+/// Trains `total` steps straight, and `split` steps + save + resume + the rest, and compares
+/// every model, optimizer and EMA tensor and every logged loss, bit for bit.
+fn resume_matches_the_uninterrupted_run(total: u64, split: u64) {
     let cfg = DormouseConfig::preset("nano").unwrap();
-    let s = settings(8);
+    let s = settings(total);
     let corpus = Corpus::new(corpus_text(), s.eval_bytes, s.seq).unwrap();
     let device = Device::Cpu;
 
     let mut straight = Trainer::new(&cfg, s.clone(), &device).unwrap();
-    let straight_losses: Vec<u64> = (0..8)
+    let straight_losses: Vec<u64> = (0..total)
         .map(|_| straight.train_step(&corpus).unwrap().loss.to_bits())
         .collect();
 
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("latest.bin");
     let mut first = Trainer::new(&cfg, s.clone(), &device).unwrap();
-    let mut split_losses: Vec<u64> = (0..3)
+    let mut split_losses: Vec<u64> = (0..split)
         .map(|_| first.train_step(&corpus).unwrap().loss.to_bits())
         .collect();
     first.save(&path).unwrap();
     drop(first);
     let mut resumed = Trainer::resume(&cfg, &path, &device).unwrap();
-    assert_eq!(resumed.step, 3);
-    split_losses.extend((3..8).map(|_| resumed.train_step(&corpus).unwrap().loss.to_bits()));
+    assert_eq!(resumed.step, split);
+    split_losses
+        .extend((split..total).map(|_| resumed.train_step(&corpus).unwrap().loss.to_bits()));
 
     assert_eq!(split_losses, straight_losses, "identical logged losses");
     let vars = |t: &Trainer| {
@@ -106,11 +108,21 @@ fn resuming_is_the_same_run_bit_for_bit() {
             .collect::<Vec<_>>()
     };
     assert_eq!(moments(&resumed), moments(&straight), "optimizer moments");
-    assert_eq!(
-        resumed.ema.iter().map(bits).collect::<Vec<_>>(),
-        straight.ema.iter().map(bits).collect::<Vec<_>>(),
-        "EMA teacher"
-    );
+    let ema = |t: &Trainer| t.ema.iter().map(bits).collect::<Vec<_>>();
+    assert_eq!(ema(&resumed), ema(&straight), "EMA teacher");
+}
+
+#[test]
+fn resuming_is_the_same_run_bit_for_bit() {
+    resume_matches_the_uninterrupted_run(60, 23);
+}
+
+/// The full-length version (2k steps); run with
+/// `cargo test --release -p dormouse --test train -- --ignored`.
+#[test]
+#[ignore = "2k steps twice: minutes in a debug build"]
+fn resuming_after_2k_steps_is_the_same_run_bit_for_bit() {
+    resume_matches_the_uninterrupted_run(2000, 777);
 }
 
 #[test]

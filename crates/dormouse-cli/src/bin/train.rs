@@ -94,7 +94,8 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    match run(Args::parse()) {
+    let started = Instant::now();
+    match run(Args::parse(), started) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("train: {e:#}");
@@ -103,7 +104,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(args: Args) -> Result<()> {
+fn run(args: Args, started: Instant) -> Result<()> {
     let device = Device::Cpu;
     fs::create_dir_all(&args.ckpt_dir)
         .with_context(|| format!("cannot create {}", args.ckpt_dir.display()))?;
@@ -148,6 +149,11 @@ fn run(args: Args) -> Result<()> {
         s.batch,
         s.seq
     );
+    let ready = started.elapsed().as_secs_f64();
+    eprintln!(
+        "ready to train {ready:.2} s after start (config, model, checkpoint and corpus loaded)"
+    );
+    log_line(&mut log, json!({ "startup_s": ready }))?;
     report_baselines(&corpus, &mut log)?;
     train_loop(&mut trainer, &corpus, &args, &bin, &mut log)
 }
@@ -388,10 +394,16 @@ fn train_loop(
             log,
             json!({ "step": entry.step, "loss": entry.loss, "lr": entry.lr, "grad_norm": entry.grad_norm, "tokens_per_s": rate }),
         )?;
-        if args.eval_every > 0 && trainer.step.is_multiple_of(args.eval_every) && trainer.step < s.steps {
+        if args.eval_every > 0
+            && trainer.step.is_multiple_of(args.eval_every)
+            && trainer.step < s.steps
+        {
             evaluate(trainer, corpus, log, &bar)?;
         }
-        if args.save_every > 0 && trainer.step.is_multiple_of(args.save_every) && trainer.step < s.steps {
+        if args.save_every > 0
+            && trainer.step.is_multiple_of(args.save_every)
+            && trainer.step < s.steps
+        {
             trainer.save(bin)?;
         }
     }
