@@ -279,6 +279,11 @@ pub fn clip_scale(vars: &[(String, Var)], grads: &GradStore, max_norm: f64) -> R
 
 /// Cross-entropy (nats per byte) of predicting each window's next bytes.
 pub fn loss(model: &Dormouse, windows: &[&[u8]]) -> Result<Tensor> {
+    if windows.iter().any(|w| w.len() < 2) {
+        candle_core::bail!(
+            "a training window needs at least two bytes: one to read, one to predict"
+        );
+    }
     let inputs: Vec<&[u8]> = windows.iter().map(|w| &w[..w.len() - 1]).collect();
     let logits = model.forward(&inputs, None)?;
     let (b, t, v) = logits.dims3()?;

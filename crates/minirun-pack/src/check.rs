@@ -294,22 +294,32 @@ impl Ctx<'_> {
         }
         let n = u64::from(*count);
         let mut compared = 0;
+        // Each source reference is checked against the checkpoint and opened once, not per tile.
+        let packed_src = (packed, self.source_file(packed)?);
+        let scales_src = (scales, self.source_file(scales)?);
+        let biases_src = match biases {
+            Some(b) => Some((b, self.source_file(b)?)),
+            None => None,
+        };
         for tile in 0..n {
             let regions = [
-                ("packed", Some(packed), c.packed_range(tile).ok()),
-                ("scales", Some(scales), c.scale_range(tile).ok()),
-                ("biases", biases.as_ref(), c.bias_range(tile).ok().flatten()),
+                ("packed", Some(&packed_src), c.packed_range(tile).ok()),
+                ("scales", Some(&scales_src), c.scale_range(tile).ok()),
+                (
+                    "biases",
+                    biases_src.as_ref(),
+                    c.bias_range(tile).ok().flatten(),
+                ),
             ];
             for (region, source, range) in regions {
-                let (Some(source), Some(range)) = (source, range) else {
+                let (Some((source, src)), Some(range)) = (source, range) else {
                     continue;
                 };
                 let per = source.bytes / n;
-                let src = self.source_file(source)?;
                 compared += self.compare(
                     &file,
                     range.start,
-                    &src,
+                    src,
                     source.shard_offset + tile * per,
                     per,
                     Some(tile),
