@@ -11,6 +11,9 @@ use crate::layout::MAGIC;
 /// export can name a checkpoint handed to it by mistake.
 pub const TRAINING_CHECKPOINT_MAGIC: &[u8; 8] = b"DMTRAIN\0";
 
+/// The first eight bytes of a dormouse Engram sidecar (`<name>.ngram`, `--engram-ram` runs).
+pub const ENGRAM_SIDECAR_MAGIC: &[u8; 8] = b"DMNGRAM\0";
+
 /// The first eight bytes of a training checkpoint written by the original (burn-based)
 /// dormouse: `DMCK` and container version 2.
 pub const ORIGINAL_CHECKPOINT_MAGIC: &[u8; 8] = b"DMCK\0\x02\0\0";
@@ -34,6 +37,8 @@ pub enum FileKind {
     Export { version: u8 },
     /// A dormouse training checkpoint (`<name>.bin`): a run, not a model.
     TrainingCheckpoint,
+    /// The host-RAM Engram memory of an `--engram-ram` run (`<name>.ngram`).
+    EngramSidecar,
     /// A checkpoint of the original burn-based dormouse, which this repository cannot read.
     OriginalCheckpoint,
     /// A minirun tile container.
@@ -58,6 +63,9 @@ pub fn identify(bytes: &[u8]) -> FileKind {
     }
     if starts(TRAINING_CHECKPOINT_MAGIC) {
         return FileKind::TrainingCheckpoint;
+    }
+    if starts(ENGRAM_SIDECAR_MAGIC) {
+        return FileKind::EngramSidecar;
     }
     if starts(ORIGINAL_CHECKPOINT_MAGIC) {
         return FileKind::OriginalCheckpoint;
@@ -97,6 +105,7 @@ impl FileKind {
         match self {
             FileKind::Export { .. } => "dmexp-export",
             FileKind::TrainingCheckpoint => "dormouse-training-checkpoint",
+            FileKind::EngramSidecar => "dormouse-engram-sidecar",
             FileKind::OriginalCheckpoint => "original-dormouse-checkpoint",
             FileKind::TileContainer => "tile-container",
             FileKind::Safetensors => "safetensors",
@@ -119,6 +128,11 @@ impl FileKind {
                 "{shown} is a dormouse TRAINING CHECKPOINT (model + optimizer + EMA teacher), not an \
                  export; convert it with: {}",
                 export_command(path)
+            ),
+            FileKind::EngramSidecar => format!(
+                "{shown} is the host-RAM Engram memory of an --engram-ram training run (a .ngram \
+                 sidecar), not an export; it only serves to resume that run with `train --resume`, \
+                 and no export carries it"
             ),
             FileKind::OriginalCheckpoint => format!(
                 "{shown} is a training checkpoint of the original burn-based dormouse (magic DMCK v2); \
@@ -200,6 +214,7 @@ mod tests {
             (b"DMEXPRT\x07rest".to_vec(), FileKind::Export { version: 7 }),
             (b"DMTRAIN\0\x01".to_vec(), FileKind::TrainingCheckpoint),
             (b"DMCK\0\x02\0\0....".to_vec(), FileKind::OriginalCheckpoint),
+            (b"DMNGRAM\0\x01\0".to_vec(), FileKind::EngramSidecar),
             (b"MNRNTIL1\x01\0".to_vec(), FileKind::TileContainer),
             (b"GGUF\x03\0\0\0".to_vec(), FileKind::Gguf),
             (b"PK\x03\x04\x14\0".to_vec(), FileKind::Zip),

@@ -222,3 +222,40 @@ fn a_diverging_run_stops_naming_the_step_and_keeps_the_last_good_checkpoint() {
         "another run's checkpoint is untouched"
     );
 }
+
+#[test]
+fn an_engram_ram_run_saves_its_sidecar_and_resume_refuses_other_slots() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = corpus(dir.path());
+    let first = &[&SHORT[..], &["--steps", "3", "--data", &data]].concat();
+    let out = train(
+        dir.path(),
+        &[&first[..], &["--engram-slots", "2048"]].concat(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("generate` refuses it"),
+        "{}",
+        stderr(&out)
+    );
+    let ckpt = dir.path().join("checkpoints");
+    let sidecar = fs::read(ckpt.join("latest.ngram")).unwrap();
+    assert_eq!(&sidecar[..8], b"DMNGRAM\0");
+    // nano: 2 orders x 2048 slots x 16 floats, three arrays (table, two moments).
+    assert_eq!(sidecar.len(), 80 + 3 * 2 * 2048 * 16 * 4);
+    let snapshot = fs::read_to_string(ckpt.join("latest.config.toml")).unwrap();
+    assert!(snapshot.contains("engram_rows = 1") && snapshot.contains("engram_slots = 2048"));
+
+    let out = train(
+        dir.path(),
+        &["--resume", "--engram-slots", "4096", "--data", &data],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("engram_slots: 2048 in the snapshot, 4096 asked"),
+        "{}",
+        stderr(&out)
+    );
+    let out = train(dir.path(), &["--resume", "--steps", "5", "--data", &data]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}

@@ -109,6 +109,7 @@ pub fn write(path: &Path, sections: &[(SectionKind, &[u8])]) -> Result<(), Check
         .unwrap_or(Path::new("."));
     let temp = tempfile::Builder::new()
         .prefix(".dmtrain.")
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
         .tempfile_in(dir)
         .map_err(|e| io(dir, e))?;
     let mut out = BufWriter::new(temp.as_file());

@@ -35,7 +35,8 @@ pub struct DormouseConfig {
     pub use_engram: bool,
     /// N-gram orders hashed into the memory, each at least 1. Default [2, 3].
     pub engram_orders: Vec<usize>,
-    /// Rows per order in the in-model tables. Default 49152.
+    /// Rows per order in the in-model tables. Default 49152. With `engram_ram` the config seam
+    /// ([`DormouseConfig::resolve`]) squeezes it to 1: the rows live in the sidecar instead.
     pub engram_rows: usize,
     /// Width of each memory row. Default 32.
     pub engram_dim: usize,
@@ -43,9 +44,11 @@ pub struct DormouseConfig {
     pub engram_layers: Vec<usize>,
     /// Name of the documented n-gram hash. Default "mulxor-v1" (the only one).
     pub engram_hash: String,
-    /// Keep the memory in a host-RAM sidecar instead of the model (training only). Default false.
+    /// Keep the memory in a host-RAM table saved as the run's `<name>.ngram` sidecar instead
+    /// of in the model (training only: an export of such a run has one memory row per order
+    /// and is refused by `generate`). Default false.
     pub engram_ram: bool,
-    /// Rows per order of the host-RAM sidecar when `engram_ram` is set. Default 1000000.
+    /// Rows per order of the host-RAM table when `engram_ram` is set. Default 1000000.
     pub engram_slots: usize,
 }
 
@@ -106,11 +109,22 @@ fn rule(field: &'static str, rule: impl Into<String>) -> ConfigError {
 }
 
 impl DormouseConfig {
-    /// Parses TOML (missing keys take their defaults) and validates the result.
+    /// Parses TOML (missing keys take their defaults), applies the config seam and validates
+    /// the result.
     pub fn from_toml(text: &str) -> Result<Self, ConfigReadError> {
         let config: DormouseConfig = toml::from_str(text)?;
-        config.validate()?;
-        Ok(config)
+        Ok(config.resolve()?)
+    }
+
+    /// The config seam, then validation. With `engram_ram` the memory lives in the host-RAM
+    /// sidecar (`engram_slots` rows per order), so the in-model tables are squeezed to one row
+    /// per order; both values stay in the config, and so in the run's snapshot.
+    pub fn resolve(mut self) -> Result<Self, ConfigError> {
+        if self.engram_ram {
+            self.engram_rows = 1;
+        }
+        self.validate()?;
+        Ok(self)
     }
 
     /// One of the embedded presets.
@@ -177,6 +191,11 @@ impl DormouseConfig {
         }
         if self.use_engram {
             self.validate_engram()?;
+        } else if self.engram_ram {
+            return Err(rule(
+                "engram_ram",
+                "needs use_engram = true (there is no memory to keep in RAM)",
+            ));
         }
         Ok(())
     }
@@ -232,6 +251,21 @@ impl DormouseConfig {
             return Err(rule(
                 "engram_slots",
                 "must be at least 2 when engram_ram is set",
+            ));
+        }
+        if self.engram_ram && self.engram_rows != 1 {
+            return Err(rule(
+                "engram_rows",
+                "must be 1 when engram_ram is set (the rows live in the sidecar; DormouseConfig::resolve squeezes it)",
+            ));
+        }
+        if self.engram_ram && self.engram_orders.len() > crate::ngram::MAX_ORDERS {
+            return Err(rule(
+                "engram_orders",
+                format!(
+                    "lists at most {} orders when engram_ram is set (the sidecar's limit)",
+                    crate::ngram::MAX_ORDERS
+                ),
             ));
         }
         Ok(())

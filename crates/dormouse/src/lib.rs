@@ -14,6 +14,7 @@ pub mod config;
 pub mod data;
 pub mod engram;
 pub mod model;
+pub mod ngram;
 pub mod train;
 pub mod weights;
 

@@ -351,10 +351,40 @@ impl Dormouse {
         &self.cfg
     }
 
+    /// Where the model's tensors live.
+    pub fn device(&self) -> &Device {
+        self.rope.cos.device()
+    }
+
     /// Logits `[B, T, 256]` for a batch of equally long byte windows. Without a cache the
     /// windows start at position 0 with nothing before them; with a cache they continue the
     /// sequences the cache holds (and the cache is extended).
-    pub fn forward(&self, windows: &[&[u8]], mut cache: Option<&mut KvCache>) -> Result<Tensor> {
+    pub fn forward(&self, windows: &[&[u8]], cache: Option<&mut KvCache>) -> Result<Tensor> {
+        if self.cfg.engram_ram {
+            candle_core::bail!(
+                "this model was trained with --engram-ram: its memory rows live in the run's .ngram \
+                 sidecar, not in the model (engram_rows is 1 per order), so it cannot be run on its own"
+            );
+        }
+        self.run(windows, cache, None)
+    }
+
+    /// The same function as [`Dormouse::forward`] (no cache) with the memory rows gathered by
+    /// the caller, `[B, T, orders x engram_dim]`: how an `--engram-ram` run, whose rows live in
+    /// host RAM, trains and evaluates.
+    pub fn forward_with_memory(&self, windows: &[&[u8]], memory: &Tensor) -> Result<Tensor> {
+        if !self.cfg.use_engram {
+            candle_core::bail!("this model has no Engram memory to read");
+        }
+        self.run(windows, None, Some(memory.clone()))
+    }
+
+    fn run(
+        &self,
+        windows: &[&[u8]],
+        mut cache: Option<&mut KvCache>,
+        memory: Option<Tensor>,
+    ) -> Result<Tensor> {
         let device = self.rope.cos.device().clone();
         let (b, t) = (windows.len(), windows.first().map_or(0, |w| w.len()));
         if b == 0 || t == 0 || windows.iter().any(|w| w.len() != t) {
@@ -377,7 +407,10 @@ impl Dormouse {
         let mut h = self
             .embed
             .forward(&Tensor::from_vec(ids, (b, t), &device)?)?;
-        let memory = self.read_memory(windows, cache.as_deref(), &device)?;
+        let memory = match memory {
+            Some(m) => Some(m),
+            None => self.read_memory(windows, cache.as_deref(), &device)?,
+        };
         for (i, block) in self.blocks.iter().enumerate() {
             let layer = cache.as_deref_mut().and_then(|c| c.layers.get_mut(i));
             h = block.forward(&h, memory.as_ref(), start, &self.rope, layer)?;

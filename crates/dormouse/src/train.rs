@@ -8,6 +8,7 @@ use candle_nn::{VarBuilder, VarMap};
 
 use crate::config::DormouseConfig;
 use crate::model::Dormouse;
+use crate::ngram::{self, HostMemory, MemoryShape, SidecarStamp, SparseGrad};
 
 /// How a run trains (the `train` flags).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -260,47 +261,83 @@ impl AdamW {
     }
 }
 
-/// The global gradient norm and the factor that clips it to `max_norm`.
-pub fn clip_scale(vars: &[(String, Var)], grads: &GradStore, max_norm: f64) -> Result<(f64, f64)> {
+/// The sum of squares of every variable's gradient (its share of the global norm).
+pub fn grad_norm_squared(vars: &[(String, Var)], grads: &GradStore) -> Result<f64> {
     let mut total = 0f64;
     for (_, var) in vars {
         if let Some(g) = grads.get(var.as_tensor()) {
             total += f64::from(g.sqr()?.sum_all()?.to_scalar::<f32>()?);
         }
     }
-    let norm = total.sqrt();
-    let scale = if max_norm > 0.0 && norm > max_norm {
+    Ok(total)
+}
+
+/// The factor that clips a global gradient norm to `max_norm` (0: no clipping).
+pub fn clip_factor(norm: f64, max_norm: f64) -> f64 {
+    if max_norm > 0.0 && norm > max_norm {
         max_norm / norm
     } else {
         1.0
-    };
-    Ok((norm, scale))
+    }
 }
 
-/// Cross-entropy (nats per byte) of predicting each window's next bytes.
-pub fn loss(model: &Dormouse, windows: &[&[u8]]) -> Result<Tensor> {
+/// A batch's loss and, on an `--engram-ram` run, the host rows it read: a variable (so
+/// backward gives their gradient) and which row each position read.
+pub struct BatchLoss {
+    pub loss: Tensor,
+    pub host_read: Option<(Var, Vec<Vec<u32>>)>,
+}
+
+/// Cross-entropy (nats per byte) of predicting each window's next bytes, reading the memory
+/// from `host` on an `--engram-ram` run and from the model otherwise.
+pub fn batch_loss(
+    model: &Dormouse,
+    windows: &[&[u8]],
+    host: Option<&HostMemory>,
+) -> Result<BatchLoss> {
     if windows.iter().any(|w| w.len() < 2) {
         candle_core::bail!(
             "a training window needs at least two bytes: one to read, one to predict"
         );
     }
     let inputs: Vec<&[u8]> = windows.iter().map(|w| &w[..w.len() - 1]).collect();
-    let logits = model.forward(&inputs, None)?;
+    let (logits, host_read) = match host {
+        Some(host) => {
+            let read = host.read(&inputs, model.device())?;
+            let values = Var::from_tensor(&read.values)?;
+            let logits = model.forward_with_memory(&inputs, values.as_tensor())?;
+            (logits, Some((values, read.rows)))
+        }
+        None => (model.forward(&inputs, None)?, None),
+    };
     let (b, t, v) = logits.dims3()?;
     let targets: Vec<u32> = windows
         .iter()
         .flat_map(|w| w[1..].iter().map(|&x| u32::from(x)))
         .collect();
     let targets = Tensor::from_vec(targets, b * t, logits.device())?;
-    candle_nn::loss::cross_entropy(&logits.reshape((b * t, v))?, &targets)
+    let loss = candle_nn::loss::cross_entropy(&logits.reshape((b * t, v))?, &targets)?;
+    Ok(BatchLoss { loss, host_read })
 }
 
-/// Held-out bits per byte over consecutive windows of `seq + 1` bytes of `held_out`.
-pub fn bits_per_byte(model: &Dormouse, held_out: &[u8], seq: usize) -> Result<f64> {
+/// Cross-entropy (nats per byte) of predicting each window's next bytes.
+pub fn loss(model: &Dormouse, windows: &[&[u8]]) -> Result<Tensor> {
+    Ok(batch_loss(model, windows, None)?.loss)
+}
+
+/// Held-out bits per byte over consecutive windows of `seq + 1` bytes of `held_out` (the
+/// memory read from `host` on an `--engram-ram` run).
+pub fn bits_per_byte(
+    model: &Dormouse,
+    host: Option<&HostMemory>,
+    held_out: &[u8],
+    seq: usize,
+) -> Result<f64> {
     let windows: Vec<&[u8]> = held_out.windows(seq + 1).step_by(seq).collect();
     let mut nats = 0.0;
     for chunk in windows.chunks(8) {
-        nats += f64::from(loss(model, chunk)?.to_scalar::<f32>()?) * chunk.len() as f64;
+        let loss = batch_loss(model, chunk, host)?.loss;
+        nats += f64::from(loss.to_scalar::<f32>()?) * chunk.len() as f64;
     }
     Ok(nats / windows.len().max(1) as f64 / std::f64::consts::LN_2)
 }
@@ -331,6 +368,8 @@ pub enum RunError {
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
     #[error(transparent)]
     Weights(#[from] crate::weights::WeightsError),
+    #[error(transparent)]
+    Ngram(#[from] crate::ngram::NgramError),
     #[error("the trainer section is damaged: {0}")]
     TrainerState(String),
     #[error(
@@ -345,6 +384,9 @@ struct TrainerState {
     /// Updates applied so far: the next step to run.
     step: u64,
     settings: TrainSettings,
+    /// The `.ngram` sidecar saved with this checkpoint (`--engram-ram` runs only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ngram: Option<SidecarStamp>,
 }
 
 /// A run in memory: model, optimizer, EMA teacher and position.
@@ -355,13 +397,41 @@ pub struct Trainer {
     vars: Vec<(String, Var)>,
     pub optim: AdamW,
     pub ema: Vec<Tensor>,
+    /// The memory rows of an `--engram-ram` run (saved as the `.ngram` sidecar).
+    pub host: Option<HostMemory>,
     /// Updates applied so far.
     pub step: u64,
 }
 
+/// The host memory an `--engram-ram` config asks for.
+pub fn host_shape(cfg: &DormouseConfig) -> Option<MemoryShape> {
+    (cfg.use_engram && cfg.engram_ram).then(|| MemoryShape {
+        orders: cfg.engram_orders.clone(),
+        slots: cfg.engram_slots,
+        dim: cfg.engram_dim,
+    })
+}
+
 impl Trainer {
     /// A fresh run: seeded parameters, zero moments, the teacher a copy of the student.
-    pub fn new(cfg: &DormouseConfig, settings: TrainSettings, device: &Device) -> Result<Self> {
+    pub fn new(
+        cfg: &DormouseConfig,
+        settings: TrainSettings,
+        device: &Device,
+    ) -> std::result::Result<Self, RunError> {
+        let host = match host_shape(cfg) {
+            Some(shape) => Some(HostMemory::fresh(shape, settings.seed)?),
+            None => None,
+        };
+        Ok(Self::assemble(cfg, settings, device, host)?)
+    }
+
+    fn assemble(
+        cfg: &DormouseConfig,
+        settings: TrainSettings,
+        device: &Device,
+        host: Option<HostMemory>,
+    ) -> Result<Self> {
         let (varmap, model) = seeded_model(cfg, settings.seed, device)?;
         let vars = sorted_vars(&varmap)?;
         let optim = AdamW::new(&vars)?;
@@ -376,6 +446,7 @@ impl Trainer {
             vars,
             optim,
             ema,
+            host,
             step: 0,
         })
     }
@@ -384,19 +455,36 @@ impl Trainer {
     pub fn train_step(&mut self, corpus: &Corpus) -> std::result::Result<StepLog, RunError> {
         let s = &self.settings;
         let windows = corpus.batch(s.seed, self.step, s.batch, s.seq);
-        let loss = loss(&self.model, &windows)?;
-        let value = f64::from(loss.to_scalar::<f32>()?);
+        let batch = batch_loss(&self.model, &windows, self.host.as_ref())?;
+        let value = f64::from(batch.loss.to_scalar::<f32>()?);
         if !value.is_finite() {
             return Err(RunError::Diverged {
                 step: self.step,
                 loss: value,
             });
         }
-        let grads = loss.backward()?;
-        let (grad_norm, scale) = clip_scale(&self.vars, &grads, s.grad_clip)?;
+        let grads = batch.loss.backward()?;
+        let sparse = match &batch.host_read {
+            Some((values, rows)) => match grads.get(values.as_tensor()) {
+                Some(g) => Some(SparseGrad::accumulate(
+                    rows,
+                    &g.flatten_all()?.to_vec1::<f32>()?,
+                    self.model.config().engram_dim,
+                )),
+                None => None,
+            },
+            None => None,
+        };
+        let squared = grad_norm_squared(&self.vars, &grads)?
+            + sparse.as_ref().map_or(0.0, SparseGrad::norm_squared);
+        let grad_norm = squared.sqrt();
+        let scale = clip_factor(grad_norm, s.grad_clip);
         let lr = lr_at(s, self.step);
         self.optim
             .update(&self.vars, &grads, lr, s.weight_decay, scale)?;
+        if let (Some(host), Some(sparse)) = (self.host.as_mut(), sparse.as_ref()) {
+            host.apply_adam(sparse, lr, scale, self.step + 1);
+        }
         update_ema(&mut self.ema, &self.vars, s.ema_decay)?;
         let log = StepLog {
             step: self.step,
@@ -408,7 +496,11 @@ impl Trainer {
         Ok(log)
     }
 
-    /// The checkpoint sections of this run.
+    /// Saves the run: `path` (`<name>.bin`) and, on an `--engram-ram` run, the `<name>.ngram`
+    /// sidecar. The sidecar is written and fsynced under a pending name first, the checkpoint
+    /// that records its step and CRC is then renamed into place (the commit point), and only
+    /// then is the sidecar renamed: a kill at any point leaves a checkpoint and a sidecar of one
+    /// step (a pending sidecar the checkpoint already records is moved into place on resume).
     pub fn save(&self, path: &std::path::Path) -> std::result::Result<(), RunError> {
         use crate::checkpoint::{self, SectionKind};
         let model = crate::weights::save_varmap(&self.varmap)?;
@@ -423,9 +515,14 @@ impl Trainer {
         moments.extend(named("v.", &self.optim.v));
         let optim = serialize(&moments)?;
         let ema = serialize(&named("", &self.ema))?;
+        let ngram = match &self.host {
+            Some(host) => Some(host.write_pending(&ngram::pending_path(path), self.step)?),
+            None => None,
+        };
         let state = TrainerState {
             step: self.step,
             settings: self.settings.clone(),
+            ngram,
         };
         let trainer = toml::to_string(&state).map_err(|e| RunError::TrainerState(e.to_string()))?;
         let sections: [(SectionKind, &[u8]); 4] = [
@@ -435,6 +532,9 @@ impl Trainer {
             (SectionKind::Trainer, trainer.as_bytes()),
         ];
         checkpoint::write(path, &sections)?;
+        if self.host.is_some() {
+            ngram::commit(path)?;
+        }
         Ok(())
     }
 
@@ -450,7 +550,21 @@ impl Trainer {
             .map_err(|e| RunError::TrainerState(e.to_string()))?;
         let state: TrainerState =
             toml::from_str(&text).map_err(|e| RunError::TrainerState(e.to_string()))?;
-        let mut run = Trainer::new(cfg, state.settings, device)?;
+        let host = match (host_shape(cfg), state.ngram) {
+            (Some(shape), Some(stamp)) => Some(ngram::open_for(path, &shape, stamp)?),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(RunError::TrainerState(
+                    "the config keeps the memory in RAM (engram_ram) but the checkpoint records no .ngram sidecar".into(),
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(RunError::TrainerState(
+                    "the checkpoint records a .ngram sidecar but the config does not set engram_ram".into(),
+                ));
+            }
+        };
+        let mut run = Trainer::assemble(cfg, state.settings, device, host)?;
         crate::weights::load_into_varmap(&run.varmap, &ckpt.read(SectionKind::Model)?, device)?;
         let moments =
             candle_core::safetensors::load_buffer(&ckpt.read(SectionKind::Optimizer)?, device)?;

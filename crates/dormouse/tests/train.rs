@@ -45,12 +45,12 @@ fn the_loss_falls_and_beats_chance_on_held_out_bytes() {
     };
     let corpus = Corpus::new(corpus_text(), s.eval_bytes, s.seq).unwrap();
     let mut run = Trainer::new(&cfg, s.clone(), &Device::Cpu).unwrap();
-    let before = bits_per_byte(&run.model, corpus.held_out(), s.seq).unwrap();
+    let before = bits_per_byte(&run.model, None, corpus.held_out(), s.seq).unwrap();
     let mut losses = Vec::new();
     for _ in 0..s.steps {
         losses.push(run.train_step(&corpus).unwrap().loss);
     }
-    let after = bits_per_byte(&run.model, corpus.held_out(), s.seq).unwrap();
+    let after = bits_per_byte(&run.model, None, corpus.held_out(), s.seq).unwrap();
     assert!(
         before > 7.0,
         "an untrained byte model is near 8 bits per byte: {before}"

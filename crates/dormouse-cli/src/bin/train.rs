@@ -88,6 +88,15 @@ struct Args {
     /// Continue the run saved as <ckpt-dir>/<ckpt-name>.bin.
     #[arg(long)]
     resume: bool,
+    /// Keep the Engram memory in host RAM (saved as <ckpt-dir>/<ckpt-name>.ngram, which can be
+    /// tens of GB) instead of in the model; the in-model tables shrink to one row per order, so
+    /// an export of such a run cannot be served. Sets engram_ram in the config.
+    #[arg(long)]
+    engram_ram: bool,
+    /// Rows per n-gram order of the host-RAM memory (implies --engram-ram). Default: the
+    /// config's engram_slots (1000000).
+    #[arg(long, value_name = "N")]
+    engram_slots: Option<usize>,
     /// Append one JSON line per step and per evaluation to this file.
     #[arg(long, value_name = "FILE")]
     log: Option<PathBuf>,
@@ -140,6 +149,17 @@ fn run(args: Args, started: Instant) -> Result<()> {
         .iter()
         .map(|v| v.elem_count())
         .sum();
+    if let Some(host) = &trainer.host {
+        let shape = host.shape();
+        eprintln!(
+            "the Engram memory lives in host RAM: {} orders x {} slots x {} ({} more parameters, saved as {})",
+            shape.orders.len(),
+            shape.slots,
+            shape.dim,
+            shape.orders.len() * shape.slots * shape.dim,
+            dormouse::ngram::sidecar_path(&bin).display()
+        );
+    }
     eprintln!(
         "training {params} parameters on {} bytes ({} held out) from step {} to {}, batch {} x {} bytes",
         corpus.train().len(),
@@ -164,7 +184,23 @@ fn probe_writable(dir: &Path) -> Result<()> {
         .with_context(|| format!("the checkpoint folder {} is not writable", dir.display()))
 }
 
+/// The config the flags ask for: the preset or file, then the Engram RAM flags through the
+/// config seam (which squeezes the in-model memory to one row per order).
 fn config_from_args(args: &Args) -> Result<DormouseConfig> {
+    with_engram_flags(base_config(args)?, args)
+}
+
+fn with_engram_flags(mut cfg: DormouseConfig, args: &Args) -> Result<DormouseConfig> {
+    if args.engram_ram || args.engram_slots.is_some() {
+        cfg.engram_ram = true;
+    }
+    if let Some(slots) = args.engram_slots {
+        cfg.engram_slots = slots;
+    }
+    Ok(cfg.resolve()?)
+}
+
+fn base_config(args: &Args) -> Result<DormouseConfig> {
     Ok(match (&args.config, &args.preset) {
         (Some(path), _) => {
             let text = fs::read_to_string(path)
@@ -220,8 +256,13 @@ fn resume(args: &Args, bin: &Path, snapshot: &Path, device: &Device) -> Result<T
         .with_context(|| format!("cannot resume: {} is missing", snapshot.display()))?;
     let cfg = DormouseConfig::from_toml(&text)
         .with_context(|| format!("{} is not a valid config", snapshot.display()))?;
-    if args.config.is_some() || args.preset.is_some() {
-        let asked = config_from_args(args)?;
+    let engram_flags = args.engram_ram || args.engram_slots.is_some();
+    if args.config.is_some() || args.preset.is_some() || engram_flags {
+        let base = match args.config.is_some() || args.preset.is_some() {
+            true => base_config(args)?,
+            false => cfg.clone(),
+        };
+        let asked = with_engram_flags(base, args)?;
         let differing = differing_fields(&cfg, &asked);
         if !differing.is_empty() {
             bail!(
@@ -342,8 +383,11 @@ fn evaluate(
     bar: &ProgressBar,
 ) -> Result<()> {
     let seq = trainer.settings.seq;
-    let model = bits_per_byte(&trainer.model, corpus.held_out(), seq)?;
-    let teacher = bits_per_byte(&trainer.teacher()?, corpus.held_out(), seq)?;
+    // The teacher averages the model's parameters; an --engram-ram run's host rows have no
+    // average of their own, so the teacher reads the current ones.
+    let host = trainer.host.as_ref();
+    let model = bits_per_byte(&trainer.model, host, corpus.held_out(), seq)?;
+    let teacher = bits_per_byte(&trainer.teacher()?, host, corpus.held_out(), seq)?;
     bar.suspend(|| {
         eprintln!(
             "step {}: held-out bits per byte {model:.4} (EMA teacher {teacher:.4})",
@@ -410,6 +454,17 @@ fn train_loop(
     bar.finish_and_clear();
     evaluate(trainer, corpus, log, &bar)?;
     trainer.save(bin)?;
+    if trainer.host.is_some() {
+        eprintln!(
+            "saved step {} to {} and its host-RAM memory to {}; resume it with `train --resume`. \
+             An export of this run has one memory row per order and `generate` refuses it: train \
+             without --engram-ram for a servable model",
+            trainer.step,
+            bin.display(),
+            dormouse::ngram::sidecar_path(bin).display()
+        );
+        return Ok(());
+    }
     eprintln!(
         "saved step {} to {}; export it with: export run --ckpt-dir {} --ckpt-name {}",
         trainer.step,
