@@ -1,3 +1,4 @@
 //! Shared pieces of dormouse's programs.
 
 pub mod baselines;
+pub mod completions;

@@ -66,11 +66,10 @@ impl SectionKind {
 /// Why a checkpoint could not be written or read.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {error}", path.display())]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("{}: {advice}", path.display())]
     NotACheckpoint { path: PathBuf, advice: String },
@@ -84,10 +83,10 @@ pub enum CheckpointError {
     Missing { path: PathBuf, kind: SectionKind },
 }
 
-fn io(path: &Path, source: std::io::Error) -> CheckpointError {
+fn io(path: &Path, error: std::io::Error) -> CheckpointError {
     CheckpointError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     }
 }
 

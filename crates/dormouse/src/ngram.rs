@@ -55,11 +55,10 @@ const _: () = assert!(
 /// Why a sidecar could not be made, written or read.
 #[derive(Debug, thiserror::Error)]
 pub enum NgramError {
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {error}", path.display())]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("{}: {advice}", path.display())]
     NotASidecar { path: PathBuf, advice: String },
@@ -101,9 +100,9 @@ pub enum NgramError {
 }
 
 fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> NgramError + '_ {
-    move |source| NgramError::Io {
+    move |error| NgramError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     }
 }
 

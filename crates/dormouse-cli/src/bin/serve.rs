@@ -1,0 +1,375 @@
+//! `serve`: an OpenAI-compatible HTTP server for one `.dmexp` model.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{Method, StatusCode, Uri};
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use candle_core::Device;
+use clap::Parser;
+use dormouse::Dormouse;
+use dormouse::sample::{Sampler, generate};
+use dormouse::serving::load_export;
+use dormouse_cli::completions::{ApiError, Finish, Job, MAX_BODY_BYTES, TextStream, parse_request};
+use serde_json::{Value, json};
+use tokio::sync::{Semaphore, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+
+#[derive(Parser)]
+#[command(
+    name = "serve",
+    version,
+    about = "Serve a dormouse .dmexp export over an OpenAI-compatible HTTP API",
+    after_help = "Routes: GET /health, GET /v1/models, POST /v1/completions (stream: true for SSE).
+One token is one byte. See docs/serve.md.
+
+Example:
+  serve --export checkpoints/latest.bf16.dmexp --port 8000
+  curl -s localhost:8000/v1/completions -H 'content-type: application/json' \\
+       -d '{\"prompt\": \"once\", \"max_tokens\": 32, \"temperature\": 0}'"
+)]
+struct Args {
+    /// The .dmexp file to serve.
+    #[arg(long)]
+    export: PathBuf,
+    /// Port to listen on (0: any free port, printed at start).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Completions generated at once; more wait their turn.
+    #[arg(long, default_value_t = 64)]
+    max_concurrent: usize,
+}
+
+struct AppState {
+    model: Arc<Dormouse>,
+    model_id: String,
+    created: u64,
+    requests: AtomicU64,
+    running: Semaphore,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("serve: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("serve: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<()> {
+    let served = load_export(&args.export, &Device::Cpu)?;
+    let model_id = args
+        .export
+        .file_stem()
+        .map_or_else(|| "dormouse".into(), |s| s.to_string_lossy().into_owned());
+    let state = Arc::new(AppState {
+        model: Arc::new(served.model),
+        model_id,
+        created: unix_now(),
+        requests: AtomicU64::new(0),
+        running: Semaphore::new(args.max_concurrent.max(1)),
+    });
+    let app = Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/v1/completions", post(completions))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state.clone());
+    let address: SocketAddr = format!("{}:{}", args.host, args.port)
+        .parse()
+        .with_context(|| format!("{}:{} is not an address to listen on", args.host, args.port))?;
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .with_context(|| format!("cannot listen on {address}"))?;
+    let bound = listener.local_addr()?;
+    eprintln!(
+        "serving {} ({} params, {}) on http://{bound}/v1 (Ctrl-C to stop)",
+        state.model_id,
+        served.header.num_params,
+        served.header.dtype.name()
+    );
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .context("the server failed")?;
+    eprintln!("serve: stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = interrupt => {},
+        () = terminate => {},
+    }
+    eprintln!("serve: shutting down (finishing requests in flight)");
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn error_response(error: &ApiError) -> Response {
+    let status = StatusCode::from_u16(error.status).unwrap_or(StatusCode::BAD_REQUEST);
+    (status, Json(error.body())).into_response()
+}
+
+async fn health() -> Json<Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{ "id": state.model_id, "object": "model", "created": state.created, "owned_by": "dormouse" }],
+    }))
+}
+
+async fn not_found(method: Method, uri: Uri) -> Response {
+    error_response(&ApiError {
+        status: 404,
+        message: format!(
+            "no route {method} {uri}; the routes are GET /health, GET /v1/models, POST /v1/completions"
+        ),
+        kind: "invalid_request_error",
+        param: None,
+        code: "not_found",
+    })
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> Response {
+    error_response(&ApiError {
+        status: 405,
+        message: format!("{uri} does not take {method}"),
+        kind: "invalid_request_error",
+        param: None,
+        code: "method_not_allowed",
+    })
+}
+
+async fn completions(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) => {
+            return error_response(&ApiError {
+                status: rejection.status().as_u16(),
+                message: format!(
+                    "{} (bodies are limited to {MAX_BODY_BYTES} bytes)",
+                    rejection.body_text()
+                ),
+                kind: "invalid_request_error",
+                param: None,
+                code: "invalid_body",
+            });
+        }
+    };
+    let number = state.requests.fetch_add(1, Ordering::Relaxed);
+    let seed = unix_now() ^ number.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let job = match parse_request(&body, &state.model_id, seed) {
+        Ok(job) => job,
+        Err(e) => return error_response(&e),
+    };
+    let id = format!("cmpl-{}-{number}", state.created);
+    match job.stream {
+        true => stream_completion(state, job, id).await,
+        false => whole_completion(state, job, id).await,
+    }
+}
+
+/// One piece of a completion as the generating thread reports it.
+enum Piece {
+    Text(String),
+    Done(Finish, usize),
+    Failed(String),
+}
+
+/// Generates `job` on a blocking thread, reporting pieces through `send` (which returns
+/// false once nobody listens: the generation then stops).
+fn run_job(model: &Dormouse, job: &Job, mut send: impl FnMut(Piece) -> bool) {
+    let mut text = TextStream::new(job.stops.clone());
+    let mut finish = Finish::Length;
+    let mut listening = true;
+    let result = generate(
+        model,
+        &job.prompt,
+        job.max_tokens,
+        &mut Sampler::new(job.sampling),
+        |byte| {
+            let (piece, stop) = text.push(byte);
+            if !piece.is_empty() && !send(Piece::Text(piece)) {
+                listening = false;
+                return ControlFlow::Break(());
+            }
+            match stop {
+                Some(f) => {
+                    finish = f;
+                    ControlFlow::Break(())
+                }
+                None => ControlFlow::Continue(()),
+            }
+        },
+    );
+    if !listening {
+        return;
+    }
+    if let Err(e) = result {
+        send(Piece::Failed(e.to_string()));
+        return;
+    }
+    if finish == Finish::Length {
+        let rest = text.finish();
+        if !rest.is_empty() && !send(Piece::Text(rest)) {
+            return;
+        }
+    }
+    send(Piece::Done(finish, text.bytes()));
+}
+
+fn usage(prompt: usize, completion: usize) -> Value {
+    json!({ "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion })
+}
+
+fn server_error(message: String) -> Response {
+    error_response(&ApiError {
+        status: 500,
+        message,
+        kind: "server_error",
+        param: None,
+        code: "generation_failed",
+    })
+}
+
+async fn whole_completion(state: Arc<AppState>, job: Job, id: String) -> Response {
+    let Ok(_permit) = state.running.acquire().await else {
+        return server_error("the server is shutting down".into());
+    };
+    let model = state.model.clone();
+    let prompt_len = job.prompt.len();
+    let outcome = tokio::task::spawn_blocking(move || {
+        let mut pieces = Vec::new();
+        run_job(&model, &job, |p| {
+            pieces.push(p);
+            true
+        });
+        pieces
+    })
+    .await;
+    let pieces = match outcome {
+        Ok(p) => p,
+        Err(e) => return server_error(format!("the generation thread failed: {e}")),
+    };
+    let mut text = String::new();
+    for piece in pieces {
+        match piece {
+            Piece::Text(t) => text.push_str(&t),
+            Piece::Failed(e) => return server_error(e),
+            Piece::Done(finish, bytes) => {
+                return Json(json!({
+                    "id": id,
+                    "object": "text_completion",
+                    "created": unix_now(),
+                    "model": state.model_id,
+                    "choices": [{ "text": text, "index": 0, "logprobs": null, "finish_reason": finish.as_str() }],
+                    "usage": usage(prompt_len, bytes),
+                }))
+                .into_response();
+            }
+        }
+    }
+    server_error("the generation ended without a result".into())
+}
+
+fn chunk(state: &AppState, id: &str, text: &str, finish: Option<Finish>) -> Event {
+    Event::default().data(
+        json!({
+            "id": id,
+            "object": "text_completion",
+            "created": unix_now(),
+            "model": state.model_id,
+            "choices": [{ "text": text, "index": 0, "logprobs": null, "finish_reason": finish.map(Finish::as_str) }],
+        })
+        .to_string(),
+    )
+}
+
+async fn stream_completion(state: Arc<AppState>, job: Job, id: String) -> Response {
+    let (events, receiver) = mpsc::channel::<std::result::Result<Event, Infallible>>(64);
+    tokio::spawn(async move {
+        let Ok(_permit) = state.running.acquire().await else {
+            return;
+        };
+        let model = state.model.clone();
+        let worker_state = state.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            run_job(&model, &job, |piece| {
+                let event = match piece {
+                    Piece::Text(t) => chunk(&worker_state, &id, &t, None),
+                    Piece::Done(finish, _) => {
+                        let last = chunk(&worker_state, &id, "", Some(finish));
+                        return events.blocking_send(Ok(last)).is_ok()
+                            && events
+                                .blocking_send(Ok(Event::default().data("[DONE]")))
+                                .is_ok();
+                    }
+                    Piece::Failed(e) => {
+                        let error = ApiError {
+                            status: 500,
+                            message: e,
+                            kind: "server_error",
+                            param: None,
+                            code: "generation_failed",
+                        };
+                        Event::default().data(error.body().to_string())
+                    }
+                };
+                events.blocking_send(Ok(event)).is_ok()
+            });
+        })
+        .await;
+    });
+    Sse::new(ReceiverStream::new(receiver)).into_response()
+}
