@@ -1,0 +1,217 @@
+//! `serve`, started for real on 127.0.0.1 and driven over HTTP: the routes, completions that
+//! agree with `generate`, SSE streaming ending in `[DONE]`, OpenAI-shaped errors for bad
+//! requests, concurrent requests, and a graceful shutdown on SIGTERM.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::time::{Duration, Instant};
+
+use common::{Server, run, stderr, trained_export};
+use serde_json::{Value, json};
+
+fn post(server: &Server, body: &str) -> Result<Value, (u16, Value)> {
+    match ureq::post(&server.url("/v1/completions"))
+        .set("content-type", "application/json")
+        .send_string(body)
+    {
+        Ok(r) => Ok(r.into_json().unwrap()),
+        Err(ureq::Error::Status(code, r)) => Err((code, r.into_json().unwrap())),
+        Err(e) => panic!("transport error {e}"),
+    }
+}
+
+/// The data lines of a streamed completion, in order.
+fn stream(server: &Server, body: Value) -> Vec<String> {
+    let response = ureq::post(&server.url("/v1/completions"))
+        .send_json(body)
+        .unwrap();
+    assert_eq!(response.content_type(), "text/event-stream");
+    BufReader::new(response.into_reader())
+        .lines()
+        .map(Result::unwrap)
+        .filter_map(|l| l.strip_prefix("data: ").map(str::to_string))
+        .collect()
+}
+
+fn streamed_text(events: &[String]) -> (String, String) {
+    let mut text = String::new();
+    let mut finish = String::new();
+    for event in &events[..events.len() - 1] {
+        let v: Value = serde_json::from_str(event).unwrap();
+        text.push_str(v["choices"][0]["text"].as_str().unwrap());
+        if let Some(f) = v["choices"][0]["finish_reason"].as_str() {
+            finish = f.to_string();
+        }
+    }
+    (text, finish)
+}
+
+#[test]
+fn serve_answers_like_generate_streams_refuses_bad_requests_and_shuts_down_gracefully() {
+    let dir = tempfile::tempdir().unwrap();
+    let export = trained_export(dir.path(), 40, &[]);
+    let server = Server::start(dir.path(), &export, &[]);
+
+    let health: Value = ureq::get(&server.url("/health"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(health["status"], "ok");
+    let models: Value = ureq::get(&server.url("/v1/models"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(models["data"][0]["id"], "latest.bf16");
+
+    // Greedy: the server's text is what `generate` prints.
+    let whole = post(
+        &server,
+        r#"{"model":"latest.bf16","prompt":"And God said","max_tokens":40,"temperature":0}"#,
+    )
+    .unwrap();
+    let text = whole["choices"][0]["text"].as_str().unwrap().to_string();
+    assert_eq!(whole["choices"][0]["finish_reason"], "length");
+    assert_eq!(whole["usage"]["completion_tokens"], 40);
+    assert_eq!(whole["usage"]["prompt_tokens"], 12);
+    let generated = run(
+        dir.path(),
+        "generate",
+        &[
+            "--export",
+            export.to_str().unwrap(),
+            "--prompt",
+            "And God said",
+            "--steps",
+            "40",
+        ],
+    );
+    assert!(generated.status.success(), "{}", stderr(&generated));
+    assert_eq!(
+        String::from_utf8_lossy(&generated.stdout).trim_end_matches('\n'),
+        text
+    );
+
+    // Streaming gives the same text, piece by piece, then [DONE].
+    let events = stream(
+        &server,
+        json!({"prompt": "And God said", "max_tokens": 40, "temperature": 0, "stream": true}),
+    );
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    assert!(events.len() > 3, "streamed in pieces: {events:?}");
+    assert_eq!(streamed_text(&events), (text.clone(), "length".to_string()));
+
+    // A stop sequence ends the text before it.
+    if let Some(cut) = text.get(5..7).filter(|s| !s.trim().is_empty()) {
+        let body =
+            json!({"prompt": "And God said", "max_tokens": 40, "temperature": 0, "stop": cut});
+        let stopped = post(&server, &body.to_string()).unwrap();
+        assert_eq!(stopped["choices"][0]["finish_reason"], "stop");
+        assert_eq!(
+            stopped["choices"][0]["text"].as_str().unwrap(),
+            &text[..text.find(cut).unwrap()]
+        );
+    }
+
+    // Seeded sampling is reproducible.
+    let sampled =
+        r#"{"prompt":"And","max_tokens":24,"temperature":0.9,"top_p":0.9,"top_k":40,"seed":7}"#;
+    assert_eq!(
+        post(&server, sampled).unwrap()["choices"],
+        post(&server, sampled).unwrap()["choices"]
+    );
+
+    // Bad requests: OpenAI-shaped JSON errors.
+    for (body, status, param) in [
+        ("{not json", 400, Value::Null),
+        (
+            r#"{"prompt":"x","max_tokens":100000}"#,
+            400,
+            json!("max_tokens"),
+        ),
+        (
+            r#"{"prompt":"x","temperature":-2}"#,
+            400,
+            json!("temperature"),
+        ),
+        (r#"{"max_tokens":3}"#, 400, json!("prompt")),
+        (r#"{"model":"gpt-4","prompt":"x"}"#, 404, json!("model")),
+    ] {
+        let (code, error) = post(&server, body).unwrap_err();
+        assert_eq!(code, status, "{body}");
+        assert_eq!(error["error"]["param"], param, "{body}");
+        assert!(
+            error["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty())
+        );
+        assert!(error["error"]["type"].is_string() && error["error"]["code"].is_string());
+    }
+    let huge = format!(r#"{{"prompt":"{}"}}"#, "a".repeat(100_000));
+    assert_eq!(post(&server, &huge).unwrap_err().0, 413);
+    match ureq::get(&server.url("/v2/nothing")).call() {
+        Err(ureq::Error::Status(404, r)) => {
+            assert_eq!(
+                r.into_json::<Value>().unwrap()["error"]["code"],
+                "not_found"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // Concurrent streams all complete, and a long one does not block /health.
+    let long = {
+        let url = server.url("/v1/completions");
+        std::thread::spawn(move || {
+            let body = json!({"prompt": "x", "max_tokens": 1500, "temperature": 0.5, "seed": 1, "stream": true});
+            let response = ureq::post(&url).send_json(body).unwrap();
+            BufReader::new(response.into_reader()).lines().count()
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let asked = Instant::now();
+    ureq::get(&server.url("/health")).call().unwrap();
+    assert!(
+        asked.elapsed() < Duration::from_secs(2),
+        "health waited {:?}",
+        asked.elapsed()
+    );
+    let workers: Vec<_> = (0..8)
+        .map(|i| {
+            let url = server.url("/v1/completions");
+            std::thread::spawn(move || {
+                let body = json!({"prompt": "The", "max_tokens": 16, "seed": i, "stream": true});
+                let response = ureq::post(&url).send_json(body).unwrap();
+                let lines: Vec<String> = BufReader::new(response.into_reader())
+                    .lines()
+                    .map(Result::unwrap)
+                    .collect();
+                lines.iter().any(|l| l == "data: [DONE]")
+            })
+        })
+        .collect();
+    for worker in workers {
+        assert!(worker.join().unwrap(), "every concurrent stream completed");
+    }
+
+    // SIGTERM: requests in flight are finished, then the server exits 0.
+    let mut server = server;
+    let pid = server.child.id().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    assert!(
+        long.join().unwrap() > 10,
+        "the stream in flight was finished"
+    );
+    let status = server.child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    let log: Vec<String> = server.log.try_iter().collect();
+    assert!(log.iter().any(|l| l.contains("stopped")), "{log:?}");
+}
