@@ -97,13 +97,18 @@ impl Sampler {
         }
         let kept_total: f64 = weights[..kept].iter().sum();
         let mut target = self.rng.next_f64() * kept_total;
+        let mut last_possible = order[0];
         for (w, &i) in weights[..kept].iter().zip(&order) {
+            if *w > 0.0 {
+                last_possible = i;
+            }
             if target < *w {
                 return i as u8;
             }
             target -= w;
         }
-        order[kept - 1] as u8
+        // Rounding left a sliver of `target`: the last byte with any probability takes it.
+        last_possible as u8
     }
 }
 
@@ -165,4 +170,128 @@ pub fn generate(
         }
     }
     Ok(produced)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logits(probabilities: &[(usize, f64)]) -> Vec<f32> {
+        let mut l = vec![f32::NEG_INFINITY; 256];
+        for &(byte, p) in probabilities {
+            l[byte] = p.ln() as f32;
+        }
+        l
+    }
+
+    fn sampler(temperature: f64, top_k: usize, top_p: f64, seed: u64) -> Sampler {
+        Sampler::new(SamplingParams {
+            temperature,
+            top_k,
+            top_p,
+            seed,
+        })
+    }
+
+    #[test]
+    fn greedy_takes_the_largest_logit_and_the_lowest_byte_among_ties() {
+        let mut s = Sampler::new(SamplingParams::default());
+        assert_eq!(s.next_byte(&logits(&[(7, 0.2), (9, 0.5), (200, 0.3)])), 9);
+        let mut tied = vec![0.0f32; 256];
+        tied[3] = 1.0;
+        tied[4] = 1.0;
+        assert_eq!(s.next_byte(&tied), 3);
+    }
+
+    #[test]
+    fn sampling_follows_the_softmax_and_top_k_top_p_cut_the_tail() {
+        let l = logits(&[(10, 0.5), (20, 0.3), (30, 0.2)]);
+        let mut s = sampler(1.0, 0, 1.0, 42);
+        let mut counts = [0usize; 256];
+        let draws = 40_000;
+        for _ in 0..draws {
+            counts[s.next_byte(&l) as usize] += 1;
+        }
+        for (byte, p) in [(10, 0.5), (20, 0.3), (30, 0.2)] {
+            let seen = counts[byte] as f64 / draws as f64;
+            assert!((seen - p).abs() < 0.01, "byte {byte}: {seen} vs {p}");
+        }
+        assert_eq!(
+            counts.iter().sum::<usize>(),
+            draws,
+            "nothing outside the support"
+        );
+
+        let mut top1 = sampler(1.0, 1, 1.0, 1);
+        assert!((0..200).all(|_| top1.next_byte(&l) == 10));
+        let mut nucleus = sampler(1.0, 0, 0.8, 1);
+        assert!(
+            (0..500).all(|_| nucleus.next_byte(&l) != 30),
+            "0.5 + 0.3 reach 0.8"
+        );
+        let mut cold = sampler(1e-4, 0, 1.0, 1);
+        assert!((0..200).all(|_| cold.next_byte(&l) == 10));
+    }
+
+    #[test]
+    fn the_same_seed_draws_the_same_bytes_and_bad_params_are_refused() {
+        let l = logits(&[(1, 0.25), (2, 0.25), (3, 0.25), (4, 0.25)]);
+        let draw = |seed| {
+            let mut s = sampler(1.0, 0, 1.0, seed);
+            (0..64).map(|_| s.next_byte(&l)).collect::<Vec<_>>()
+        };
+        assert_eq!(draw(5), draw(5));
+        assert_ne!(draw(5), draw(6));
+        let params = |temperature, top_p| SamplingParams {
+            temperature,
+            top_p,
+            ..SamplingParams::default()
+        };
+        assert!(params(-1.0, 1.0).validate().is_err());
+        assert!(params(f64::NAN, 1.0).validate().is_err());
+        assert!(params(1.0, 0.0).validate().is_err());
+        assert!(params(1.0, 1.5).validate().is_err());
+        assert!(params(0.0, 1.0).validate().is_ok());
+    }
+
+    #[test]
+    fn generation_runs_past_max_seq_len_and_takes_long_prompts() {
+        let cfg = crate::DormouseConfig {
+            max_seq_len: 16,
+            ..crate::DormouseConfig::preset("nano").unwrap()
+        };
+        let (_, model) = crate::train::seeded_model(&cfg, 3, &candle_core::Device::Cpu).unwrap();
+        let mut bytes = Vec::new();
+        let produced = generate(
+            &model,
+            &[b'a'; 40],
+            50,
+            &mut Sampler::new(SamplingParams::default()),
+            |b| {
+                bytes.push(b);
+                ControlFlow::Continue(())
+            },
+        )
+        .unwrap();
+        assert_eq!((produced, bytes.len()), (50, 50));
+        let stopped = generate(
+            &model,
+            b"x",
+            50,
+            &mut Sampler::new(SamplingParams::default()),
+            |_| ControlFlow::Break(()),
+        )
+        .unwrap();
+        assert_eq!(stopped, 1);
+        assert!(
+            generate(
+                &model,
+                b"",
+                5,
+                &mut Sampler::new(SamplingParams::default()),
+                |_| { ControlFlow::Continue(()) }
+            )
+            .is_err()
+        );
+    }
 }
