@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use candle_core::{DType, Device};
-use candle_nn::{VarBuilder, VarMap};
+use candle_nn::VarBuilder;
 use dmexp::{Dtype, ExportMeta, TensorRef, Written};
 
 use crate::checkpoint::{Checkpoint, CheckpointError, SectionKind};
@@ -108,24 +108,87 @@ pub enum ExportError {
     Model(#[from] candle_core::Error),
 }
 
+/// Records the name and shape of every tensor a model asks for, handing out zeros (a model
+/// built on it costs allocations, not random draws).
+#[derive(Default)]
+struct ShapeRecorder {
+    seen: std::sync::Mutex<BTreeMap<String, Vec<u64>>>,
+}
+
+impl candle_nn::var_builder::SimpleBackend for ShapeRecorder {
+    fn get(
+        &self,
+        shape: candle_core::Shape,
+        name: &str,
+        _: candle_nn::Init,
+        dtype: DType,
+        device: &Device,
+    ) -> candle_core::Result<candle_core::Tensor> {
+        let dims = shape.dims().iter().map(|&d| d as u64).collect();
+        self.seen
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("the shape record is poisoned".into()))?
+            .insert(name.to_string(), dims);
+        candle_core::Tensor::zeros(shape, dtype, device)
+    }
+
+    fn get_unchecked(
+        &self,
+        name: &str,
+        _: DType,
+        _: &Device,
+    ) -> candle_core::Result<candle_core::Tensor> {
+        candle_core::bail!("{name}: the model asked for a tensor without a shape")
+    }
+
+    fn contains_tensor(&self, _: &str) -> bool {
+        false
+    }
+}
+
 /// Name and dims of every tensor the model built from `cfg` has, sorted by name.
 pub fn expected_tensors(cfg: &DormouseConfig) -> candle_core::Result<BTreeMap<String, Vec<u64>>> {
-    let varmap = VarMap::new();
+    let recorder = std::sync::Arc::new(ShapeRecorder::default());
+    let backend: Box<dyn candle_nn::var_builder::SimpleBackend> =
+        Box::new(SharedRecorder(recorder.clone()));
     Dormouse::new(
         cfg,
-        VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu),
+        VarBuilder::from_backend(backend, DType::F32, Device::Cpu),
     )?;
-    let data = varmap
-        .data()
+    let seen = recorder
+        .seen
         .lock()
-        .map_err(|_| candle_core::Error::Msg("the variable map is poisoned".into()))?;
-    Ok(data
-        .iter()
-        .map(|(name, var)| {
-            let dims = var.dims().iter().map(|&d| d as u64).collect();
-            (name.clone(), dims)
-        })
-        .collect())
+        .map_err(|_| candle_core::Error::Msg("the shape record is poisoned".into()))?;
+    Ok(seen.clone())
+}
+
+/// A recorder the caller keeps a handle on after handing it to a `VarBuilder`.
+struct SharedRecorder(std::sync::Arc<ShapeRecorder>);
+
+impl candle_nn::var_builder::SimpleBackend for SharedRecorder {
+    fn get(
+        &self,
+        shape: candle_core::Shape,
+        name: &str,
+        init: candle_nn::Init,
+        dtype: DType,
+        device: &Device,
+    ) -> candle_core::Result<candle_core::Tensor> {
+        self.0.get(shape, name, init, dtype, device)
+    }
+
+    fn get_unchecked(
+        &self,
+        name: &str,
+        dtype: DType,
+        device: &Device,
+    ) -> candle_core::Result<candle_core::Tensor> {
+        self.0.get_unchecked(name, dtype, device)
+    }
+
+    fn contains_tensor(&self, name: &str) -> bool {
+        self.0.contains_tensor(name)
+    }
 }
 
 /// The first difference between the tensors a config needs and the ones a file has.
@@ -193,7 +256,7 @@ pub fn export_run(req: &ExportRequest) -> Result<Exported, ExportError> {
     let section = ckpt.read(SectionKind::Model)?;
     let tensors = safetensors::SafeTensors::deserialize(&section)
         .map_err(|e| ExportError::ModelSection(e.to_string()))?;
-    let mut values: BTreeMap<String, (Vec<u64>, Vec<f32>)> = BTreeMap::new();
+    let mut values: BTreeMap<String, (Vec<u64>, std::borrow::Cow<'_, [f32]>)> = BTreeMap::new();
     for (name, view) in tensors.tensors() {
         if view.dtype() != safetensors::Dtype::F32 {
             return Err(ExportError::ModelSection(format!(
@@ -202,11 +265,16 @@ pub fn export_run(req: &ExportRequest) -> Result<Exported, ExportError> {
             )));
         }
         let dims = view.shape().iter().map(|&d| d as u64).collect();
-        let floats = view
-            .data()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
+        // Little-endian f32s, read in place when aligned (they nearly always are).
+        let floats = match bytemuck::try_cast_slice::<u8, f32>(view.data()) {
+            Ok(aligned) if cfg!(target_endian = "little") => std::borrow::Cow::Borrowed(aligned),
+            _ => std::borrow::Cow::Owned(
+                view.data()
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect(),
+            ),
+        };
         values.insert(name, (dims, floats));
     }
     let found = values
