@@ -22,8 +22,11 @@ global gradient-norm clipping, AdamW (beta1 0.9, beta2 0.95, eps 1e-8, decoupled
 on rank > 1 parameters only, warmup + cosine learning rate), then the EMA teacher update
 (decay 0.99). Parameters are initialised exactly as `seeded_model` does (SplitMix64 streams,
 vectorised) and the batches are the ones `Corpus::batch` draws for each step, so with the same
-seed the losses follow the Rust trainer's step for step (up to float rounding); the JSON line
-carries the first and last loss for that comparison.
+seed the losses follow the Rust trainer's step for step (up to float rounding): checked against
+the `train` program on nano, whose first 8 losses and gradient norms it reproduces to about
+1e-6. The JSON line carries the first and last loss for that comparison. Warmup and timed steps
+are one run, steps 0 .. W+N-1; the cosine schedule ends at W+N (within the 50 warmup steps of
+the learning rate that does not matter).
 
 Attention: `--attn sdpa` (default) uses torch's fused scaled_dot_product_attention, what a
 PyTorch user would write; `--attn manual` spells it out as model.rs does (scores, -inf causal
@@ -31,9 +34,14 @@ mask, softmax, matmul). `--compile` wraps the loss in torch.compile (inductor, n
 compiler); its compile time lands in the warmup steps, reported as first_step_s / warmup_s.
 
 Usage:
-    bench/torch_reference.py --preset small --batch 8 --seq 256 --steps 20 --warmup-steps 3 --threads 2
+    /work/venv-bench/bin/python bench/torch_reference.py --preset small --batch 8 --seq 256 \
+        --steps 20 --warmup-steps 3 --threads 2
 
-Prints one JSON line on stdout; notes go to stderr.
+Prints one JSON line on stdout (notes go to stderr): impl, preset, params, batch, seq, steps,
+tokens_per_s (batch x seq x steps over the timed steps' total time: batch drawing, hashing,
+forward, backward, clipping, AdamW, EMA), threads, first_step_s (step 0, with any compile),
+warmup_steps, warmup_s, step_ms_median, tokens_per_s_median (from the median step: steadier
+when something else takes the CPU), attn, optimizer, loss_first, loss_last.
 """
 
 import argparse
@@ -502,6 +510,9 @@ def main():
         "warmup_steps": a.warmup_steps,
         "warmup_s": round(warmup_s, 4),
         "step_ms_median": round(1000 * statistics.median(times), 2) if times else None,
+        # From the median step: steadier than the mean when something else takes the CPU.
+        "tokens_per_s_median": (round(a.batch * a.seq / statistics.median(times), 1)
+                                if times else None),
         "attn": a.attn,
         "optimizer": f"AdamW {optim_kind}",
         "loss_first": round(losses[0], 5) if losses else None,

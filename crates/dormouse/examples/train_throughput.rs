@@ -7,6 +7,11 @@
 
 use std::time::Instant;
 
+// The same allocator as the `train` binary: candle allocates a fresh buffer per op, and glibc's
+// malloc hands large ones back to the kernel each time (page faults, zeroing).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use candle_core::Device;
 use dormouse::DormouseConfig;
 use dormouse::train::{Corpus, TrainSettings, Trainer};

