@@ -102,10 +102,14 @@ def parse_args():
     return p.parse_args()
 
 
-ARGS = parse_args()
-# Thread counts must be in the environment before torch (OpenMP, MKL) is loaded.
-for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-    os.environ[var] = str(ARGS.threads)
+# Importable (bench/torch_generate.py reuses the model): the arguments are parsed only when
+# this file is the program; an importer sets the thread variables itself before importing.
+ARGS = None
+if __name__ == "__main__":
+    ARGS = parse_args()
+    # Thread counts must be in the environment before torch (OpenMP, MKL) is loaded.
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(ARGS.threads)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -192,9 +196,15 @@ assert mulxor_v1(b"abc", 1000) == 873, "mulxor-v1 disagrees with engram.rs"
 # ---------------------------------------------------------------- the model (model.rs)
 
 class Cfg:
-    def __init__(self, path):
-        with open(path, "rb") as f:
-            raw = tomllib.load(f)
+    """A model config from a TOML file (`path`), or from an already parsed table (`table`,
+    e.g. an export header's [config], with `path` only naming it in errors)."""
+
+    def __init__(self, path, table=None):
+        if table is None:
+            with open(path, "rb") as f:
+                raw = tomllib.load(f)
+        else:
+            raw = table
         unknown = set(raw) - set(CONFIG_DEFAULTS)
         if unknown:
             raise SystemExit(f"{path}: unknown keys {sorted(unknown)}")

@@ -2,3 +2,4 @@
 
 pub mod baselines;
 pub mod completions;
+pub mod kernel_threads;

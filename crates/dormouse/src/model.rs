@@ -133,15 +133,12 @@ impl Attention {
         let mut k = rope.apply(&self.heads(&self.k_proj.forward(x)?, b, t)?, start)?;
         let mut v = self.heads(&self.v_proj.forward(x)?, b, t)?;
         if let Some(cache) = cache {
-            if let Some((past_k, past_v)) = &cache.kv {
-                k = Tensor::cat(&[past_k, &k], 2)?;
-                v = Tensor::cat(&[past_v, &v], 2)?;
-            }
-            cache.kv = Some((k.clone(), v.clone()));
+            // Written in place into buffers of max_seq_len positions: appending a byte copies
+            // that byte's keys and values, not the whole history.
+            (k, v) = cache.kv.append(&k.contiguous()?, &v.contiguous()?)?;
         }
         let keys = k.dim(2)?;
-        let scores =
-            (q.matmul(&k.transpose(2, 3)?.contiguous()?)? / (self.head_dim as f64).sqrt())?;
+        let scores = (q.matmul(&k.transpose(2, 3)?)? / (self.head_dim as f64).sqrt())?;
         let scores = scores.broadcast_add(&causal_mask(t, start, keys, x.device())?)?;
         let weights = candle_nn::ops::softmax(&scores, D::Minus1)?;
         let out = weights.matmul(&v)?.transpose(1, 2)?.reshape((b, t, d))?;
@@ -257,15 +254,16 @@ impl Block {
     }
 }
 
-/// The keys and values one block has seen.
-#[derive(Debug, Clone, Default)]
+/// The keys and values one block has seen, along the sequence axis (2) of `[B, H, S, Dh]`.
+#[derive(Debug)]
 struct LayerCache {
-    kv: Option<(Tensor, Tensor)>,
+    kv: candle_nn::kv_cache::KvCache,
 }
 
 /// Incremental-decoding state: per-block keys and values, the position reached, and the last
-/// bytes of each sequence (the Engram n-grams of new bytes reach back into them).
-#[derive(Debug, Clone)]
+/// bytes of each sequence (the Engram n-grams of new bytes reach back into them). Not `Clone`:
+/// its buffers are written in place, so a copy would share them.
+#[derive(Debug)]
 pub struct KvCache {
     layers: Vec<LayerCache>,
     position: usize,
@@ -275,7 +273,11 @@ pub struct KvCache {
 impl KvCache {
     pub fn new(cfg: &DormouseConfig) -> Self {
         KvCache {
-            layers: vec![LayerCache::default(); cfg.n_layers],
+            layers: (0..cfg.n_layers)
+                .map(|_| LayerCache {
+                    kv: candle_nn::kv_cache::KvCache::new(2, cfg.max_seq_len),
+                })
+                .collect(),
             position: 0,
             recent: Vec::new(),
         }
@@ -422,7 +424,9 @@ impl Dormouse {
         let h = self.norm.forward(&h)?;
         match &self.lm_head {
             Some(head) => head.forward(&h),
-            None => h.broadcast_matmul(&self.embed.embeddings().t()?),
+            // As a Linear over the embedding: the product reads the matrix transposed in place
+            // instead of copying it per call.
+            None => Linear::new(self.embed.embeddings().clone(), None).forward(&h),
         }
     }
 

@@ -53,6 +53,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    dormouse_cli::kernel_threads::single_threaded_kernels();
     match run(Args::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -70,6 +70,7 @@ struct AppState {
 }
 
 fn main() -> ExitCode {
+    dormouse_cli::kernel_threads::single_threaded_kernels();
     let args = Args::parse();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
