@@ -1,0 +1,23 @@
+//! minirun's Hugging Face Hub client: the file tree of a pinned revision with each file's
+//! published digest (SHA-256 for LFS files, git-blob SHA-1 for files kept in git, never one
+//! passed off as the other), the catalog of an account's `-minirun` artifacts, and downloads
+//! that resume, hash while they write, and place each file only once its size and digest match.
+//!
+//! Blocking HTTP (ureq with rustls). API answers are accepted from the endpoint's origin only:
+//! redirects and pagination links to another origin are refused. File content may come from a
+//! CDN after a redirect (the Hub serves LFS files that way); the token is never sent there, and
+//! the content is trusted only after its digest matches the tree's.
+
+mod client;
+mod digest;
+mod download;
+mod error;
+mod path;
+mod tree;
+
+pub use client::{CatalogEntry, Hub, is_pinned_revision};
+pub use digest::{FileDigest, StreamHasher};
+pub use download::{DownloadOptions, DownloadReport};
+pub use error::HubError;
+pub use path::{UnsafePath, check_repo_path};
+pub use tree::{RepoFile, Tree, TreeBuilder, TreeError, check_complete};
