@@ -1,7 +1,8 @@
-//! `minirun`: inspect tile containers and artifacts (more subcommands arrive with pack,
-//! verify and run).
+//! `minirun`: inspect, pack, check and download tile-container artifacts (verify and run
+//! arrive with their issues).
 
 mod container_info;
+mod hub_cmd;
 mod info;
 mod pack_cmd;
 mod synth;
@@ -56,6 +57,20 @@ Example:
     /// Compare every packed block, scale, bias and plain stream of an artifact with the source
     /// checkpoint, byte for byte; exits 1 naming the first difference.
     Check(pack_cmd::CheckArgs),
+    /// List an account's published artifacts (repositories named <name>-minirun) with the
+    /// commit of each.
+    #[command(after_help = "Example:
+  minirun catalog --author nanguoyu")]
+    Catalog(hub_cmd::CatalogArgs),
+    /// Download an artifact at a pinned commit: files in parallel, resumable, each hashed while
+    /// it is written and placed only when its size and published digest (SHA-256 for LFS files,
+    /// git-blob SHA-1 for the rest) match.
+    #[command(after_help = "Example:
+  minirun download --repo nanguoyu/Kimi-K3-minirun \\
+      --revision 159987d3ac437e0aceaff0763d43ddeb549b1842 --out ./Kimi-K3-minirun
+
+The token, if any, comes from $HF_TOKEN and is sent to the endpoint only.")]
+    Download(hub_cmd::DownloadArgs),
 }
 
 fn main() -> ExitCode {
@@ -65,6 +80,8 @@ fn main() -> ExitCode {
         Command::Synth(args) => synth::run(&args),
         Command::Pack(args) => pack_cmd::pack(&args),
         Command::Check(args) => pack_cmd::check(&args),
+        Command::Catalog(args) => hub_cmd::catalog(&args),
+        Command::Download(args) => hub_cmd::download(&args),
     };
     match result {
         Ok(code) => code,
