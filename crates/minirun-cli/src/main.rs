@@ -6,6 +6,7 @@ mod hub_cmd;
 mod info;
 mod pack_cmd;
 mod synth;
+mod verify_cmd;
 
 use std::process::ExitCode;
 
@@ -71,6 +72,16 @@ Example:
 
 The token, if any, comes from $HF_TOKEN and is sent to the endpoint only.")]
     Download(hub_cmd::DownloadArgs),
+    /// Check an artifact directory against the published tree of a pinned revision: every
+    /// file's size and digest, opened beneath the directory without following links, re-checked
+    /// after hashing. Success writes evidence (DIR/.minirun/evidence.json) bound to the files.
+    #[command(after_help = "Examples:
+  minirun verify ./Kimi-K3-minirun --repo nanguoyu/Kimi-K3-minirun \\
+      --revision 159987d3ac437e0aceaff0763d43ddeb549b1842
+  minirun verify ./art --repo team/x-minirun --revision <sha> --tree saved-tree.json
+
+Exit status: 0 verified (evidence written); 1 a mismatch or an error (evidence erased).")]
+    Verify(verify_cmd::VerifyArgs),
 }
 
 fn main() -> ExitCode {
@@ -82,6 +93,7 @@ fn main() -> ExitCode {
         Command::Check(args) => pack_cmd::check(&args),
         Command::Catalog(args) => hub_cmd::catalog(&args),
         Command::Download(args) => hub_cmd::download(&args),
+        Command::Verify(args) => verify_cmd::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,75 @@
+//! `minirun verify` with a saved tree listing: success writes evidence, a damaged file fails
+//! naming it and erases the evidence.
+
+use std::fs;
+use std::process::Command;
+
+use sha2::Digest as _;
+
+const PIN: &str = "0123456789abcdef0123456789abcdef01234567";
+
+fn minirun(args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_minirun"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn verify_writes_evidence_and_a_damaged_file_erases_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let art = dir.path().join("art");
+    fs::create_dir_all(art.join("layer00")).unwrap();
+    let payload: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+    fs::write(art.join("layer00/w.mxfp4tile"), &payload).unwrap();
+    let sha: String = sha2::Sha256::digest(&payload)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let tree = format!(
+        r#"[{{"type":"directory","oid":"{z}","size":0,"path":"layer00"}},
+            {{"type":"file","oid":"{z}","size":{n},"path":"layer00/w.mxfp4tile","lfs":{{"oid":"{sha}","size":{n},"pointerSize":130}}}}]"#,
+        z = "1".repeat(40),
+        n = payload.len()
+    );
+    let tree_path = dir.path().join("tree.json");
+    fs::write(&tree_path, tree).unwrap();
+    let art_s = art.to_str().unwrap();
+    let args = [
+        "verify",
+        art_s,
+        "--repo",
+        "team/x-minirun",
+        "--revision",
+        PIN,
+        "--tree",
+        tree_path.to_str().unwrap(),
+    ];
+    let (code, err) = minirun(&args);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("verified: all 1 files"), "{err}");
+    let evidence: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(art.join(".minirun/evidence.json")).unwrap())
+            .unwrap();
+    assert_eq!(evidence["schema"], "minirun-evidence/1");
+    assert_eq!(evidence["files"][0]["digest"]["hex"], sha);
+
+    let mut damaged = payload.clone();
+    damaged[99] ^= 1;
+    fs::write(art.join("layer00/w.mxfp4tile"), damaged).unwrap();
+    let (code, err) = minirun(&args);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("layer00/w.mxfp4tile") && err.contains("hashes to"),
+        "{err}"
+    );
+    assert!(!art.join(".minirun/evidence.json").exists());
+
+    let (code, err) = minirun(&["verify", art_s]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("--repo ID --revision SHA"), "{err}");
+}

@@ -1,0 +1,48 @@
+//! What names one filesystem object at one moment: device, inode, size and both nanosecond
+//! timestamps. A replaced, appended-to, truncated or touched file changes at least one.
+
+use std::fs::Metadata;
+use std::os::unix::fs::MetadataExt;
+
+/// One file's identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FileIdentity {
+    pub device: u64,
+    pub inode: u64,
+    pub size: u64,
+    pub mtime_ns: i128,
+    pub ctime_ns: i128,
+}
+
+impl FileIdentity {
+    pub fn of(meta: &Metadata) -> FileIdentity {
+        FileIdentity {
+            device: meta.dev(),
+            inode: meta.ino(),
+            size: meta.size(),
+            mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+            ctime_ns: i128::from(meta.ctime()) * 1_000_000_000 + i128::from(meta.ctime_nsec()),
+        }
+    }
+
+    /// The fields that differ from `recorded`, for a message ("inode, size").
+    pub fn changes_from(&self, recorded: &FileIdentity) -> Vec<&'static str> {
+        let mut changed = Vec::new();
+        if self.device != recorded.device {
+            changed.push("device");
+        }
+        if self.inode != recorded.inode {
+            changed.push("inode (the file was replaced)");
+        }
+        if self.size != recorded.size {
+            changed.push("size");
+        }
+        if self.mtime_ns != recorded.mtime_ns {
+            changed.push("modification time");
+        }
+        if self.ctime_ns != recorded.ctime_ns {
+            changed.push("status-change time (written or touched, even with its mtime restored)");
+        }
+        changed
+    }
+}

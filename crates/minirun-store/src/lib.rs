@@ -1,0 +1,19 @@
+//! minirun's verified store. A positive verification is evidence for one publication (repo,
+//! pinned revision, tree) and one set of filesystem objects (device, inode, size, nanosecond
+//! mtime and ctime), not a label on a folder name. Every file is opened beneath a held root
+//! without following symbolic links; readers open only evidenced files and recheck each
+//! file's identity on every open.
+//!
+//! The evidence format is specified in `docs/formats/evidence.md`.
+
+pub mod evidence;
+mod held;
+mod identity;
+mod root;
+mod verify;
+
+pub use evidence::{Evidence, EvidenceFile, tree_identity};
+pub use held::{HeldEvidence, StoreError};
+pub use identity::FileIdentity;
+pub use root::{OpenError, Root};
+pub use verify::{VerifyError, verify};

@@ -1,0 +1,187 @@
+//! A held artifact root and opens beneath it that never follow a symbolic link.
+
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{Mode, OFlags, ResolveFlags};
+
+use crate::identity::FileIdentity;
+
+/// Why a file beneath the root cannot be opened as evidence-grade.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("{path}: {error}")]
+    Io { path: String, error: std::io::Error },
+    #[error(
+        "{path}: a component is a symbolic link (links are never followed beneath an artifact root)"
+    )]
+    SymbolicLink { path: String },
+    #[error("{path}: not a regular file")]
+    NotARegularFile { path: String },
+    #[error("{path}: has {links} hard links; an artifact file must be its only name")]
+    HardLinked { path: String, links: u64 },
+    #[error("{path}: on another device than the artifact root")]
+    OtherDevice { path: String },
+}
+
+/// An artifact directory held open; every file is opened relative to it.
+#[derive(Debug)]
+pub struct Root {
+    dir: OwnedFd,
+    path: PathBuf,
+    device: u64,
+    inode: u64,
+}
+
+impl Root {
+    /// Opens the directory `path` (the path itself may be reached through links; nothing
+    /// beneath it will be).
+    pub fn open(path: &Path) -> std::io::Result<Root> {
+        let dir = rustix::fs::open(
+            path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        let meta = File::from(dir.try_clone()?).metadata()?;
+        Ok(Root {
+            dir,
+            path: path.to_path_buf(),
+            device: meta.dev(),
+            inode: meta.ino(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn device(&self) -> u64 {
+        self.device
+    }
+
+    pub fn inode(&self) -> u64 {
+        self.inode
+    }
+
+    /// Opens the regular file `relative` beneath the root: no component may be a symbolic link
+    /// or leave the root (`openat2` with `RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH`, or component
+    /// by component with `O_NOFOLLOW` where the kernel lacks it); the file must be regular, on
+    /// the root's device and its only name. Returns it with its identity.
+    pub fn open_file(&self, relative: &str) -> Result<(File, FileIdentity), OpenError> {
+        let fd = self.open_beneath(relative)?;
+        let file = File::from(fd);
+        let meta = file.metadata().map_err(|error| OpenError::Io {
+            path: relative.to_string(),
+            error,
+        })?;
+        if !meta.file_type().is_file() {
+            return Err(OpenError::NotARegularFile {
+                path: relative.to_string(),
+            });
+        }
+        if meta.nlink() != 1 {
+            return Err(OpenError::HardLinked {
+                path: relative.to_string(),
+                links: meta.nlink(),
+            });
+        }
+        if meta.dev() != self.device {
+            return Err(OpenError::OtherDevice {
+                path: relative.to_string(),
+            });
+        }
+        Ok((file, FileIdentity::of(&meta)))
+    }
+
+    fn open_beneath(&self, relative: &str) -> Result<OwnedFd, OpenError> {
+        let flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NOCTTY;
+        let resolve = ResolveFlags::NO_SYMLINKS | ResolveFlags::BENEATH;
+        match rustix::fs::openat2(&self.dir, relative, flags, Mode::empty(), resolve) {
+            Ok(fd) => Ok(fd),
+            Err(rustix::io::Errno::NOSYS) => self.open_component_wise(relative),
+            Err(e) => Err(classify(relative, e)),
+        }
+    }
+
+    /// The fallback for kernels without `openat2`: each directory with `O_NOFOLLOW |
+    /// O_DIRECTORY`, the file with `O_NOFOLLOW`; `..` and empty components refused.
+    fn open_component_wise(&self, relative: &str) -> Result<OwnedFd, OpenError> {
+        let parts: Vec<&str> = relative.split('/').collect();
+        if parts
+            .iter()
+            .any(|p| p.is_empty() || *p == "." || *p == "..")
+        {
+            return Err(OpenError::Io {
+                path: relative.to_string(),
+                error: std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "not a plain relative path",
+                ),
+            });
+        }
+        let mut dir: Option<OwnedFd> = None;
+        for (i, part) in parts.iter().enumerate() {
+            let last = i + 1 == parts.len();
+            let flags = OFlags::RDONLY
+                | OFlags::CLOEXEC
+                | OFlags::NOFOLLOW
+                | if last {
+                    OFlags::NOCTTY
+                } else {
+                    OFlags::DIRECTORY
+                };
+            let parent = dir.as_ref().unwrap_or(&self.dir);
+            let next = rustix::fs::openat(parent, *part, flags, Mode::empty())
+                .map_err(|e| classify(relative, e))?;
+            dir = Some(next);
+        }
+        dir.ok_or_else(|| OpenError::Io {
+            path: relative.to_string(),
+            error: std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty path"),
+        })
+    }
+}
+
+fn classify(relative: &str, e: rustix::io::Errno) -> OpenError {
+    // ELOOP: a symbolic link met with O_NOFOLLOW or RESOLVE_NO_SYMLINKS; ENOTDIR: a link
+    // where a directory was required with O_NOFOLLOW | O_DIRECTORY.
+    if e == rustix::io::Errno::LOOP || e == rustix::io::Errno::NOTDIR {
+        return OpenError::SymbolicLink {
+            path: relative.to_string(),
+        };
+    }
+    OpenError::Io {
+        path: relative.to_string(),
+        error: e.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fallback for kernels without openat2 refuses the same links openat2 does.
+    #[test]
+    fn the_component_wise_fallback_refuses_links_too() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("real")).unwrap();
+        std::fs::write(dir.path().join("real/f"), b"x").unwrap();
+        std::os::unix::fs::symlink("real", dir.path().join("linked")).unwrap();
+        std::os::unix::fs::symlink("f", dir.path().join("real/g")).unwrap();
+        let root = Root::open(dir.path()).unwrap();
+        assert!(root.open_component_wise("real/f").is_ok());
+        for bad in ["linked/f", "real/g"] {
+            assert!(
+                matches!(
+                    root.open_component_wise(bad),
+                    Err(OpenError::SymbolicLink { .. })
+                ),
+                "{bad}"
+            );
+        }
+        assert!(root.open_component_wise("../x").is_err());
+        assert!(root.open_component_wise("real//f").is_err());
+    }
+}

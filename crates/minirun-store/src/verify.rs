@@ -1,0 +1,202 @@
+//! Full verification of an artifact directory against a published tree.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Read;
+use std::path::Path;
+
+use minirun_hub::{RepoFile, StreamHasher, Tree};
+use rayon::prelude::*;
+
+use crate::evidence::{self, DigestRecord, EVIDENCE_DIR, Evidence, EvidenceFile, RootRecord};
+use crate::root::{OpenError, Root};
+
+const READ_CHUNK: usize = 4 << 20;
+
+/// Why an artifact does not match its publication.
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    #[error("cannot open the artifact root {path}: {error}")]
+    Root { path: String, error: std::io::Error },
+    #[error(
+        "the artifact does not hold exactly the published files: missing {missing:?}, not published {extra:?}"
+    )]
+    Files {
+        missing: Vec<String>,
+        extra: Vec<String>,
+    },
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    #[error("{path}: {got} bytes, the publication says {expected}")]
+    WrongSize {
+        path: String,
+        expected: u64,
+        got: u64,
+    },
+    #[error("{path}: the content hashes to {got}, the publication says {expected}")]
+    WrongDigest {
+        path: String,
+        expected: String,
+        got: String,
+    },
+    #[error("{path}: changed while it was being hashed ({what}); verification aborted")]
+    ChangedDuringHash { path: String, what: String },
+    #[error("{path}: read failed: {error}")]
+    Read { path: String, error: std::io::Error },
+    #[error("{a} and {b} are the same file (one inode)")]
+    Alias { a: String, b: String },
+    #[error("cannot write the evidence: {0}")]
+    Write(std::io::Error),
+}
+
+/// Hashes every file of `tree` under `root` (files in parallel on rayon's pool, 4 MiB reads),
+/// re-checks each file's identity after hashing, and on success writes the evidence
+/// atomically. Any failure erases evidence held from an earlier pass.
+pub fn verify(
+    root_path: &Path,
+    tree: &Tree,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<Evidence, VerifyError> {
+    let result = verify_inner(root_path, tree, progress);
+    if result.is_err() {
+        evidence::erase(root_path);
+    }
+    result
+}
+
+fn verify_inner(
+    root_path: &Path,
+    tree: &Tree,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<Evidence, VerifyError> {
+    let root = Root::open(root_path).map_err(|error| VerifyError::Root {
+        path: root_path.display().to_string(),
+        error,
+    })?;
+    check_file_set(root_path, tree)?;
+    let mut files: Vec<&RepoFile> = tree.files.values().collect();
+    files.sort_by_key(|f| std::cmp::Reverse(f.size));
+    let mut records: Vec<EvidenceFile> = files
+        .par_iter()
+        .map(|file| verify_file(&root, file, progress))
+        .collect::<Result<_, _>>()?;
+    records.sort_by(|a, b| a.path.cmp(&b.path));
+    let mut seen = BTreeMap::new();
+    for r in &records {
+        if let Some(other) = seen.insert((r.identity.device, r.identity.inode), &r.path) {
+            return Err(VerifyError::Alias {
+                a: other.clone(),
+                b: r.path.clone(),
+            });
+        }
+    }
+    let evidence = Evidence {
+        schema: evidence::SCHEMA.to_string(),
+        repo: tree.repo.clone(),
+        revision: tree.revision.clone(),
+        tree_identity: evidence::tree_identity(tree),
+        mode: "full".to_string(),
+        root: RootRecord {
+            device: root.device(),
+            inode: root.inode(),
+        },
+        files: records,
+    };
+    evidence::write(root_path, &evidence).map_err(VerifyError::Write)?;
+    Ok(evidence)
+}
+
+fn verify_file(
+    root: &Root,
+    file: &RepoFile,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<EvidenceFile, VerifyError> {
+    let (mut handle, before) = root.open_file(&file.path)?;
+    if before.size != file.size {
+        return Err(VerifyError::WrongSize {
+            path: file.path.clone(),
+            expected: file.size,
+            got: before.size,
+        });
+    }
+    let mut hasher = StreamHasher::new(&file.digest, file.size);
+    let mut buf = vec![0u8; READ_CHUNK];
+    let read_error = |error| VerifyError::Read {
+        path: file.path.clone(),
+        error,
+    };
+    loop {
+        let n = handle.read(&mut buf).map_err(read_error)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        progress(n as u64);
+    }
+    let after = crate::identity::FileIdentity::of(&handle.metadata().map_err(read_error)?);
+    let changed = after.changes_from(&before);
+    if !changed.is_empty() {
+        return Err(VerifyError::ChangedDuringHash {
+            path: file.path.clone(),
+            what: changed.join(", "),
+        });
+    }
+    let got = hasher.finish();
+    if got != file.digest {
+        return Err(VerifyError::WrongDigest {
+            path: file.path.clone(),
+            expected: file.digest.to_string(),
+            got: got.to_string(),
+        });
+    }
+    Ok(EvidenceFile {
+        path: file.path.clone(),
+        expected_size: file.size,
+        digest: DigestRecord {
+            algorithm: file.digest.algorithm().to_string(),
+            hex: file.digest.hex(),
+        },
+        payload: evidence::is_payload(&file.digest),
+        identity: before,
+    })
+}
+
+/// Every non-directory entry under the root (symbolic links included, never followed), minus
+/// the evidence folder, must be exactly the tree's files.
+fn check_file_set(root: &Path, tree: &Tree) -> Result<(), VerifyError> {
+    let mut present = BTreeSet::new();
+    let mut stack = vec![String::new()];
+    while let Some(relative) = stack.pop() {
+        let dir = root.join(&relative);
+        let entries = std::fs::read_dir(&dir).map_err(|error| VerifyError::Root {
+            path: dir.display().to_string(),
+            error,
+        })?;
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let path = match relative.is_empty() {
+                true => name.clone(),
+                false => format!("{relative}/{name}"),
+            };
+            if path == EVIDENCE_DIR {
+                continue;
+            }
+            match entry.file_type() {
+                Ok(t) if t.is_symlink() => {
+                    return Err(OpenError::SymbolicLink { path }.into());
+                }
+                Ok(t) if t.is_dir() => stack.push(path),
+                _ => {
+                    present.insert(path);
+                }
+            }
+        }
+    }
+    let published: BTreeSet<String> = tree.files.keys().cloned().collect();
+    let missing: Vec<String> = published.difference(&present).cloned().collect();
+    let extra: Vec<String> = present.difference(&published).cloned().collect();
+    if missing.is_empty() && extra.is_empty() {
+        Ok(())
+    } else {
+        Err(VerifyError::Files { missing, extra })
+    }
+}

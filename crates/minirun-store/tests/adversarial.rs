@@ -1,0 +1,230 @@
+//! Verification and held evidence against a hostile filesystem: symbolic-link components,
+//! files swapped, modified with their mtime restored, truncated, added, removed or
+//! hard-linked, each refused with a message that names the file and what changed.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::Path;
+
+use minirun_hub::{FileDigest, RepoFile, StreamHasher, Tree};
+use minirun_store::{HeldEvidence, OpenError, StoreError, VerifyError, verify};
+
+const PIN: &str = "0123456789abcdef0123456789abcdef01234567";
+
+/// Writes a small artifact and returns the tree that publishes it.
+fn artifact(dir: &Path) -> Tree {
+    let contents: Vec<(&str, Vec<u8>, bool)> = vec![
+        (
+            "index.json",
+            b"{\"format\": \"quantized_tile_container\"}\n".to_vec(),
+            false,
+        ),
+        (
+            "layer00/manifest.json",
+            b"{\"unit\": \"layer00\"}\n".to_vec(),
+            false,
+        ),
+        (
+            "layer00/layer00-w1.mxfp4tile",
+            (0..300_000u32).map(|i| (i * 7) as u8).collect(),
+            true,
+        ),
+        (
+            "layer01/layer01-w1.mxfp4tile",
+            (0..200_000u32).map(|i| (i * 13) as u8).collect(),
+            true,
+        ),
+    ];
+    let mut files = BTreeMap::new();
+    for (path, content, lfs) in contents {
+        let target = dir.join(path);
+        fs::create_dir_all(target.parent().unwrap()).unwrap();
+        fs::write(&target, &content).unwrap();
+        let kind = if lfs {
+            FileDigest::Sha256([0; 32])
+        } else {
+            FileDigest::GitBlobSha1([0; 20])
+        };
+        let mut h = StreamHasher::new(&kind, content.len() as u64);
+        h.update(&content);
+        files.insert(
+            path.to_string(),
+            RepoFile {
+                path: path.to_string(),
+                size: content.len() as u64,
+                digest: h.finish(),
+            },
+        );
+    }
+    Tree {
+        repo: "team/tiny-minirun".into(),
+        revision: PIN.into(),
+        files,
+    }
+}
+
+fn verified() -> (tempfile::TempDir, Tree) {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = artifact(dir.path());
+    verify(dir.path(), &tree, &|_| {}).unwrap();
+    (dir, tree)
+}
+
+const W1: &str = "layer00/layer00-w1.mxfp4tile";
+
+#[test]
+fn a_clean_artifact_gives_evidence_that_opens_every_file() {
+    let (dir, tree) = verified();
+    let held = HeldEvidence::load(dir.path()).unwrap();
+    let e = held.evidence();
+    assert_eq!(
+        (e.repo.as_str(), e.revision.as_str(), e.mode.as_str()),
+        ("team/tiny-minirun", PIN, "full")
+    );
+    assert_eq!(e.files.len(), 4);
+    assert_eq!(e.tree_identity, minirun_store::tree_identity(&tree));
+    let w1 = e.files.iter().find(|f| f.path == W1).unwrap();
+    assert!(w1.payload && w1.digest.algorithm == "sha256");
+    let index = e.files.iter().find(|f| f.path == "index.json").unwrap();
+    assert!(!index.payload && index.digest.algorithm == "git-blob-sha1");
+    held.open(W1).unwrap();
+    assert!(matches!(
+        held.open("README.md"),
+        Err(StoreError::NotEvidenced { .. })
+    ));
+    assert!(held.may_skip_tile_digests("team/tiny-minirun", PIN));
+    assert!(!held.may_skip_tile_digests("team/tiny-minirun", &"f".repeat(40)));
+    assert!(!held.may_skip_tile_digests("other/repo-minirun", PIN));
+}
+
+#[test]
+fn symbolic_link_components_are_refused_for_files_and_directories() {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = artifact(dir.path());
+    // A file replaced by a link to an identical copy.
+    let copy = dir.path().join("elsewhere.bin");
+    fs::rename(dir.path().join(W1), &copy).unwrap();
+    std::os::unix::fs::symlink(&copy, dir.path().join(W1)).unwrap();
+    let err = verify(dir.path(), &tree, &|_| {}).unwrap_err();
+    assert!(
+        matches!(err, VerifyError::Open(OpenError::SymbolicLink { .. })),
+        "{err}"
+    );
+    let root = minirun_store::Root::open(dir.path()).unwrap();
+    assert!(matches!(
+        root.open_file(W1),
+        Err(OpenError::SymbolicLink { .. })
+    ));
+
+    // A directory component that is a link.
+    let dir = tempfile::tempdir().unwrap();
+    let tree = artifact(dir.path());
+    fs::rename(dir.path().join("layer01"), dir.path().join("real01")).unwrap();
+    std::os::unix::fs::symlink("real01", dir.path().join("layer01")).unwrap();
+    let root = minirun_store::Root::open(dir.path()).unwrap();
+    assert!(matches!(
+        root.open_file("layer01/layer01-w1.mxfp4tile"),
+        Err(OpenError::SymbolicLink { .. })
+    ));
+    assert!(verify(dir.path(), &tree, &|_| {}).is_err());
+    assert!(
+        !dir.path().join(".minirun/evidence.json").exists(),
+        "no evidence on failure"
+    );
+}
+
+#[test]
+fn a_file_swapped_after_verification_is_caught_at_open_naming_the_inode() {
+    let (dir, _) = verified();
+    let path = dir.path().join(W1);
+    let same = fs::read(&path).unwrap();
+    let temp = dir.path().join("swap.tmp");
+    fs::write(&temp, &same).unwrap();
+    fs::rename(&temp, &path).unwrap();
+    let err = HeldEvidence::load(dir.path()).unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Changed { path, .. } if path == W1),
+        "{err}"
+    );
+    assert!(err.to_string().contains("inode"), "{err}");
+}
+
+#[test]
+fn a_file_modified_with_its_mtime_restored_is_caught_by_its_ctime() {
+    let (dir, _) = verified();
+    let held = HeldEvidence::load(dir.path()).unwrap();
+    let path = dir.path().join(W1);
+    let mtime = fs::metadata(&path).unwrap().modified().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let mut bytes = fs::read(&path).unwrap();
+    bytes[10] ^= 0xFF;
+    let file = fs::OpenOptions::new().write(true).open(&path).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&file, &bytes[10..11], 10).unwrap();
+    file.set_modified(mtime).unwrap();
+    drop(file);
+    assert_eq!(
+        fs::metadata(&path).unwrap().modified().unwrap(),
+        mtime,
+        "mtime restored"
+    );
+    let err = held.open(W1).unwrap_err();
+    assert!(err.to_string().contains("status-change time"), "{err}");
+}
+
+#[test]
+fn truncated_wrong_extra_missing_and_hard_linked_files_fail_verification() {
+    let check = |damage: &dyn Fn(&Path), expect: &dyn Fn(&VerifyError) -> bool| {
+        let dir = tempfile::tempdir().unwrap();
+        let tree = artifact(dir.path());
+        damage(dir.path());
+        let err = verify(dir.path(), &tree, &|_| {}).unwrap_err();
+        assert!(expect(&err), "{err}");
+    };
+    check(
+        &|d| {
+            let f = fs::OpenOptions::new().write(true).open(d.join(W1)).unwrap();
+            f.set_len(1000).unwrap();
+        },
+        &|e| matches!(e, VerifyError::WrongSize { path, got: 1000, .. } if path == W1),
+    );
+    check(
+        &|d| {
+            let mut b = fs::read(d.join(W1)).unwrap();
+            b[5] ^= 1;
+            fs::write(d.join(W1), b).unwrap();
+        },
+        &|e| matches!(e, VerifyError::WrongDigest { path, .. } if path == W1),
+    );
+    check(
+        &|d| fs::write(d.join("layer00/extra.bin"), b"x").unwrap(),
+        &|e| matches!(e, VerifyError::Files { extra, missing } if extra == &["layer00/extra.bin"] && missing.is_empty()),
+    );
+    check(
+        &|d| fs::remove_file(d.join("index.json")).unwrap(),
+        &|e| matches!(e, VerifyError::Files { missing, .. } if missing == &["index.json"]),
+    );
+    check(
+        &|d| {
+            let outside = d
+                .parent()
+                .unwrap()
+                .join(format!("hardlink-{}", std::process::id()));
+            let _ = fs::remove_file(&outside);
+            fs::hard_link(d.join(W1), &outside).unwrap();
+        },
+        &|e| matches!(e, VerifyError::Open(OpenError::HardLinked { links: 2, .. })),
+    );
+}
+
+#[test]
+fn a_truncated_or_appended_file_after_verification_is_caught_naming_the_size() {
+    let (dir, _) = verified();
+    let held = HeldEvidence::load(dir.path()).unwrap();
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(dir.path().join(W1))
+        .unwrap();
+    std::io::Write::write_all(&mut f, b"more").unwrap();
+    let err = held.open(W1).unwrap_err();
+    assert!(err.to_string().contains("size"), "{err}");
+}
