@@ -73,10 +73,19 @@ pub fn run(args: &VerifyArgs) -> Result<ExitCode> {
         .num_threads(args.threads.max(1))
         .build()?;
     let started = Instant::now();
-    let result = pool.install(|| minirun_store::verify(&args.dir, &tree, &|n| bar.inc(n)));
+    // A kill keeps the per-file checkpoint; the next run continues from it.
+    let never = std::sync::atomic::AtomicBool::new(false);
+    let result = pool.install(|| minirun_store::verify(&args.dir, &tree, &|n| bar.inc(n), &never));
     bar.finish_and_clear();
-    let evidence = result
+    let verified = result
         .with_context(|| format!("{} does not match {repo}@{revision}", args.dir.display()))?;
+    if verified.reused > 0 {
+        eprintln!(
+            "{} file(s) were taken from an interrupted earlier pass (identity unchanged), not hashed again",
+            verified.reused
+        );
+    }
+    let evidence = verified.evidence;
     let seconds = started.elapsed().as_secs_f64();
     eprintln!(
         "verified: all {} files match {repo}@{revision} ({:.1} s, {:.0} MB/s); evidence written to {}",

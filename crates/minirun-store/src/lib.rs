@@ -6,6 +6,7 @@
 //!
 //! The evidence format is specified in `docs/formats/evidence.md`.
 
+pub mod checkpoint;
 pub mod evidence;
 mod held;
 mod identity;
@@ -16,4 +17,4 @@ pub use evidence::{Evidence, EvidenceFile, tree_identity};
 pub use held::{HeldEvidence, StoreError};
 pub use identity::FileIdentity;
 pub use root::{OpenError, Root};
-pub use verify::{VerifyError, verify};
+pub use verify::{Verified, VerifyError, verify};

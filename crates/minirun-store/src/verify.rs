@@ -3,10 +3,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use minirun_hub::{RepoFile, StreamHasher, Tree};
 use rayon::prelude::*;
 
+use crate::checkpoint::{Checkpoint, CheckpointKey};
 use crate::evidence::{self, DigestRecord, EVIDENCE_DIR, Evidence, EvidenceFile, RootRecord};
 use crate::root::{OpenError, Root};
 
@@ -46,17 +48,33 @@ pub enum VerifyError {
     Alias { a: String, b: String },
     #[error("cannot write the evidence: {0}")]
     Write(std::io::Error),
+    #[error(
+        "verification stopped before it finished; {done} file(s) are checkpointed and the next run continues from them"
+    )]
+    Stopped { done: usize },
+}
+
+/// A finished verification.
+#[derive(Debug, Clone)]
+pub struct Verified {
+    pub evidence: Evidence,
+    /// Files taken from an interrupted earlier pass (unchanged identity), not hashed again.
+    pub reused: usize,
 }
 
 /// Hashes every file of `tree` under `root` (files in parallel on rayon's pool, 4 MiB reads),
-/// re-checks each file's identity after hashing, and on success writes the evidence
-/// atomically. Any failure erases evidence held from an earlier pass.
+/// re-checks each file's identity after hashing, checkpoints after every matched file, and on
+/// success writes the evidence atomically. Files an interrupted earlier pass of the same
+/// publication and directory had matched are reused when their identity is unchanged. Setting
+/// `stop` ends the pass after the files in progress (their checkpoint kept). Any failure
+/// erases evidence held from an earlier pass.
 pub fn verify(
     root_path: &Path,
     tree: &Tree,
     progress: &(dyn Fn(u64) + Sync),
-) -> Result<Evidence, VerifyError> {
-    let result = verify_inner(root_path, tree, progress);
+    stop: &AtomicBool,
+) -> Result<Verified, VerifyError> {
+    let result = verify_inner(root_path, tree, progress, stop);
     if result.is_err() {
         evidence::erase(root_path);
     }
@@ -67,22 +85,66 @@ fn verify_inner(
     root_path: &Path,
     tree: &Tree,
     progress: &(dyn Fn(u64) + Sync),
-) -> Result<Evidence, VerifyError> {
+    stop: &AtomicBool,
+) -> Result<Verified, VerifyError> {
     let root = Root::open(root_path).map_err(|error| VerifyError::Root {
         path: root_path.display().to_string(),
         error,
     })?;
     check_file_set(root_path, tree)?;
+    let tree_identity = evidence::tree_identity(tree);
+    let checkpoint = Checkpoint::open(
+        root_path,
+        CheckpointKey {
+            repo: tree.repo.clone(),
+            revision: tree.revision.clone(),
+            tree_identity: tree_identity.clone(),
+            root_device: root.device(),
+            root_inode: root.inode(),
+        },
+    );
     let mut files: Vec<&RepoFile> = tree.files.values().collect();
     files.sort_by_key(|f| std::cmp::Reverse(f.size));
-    let mut records: Vec<EvidenceFile> = files
+    let reused = AtomicUsize::new(0);
+    let outcomes: Vec<Result<Option<EvidenceFile>, VerifyError>> = files
         .par_iter()
-        .map(|file| verify_file(&root, file, progress))
-        .collect::<Result<_, _>>()?;
+        .map(|file| {
+            if stop.load(Ordering::Relaxed) {
+                return Ok(None);
+            }
+            if let Some(record) = reusable(&root, file, checkpoint.earlier(&file.path)) {
+                reused.fetch_add(1, Ordering::Relaxed);
+                progress(file.size);
+                return Ok(Some(record));
+            }
+            let record = verify_file(&root, file, progress)?;
+            checkpoint
+                .record(record.clone())
+                .map_err(VerifyError::Write)?;
+            Ok(Some(record))
+        })
+        .collect();
+    let mut records = Vec::with_capacity(outcomes.len());
+    for outcome in outcomes {
+        match outcome {
+            Ok(Some(record)) => records.push(record),
+            Ok(None) => {}
+            Err(e) => {
+                checkpoint.remove();
+                return Err(e);
+            }
+        }
+    }
+    if records.len() < files.len() {
+        return Err(VerifyError::Stopped {
+            done: records.len(),
+        });
+    }
     records.sort_by(|a, b| a.path.cmp(&b.path));
     let mut seen = BTreeMap::new();
     for r in &records {
         if let Some(other) = seen.insert((r.identity.device, r.identity.inode), &r.path) {
+            checkpoint.remove();
             return Err(VerifyError::Alias {
                 a: other.clone(),
                 b: r.path.clone(),
@@ -93,7 +155,7 @@ fn verify_inner(
         schema: evidence::SCHEMA.to_string(),
         repo: tree.repo.clone(),
         revision: tree.revision.clone(),
-        tree_identity: evidence::tree_identity(tree),
+        tree_identity,
         mode: "full".to_string(),
         root: RootRecord {
             device: root.device(),
@@ -102,7 +164,22 @@ fn verify_inner(
         files: records,
     };
     evidence::write(root_path, &evidence).map_err(VerifyError::Write)?;
-    Ok(evidence)
+    checkpoint.remove();
+    Ok(Verified {
+        evidence,
+        reused: reused.into_inner(),
+    })
+}
+
+/// An earlier pass's record of `file`, if it is for the same size and digest and the file
+/// still has the identity recorded then (opened rooted, no content read).
+fn reusable(root: &Root, file: &RepoFile, earlier: Option<EvidenceFile>) -> Option<EvidenceFile> {
+    let earlier = earlier?;
+    let same_claim = earlier.expected_size == file.size
+        && earlier.digest.algorithm == file.digest.algorithm()
+        && earlier.digest.hex == file.digest.hex();
+    let (_, now) = root.open_file(&file.path).ok()?;
+    (same_claim && now == earlier.identity).then_some(earlier)
 }
 
 fn verify_file(

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use minirun_hub::{FileDigest, RepoFile, StreamHasher, Tree};
 use minirun_store::{HeldEvidence, OpenError, StoreError, VerifyError, verify};
@@ -66,7 +67,7 @@ fn artifact(dir: &Path) -> Tree {
 fn verified() -> (tempfile::TempDir, Tree) {
     let dir = tempfile::tempdir().unwrap();
     let tree = artifact(dir.path());
-    verify(dir.path(), &tree, &|_| {}).unwrap();
+    verify(dir.path(), &tree, &|_| {}, &AtomicBool::new(false)).unwrap();
     (dir, tree)
 }
 
@@ -105,7 +106,7 @@ fn symbolic_link_components_are_refused_for_files_and_directories() {
     let copy = dir.path().join("elsewhere.bin");
     fs::rename(dir.path().join(W1), &copy).unwrap();
     std::os::unix::fs::symlink(&copy, dir.path().join(W1)).unwrap();
-    let err = verify(dir.path(), &tree, &|_| {}).unwrap_err();
+    let err = verify(dir.path(), &tree, &|_| {}, &AtomicBool::new(false)).unwrap_err();
     assert!(
         matches!(err, VerifyError::Open(OpenError::SymbolicLink { .. })),
         "{err}"
@@ -126,7 +127,7 @@ fn symbolic_link_components_are_refused_for_files_and_directories() {
         root.open_file("layer01/layer01-w1.mxfp4tile"),
         Err(OpenError::SymbolicLink { .. })
     ));
-    assert!(verify(dir.path(), &tree, &|_| {}).is_err());
+    assert!(verify(dir.path(), &tree, &|_| {}, &AtomicBool::new(false)).is_err());
     assert!(
         !dir.path().join(".minirun/evidence.json").exists(),
         "no evidence on failure"
@@ -177,7 +178,7 @@ fn truncated_wrong_extra_missing_and_hard_linked_files_fail_verification() {
         let dir = tempfile::tempdir().unwrap();
         let tree = artifact(dir.path());
         damage(dir.path());
-        let err = verify(dir.path(), &tree, &|_| {}).unwrap_err();
+        let err = verify(dir.path(), &tree, &|_| {}, &AtomicBool::new(false)).unwrap_err();
         assert!(expect(&err), "{err}");
     };
     check(
@@ -227,4 +228,62 @@ fn a_truncated_or_appended_file_after_verification_is_caught_naming_the_size() {
     std::io::Write::write_all(&mut f, b"more").unwrap();
     let err = held.open(W1).unwrap_err();
     assert!(err.to_string().contains("size"), "{err}");
+}
+
+/// Verifies on one thread and asks the pass to stop once `after` bytes were hashed.
+fn verify_stopping_after(
+    dir: &Path,
+    tree: &Tree,
+    after: u64,
+) -> Result<minirun_store::Verified, VerifyError> {
+    let stop = AtomicBool::new(false);
+    let seen = AtomicU64::new(0);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    pool.install(|| {
+        verify(
+            dir,
+            tree,
+            &|n| {
+                if seen.fetch_add(n, Ordering::Relaxed) + n >= after {
+                    stop.store(true, Ordering::Relaxed);
+                }
+            },
+            &stop,
+        )
+    })
+}
+
+#[test]
+fn an_interrupted_pass_resumes_reusing_only_files_whose_identity_is_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = artifact(dir.path());
+    // Largest first: the 300,000-byte file is hashed first, then the pass stops.
+    let err = verify_stopping_after(dir.path(), &tree, 300_000).unwrap_err();
+    assert!(matches!(err, VerifyError::Stopped { done: 1 }), "{err}");
+    assert!(dir.path().join(".minirun/verify-checkpoint.json").exists());
+    assert!(!dir.path().join(".minirun/evidence.json").exists());
+
+    let resumed = verify(dir.path(), &tree, &|_| {}, &AtomicBool::new(false)).unwrap();
+    assert_eq!(
+        resumed.reused, 1,
+        "the checkpointed file was not hashed again"
+    );
+    assert_eq!(resumed.evidence.files.len(), 4);
+    assert!(
+        !dir.path().join(".minirun/verify-checkpoint.json").exists(),
+        "removed when done"
+    );
+
+    // A checkpointed file replaced since (same content, new inode) is hashed again.
+    let dir = tempfile::tempdir().unwrap();
+    let tree = artifact(dir.path());
+    verify_stopping_after(dir.path(), &tree, 300_000).unwrap_err();
+    let content = fs::read(dir.path().join(W1)).unwrap();
+    fs::remove_file(dir.path().join(W1)).unwrap();
+    fs::write(dir.path().join(W1), content).unwrap();
+    let resumed = verify(dir.path(), &tree, &|_| {}, &AtomicBool::new(false)).unwrap();
+    assert_eq!(resumed.reused, 0);
 }
