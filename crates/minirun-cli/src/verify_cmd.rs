@@ -8,7 +8,8 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use minirun_hub::{Hub, TreeBuilder};
+use minirun_hub::{FileDigest, Hub, RepoFile, Tree, TreeBuilder};
+use minirun_store::Authority;
 
 #[derive(Args)]
 pub struct VerifyArgs {
@@ -33,33 +34,23 @@ pub struct VerifyArgs {
 }
 
 pub fn run(args: &VerifyArgs) -> Result<ExitCode> {
-    let (Some(repo), Some(revision)) = (&args.repo, &args.revision) else {
-        bail!(
-            "verify needs the publication to check against: --repo ID --revision SHA (asks the Hub), \
-             optionally with --tree FILE (a saved tree listing). Offline verification against the \
-             artifact's own manifest digests is not built yet, so nothing is claimed without them"
-        );
+    let (tree, authority) = match (&args.repo, &args.revision) {
+        (Some(repo), Some(revision)) => (
+            published_tree(args, repo, revision)?,
+            Authority::Publication,
+        ),
+        (None, None) if args.tree.is_none() => (own_manifests(&args.dir)?, Authority::OwnManifests),
+        _ => bail!(
+            "give both --repo and --revision (with --tree FILE or the Hub), or neither (offline, against the artifact's own manifests)"
+        ),
     };
-    let tree = match &args.tree {
-        Some(path) => {
-            if !minirun_hub::is_pinned_revision(revision) {
-                bail!("{revision:?} is not a pinned revision (40 lowercase hex digits)");
-            }
-            let bytes =
-                std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-            let mut builder = TreeBuilder::default();
-            builder
-                .add_page(&bytes)
-                .with_context(|| format!("{} is not a tree listing", path.display()))?;
-            builder.finish(repo, revision)
-        }
-        None => Hub::from_env(args.endpoint.as_deref())?
-            .tree(repo, revision)
-            .with_context(|| format!("cannot list {repo}@{revision}"))?,
+    let against = match authority {
+        Authority::Publication => format!("{}@{}", tree.repo, tree.revision),
+        Authority::OwnManifests => "its own manifests (offline; the manifests themselves are not authenticated, and files they do not list are not checked)".to_string(),
     };
     let total = tree.total_bytes();
     eprintln!(
-        "verifying {} against {repo}@{revision}: {} files, {total} bytes",
+        "verifying {} against {against}: {} files, {total} bytes",
         args.dir.display(),
         tree.files.len()
     );
@@ -75,10 +66,12 @@ pub fn run(args: &VerifyArgs) -> Result<ExitCode> {
     let started = Instant::now();
     // A kill keeps the per-file checkpoint; the next run continues from it.
     let never = std::sync::atomic::AtomicBool::new(false);
-    let result = pool.install(|| minirun_store::verify(&args.dir, &tree, &|n| bar.inc(n), &never));
+    let result = pool.install(|| {
+        minirun_store::verify_with(&args.dir, &tree, authority, &|n| bar.inc(n), &never)
+    });
     bar.finish_and_clear();
-    let verified = result
-        .with_context(|| format!("{} does not match {repo}@{revision}", args.dir.display()))?;
+    let verified =
+        result.with_context(|| format!("{} does not match {against}", args.dir.display()))?;
     if verified.reused > 0 {
         eprintln!(
             "{} file(s) were taken from an interrupted earlier pass (identity unchanged), not hashed again",
@@ -88,11 +81,78 @@ pub fn run(args: &VerifyArgs) -> Result<ExitCode> {
     let evidence = verified.evidence;
     let seconds = started.elapsed().as_secs_f64();
     eprintln!(
-        "verified: all {} files match {repo}@{revision} ({:.1} s, {:.0} MB/s); evidence written to {}",
+        "verified: all {} files match {against} ({:.1} s, {:.0} MB/s); evidence written to {}",
         evidence.files.len(),
         seconds,
         total as f64 / 1e6 / seconds.max(1e-9),
         minirun_store::evidence::evidence_path(&args.dir).display()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+fn published_tree(args: &VerifyArgs, repo: &str, revision: &str) -> Result<Tree> {
+    Ok(match &args.tree {
+        Some(path) => {
+            if !minirun_hub::is_pinned_revision(revision) {
+                bail!("{revision:?} is not a pinned revision (40 lowercase hex digits)");
+            }
+            let bytes =
+                std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+            let mut builder = TreeBuilder::default();
+            builder
+                .add_page(&bytes)
+                .with_context(|| format!("{} is not a tree listing", path.display()))?;
+            builder.finish(repo, revision)
+        }
+        None => Hub::from_env(args.endpoint.as_deref())?
+            .tree(repo, revision)
+            .with_context(|| format!("cannot list {repo}@{revision}"))?,
+    })
+}
+
+/// The files the artifact's unit manifests list, with their SHA-256s (`minirun pack` writes
+/// them; the published manifests of older artifacts carry none).
+fn own_manifests(dir: &std::path::Path) -> Result<Tree> {
+    let mut files = std::collections::BTreeMap::new();
+    let mut units = 0;
+    let entries =
+        std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))?;
+    for entry in entries.flatten() {
+        let manifest = entry.path().join("manifest.json");
+        let Ok(text) = std::fs::read_to_string(&manifest) else {
+            continue;
+        };
+        units += 1;
+        let unit: minirun_pack::manifest::UnitManifest = serde_json::from_str(&text).with_context(|| {
+            format!(
+                "{} carries no per-file digests this build can check (published artifacts' manifests have none): \
+                 verify against the publisher with --repo ID --revision SHA",
+                manifest.display()
+            )
+        })?;
+        for file in &unit.files {
+            let path = format!("{}/{}", unit.unit, file.name());
+            let digest = FileDigest::parse("sha256", file.sha256())
+                .with_context(|| format!("{}: {path} has no valid sha256", manifest.display()))?;
+            files.insert(
+                path.clone(),
+                RepoFile {
+                    path,
+                    size: file.bytes(),
+                    digest,
+                },
+            );
+        }
+    }
+    if units == 0 {
+        bail!(
+            "{} has no unit manifests to verify against offline: verify against the publisher with --repo ID --revision SHA",
+            dir.display()
+        );
+    }
+    Ok(Tree {
+        repo: String::new(),
+        revision: String::new(),
+        files,
+    })
 }

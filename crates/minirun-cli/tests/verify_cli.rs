@@ -73,3 +73,43 @@ fn verify_writes_evidence_and_a_damaged_file_erases_it() {
     assert_eq!(code, Some(1));
     assert!(err.contains("--repo ID --revision SHA"), "{err}");
 }
+
+#[test]
+fn a_packed_artifact_verifies_offline_against_its_own_manifests() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../minirun-pack/tests/data/checkpoints/mlx-affine4"
+    );
+    let out = dir.path().join("packed");
+    let out_s = out.to_str().unwrap();
+    let (code, err) = minirun(&["pack", "--source", source, "--out", out_s]);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, err) = minirun(&["verify", out_s]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("its own manifests") && err.contains("not authenticated"),
+        "{err}"
+    );
+    let evidence: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(out.join(".minirun/evidence.json")).unwrap())
+            .unwrap();
+    assert_eq!(evidence["mode"], "own-manifests");
+
+    let container = fs::read_dir(out.join("layer00"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.extension()
+                .is_some_and(|x| x.to_string_lossy().ends_with("tile"))
+        })
+        .unwrap();
+    let mut bytes = fs::read(&container).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    fs::write(&container, bytes).unwrap();
+    let (code, err) = minirun(&["verify", out_s]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("hashes to"), "{err}");
+}

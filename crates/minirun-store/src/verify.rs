@@ -54,6 +54,27 @@ pub enum VerifyError {
     Stopped { done: usize },
 }
 
+/// What the digests being checked come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Authority {
+    /// The publisher's tree of a pinned revision: the folder must hold exactly its files.
+    /// Evidence mode `full`.
+    Publication,
+    /// The artifact's own manifests (offline): only the files they list are checked, and the
+    /// manifests themselves are not authenticated. Evidence mode `own-manifests`, which never
+    /// lets a reader skip tile digests.
+    OwnManifests,
+}
+
+impl Authority {
+    fn mode(self) -> &'static str {
+        match self {
+            Authority::Publication => "full",
+            Authority::OwnManifests => "own-manifests",
+        }
+    }
+}
+
 /// A finished verification.
 #[derive(Debug, Clone)]
 pub struct Verified {
@@ -74,7 +95,18 @@ pub fn verify(
     progress: &(dyn Fn(u64) + Sync),
     stop: &AtomicBool,
 ) -> Result<Verified, VerifyError> {
-    let result = verify_inner(root_path, tree, progress, stop);
+    verify_with(root_path, tree, Authority::Publication, progress, stop)
+}
+
+/// [`verify`] with the digests' authority stated.
+pub fn verify_with(
+    root_path: &Path,
+    tree: &Tree,
+    authority: Authority,
+    progress: &(dyn Fn(u64) + Sync),
+    stop: &AtomicBool,
+) -> Result<Verified, VerifyError> {
+    let result = verify_inner(root_path, tree, authority, progress, stop);
     if result.is_err() {
         evidence::erase(root_path);
     }
@@ -84,6 +116,7 @@ pub fn verify(
 fn verify_inner(
     root_path: &Path,
     tree: &Tree,
+    authority: Authority,
     progress: &(dyn Fn(u64) + Sync),
     stop: &AtomicBool,
 ) -> Result<Verified, VerifyError> {
@@ -91,7 +124,9 @@ fn verify_inner(
         path: root_path.display().to_string(),
         error,
     })?;
-    check_file_set(root_path, tree)?;
+    if authority == Authority::Publication {
+        check_file_set(root_path, tree)?;
+    }
     let tree_identity = evidence::tree_identity(tree);
     let checkpoint = Checkpoint::open(
         root_path,
@@ -156,7 +191,7 @@ fn verify_inner(
         repo: tree.repo.clone(),
         revision: tree.revision.clone(),
         tree_identity,
-        mode: "full".to_string(),
+        mode: authority.mode().to_string(),
         root: RootRecord {
             device: root.device(),
             inode: root.inode(),
