@@ -17,4 +17,4 @@ pub use evidence::{Evidence, EvidenceFile, tree_identity};
 pub use held::{HeldEvidence, StoreError};
 pub use identity::FileIdentity;
 pub use root::{OpenError, Root};
-pub use verify::{Authority, Verified, VerifyError, verify, verify_with};
+pub use verify::{Authority, Selection, Verified, VerifyError, verify, verify_with};

@@ -66,13 +66,45 @@ pub enum Authority {
     OwnManifests,
 }
 
-impl Authority {
-    fn mode(self) -> &'static str {
-        match self {
-            Authority::Publication => "full",
-            Authority::OwnManifests => "own-manifests",
-        }
+/// How much to hash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Selection {
+    /// Every file (evidence mode `full` or `own-manifests`).
+    #[default]
+    Full,
+    /// Payload files only, largest first, skipping any that would overflow this many bytes
+    /// (evidence mode `spot-check`: the folder's file set is still checked, only the selected
+    /// files are evidenced, and it never lets a reader skip tile digests).
+    SpotCheck { budget: u64 },
+}
+
+fn mode(authority: Authority, selection: Selection) -> &'static str {
+    match (selection, authority) {
+        (Selection::SpotCheck { .. }, _) => "spot-check",
+        (Selection::Full, Authority::Publication) => "full",
+        (Selection::Full, Authority::OwnManifests) => "own-manifests",
     }
+}
+
+/// The files a selection hashes, largest first.
+fn select(tree: &Tree, selection: Selection) -> Vec<&RepoFile> {
+    let mut files: Vec<&RepoFile> = tree.files.values().collect();
+    files.sort_by_key(|f| std::cmp::Reverse(f.size));
+    let Selection::SpotCheck { budget } = selection else {
+        return files;
+    };
+    let mut used = 0u64;
+    files
+        .into_iter()
+        .filter(|f| evidence::is_payload(&f.digest))
+        .filter(|f| match used.checked_add(f.size) {
+            Some(total) if total <= budget => {
+                used = total;
+                true
+            }
+            _ => false,
+        })
+        .collect()
 }
 
 /// A finished verification.
@@ -95,18 +127,26 @@ pub fn verify(
     progress: &(dyn Fn(u64) + Sync),
     stop: &AtomicBool,
 ) -> Result<Verified, VerifyError> {
-    verify_with(root_path, tree, Authority::Publication, progress, stop)
+    verify_with(
+        root_path,
+        tree,
+        Authority::Publication,
+        Selection::Full,
+        progress,
+        stop,
+    )
 }
 
-/// [`verify`] with the digests' authority stated.
+/// [`verify`] with the digests' authority and the selection stated.
 pub fn verify_with(
     root_path: &Path,
     tree: &Tree,
     authority: Authority,
+    selection: Selection,
     progress: &(dyn Fn(u64) + Sync),
     stop: &AtomicBool,
 ) -> Result<Verified, VerifyError> {
-    let result = verify_inner(root_path, tree, authority, progress, stop);
+    let result = verify_inner(root_path, tree, authority, selection, progress, stop);
     if result.is_err() {
         evidence::erase(root_path);
     }
@@ -117,6 +157,7 @@ fn verify_inner(
     root_path: &Path,
     tree: &Tree,
     authority: Authority,
+    selection: Selection,
     progress: &(dyn Fn(u64) + Sync),
     stop: &AtomicBool,
 ) -> Result<Verified, VerifyError> {
@@ -138,8 +179,7 @@ fn verify_inner(
             root_inode: root.inode(),
         },
     );
-    let mut files: Vec<&RepoFile> = tree.files.values().collect();
-    files.sort_by_key(|f| std::cmp::Reverse(f.size));
+    let files = select(tree, selection);
     let reused = AtomicUsize::new(0);
     let outcomes: Vec<Result<Option<EvidenceFile>, VerifyError>> = files
         .par_iter()
@@ -191,7 +231,7 @@ fn verify_inner(
         repo: tree.repo.clone(),
         revision: tree.revision.clone(),
         tree_identity,
-        mode: authority.mode().to_string(),
+        mode: mode(authority, selection).to_string(),
         root: RootRecord {
             device: root.device(),
             inode: root.inode(),

@@ -287,3 +287,35 @@ fn an_interrupted_pass_resumes_reusing_only_files_whose_identity_is_unchanged() 
     let resumed = verify(dir.path(), &tree, &|_| {}, &AtomicBool::new(false)).unwrap();
     assert_eq!(resumed.reused, 0);
 }
+
+#[test]
+fn a_spot_check_hashes_the_largest_payloads_that_fit_and_is_labelled_as_such() {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = artifact(dir.path());
+    let verified = minirun_store::verify_with(
+        dir.path(),
+        &tree,
+        minirun_store::Authority::Publication,
+        minirun_store::Selection::SpotCheck { budget: 250_000 },
+        &|_| {},
+        &AtomicBool::new(false),
+    )
+    .unwrap();
+    let e = &verified.evidence;
+    assert_eq!(e.mode, "spot-check");
+    let paths: Vec<&str> = e.files.iter().map(|f| f.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        ["layer01/layer01-w1.mxfp4tile"],
+        "300,000 bytes overflow the budget"
+    );
+    let held = HeldEvidence::load(dir.path()).unwrap();
+    assert!(matches!(
+        held.open(W1),
+        Err(StoreError::NotEvidenced { .. })
+    ));
+    assert!(
+        !held.may_skip_tile_digests("team/tiny-minirun", PIN),
+        "never on a spot check"
+    );
+}
