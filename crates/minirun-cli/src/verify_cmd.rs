@@ -101,6 +101,12 @@ pub fn run(args: &VerifyArgs) -> Result<ExitCode> {
             verified.reused
         );
     }
+    if verified.carried > 0 {
+        eprintln!(
+            "{} file(s) were carried forward from the evidence of an earlier revision (same path, size and digest; identity unchanged)",
+            verified.carried
+        );
+    }
     let evidence = verified.evidence;
     let seconds = started.elapsed().as_secs_f64();
     eprintln!(

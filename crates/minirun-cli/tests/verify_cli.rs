@@ -113,3 +113,67 @@ fn a_packed_artifact_verifies_offline_against_its_own_manifests() {
     assert_eq!(code, Some(1));
     assert!(err.contains("hashes to"), "{err}");
 }
+
+#[test]
+fn a_verify_killed_midway_resumes_from_its_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let art = dir.path().join("art");
+    fs::create_dir_all(art.join("layer00")).unwrap();
+    let mut entries = Vec::new();
+    for i in 0..8u8 {
+        let mut content = vec![0u8; 128 << 20];
+        content[0] = i;
+        let path = format!("layer00/w{i}.mxfp4tile");
+        fs::write(art.join(&path), &content).unwrap();
+        let sha: String = sha2::Sha256::digest(&content)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        entries.push(format!(
+            r#"{{"type":"file","oid":"{z}","size":{n},"path":"{path}","lfs":{{"oid":"{sha}","size":{n},"pointerSize":130}}}}"#,
+            z = "1".repeat(40),
+            n = content.len()
+        ));
+    }
+    let tree_path = dir.path().join("tree.json");
+    fs::write(&tree_path, format!("[{}]", entries.join(","))).unwrap();
+    let args = [
+        "verify",
+        art.to_str().unwrap(),
+        "--repo",
+        "team/x-minirun",
+        "--revision",
+        PIN,
+        "--tree",
+        tree_path.to_str().unwrap(),
+        "--threads",
+        "1",
+    ];
+    let mut child = Command::new(env!("CARGO_BIN_EXE_minirun"))
+        .args(args)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let checkpoint = art.join(".minirun/verify-checkpoint.json");
+    let started = std::time::Instant::now();
+    while !checkpoint.exists() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the pass ended before a checkpoint was seen"
+        );
+        assert!(started.elapsed().as_secs() < 120, "no checkpoint appeared");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    assert!(!art.join(".minirun/evidence.json").exists());
+
+    let (code, err) = minirun(&args);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("taken from an interrupted earlier pass"),
+        "{err}"
+    );
+    assert!(art.join(".minirun/evidence.json").exists());
+    assert!(!checkpoint.exists());
+}

@@ -35,6 +35,8 @@ pub struct EvidenceFile {
 pub struct RootRecord {
     pub device: u64,
     pub inode: u64,
+    /// `statvfs.f_fsid` of the filesystem.
+    pub fsid: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -18,7 +18,7 @@ pub enum StoreError {
     #[error("cannot open the artifact root {path}: {error}")]
     Root { path: String, error: std::io::Error },
     #[error(
-        "{path} is no longer the directory that was verified (device/inode changed): run `minirun verify` again"
+        "{path} is no longer the directory that was verified (device, inode or filesystem id changed): run `minirun verify` again"
     )]
     RootChanged { path: String },
     #[error("{path} is not in the evidence: only verified files are opened")]
@@ -67,7 +67,14 @@ impl HeldEvidence {
             path: root_path.display().to_string(),
             error,
         })?;
-        if (root.device(), root.inode()) != (evidence.root.device, evidence.root.inode) {
+        let now = (root.device(), root.inode(), root.fsid());
+        if now
+            != (
+                evidence.root.device,
+                evidence.root.inode,
+                evidence.root.fsid,
+            )
+        {
             return Err(StoreError::RootChanged {
                 path: root_path.display().to_string(),
             });

@@ -33,6 +33,7 @@ pub struct Root {
     path: PathBuf,
     device: u64,
     inode: u64,
+    fsid: u64,
 }
 
 impl Root {
@@ -45,11 +46,13 @@ impl Root {
             Mode::empty(),
         )?;
         let meta = File::from(dir.try_clone()?).metadata()?;
+        let fsid = rustix::fs::fstatvfs(&dir)?.f_fsid;
         Ok(Root {
             dir,
             path: path.to_path_buf(),
             device: meta.dev(),
             inode: meta.ino(),
+            fsid,
         })
     }
 
@@ -63,6 +66,11 @@ impl Root {
 
     pub fn inode(&self) -> u64 {
         self.inode
+    }
+
+    /// The filesystem id (`statvfs.f_fsid`) the root lives on.
+    pub fn fsid(&self) -> u64 {
+        self.fsid
     }
 
     /// Opens the regular file `relative` beneath the root: no component may be a symbolic link

@@ -113,6 +113,9 @@ pub struct Verified {
     pub evidence: Evidence,
     /// Files taken from an interrupted earlier pass (unchanged identity), not hashed again.
     pub reused: usize,
+    /// Files carried forward from the evidence of an earlier revision of the same repository
+    /// in the same directory: same path, size and digest, unchanged identity (ADR 0014).
+    pub carried: usize,
 }
 
 /// Hashes every file of `tree` under `root` (files in parallel on rayon's pool, 4 MiB reads),
@@ -180,7 +183,9 @@ fn verify_inner(
         },
     );
     let files = select(tree, selection);
+    let donor = earlier_revision(root_path, &root, tree);
     let reused = AtomicUsize::new(0);
+    let carried = AtomicUsize::new(0);
     let outcomes: Vec<Result<Option<EvidenceFile>, VerifyError>> = files
         .par_iter()
         .map(|file| {
@@ -189,6 +194,14 @@ fn verify_inner(
             }
             if let Some(record) = reusable(&root, file, checkpoint.earlier(&file.path)) {
                 reused.fetch_add(1, Ordering::Relaxed);
+                progress(file.size);
+                return Ok(Some(record));
+            }
+            if let Some(record) = reusable(&root, file, donor.get(&file.path).cloned()) {
+                carried.fetch_add(1, Ordering::Relaxed);
+                checkpoint
+                    .record(record.clone())
+                    .map_err(VerifyError::Write)?;
                 progress(file.size);
                 return Ok(Some(record));
             }
@@ -235,6 +248,7 @@ fn verify_inner(
         root: RootRecord {
             device: root.device(),
             inode: root.inode(),
+            fsid: root.fsid(),
         },
         files: records,
     };
@@ -243,7 +257,35 @@ fn verify_inner(
     Ok(Verified {
         evidence,
         reused: reused.into_inner(),
+        carried: carried.into_inner(),
     })
+}
+
+/// The files of held evidence for an *earlier revision* of the same repository in this same
+/// directory (a re-verification of the same revision hashes everything again: that is what
+/// catches silent corruption).
+fn earlier_revision(root_path: &Path, root: &Root, tree: &Tree) -> BTreeMap<String, EvidenceFile> {
+    let Ok(text) = std::fs::read_to_string(evidence::evidence_path(root_path)) else {
+        return BTreeMap::new();
+    };
+    let Ok(held) = serde_json::from_str::<Evidence>(&text) else {
+        return BTreeMap::new();
+    };
+    let same_place = (held.root.device, held.root.inode, held.root.fsid)
+        == (root.device(), root.inode(), root.fsid());
+    let donor = held.schema == evidence::SCHEMA
+        && held.mode == "full"
+        && !tree.repo.is_empty()
+        && held.repo == tree.repo
+        && held.revision != tree.revision
+        && same_place;
+    if !donor {
+        return BTreeMap::new();
+    }
+    held.files
+        .into_iter()
+        .map(|f| (f.path.clone(), f))
+        .collect()
 }
 
 /// An earlier pass's record of `file`, if it is for the same size and digest and the file

@@ -319,3 +319,35 @@ fn a_spot_check_hashes_the_largest_payloads_that_fit_and_is_labelled_as_such() {
         "never on a spot check"
     );
 }
+
+#[test]
+fn a_new_revision_carries_forward_unchanged_files_and_re_verifying_one_hashes_everything() {
+    let (dir, tree) = verified();
+    let again = verify(dir.path(), &tree, &|_| {}, &AtomicBool::new(false)).unwrap();
+    assert_eq!(
+        (again.reused, again.carried),
+        (0, 0),
+        "the same revision is hashed again"
+    );
+
+    // Revision B changes one file.
+    let new_content = b"{\"format\": \"quantized_tile_container\", \"v\": 2}\n".to_vec();
+    fs::write(dir.path().join("index.json"), &new_content).unwrap();
+    let mut next = tree.clone();
+    next.revision = "f".repeat(40);
+    let mut h = StreamHasher::new(&FileDigest::GitBlobSha1([0; 20]), new_content.len() as u64);
+    h.update(&new_content);
+    let entry = next.files.get_mut("index.json").unwrap();
+    entry.size = new_content.len() as u64;
+    entry.digest = h.finish();
+    let bumped = verify(dir.path(), &next, &|_| {}, &AtomicBool::new(false)).unwrap();
+    assert_eq!(bumped.carried, 3, "the three unchanged files");
+    assert_eq!(bumped.evidence.revision, "f".repeat(40));
+
+    // Another repository's evidence donates nothing.
+    let mut other = next.clone();
+    other.repo = "someone/else-minirun".into();
+    other.revision = "e".repeat(40);
+    let fresh = verify(dir.path(), &other, &|_| {}, &AtomicBool::new(false)).unwrap();
+    assert_eq!(fresh.carried, 0);
+}
