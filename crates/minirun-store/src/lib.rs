@@ -11,10 +11,12 @@ pub mod evidence;
 mod held;
 mod identity;
 mod root;
+mod tiles;
 mod verify;
 
 pub use evidence::{Evidence, EvidenceFile, tree_identity};
 pub use held::{HeldEvidence, StoreError};
 pub use identity::FileIdentity;
 pub use root::{OpenError, Root};
+pub use tiles::{LoadedTile, TileReadError, TileRequest};
 pub use verify::{Authority, Selection, Verified, VerifyError, verify, verify_with};
