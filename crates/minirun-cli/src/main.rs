@@ -72,13 +72,17 @@ Example:
 
 The token, if any, comes from $HF_TOKEN and is sent to the endpoint only.")]
     Download(hub_cmd::DownloadArgs),
-    /// Check an artifact directory against the published tree of a pinned revision: every
-    /// file's size and digest, opened beneath the directory without following links, re-checked
-    /// after hashing. Success writes evidence (DIR/.minirun/evidence.json) bound to the files.
+    /// Check an artifact directory against the published tree of a pinned revision (or, with
+    /// neither --repo nor --revision, offline against the SHA-256s its own unit manifests
+    /// record): every file's size and digest, opened beneath the directory without following
+    /// links, re-checked after hashing. Success writes evidence (DIR/.minirun/evidence.json)
+    /// bound to the files; a killed pass resumes from its per-file checkpoint.
     #[command(after_help = "Examples:
   minirun verify ./Kimi-K3-minirun --repo nanguoyu/Kimi-K3-minirun \\
       --revision 159987d3ac437e0aceaff0763d43ddeb549b1842
   minirun verify ./art --repo team/x-minirun --revision <sha> --tree saved-tree.json
+  minirun verify ./packed-artifact                      # offline, its own manifests
+  minirun verify ./art --repo ... --revision ... --spot-check 2000000000
 
 Exit status: 0 verified (evidence written); 1 a mismatch or an error (evidence erased).")]
     Verify(verify_cmd::VerifyArgs),
