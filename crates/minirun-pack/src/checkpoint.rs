@@ -69,9 +69,8 @@ fn list_root(dir: &Path) -> Result<(Vec<String>, Vec<String>), PackError> {
     let mut others = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(|e| PackError::io(dir, e))? {
         let entry = entry.map_err(|e| PackError::io(dir, e))?;
-        let kind = entry
-            .file_type()
-            .map_err(|e| PackError::io(entry.path(), e))?;
+        // metadata() follows symbolic links: a Hugging Face cache snapshot is all links.
+        let kind = std::fs::metadata(entry.path()).map_err(|e| PackError::io(entry.path(), e))?;
         let name = entry.file_name().to_string_lossy().into_owned();
         if !kind.is_file() || name.starts_with('.') {
             continue;

@@ -65,7 +65,6 @@ pub fn pack(
     check_provenance(opts)?;
     let ckpt = Checkpoint::open(source)?;
     let items = recognize(&ckpt)?;
-    prepare_output(out)?;
     let mut summary = PackSummary {
         units: Vec::new(),
         payload_files: 0,
@@ -83,6 +82,11 @@ pub fn pack(
         .iter()
         .map(|(unit, items)| plan_unit(out, unit, items, &mut summary))
         .collect::<Result<_, _>>()?;
+    // Every refusal happens above: only now is the output directory touched.
+    prepare_output(out)?;
+    for plan in &plans {
+        std::fs::create_dir_all(&plan.dir).map_err(|e| PackError::io(&plan.dir, e))?;
+    }
     // Every payload file is independent: write (and hash) them all on every core, then
     // gather them back per unit in a fixed order, so the output stays deterministic.
     let jobs: Vec<(usize, Option<&QuantMatrix>)> = plans
@@ -284,7 +288,6 @@ fn plan_unit<'a>(
     summary: &mut PackSummary,
 ) -> Result<UnitPlan<'a>, PackError> {
     let dir = out.join(unit);
-    std::fs::create_dir_all(&dir).map_err(|e| PackError::io(&dir, e))?;
     let mut plan = UnitPlan {
         unit: unit.to_string(),
         dir,
@@ -551,7 +554,9 @@ fn write_atomic(path: &Path, fill: impl FnOnce(&File) -> io::Result<()>) -> Resu
         .map_err(|e| PackError::io(path, e))?;
     temp.persist(path)
         .map_err(|e| PackError::io(path, e.error))?;
-    Ok(())
+    File::open(&dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| PackError::io(&dir, e))
 }
 
 /// A writer that hashes what passes through, for a per-file SHA-256 without re-reading.

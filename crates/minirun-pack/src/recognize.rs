@@ -266,21 +266,24 @@ fn mlx_matrix(
     let rows = dim(&packed.shape, 2);
     let words = dim(&packed.shape, 1);
     let groups = dim(&scales.shape, 1);
-    let cols = words * 32 / u64::from(bits.max(1));
+    // Shapes come from untrusted shard headers (a zero-element tensor may have huge dims):
+    // products that overflow are simply inconsistent.
+    let cols = words.saturating_mul(32) / u64::from(bits.max(1));
+    let covered = groups.saturating_mul(u64::from(group));
     let consistent = bits != 0
         && group != 0
+        && words.checked_mul(32).is_some()
+        && groups.checked_mul(u64::from(group)).is_some()
         && dim(&scales.shape, 2) == rows
         && same_leading(&packed.shape, &scales.shape, 2)
-        && cols == groups * u64::from(group);
+        && cols == covered;
     if !consistent {
         return Err(refused(
             &packed.name,
             format!(
                 "config.json claims {bits}-bit groups of {group}, but the tensors contradict it: packed {:?} U32 words \
                  hold {cols} columns while scales {:?} cover {} columns",
-                packed.shape,
-                scales.shape,
-                groups * u64::from(group)
+                packed.shape, scales.shape, covered
             ),
         ));
     }
@@ -356,7 +359,7 @@ fn gpt_oss_matrix(
         block_rows: 1,
         experts,
         rows: to_u32(rows, &blocks.name)?,
-        cols: to_u32(groups * 32, &blocks.name)?,
+        cols: to_u32(groups.saturating_mul(32), &blocks.name)?,
         packed: blocks.clone(),
         scales: scales.clone(),
         biases: None,
@@ -378,6 +381,7 @@ fn fp8_matrix(
         cols.div_ceil(u64::from(block_cols)),
     );
     if scales.shape.len() != weight.shape.len()
+        || !same_leading(&weight.shape, &scales.shape, 2)
         || (dim(&scales.shape, 2), dim(&scales.shape, 1)) != grid
     {
         return Err(refused(

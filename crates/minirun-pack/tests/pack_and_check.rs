@@ -403,12 +403,46 @@ fn a_tensor_name_that_is_not_a_safe_file_name_is_refused() {
     )
     .unwrap();
     let out = tempfile::tempdir().unwrap();
-    let err = pack(
-        src.path(),
-        &out.path().join("art"),
-        &PackOptions::default(),
-        &|_| {},
-    )
-    .unwrap_err();
+    // A previous artifact in the output directory survives the refusal untouched.
+    let previous = out.path().join("art");
+    pack_into(&fixture("mlx-affine4"), &previous);
+    let before: Vec<_> = walk(&previous);
+    let err = pack(src.path(), &previous, &PackOptions::default(), &|_| {}).unwrap_err();
     assert!(err.to_string().contains("cannot be a file name"), "{err}");
+    assert_eq!(
+        walk(&previous),
+        before,
+        "the refusal came before the output was touched"
+    );
+    check(&previous, &fixture("mlx-affine4"), &|_| {}).unwrap();
+}
+
+/// Every file under `dir` with its bytes, sorted.
+fn walk(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap().flatten() {
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            } else {
+                out.push((e.path(), fs::read(e.path()).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn a_checkpoint_of_symbolic_links_is_followed() {
+    // A Hugging Face cache snapshot holds links into its blob store.
+    let linked = tempfile::tempdir().unwrap();
+    for e in fs::read_dir(fixture("mlx-affine4")).unwrap().flatten() {
+        std::os::unix::fs::symlink(e.path(), linked.path().join(e.file_name())).unwrap();
+    }
+    let out = tempfile::tempdir().unwrap();
+    let summary = pack_into(linked.path(), out.path());
+    assert!(summary.tile_containers > 0);
+    check(out.path(), &fixture("mlx-affine4"), &|_| {}).unwrap();
 }
