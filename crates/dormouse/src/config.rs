@@ -174,6 +174,27 @@ impl DormouseConfig {
                 return Err(rule(field, "must be at least 1"));
             }
         }
+        // Upper bounds: a config arrives in export headers that the CRC does not cover, and
+        // the model's position tables are max_seq_len x d_model.
+        for (field, value, most) in [
+            ("d_model", self.d_model, 1 << 16),
+            ("n_layers", self.n_layers, 1 << 10),
+            ("mlp_hidden", self.mlp_hidden, 1 << 20),
+            ("max_seq_len", self.max_seq_len, 1 << 20),
+        ] {
+            if value > most {
+                return Err(rule(field, format!("must be at most {most}")));
+            }
+        }
+        if self.max_seq_len * self.d_model > 1 << 28 {
+            return Err(rule(
+                "max_seq_len",
+                format!(
+                    "times d_model must be at most {} (the position tables)",
+                    1u64 << 28
+                ),
+            ));
+        }
         if !self.d_model.is_multiple_of(self.n_heads) || !self.head_dim().is_multiple_of(2) {
             return Err(rule(
                 "n_heads",
@@ -226,6 +247,16 @@ impl DormouseConfig {
             return Err(rule(
                 "engram_orders",
                 format!("must not exceed max_seq_len ({})", self.max_seq_len),
+            ));
+        }
+        if self.engram_rows > 1 << 30 || self.engram_dim > 1 << 12 || self.engram_slots > 1 << 36 {
+            return Err(rule(
+                match (self.engram_rows > 1 << 30, self.engram_dim > 1 << 12) {
+                    (true, _) => "engram_rows",
+                    (_, true) => "engram_dim",
+                    _ => "engram_slots",
+                },
+                "is beyond any memory this program can hold (rows 2^30, dim 4096, slots 2^36)",
             ));
         }
         if self.engram_rows == 0 || self.engram_dim == 0 {

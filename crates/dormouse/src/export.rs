@@ -129,7 +129,9 @@ impl candle_nn::var_builder::SimpleBackend for ShapeRecorder {
             .lock()
             .map_err(|_| candle_core::Error::Msg("the shape record is poisoned".into()))?
             .insert(name.to_string(), dims);
-        candle_core::Tensor::zeros(shape, dtype, device)
+        // One zero broadcast to the shape: a header that asks for enormous tensors costs
+        // nothing before it is compared with the payload.
+        candle_core::Tensor::zeros((), dtype, device)?.broadcast_as(shape)
     }
 
     fn get_unchecked(

@@ -89,6 +89,8 @@ const INIT_STREAM: u64 = 2;
 pub enum CorpusError {
     #[error("the corpus is empty")]
     Empty,
+    #[error("a training window needs at least one byte to read (--seq 0)")]
+    NoWindow,
     #[error(
         "the corpus has {len} bytes: it needs at least one training window of {window} bytes plus the {eval} held-out bytes"
     )]
@@ -115,8 +117,12 @@ impl Corpus {
         if bytes.is_empty() {
             return Err(CorpusError::Empty);
         }
-        let window = seq + 1;
-        if bytes.len() < eval_bytes + window || eval_bytes < window {
+        if seq == 0 {
+            return Err(CorpusError::NoWindow);
+        }
+        let window = seq.saturating_add(1);
+        let needed = eval_bytes.checked_add(window);
+        if needed.is_none_or(|n| bytes.len() < n) || eval_bytes < window {
             return Err(CorpusError::TooShort {
                 len: bytes.len(),
                 window,

@@ -96,6 +96,9 @@ fn invalid_configs_are_refused_naming_the_field() {
         ("engram_layers = [7]", "engram_layers"),
         ("norm_eps = 0.0", "norm_eps"),
         ("d_model = 0", "d_model"),
+        ("d_model = 1000002", "d_model"),
+        ("max_seq_len = 1000000", "max_seq_len"),
+        ("engram_rows = 4000000000", "engram_rows"),
     ];
     for (line, field) in cases {
         match DormouseConfig::from_toml(line) {

@@ -155,6 +155,14 @@ fn a_corpus_too_short_for_a_window_and_the_held_out_tail_is_refused() {
         Corpus::new(vec![b'a'; 120], 100, 32),
         Err(CorpusError::TooShort { .. })
     ));
+    assert_eq!(
+        Corpus::new(vec![b'a'; 200], 100, 0).unwrap_err(),
+        CorpusError::NoWindow
+    );
+    assert!(matches!(
+        Corpus::new(vec![b'a'; 200], usize::MAX, 32),
+        Err(CorpusError::TooShort { .. })
+    ));
     let ok = Corpus::new(vec![b'a'; 200], 100, 32).unwrap();
     assert_eq!((ok.train().len(), ok.held_out().len()), (100, 100));
 }

@@ -6,7 +6,7 @@ use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
@@ -66,7 +66,7 @@ struct AppState {
     model_id: String,
     created: u64,
     requests: AtomicU64,
-    running: Semaphore,
+    running: Arc<Semaphore>,
 }
 
 fn main() -> ExitCode {
@@ -99,7 +99,7 @@ async fn run(args: Args) -> Result<()> {
         model_id,
         created: unix_now(),
         requests: AtomicU64::new(0),
-        running: Semaphore::new(args.max_concurrent.max(1)),
+        running: Arc::new(Semaphore::new(args.max_concurrent.max(1))),
     });
     let app = Router::new()
         .route("/health", get(health))
@@ -226,6 +226,15 @@ async fn completions(
     }
 }
 
+/// Sets its flag when dropped: a handler future dropped by axum means the client went away.
+struct SetOnDrop(Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 /// One piece of a completion as the generating thread reports it.
 enum Piece {
     Text(String),
@@ -290,16 +299,21 @@ fn server_error(message: String) -> Response {
 }
 
 async fn whole_completion(state: Arc<AppState>, job: Job, id: String) -> Response {
-    let Ok(_permit) = state.running.acquire().await else {
+    // The permit moves into the generating thread, so it is held for as long as generation
+    // runs; the guard tells that thread when the client has gone (axum drops this future).
+    let Ok(permit) = state.running.clone().acquire_owned().await else {
         return server_error("the server is shutting down".into());
     };
+    let gone = Arc::new(AtomicBool::new(false));
+    let _on_disconnect = SetOnDrop(gone.clone());
     let model = state.model.clone();
     let prompt_len = job.prompt.len();
     let outcome = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
         let mut pieces = Vec::new();
         run_job(&model, &job, |p| {
             pieces.push(p);
-            true
+            !gone.load(Ordering::Relaxed)
         });
         pieces
     })
@@ -345,7 +359,7 @@ fn chunk(state: &AppState, id: &str, text: &str, finish: Option<Finish>) -> Even
 async fn stream_completion(state: Arc<AppState>, job: Job, id: String) -> Response {
     let (events, receiver) = mpsc::channel::<std::result::Result<Event, Infallible>>(64);
     tokio::spawn(async move {
-        let Ok(_permit) = state.running.acquire().await else {
+        let Ok(_permit) = state.running.clone().acquire_owned().await else {
             return;
         };
         let model = state.model.clone();
