@@ -22,7 +22,7 @@ best() {
     rm -rf "$dir/out"
     local t0 t1
     t0=$(date +%s.%N)
-    "$@" > /dev/null
+    "$@" > /dev/null || { echo "failed: $*" >&2; return 1; }
     t1=$(date +%s.%N)
     best_s=$(python3 -c "a='$best_s'; d=$t1-$t0; print(d if a=='' else min(float(a), d))")
   done

@@ -123,7 +123,7 @@ pub fn run(args: &VerifyArgs) -> Result<ExitCode> {
 fn published_tree(args: &VerifyArgs, repo: &str, revision: &str) -> Result<Tree> {
     Ok(match &args.tree {
         Some(path) => {
-            if !minirun_hub::is_pinned_revision(revision) {
+            if !minirun_format::identity::is_pinned_revision(revision) {
                 bail!("{revision:?} is not a pinned revision (40 lowercase hex digits)");
             }
             let bytes =

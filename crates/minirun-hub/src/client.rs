@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::time::Duration;
 
+use minirun_format::identity::{is_canonical_repo_id, is_pinned_revision};
 use serde_json::Value;
 use url::Url;
 
@@ -19,25 +20,8 @@ const MAX_PAGES: usize = 100_000;
 const MAX_ANSWER_BYTES: u64 = 64 << 20;
 const MAX_REDIRECTS: usize = 5;
 
-/// A commit SHA: exactly 40 lowercase hex digits.
-pub fn is_pinned_revision(revision: &str) -> bool {
-    revision.len() == 40
-        && revision
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-}
-
 fn check_repo_id(repo: &str) -> Result<(), HubError> {
-    let ok = repo.split('/').count() == 2
-        && repo.split('/').all(|part| {
-            !part.is_empty()
-                && part != "."
-                && part != ".."
-                && part
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-        });
-    if ok {
+    if is_canonical_repo_id(repo) {
         Ok(())
     } else {
         Err(HubError::BadRepoId(repo.to_string()))
@@ -402,10 +386,7 @@ mod tests {
     }
 
     #[test]
-    fn pins_repo_ids_and_endpoints_are_checked() {
-        assert!(is_pinned_revision(&"0123456789abcdef".repeat(3)[..40]));
-        assert!(!is_pinned_revision("main"));
-        assert!(!is_pinned_revision(&"A".repeat(40)));
+    fn repo_ids_and_endpoints_are_checked() {
         assert!(check_repo_id("nanguoyu/Kimi-K3-minirun").is_ok());
         for bad in ["a", "a/b/c", "../b", "a/..", "a/b c", "/b"] {
             assert!(check_repo_id(bad).is_err(), "{bad}");

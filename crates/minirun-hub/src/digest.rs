@@ -29,7 +29,7 @@ impl FileDigest {
     }
 
     pub fn hex(&self) -> String {
-        self.bytes().iter().map(|b| format!("{b:02x}")).collect()
+        minirun_format::tile::hex(self.bytes())
     }
 
     /// Parses lowercase (or uppercase, lowered) hex of the algorithm's exact length.

@@ -15,7 +15,7 @@ mod error;
 mod path;
 mod tree;
 
-pub use client::{CatalogEntry, Hub, is_pinned_revision};
+pub use client::{CatalogEntry, Hub};
 pub use digest::{FileDigest, StreamHasher};
 pub use download::{DownloadOptions, DownloadReport};
 pub use error::HubError;

@@ -24,8 +24,11 @@ pub struct Tree {
 }
 
 impl Tree {
+    /// The sum of the file sizes ([`TreeBuilder`] refuses a tree whose sum overflows).
     pub fn total_bytes(&self) -> u64 {
-        self.files.values().map(|f| f.size).sum()
+        self.files
+            .values()
+            .fold(0, |sum, f| sum.saturating_add(f.size))
     }
 }
 
@@ -62,7 +65,12 @@ pub struct TreeBuilder {
     files: BTreeMap<String, RepoFile>,
     seen: BTreeSet<String>,
     entries: usize,
+    total: u64,
 }
+
+/// Folders minirun keeps inside an artifact (partial downloads, evidence); a publication that
+/// places files there is refused.
+const RESERVED: [&str; 2] = [".minirun-partial", ".minirun"];
 
 impl TreeBuilder {
     /// Adds one page (the JSON array the tree endpoint returns).
@@ -91,6 +99,14 @@ impl TreeBuilder {
                     reason: "no path".into(),
                 })?;
         check_repo_path(path)?;
+        let first = path.split('/').next().unwrap_or_default();
+        if RESERVED.contains(&first) {
+            return Err(TreeError::BadEntry {
+                index,
+                path: path.to_string(),
+                reason: format!("{first}/ is a folder minirun keeps for itself"),
+            });
+        }
         if !self.seen.insert(path.to_string()) {
             return Err(TreeError::Duplicate(path.to_string()));
         }
@@ -102,6 +118,14 @@ impl TreeBuilder {
             path: path.to_string(),
             reason,
         })?;
+        self.total = self
+            .total
+            .checked_add(file.size)
+            .ok_or_else(|| TreeError::BadEntry {
+                index,
+                path: path.to_string(),
+                reason: "the sizes of the tree overflow 64 bits".into(),
+            })?;
         self.files.insert(path.to_string(), file);
         Ok(())
     }
@@ -224,6 +248,18 @@ mod tests {
             refuse(&LFS.replace(
                 r#""size":2348810240,"pointerSize""#,
                 r#""size":1,"pointerSize""#
+            )),
+            TreeError::BadEntry { .. }
+        ));
+        assert!(matches!(
+            refuse(&PLAIN.replace(".gitattributes", ".minirun/evidence.json")),
+            TreeError::BadEntry { .. }
+        ));
+        let huge = LFS.replace("2348810240", "18446744073709551615");
+        assert!(matches!(
+            refuse(&format!(
+                "{huge},{}",
+                huge.replace("global/embed", "global/other")
             )),
             TreeError::BadEntry { .. }
         ));

@@ -71,7 +71,7 @@ pub fn tree_identity(tree: &Tree) -> String {
         field(file.digest.hex().as_bytes());
         field(if is_payload(&file.digest) { b"1" } else { b"0" });
     }
-    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    minirun_format::tile::hex(&h.finalize())
 }
 
 pub(crate) fn is_payload(digest: &FileDigest) -> bool {

@@ -7,7 +7,7 @@ use std::fs;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use minirun_hub::{FileDigest, RepoFile, StreamHasher, Tree};
+use minirun_hub::{FileDigest, RepoFile, Tree};
 use minirun_store::{HeldEvidence, OpenError, StoreError, VerifyError, verify};
 
 const PIN: &str = "0123456789abcdef0123456789abcdef01234567";
@@ -41,19 +41,12 @@ fn artifact(dir: &Path) -> Tree {
         let target = dir.join(path);
         fs::create_dir_all(target.parent().unwrap()).unwrap();
         fs::write(&target, &content).unwrap();
-        let kind = if lfs {
-            FileDigest::Sha256([0; 32])
-        } else {
-            FileDigest::GitBlobSha1([0; 20])
-        };
-        let mut h = StreamHasher::new(&kind, content.len() as u64);
-        h.update(&content);
         files.insert(
             path.to_string(),
             RepoFile {
                 path: path.to_string(),
                 size: content.len() as u64,
-                digest: h.finish(),
+                digest: digest_of(&content, lfs),
             },
         );
     }
@@ -62,6 +55,19 @@ fn artifact(dir: &Path) -> Tree {
         revision: PIN.into(),
         files,
     }
+}
+
+/// The published digest, computed independently of the code under test: SHA-256 for LFS
+/// files, SHA-1 of `blob <len>\0` + content for git files.
+fn digest_of(content: &[u8], lfs: bool) -> FileDigest {
+    use sha1::Digest as _;
+    if lfs {
+        return FileDigest::Sha256(sha2::Sha256::digest(content).into());
+    }
+    let mut h = sha1::Sha1::new();
+    h.update(format!("blob {}\0", content.len()).as_bytes());
+    h.update(content);
+    FileDigest::GitBlobSha1(h.finalize().into())
 }
 
 fn verified() -> (tempfile::TempDir, Tree) {
@@ -335,11 +341,9 @@ fn a_new_revision_carries_forward_unchanged_files_and_re_verifying_one_hashes_ev
     fs::write(dir.path().join("index.json"), &new_content).unwrap();
     let mut next = tree.clone();
     next.revision = "f".repeat(40);
-    let mut h = StreamHasher::new(&FileDigest::GitBlobSha1([0; 20]), new_content.len() as u64);
-    h.update(&new_content);
     let entry = next.files.get_mut("index.json").unwrap();
     entry.size = new_content.len() as u64;
-    entry.digest = h.finish();
+    entry.digest = digest_of(&new_content, false);
     let bumped = verify(dir.path(), &next, &|_| {}, &AtomicBool::new(false)).unwrap();
     assert_eq!(bumped.carried, 3, "the three unchanged files");
     assert_eq!(bumped.evidence.revision, "f".repeat(40));

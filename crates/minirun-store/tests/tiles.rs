@@ -5,8 +5,9 @@ use std::fs;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
-use minirun_hub::{FileDigest, RepoFile, StreamHasher, Tree};
+use minirun_hub::{FileDigest, RepoFile, Tree};
 use minirun_store::{HeldEvidence, StoreError, TileReadError, TileRequest, verify};
+use sha2::Digest as _;
 
 const PIN: &str = "0123456789abcdef0123456789abcdef01234567";
 const REPO: &str = "team/tiny-minirun";
@@ -19,15 +20,13 @@ fn artifact(dir: &Path) -> (Tree, minirun_format::tile::TileContainer) {
         minirun_format::synthetic::write_mxfp4_container(file, 512, 1024, 3, 9, true, |_| {})
             .unwrap();
     let content = fs::read(dir.join(PATH)).unwrap();
-    let mut h = StreamHasher::new(&FileDigest::Sha256([0; 32]), content.len() as u64);
-    h.update(&content);
     let mut files = std::collections::BTreeMap::new();
     files.insert(
         PATH.to_string(),
         RepoFile {
             path: PATH.into(),
             size: content.len() as u64,
-            digest: h.finish(),
+            digest: FileDigest::Sha256(sha2::Sha256::digest(&content).into()),
         },
     );
     let tree = Tree {
