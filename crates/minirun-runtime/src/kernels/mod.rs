@@ -1,0 +1,184 @@
+//! Matrix-vector products straight from stored bytes, dequantizing on the fly.
+//!
+//! # Reduction order (the same bits on any number of threads)
+//!
+//! Threads split a product by **output rows** only; each row is computed start to finish by
+//! one thread with the code below, so its bits never depend on the thread count or on which
+//! thread ran it. For row `r` and input `x`, with `w[k]` the row's decoded elements:
+//!
+//! 1. The row is cut into segments: an affine group, an MXFP4 group of 32, an FP8 block's
+//!    width (the last may be shorter), or the whole row for dense matrices.
+//! 2. In a segment, 8 lanes accumulate in f32: lane `j` adds `w[8c + j] * x[8c + j]` for the
+//!    segment's 8-element chunks `c` in ascending order, starting from 0.
+//! 3. The segment folds into 8 row accumulators (starting from 0), segments in ascending
+//!    order: `acc[j] += s * part[j]` (MXFP4, FP8; `s` the segment's scale), `acc[j] +=
+//!    s * part[j] + b * xsum[j]` (affine: `b` the bias, `xsum[j]` lane `j`'s sum of `x` over
+//!    the group, chunks ascending), or `acc[j] += part[j]` (dense).
+//! 4. `y = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))`.
+//!
+//! Every operation is a separate f32 multiply or add (no fused multiply-add), so the SIMD path
+//! (8 lanes in one AVX2 register, chosen at run time) and the scalar fallback give the same bits.
+//! Decoding is exact (`decode.rs`). NaN codes (e4m3 0x7F/0xFF, e8m0 0xFF) propagate as NaN.
+
+pub mod decode;
+mod format;
+pub mod reference;
+mod row;
+
+use std::ops::Range;
+
+use rayon::prelude::*;
+
+pub use format::{BlockScale, FloatType, Format, QMatrix};
+
+/// Why a matrix or a product was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KernelError {
+    #[error("a {rows} x {cols} matrix with {what} is not supported")]
+    Shape {
+        rows: usize,
+        cols: usize,
+        what: String,
+    },
+    #[error("the {what} bytes are {actual}, the shape needs {expected}")]
+    Bytes {
+        what: &'static str,
+        expected: usize,
+        actual: usize,
+    },
+    #[error("{what} has {actual} elements, the product needs {expected}")]
+    Length {
+        what: &'static str,
+        expected: usize,
+        actual: usize,
+    },
+}
+
+/// Rows handed to one rayon task; below `SERIAL_CELLS` weights a product runs on the calling
+/// thread. Neither changes a result bit (see the module docs).
+const ROWS_PER_TASK: usize = 16;
+const SERIAL_CELLS: usize = 1 << 16;
+
+struct RowsOp<'a, 'm> {
+    m: &'a QMatrix<'m>,
+    first: usize,
+    x: &'a [f32],
+    xsum: &'a [[f32; 8]],
+    y: &'a mut [f32],
+}
+
+impl pulp::WithSimd for RowsOp<'_, '_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _simd: S) {
+        for (i, out) in self.y.iter_mut().enumerate() {
+            *out = row::dot(self.m, self.first + i, self.x, self.xsum);
+        }
+    }
+}
+
+fn run_rows(m: &QMatrix, first: usize, x: &[f32], xsum: &[[f32; 8]], y: &mut [f32]) {
+    pulp::Arch::new().dispatch(RowsOp {
+        m,
+        first,
+        x,
+        xsum,
+        y,
+    });
+}
+
+fn check_len(what: &'static str, expected: usize, actual: usize) -> Result<(), KernelError> {
+    if expected == actual {
+        Ok(())
+    } else {
+        Err(KernelError::Length {
+            what,
+            expected,
+            actual,
+        })
+    }
+}
+
+impl QMatrix<'_> {
+    /// `y = W x` over all rows.
+    pub fn matvec(&self, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
+        self.matvec_rows(0..self.rows, x, y)
+    }
+
+    /// `y[i] = (W x)[rows.start + i]`: a band of output rows, bit-identical to the same rows
+    /// of a full `matvec`.
+    pub fn matvec_rows(
+        &self,
+        rows: Range<usize>,
+        x: &[f32],
+        y: &mut [f32],
+    ) -> Result<(), KernelError> {
+        check_len("x", self.cols, x.len())?;
+        check_len("y", rows.len(), y.len())?;
+        if rows.end > self.rows {
+            return Err(KernelError::Length {
+                what: "the row range",
+                expected: self.rows,
+                actual: rows.end,
+            });
+        }
+        let xsum = match self.format {
+            Format::Affine { group, .. } => row::lane_sums(x, group),
+            _ => Vec::new(),
+        };
+        if rows.len() * self.cols < SERIAL_CELLS || rayon::current_num_threads() == 1 {
+            run_rows(self, rows.start, x, &xsum, y);
+        } else {
+            y.par_chunks_mut(ROWS_PER_TASK)
+                .enumerate()
+                .for_each(|(task, band)| {
+                    run_rows(self, rows.start + task * ROWS_PER_TASK, x, &xsum, band);
+                });
+        }
+        Ok(())
+    }
+
+    /// `y = W[rows]^T x`: `y[c] = sum over r in rows (ascending) of x[r - rows.start] * w[r][c]`,
+    /// each row dequantized as `dequantize_row` gives it. Used for the absorbed attention of
+    /// checkpoints that store `kv_b_proj` whole.
+    pub fn vecmat_rows(
+        &self,
+        rows: Range<usize>,
+        x: &[f32],
+        y: &mut [f32],
+    ) -> Result<(), KernelError> {
+        check_len("x", rows.len(), x.len())?;
+        check_len("y", self.cols, y.len())?;
+        if rows.end > self.rows {
+            return Err(KernelError::Length {
+                what: "the row range",
+                expected: self.rows,
+                actual: rows.end,
+            });
+        }
+        y.fill(0.0);
+        let mut w = vec![0f32; self.cols];
+        for (r, &xr) in rows.zip(x) {
+            row::dequantize_row(self, r, &mut w);
+            for (out, &wc) in y.iter_mut().zip(&w) {
+                *out += xr * wc;
+            }
+        }
+        Ok(())
+    }
+
+    /// Row `r` as f32 values (an embedding lookup): one f32 operation per element.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> Result<(), KernelError> {
+        check_len("the output row", self.cols, out.len())?;
+        if r >= self.rows {
+            return Err(KernelError::Length {
+                what: "the row index",
+                expected: self.rows,
+                actual: r,
+            });
+        }
+        row::dequantize_row(self, r, out);
+        Ok(())
+    }
+}

@@ -1,0 +1,370 @@
+//! Every kernel against the scalar reference (`kernels::reference`), over random shapes and
+//! bytes; the edge cases by name; and bit-identity across thread counts and row bands.
+
+use minirun_runtime::kernels::{BlockScale, FloatType, Format, QMatrix, decode, reference};
+use proptest::prelude::*;
+
+/// Bytes for a matrix: random codes, and scales/biases drawn as finite floats of the right type.
+struct Stored {
+    format: Format,
+    rows: usize,
+    cols: usize,
+    packed: Vec<u8>,
+    scales: Vec<u8>,
+    biases: Vec<u8>,
+}
+
+impl Stored {
+    fn matrix(&self) -> QMatrix<'_> {
+        QMatrix::new(
+            self.format,
+            self.rows,
+            self.cols,
+            &self.packed,
+            &self.scales,
+            &self.biases,
+        )
+        .expect("the generator makes consistent matrices")
+    }
+}
+
+fn float_bytes(t: FloatType, values: &[f32]) -> Vec<u8> {
+    values
+        .iter()
+        .flat_map(|&v| match t {
+            FloatType::F32 => v.to_le_bytes().to_vec(),
+            FloatType::F16 => half::f16::from_f32(v).to_le_bytes().to_vec(),
+            FloatType::BF16 => half::bf16::from_f32(v).to_le_bytes().to_vec(),
+        })
+        .collect()
+}
+
+/// A small deterministic generator, so one proptest seed gives a whole matrix.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn byte(&mut self) -> u8 {
+        self.next() as u8
+    }
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.byte()).collect()
+    }
+    fn floats(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.unit() * scale).collect()
+    }
+}
+
+const FLOATS: [FloatType; 3] = [FloatType::F32, FloatType::F16, FloatType::BF16];
+
+fn make(kind: usize, rows: usize, segments: usize, pick: usize, seed: u64) -> Stored {
+    let mut rng = Rng(seed);
+    let float = FLOATS[pick % 3];
+    let (format, cols) = match kind % 5 {
+        0 => (Format::Dense(float), 8 * segments),
+        1 => {
+            let group = [32, 64, 128][pick % 3];
+            let bits = if pick % 2 == 0 { 4 } else { 8 };
+            (
+                Format::Affine {
+                    bits,
+                    group,
+                    scale: float,
+                },
+                group * segments,
+            )
+        }
+        2 => (Format::Mxfp4, 32 * segments),
+        3 => {
+            // Partial last blocks in both directions.
+            let block_cols = [8, 16, 128][pick % 3];
+            let scale = if pick % 2 == 0 {
+                BlockScale::E8m0
+            } else {
+                BlockScale::Float(float)
+            };
+            (
+                Format::Fp8Block {
+                    block_rows: 1 + pick % 5,
+                    block_cols,
+                    scale,
+                },
+                8 * (segments * 3 + 1),
+            )
+        }
+        _ => (
+            Format::Affine {
+                bits: 4,
+                group: 32,
+                scale: FloatType::BF16,
+            },
+            32 * segments,
+        ),
+    };
+    let cells = rows * cols;
+    let (packed, scales, biases) = match format {
+        Format::Dense(t) => (float_bytes(t, &rng.floats(cells, 2.0)), vec![], vec![]),
+        Format::Affine { bits, group, scale } => {
+            let groups = rows * cols / group;
+            let packed = rng.bytes(cells * bits as usize / 8);
+            (
+                packed,
+                float_bytes(scale, &rng.floats(groups, 0.1)),
+                float_bytes(scale, &rng.floats(groups, 1.0)),
+            )
+        }
+        Format::Mxfp4 => {
+            let scales = (0..cells / 32).map(|_| 110 + rng.byte() % 30).collect();
+            (rng.bytes(cells / 2), scales, vec![])
+        }
+        Format::Fp8Block {
+            block_rows,
+            block_cols,
+            scale,
+        } => {
+            let grid = rows.div_ceil(block_rows) * cols.div_ceil(block_cols);
+            // e4m3 codes without the NaN pattern (the NaN cases have their own test).
+            let packed = (0..cells)
+                .map(|_| rng.byte())
+                .map(|b| if b & 0x7F == 0x7F { b ^ 1 } else { b })
+                .collect();
+            let scales = match scale {
+                BlockScale::E8m0 => (0..grid).map(|_| 115 + rng.byte() % 20).collect(),
+                BlockScale::Float(t) => float_bytes(t, &rng.floats(grid, 0.01)),
+            };
+            (packed, scales, vec![])
+        }
+    };
+    Stored {
+        format,
+        rows,
+        cols,
+        packed,
+        scales,
+        biases,
+    }
+}
+
+fn input(cols: usize, seed: u64) -> Vec<f32> {
+    Rng(seed ^ 0xABCD).floats(cols, 2.0)
+}
+
+fn on_threads<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> T {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("a thread pool")
+        .install(f)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    /// The kernel's f32 result is within f32 summation error of the exact (f64) product:
+    /// at most 2^-17 of the sum of the terms' magnitudes (a row of at most 8 x 130 chunk
+    /// additions per lane, 8 lanes and 3 folding steps stays far inside that).
+    #[test]
+    fn matvec_matches_the_reference(kind in 0usize..5, rows in 1usize..24, segments in 1usize..9, pick in 0usize..30, seed: u64) {
+        let stored = make(kind, rows, segments, pick, seed);
+        let m = stored.matrix();
+        let x = input(m.cols, seed);
+        let mut y = vec![0f32; m.rows];
+        m.matvec(&x, &mut y).unwrap();
+        for (r, (&got, &(exact, size))) in y.iter().zip(&reference::matvec(&m, &x)).enumerate() {
+            let tolerance = size * 2f64.powi(-17) + 1e-30;
+            prop_assert!((f64::from(got) - exact).abs() <= tolerance,
+                "{:?} {}x{} row {r}: kernel {got}, reference {exact}, tolerance {tolerance}", m.format, m.rows, m.cols);
+        }
+    }
+
+    /// Dequantizing a row is one f32 operation per element: equal to the reference's value
+    /// rounded to f32 (affine: the f32 product rounded, then the bias added in f32).
+    #[test]
+    fn dequantized_rows_match_the_reference(kind in 0usize..5, rows in 1usize..6, segments in 1usize..5, pick in 0usize..30, seed: u64) {
+        let stored = make(kind, rows, segments, pick, seed);
+        let m = stored.matrix();
+        let mut out = vec![0f32; m.cols];
+        for r in 0..m.rows {
+            m.dequantize_row(r, &mut out).unwrap();
+            for (k, &got) in out.iter().enumerate() {
+                let expected = match m.format {
+                    Format::Affine { bits, group, scale } => {
+                        let cell = r * m.cols + k;
+                        let q = if bits == 4 { (m.packed[cell / 2] >> (4 * (cell % 2))) & 15 } else { m.packed[cell] };
+                        let g = r * (m.cols / group) + k / group;
+                        let s = reference::float(scale, m.scales, g) as f32;
+                        let b = reference::float(scale, m.biases, g) as f32;
+                        s * f32::from(q) + b
+                    }
+                    _ => reference::element(&m, r, k).0 as f32,
+                };
+                prop_assert_eq!(got.to_bits(), expected.to_bits(), "{:?} ({}, {})", m.format, r, k);
+            }
+        }
+    }
+}
+
+/// The documented order is per row, so 1 and 2 threads (and any band of rows) give the same
+/// bits. Large enough that the 2-thread run really splits the rows.
+#[test]
+fn results_are_bit_identical_on_one_or_two_threads_and_in_bands() {
+    for kind in 0..5 {
+        for pick in 0..6 {
+            let stored = make(kind, 1100, 8, pick, 7 + pick as u64);
+            let m = stored.matrix();
+            assert!(
+                m.rows * m.cols >= 1 << 16,
+                "the product must be big enough to run in parallel"
+            );
+            let x = input(m.cols, 3);
+            let run = |threads| {
+                on_threads(threads, || {
+                    let mut y = vec![0f32; m.rows];
+                    m.matvec(&x, &mut y).unwrap();
+                    y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                })
+            };
+            let one = run(1);
+            assert_eq!(one, run(2), "{:?}", m.format);
+            let mut band = vec![0f32; 37];
+            m.matvec_rows(101..138, &x, &mut band).unwrap();
+            assert_eq!(
+                &one[101..138],
+                band.iter()
+                    .map(|v| v.to_bits())
+                    .collect::<Vec<_>>()
+                    .as_slice()
+            );
+        }
+    }
+}
+
+#[test]
+fn decoders_agree_with_the_definitions_on_every_code() {
+    for code in 0..16u8 {
+        assert_eq!(
+            decode::e2m1(u32::from(code)).to_bits(),
+            (reference::e2m1(code) as f32).to_bits(),
+            "e2m1 {code}"
+        );
+    }
+    for byte in 0..=255u8 {
+        let (fast, slow) = (decode::e4m3(u32::from(byte)), reference::e4m3(byte));
+        assert!(
+            fast.to_bits() == (slow as f32).to_bits() || (fast.is_nan() && slow.is_nan()),
+            "e4m3 {byte:#04x}: {fast} vs {slow}"
+        );
+        let (fast, slow) = (decode::e8m0(u32::from(byte)), reference::e8m0(byte));
+        assert!(
+            fast.to_bits() == (slow as f32).to_bits() || (fast.is_nan() && slow.is_nan()),
+            "e8m0 {byte}: {fast} vs {slow}"
+        );
+    }
+    assert!(decode::e4m3(0x7F).is_nan() && decode::e4m3(0xFF).is_nan());
+    assert_eq!(decode::e4m3(0x7E), 448.0);
+    assert_eq!(decode::e4m3(0x01), 2f32.powi(-9));
+    assert_eq!(decode::e8m0(0), 2f32.powi(-127));
+    assert!(decode::e8m0(0xFF).is_nan());
+    assert_eq!(decode::e8m0(254), 2f32.powi(127));
+    for bits in 0..=u16::MAX {
+        let want = half::bf16::from_bits(bits).to_f32();
+        let got = decode::bf16(u32::from(bits));
+        assert!(
+            got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+            "bf16 {bits:#06x}"
+        );
+        let want = half::f16::from_bits(bits).to_f32();
+        let got = decode::f16(u32::from(bits));
+        assert!(
+            got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+            "f16 {bits:#06x}"
+        );
+    }
+}
+
+/// NaN codes are not silently zero or finite: a NaN element or a NaN scale makes its row NaN
+/// and leaves the other rows alone.
+#[test]
+fn nan_codes_and_scales_propagate_to_their_row_only() {
+    let format = Format::Fp8Block {
+        block_rows: 1,
+        block_cols: 32,
+        scale: BlockScale::E8m0,
+    };
+    let mut packed = vec![0x38u8; 4 * 64]; // e4m3 0x38 = 1.0
+    let mut scales = vec![127u8; 4 * 2]; // 2^0
+    packed[5] = 0x7F; // row 0: NaN element
+    packed[64 + 9] = 0xFF; // row 1: negative NaN element
+    scales[2 * 2 + 1] = 0xFF; // row 2, second block: NaN scale
+    let m = QMatrix::new(format, 4, 64, &packed, &scales, &[]).unwrap();
+    let mut y = vec![0f32; 4];
+    m.matvec(&[1.0; 64], &mut y).unwrap();
+    assert!(y[0].is_nan() && y[1].is_nan() && y[2].is_nan(), "{y:?}");
+    assert_eq!(y[3], 64.0);
+
+    let scales = [0u8, 0xFF];
+    let packed = [0x22u8; 32]; // e2m1 code 2 = 1.0 in both nibbles
+    let m = QMatrix::new(Format::Mxfp4, 2, 32, &packed, &scales, &[]).unwrap();
+    m.matvec(&[1.0; 32], &mut y[..2]).unwrap();
+    assert_eq!(y[0], 32.0 * 2f32.powi(-127), "e8m0 0 is 2^-127, not zero");
+    assert!(y[1].is_nan());
+}
+
+#[test]
+fn inconsistent_byte_lengths_and_shapes_are_refused() {
+    let f = Format::Affine {
+        bits: 4,
+        group: 64,
+        scale: FloatType::BF16,
+    };
+    assert!(QMatrix::new(f, 2, 64, &[0; 64], &[0; 4], &[0; 4]).is_ok());
+    assert!(QMatrix::new(f, 2, 64, &[0; 63], &[0; 4], &[0; 4]).is_err());
+    assert!(QMatrix::new(f, 2, 64, &[0; 64], &[0; 4], &[]).is_err());
+    assert!(
+        QMatrix::new(f, 2, 96, &[0; 96], &[0; 4], &[0; 4]).is_err(),
+        "96 is not a multiple of 64"
+    );
+    let f = Format::Affine {
+        bits: 3,
+        group: 64,
+        scale: FloatType::BF16,
+    };
+    assert!(QMatrix::new(f, 2, 64, &[0; 48], &[0; 4], &[0; 4]).is_err());
+    assert!(
+        QMatrix::new(Format::Dense(FloatType::F32), 1, 12, &[0; 48], &[], &[]).is_err(),
+        "cols % 8"
+    );
+    let m = QMatrix::new(Format::Dense(FloatType::F32), 1, 8, &[0; 32], &[], &[]).unwrap();
+    assert!(m.matvec(&[0.0; 7], &mut [0.0]).is_err());
+    assert!(m.matvec_rows(0..2, &[0.0; 8], &mut [0.0; 2]).is_err());
+}
+
+#[test]
+fn vecmat_is_the_transposed_product_of_dequantized_rows() {
+    let stored = make(3, 20, 3, 1, 99);
+    let m = stored.matrix();
+    let x = input(10, 5);
+    let mut y = vec![0f32; m.cols];
+    m.vecmat_rows(4..14, &x, &mut y).unwrap();
+    for (c, &got) in y.iter().enumerate() {
+        let (exact, size) = (4..14).fold((0.0, 0.0), |(s, b), r| {
+            let (w, bound) = reference::element(&m, r, c);
+            (
+                s + w * f64::from(x[r - 4]),
+                b + bound * f64::from(x[r - 4]).abs(),
+            )
+        });
+        assert!(
+            (f64::from(got) - exact).abs() <= size * 1e-6 + 1e-30,
+            "col {c}"
+        );
+    }
+}
