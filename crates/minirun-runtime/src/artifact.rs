@@ -1,0 +1,591 @@
+//! Opening a packed artifact for running: its unit manifests, config.json and tokenizer, and
+//! every payload file read whole into memory (the resident store). Payload files are opened
+//! only through held verification evidence (rooted, no-follow, identity rechecked) unless the
+//! caller asked for an unverified run. Every tile container's header is re-parsed against its
+//! file length and compared with the manifest before a byte of it is used.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use minirun_format::tile::{HEADER_BYTES, QuantMode, ScaleDtype, TileContainer};
+use minirun_pack::manifest::{FileEntry, Member, Quantization, UnitManifest};
+use minirun_store::HeldEvidence;
+
+use crate::kernels::{BlockScale, FloatType, Format, QMatrix};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ArtifactError {
+    #[error("{path}: {error}")]
+    Io { path: String, error: std::io::Error },
+    #[error(transparent)]
+    Evidence(#[from] minirun_store::StoreError),
+    #[error(
+        "{0} is not a complete artifact ({1}): pack it again with `minirun pack`, or download it with `minirun download`"
+    )]
+    Incomplete(String, &'static str),
+    #[error("{path}: {reason}")]
+    Invalid { path: String, reason: String },
+    #[error("the artifact has no tensor {0} (the model's config.json needs it)")]
+    Missing(String),
+    #[error("{name}: {reason}")]
+    Tensor { name: String, reason: String },
+}
+
+/// Where the bytes come from, and what vouches for them.
+pub enum Access {
+    /// Every payload file through held evidence.
+    Verified(Box<HeldEvidence>),
+    /// Plain reads; the caller said so (`--unverified`).
+    Unverified,
+}
+
+/// Where one tensor's bytes are: a whole blob member, or the packed tensor of a tile container
+/// (one tile per leading-dimension slice).
+#[derive(Debug, Clone)]
+enum Location {
+    Member {
+        file: usize,
+        member: Member,
+    },
+    Tiled {
+        file: usize,
+        container: Box<TileContainer>,
+    },
+}
+
+/// A resident artifact: every payload file's bytes, and an index from source tensor names to them.
+pub struct Artifact {
+    pub root: PathBuf,
+    pub config_json: String,
+    pub tokenizer_json: Option<String>,
+    pub tokenizer_config_json: Option<String>,
+    /// What vouched for the bytes, in words for the run's header.
+    pub provenance: String,
+    files: Vec<Vec<u8>>,
+    tensors: BTreeMap<String, Location>,
+    /// Quantization parameters of plain-stream members, by tensor name.
+    payload_bytes: u64,
+}
+
+/// A matrix, or a stack of equally shaped matrices (experts, attention heads), as stored.
+#[derive(Debug, Clone)]
+pub struct Stack<'a> {
+    pub format: Format,
+    pub rows: usize,
+    pub cols: usize,
+    parts: Vec<(&'a [u8], &'a [u8], &'a [u8])>,
+}
+
+impl<'a> Stack<'a> {
+    pub fn len(&self) -> usize {
+        self.parts.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.parts.is_empty()
+    }
+
+    /// Matrix `i` of the stack.
+    pub fn get(&self, i: usize) -> Option<QMatrix<'a>> {
+        let &(packed, scales, biases) = self.parts.get(i)?;
+        // Checked when the stack was built.
+        QMatrix::new(self.format, self.rows, self.cols, packed, scales, biases).ok()
+    }
+
+    /// The only matrix of a stack of one.
+    pub fn single(&self, name: &str) -> Result<QMatrix<'a>, ArtifactError> {
+        match (self.parts.len(), self.get(0)) {
+            (1, Some(m)) => Ok(m),
+            (n, _) => Err(ArtifactError::Tensor {
+                name: name.to_string(),
+                reason: format!("is a stack of {n} matrices where the model needs one"),
+            }),
+        }
+    }
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ArtifactError + '_ {
+    move |error| ArtifactError::Io {
+        path: path.display().to_string(),
+        error,
+    }
+}
+
+fn invalid(path: &str, reason: impl Into<String>) -> ArtifactError {
+    ArtifactError::Invalid {
+        path: path.to_string(),
+        reason: reason.into(),
+    }
+}
+
+impl Access {
+    fn read(&self, root: &Path, path: &str) -> Result<Vec<u8>, ArtifactError> {
+        let mut bytes = Vec::new();
+        match self {
+            Access::Verified(held) => {
+                held.open(path)?
+                    .read_to_end(&mut bytes)
+                    .map_err(io(&root.join(path)))?;
+            }
+            Access::Unverified => {
+                bytes = std::fs::read(root.join(path)).map_err(io(&root.join(path)))?
+            }
+        }
+        Ok(bytes)
+    }
+
+    /// Metadata files: through the evidence when it covers them (a verification against the
+    /// publisher does), otherwise read plainly (offline evidence covers payload only).
+    fn read_metadata(&self, root: &Path, path: &str) -> Result<Option<Vec<u8>>, ArtifactError> {
+        if let Access::Verified(held) = self
+            && held.evidence().files.iter().any(|f| f.path == path)
+        {
+            return self.read(root, path).map(Some);
+        }
+        match std::fs::read(root.join(path)) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io(&root.join(path))(e)),
+        }
+    }
+}
+
+fn text(path: &str, bytes: Vec<u8>) -> Result<String, ArtifactError> {
+    String::from_utf8(bytes).map_err(|_| invalid(path, "is not UTF-8"))
+}
+
+impl Artifact {
+    /// Reads the artifact at `root` into memory.
+    pub fn open(root: &Path, access: Access) -> Result<Artifact, ArtifactError> {
+        let shown = root.display().to_string();
+        if root.join(".minirun-pack-incomplete").exists() {
+            return Err(ArtifactError::Incomplete(
+                shown,
+                "a pack into it was interrupted",
+            ));
+        }
+        if !root.join("index.json").is_file() {
+            return Err(ArtifactError::Incomplete(shown, "it has no index.json"));
+        }
+        let provenance = match &access {
+            Access::Unverified => {
+                "UNVERIFIED (--unverified): bytes were not checked against any publication"
+                    .to_string()
+            }
+            Access::Verified(held) => {
+                let e = held.evidence();
+                if e.repo.is_empty() {
+                    format!("verified ({}) against the artifact's own manifests", e.mode)
+                } else {
+                    format!("verified ({}) against {}@{}", e.mode, e.repo, e.revision)
+                }
+            }
+        };
+        let config_json = access
+            .read_metadata(root, "config.json")?
+            .ok_or_else(|| ArtifactError::Incomplete(shown.clone(), "it has no config.json"))?;
+        let config_json = text("config.json", config_json)?;
+        let tokenizer_json = access
+            .read_metadata(root, "tokenizer.json")?
+            .map(|b| text("tokenizer.json", b))
+            .transpose()?;
+        let tokenizer_config_json = access
+            .read_metadata(root, "tokenizer_config.json")?
+            .map(|b| text("tokenizer_config.json", b))
+            .transpose()?;
+        let mut artifact = Artifact {
+            root: root.to_path_buf(),
+            config_json,
+            tokenizer_json,
+            tokenizer_config_json,
+            provenance,
+            files: Vec::new(),
+            tensors: BTreeMap::new(),
+            payload_bytes: 0,
+        };
+        for unit in unit_names(root)? {
+            let manifest_path = format!("{unit}/manifest.json");
+            let manifest = access
+                .read_metadata(root, &manifest_path)?
+                .ok_or_else(|| invalid(&manifest_path, "is missing"))?;
+            let manifest: UnitManifest = serde_json::from_slice(&manifest)
+                .map_err(|e| invalid(&manifest_path, e.to_string()))?;
+            if manifest.unit != unit {
+                return Err(invalid(
+                    &manifest_path,
+                    format!("names unit {:?}", manifest.unit),
+                ));
+            }
+            for entry in &manifest.files {
+                artifact.add_file(&access, &unit, entry)?;
+            }
+        }
+        if artifact.files.is_empty() {
+            return Err(ArtifactError::Incomplete(shown, "it has no unit manifests"));
+        }
+        Ok(artifact)
+    }
+
+    fn add_file(
+        &mut self,
+        access: &Access,
+        unit: &str,
+        entry: &FileEntry,
+    ) -> Result<(), ArtifactError> {
+        let path = format!("{unit}/{}", entry.name());
+        let bytes = access.read(&self.root, &path)?;
+        if bytes.len() as u64 != entry.bytes() {
+            return Err(invalid(
+                &path,
+                format!(
+                    "has {} bytes, its manifest says {}",
+                    bytes.len(),
+                    entry.bytes()
+                ),
+            ));
+        }
+        let file = self.files.len();
+        match entry {
+            FileEntry::Blob { members, .. } => {
+                for member in members {
+                    let end = member.offset.checked_add(member.source.bytes);
+                    if end.is_none_or(|end| end > bytes.len() as u64) {
+                        return Err(invalid(
+                            &path,
+                            format!("member {} lies past the end", member.source.source_tensor),
+                        ));
+                    }
+                    let location = Location::Member {
+                        file,
+                        member: member.clone(),
+                    };
+                    self.insert(&path, &member.source.source_tensor, location)?;
+                }
+            }
+            FileEntry::TileContainer {
+                packed,
+                rows,
+                cols,
+                count,
+                ..
+            } => {
+                let header = bytes
+                    .get(..HEADER_BYTES as usize)
+                    .ok_or_else(|| invalid(&path, "is shorter than a header"))?;
+                let container = TileContainer::parse(header, bytes.len() as u64)
+                    .map_err(|e| invalid(&path, e.to_string()))?;
+                let g = &container.geometry;
+                if (g.rows, g.cols, g.tile_count) != (*rows, *cols, *count) {
+                    return Err(invalid(
+                        &path,
+                        format!(
+                            "its header holds {} tiles of {} x {}, its manifest says {count} of {rows} x {cols}",
+                            g.tile_count, g.rows, g.cols
+                        ),
+                    ));
+                }
+                let location = Location::Tiled {
+                    file,
+                    container: Box::new(container),
+                };
+                self.insert(&path, &packed.source_tensor, location)?;
+            }
+        }
+        self.payload_bytes += bytes.len() as u64;
+        self.files.push(bytes);
+        Ok(())
+    }
+
+    fn insert(&mut self, path: &str, name: &str, location: Location) -> Result<(), ArtifactError> {
+        if self.tensors.insert(name.to_string(), location).is_some() {
+            return Err(invalid(path, format!("holds {name} a second time")));
+        }
+        Ok(())
+    }
+
+    /// Bytes of payload held resident.
+    pub fn payload_bytes(&self) -> u64 {
+        self.payload_bytes
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// A float tensor (norm weights, biases) as f32, checked against `len` elements.
+    pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ArtifactError> {
+        let (bytes, member) = self.member(name)?;
+        let dtype = float_type(&member.source.dtype).ok_or_else(|| {
+            tensor_err(
+                name,
+                format!("is {}, not a float tensor", member.source.dtype),
+            )
+        })?;
+        let shape_len: usize = member.source.shape.iter().product();
+        if shape_len != len || member.quantization.is_some() {
+            return Err(tensor_err(
+                name,
+                format!(
+                    "has shape {:?}; the config needs {len} floats",
+                    member.source.shape
+                ),
+            ));
+        }
+        Ok((0..len)
+            .map(|i| crate::kernels::reference::float(dtype, bytes, i) as f32)
+            .collect())
+    }
+
+    fn member(&self, name: &str) -> Result<(&[u8], &Member), ArtifactError> {
+        match self.tensors.get(name) {
+            Some(Location::Member { file, member }) => {
+                let start = member.offset as usize;
+                Ok((
+                    &self.files[*file][start..start + member.source.bytes as usize],
+                    member,
+                ))
+            }
+            Some(Location::Tiled { .. }) => Err(tensor_err(
+                name,
+                "is a tile container where a plain tensor is expected".to_string(),
+            )),
+            None => Err(ArtifactError::Missing(name.to_string())),
+        }
+    }
+
+    /// The matrix (or stack) of module `module`: `{module}.weight` with its scales and biases
+    /// wherever they are stored. Its shape must be `[.., rows, cols]` (`cols` in elements).
+    pub fn matrix(
+        &self,
+        module: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Stack<'_>, ArtifactError> {
+        let name = format!("{module}.weight");
+        let stack = match self.tensors.get(&name) {
+            None => return Err(ArtifactError::Missing(name)),
+            Some(Location::Tiled { file, container }) => self.tiled(&name, *file, container)?,
+            Some(Location::Member { .. }) => self.plain_matrix(module, &name)?,
+        };
+        if (stack.rows, stack.cols) != (rows, cols) {
+            return Err(tensor_err(
+                &name,
+                format!(
+                    "is {} x {}; config.json implies {rows} x {cols}",
+                    stack.rows, stack.cols
+                ),
+            ));
+        }
+        Ok(stack)
+    }
+
+    fn tiled(
+        &self,
+        name: &str,
+        file: usize,
+        c: &TileContainer,
+    ) -> Result<Stack<'_>, ArtifactError> {
+        let g = &c.geometry;
+        let format = match (g.mode, g.scale_dtype) {
+            (QuantMode::Affine, dtype) => Format::Affine {
+                bits: g.bits,
+                group: g.group_size as usize,
+                scale: scale_float(dtype)
+                    .ok_or_else(|| tensor_err(name, "affine with e8m0 scales".into()))?,
+            },
+            (QuantMode::Mxfp4, _) => Format::Mxfp4,
+            (QuantMode::Fp8E4m3Block, dtype) => Format::Fp8Block {
+                block_rows: g.scale_block_rows as usize,
+                block_cols: g.group_size as usize,
+                scale: match dtype {
+                    ScaleDtype::E8m0 => BlockScale::E8m0,
+                    other => BlockScale::Float(
+                        scale_float(other).ok_or_else(|| tensor_err(name, "bad scale".into()))?,
+                    ),
+                },
+            },
+        };
+        let bytes = &self.files[file];
+        let slice = |r: std::ops::Range<u64>| &bytes[r.start as usize..r.end as usize];
+        let mut parts = Vec::new();
+        for i in 0..u64::from(g.tile_count) {
+            let err = |e: minirun_format::tile::TileError| tensor_err(name, e.to_string());
+            let packed = slice(c.packed_range(i).map_err(err)?);
+            let scales = slice(c.scale_range(i).map_err(err)?);
+            let biases = c.bias_range(i).map_err(err)?.map(slice).unwrap_or(&[]);
+            parts.push((packed, scales, biases));
+        }
+        build_stack(name, format, g.rows as usize, g.cols as usize, parts)
+    }
+
+    fn plain_matrix(&self, module: &str, name: &str) -> Result<Stack<'_>, ArtifactError> {
+        let (packed, member) = self.member(name)?;
+        let shape = &member.source.shape;
+        let Some(q) = &member.quantization else {
+            let dtype = float_type(&member.source.dtype).ok_or_else(|| {
+                tensor_err(
+                    name,
+                    format!("is {} and not recorded as quantized", member.source.dtype),
+                )
+            })?;
+            let (count, rows, cols) = leading(name, shape)?;
+            return build_stack(
+                name,
+                Format::Dense(dtype),
+                rows,
+                cols,
+                split(packed, count, &[], &[]),
+            );
+        };
+        let format = quantized_format(name, q)?;
+        let (scales_name, biases_name) = match q.layout.as_str() {
+            "fp8-e4m3-block" => (format!("{name}_scale_inv"), None),
+            "affine" => (format!("{module}.scales"), Some(format!("{module}.biases"))),
+            _ => (format!("{module}.scales"), None),
+        };
+        let (scales, _) = self.member(&scales_name)?;
+        let biases = match &biases_name {
+            Some(b) => self.member(b)?.0,
+            None => &[],
+        };
+        let (count, rows, stored_cols) = leading(name, shape)?;
+        let cols = match format {
+            Format::Affine { bits, .. } if member.source.dtype == "U32" => {
+                stored_cols * 32 / bits as usize
+            }
+            Format::Mxfp4 if member.source.dtype == "U32" => stored_cols * 8,
+            Format::Fp8Block { .. } => stored_cols,
+            _ => {
+                return Err(tensor_err(
+                    name,
+                    format!(
+                        "{} stored as {} is not implemented",
+                        q.layout, member.source.dtype
+                    ),
+                ));
+            }
+        };
+        build_stack(
+            name,
+            format,
+            rows,
+            cols,
+            split(packed, count, scales, biases),
+        )
+    }
+}
+
+fn split<'a>(
+    packed: &'a [u8],
+    count: usize,
+    scales: &'a [u8],
+    biases: &'a [u8],
+) -> Vec<(&'a [u8], &'a [u8], &'a [u8])> {
+    let piece = |b: &'a [u8], i: usize| &b[b.len() / count * i..b.len() / count * (i + 1)];
+    (0..count)
+        .map(|i| (piece(packed, i), piece(scales, i), piece(biases, i)))
+        .collect()
+}
+
+fn build_stack<'a>(
+    name: &str,
+    format: Format,
+    rows: usize,
+    cols: usize,
+    parts: Vec<(&'a [u8], &'a [u8], &'a [u8])>,
+) -> Result<Stack<'a>, ArtifactError> {
+    for &(packed, scales, biases) in &parts {
+        QMatrix::new(format, rows, cols, packed, scales, biases)
+            .map_err(|e| tensor_err(name, e.to_string()))?;
+    }
+    Ok(Stack {
+        format,
+        rows,
+        cols,
+        parts,
+    })
+}
+
+/// `[count.., rows, cols]` with the leading dimensions multiplied; rank 2 gives a count of 1.
+fn leading(name: &str, shape: &[usize]) -> Result<(usize, usize, usize), ArtifactError> {
+    match shape {
+        [rows, cols] => Ok((1, *rows, *cols)),
+        [count, rows, cols] if *count > 0 => Ok((*count, *rows, *cols)),
+        _ => Err(tensor_err(
+            name,
+            format!("has shape {shape:?}, not a matrix or a stack of matrices"),
+        )),
+    }
+}
+
+fn quantized_format(name: &str, q: &Quantization) -> Result<Format, ArtifactError> {
+    let scale = match q.scale_dtype.as_str() {
+        "uint8-e8m0" => None,
+        "float16" => Some(FloatType::F16),
+        "bfloat16" => Some(FloatType::BF16),
+        "float32" => Some(FloatType::F32),
+        other => {
+            return Err(tensor_err(
+                name,
+                format!("scale type {other} is not implemented"),
+            ));
+        }
+    };
+    match (q.layout.as_str(), scale) {
+        ("affine", Some(scale)) => Ok(Format::Affine {
+            bits: q.element_bits,
+            group: q.group as usize,
+            scale,
+        }),
+        ("mxfp4", None) if q.group == 32 => Ok(Format::Mxfp4),
+        ("fp8-e4m3-block", scale) => Ok(Format::Fp8Block {
+            block_rows: q.block_rows as usize,
+            block_cols: q.group as usize,
+            scale: scale.map_or(BlockScale::E8m0, BlockScale::Float),
+        }),
+        (layout, _) => Err(tensor_err(
+            name,
+            format!("{layout} with {} scales is not implemented", q.scale_dtype),
+        )),
+    }
+}
+
+fn float_type(dtype: &str) -> Option<FloatType> {
+    match dtype {
+        "F32" => Some(FloatType::F32),
+        "F16" => Some(FloatType::F16),
+        "BF16" => Some(FloatType::BF16),
+        _ => None,
+    }
+}
+
+fn scale_float(dtype: ScaleDtype) -> Option<FloatType> {
+    match dtype {
+        ScaleDtype::F16 => Some(FloatType::F16),
+        ScaleDtype::Bf16 => Some(FloatType::BF16),
+        ScaleDtype::F32 => Some(FloatType::F32),
+        ScaleDtype::E8m0 => None,
+    }
+}
+
+fn tensor_err(name: &str, reason: String) -> ArtifactError {
+    ArtifactError::Tensor {
+        name: name.to_string(),
+        reason,
+    }
+}
+
+/// Unit directories (those holding a manifest.json), sorted by name.
+fn unit_names(root: &Path) -> Result<Vec<String>, ArtifactError> {
+    let mut units = Vec::new();
+    for entry in std::fs::read_dir(root).map_err(io(root))? {
+        let entry = entry.map_err(io(root))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with('.') && entry.path().join("manifest.json").is_file() {
+            units.push(name);
+        }
+    }
+    units.sort();
+    Ok(units)
+}

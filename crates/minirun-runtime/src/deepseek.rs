@@ -1,0 +1,511 @@
+//! The DeepSeek-V3 family (DeepSeek V3/R1, Kimi K2): multi-head latent attention with a cache
+//! of the compressed latent, dense then mixture-of-experts layers with sigmoid, group-limited
+//! routing and shared experts. One token at a time, using the absorbed attention (queries
+//! projected into the latent space, values read out of it), which is mlx-lm's decode path.
+//!
+//! Both stored layouts run: MLX (`embed_q` / `unembed_out`, stacked `switch_mlp` experts) and
+//! Hugging Face / DeepSeek (`kv_b_proj` whole, per-expert tensors).
+
+use crate::artifact::{Artifact, ArtifactError, Stack};
+use crate::config::DeepSeekV3Config;
+use crate::kernels::{KernelError, QMatrix};
+use crate::rope::{Rope, attention_scale};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Artifact(#[from] ArtifactError),
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    #[error("token id {0} is outside the vocabulary of {1}")]
+    Token(u32, usize),
+    #[error("position {0} is past max_position_embeddings {1}")]
+    Position(usize, usize),
+}
+
+/// `kv_b_proj`, in either layout.
+enum LatentProjections<'a> {
+    /// MLX: per head, `embed_q` is `[kv_lora, nope]` and `unembed_out` is `[v, kv_lora]`.
+    Split {
+        embed_q: Stack<'a>,
+        unembed_out: Stack<'a>,
+    },
+    /// Hugging Face: `[heads * (nope + v), kv_lora]`; head h's key rows come first.
+    Whole(QMatrix<'a>),
+}
+
+struct Attention<'a> {
+    q_a: Option<(QMatrix<'a>, Vec<f32>)>,
+    q_b: QMatrix<'a>,
+    kv_a: QMatrix<'a>,
+    kv_a_norm: Vec<f32>,
+    latent: LatentProjections<'a>,
+    o: QMatrix<'a>,
+}
+
+struct Mlp<'a> {
+    gate: QMatrix<'a>,
+    up: QMatrix<'a>,
+    down: QMatrix<'a>,
+}
+
+struct Moe<'a> {
+    router: QMatrix<'a>,
+    correction_bias: Vec<f32>,
+    experts: Vec<Mlp<'a>>,
+    shared: Option<Mlp<'a>>,
+}
+
+enum FeedForward<'a> {
+    Dense(Mlp<'a>),
+    Moe(Moe<'a>),
+}
+
+struct Layer<'a> {
+    input_norm: Vec<f32>,
+    attention: Attention<'a>,
+    post_norm: Vec<f32>,
+    ffn: FeedForward<'a>,
+}
+
+pub struct DeepSeekV3<'a> {
+    pub config: DeepSeekV3Config,
+    embed: QMatrix<'a>,
+    layers: Vec<Layer<'a>>,
+    norm: Vec<f32>,
+    lm_head: QMatrix<'a>,
+    rope: Rope,
+    scale: f32,
+}
+
+/// The latent KV cache: per layer, per position, the normalised latent and the rotated key.
+pub struct Cache {
+    latent: Vec<Vec<f32>>,
+    rope_key: Vec<Vec<f32>>,
+    pub len: usize,
+}
+
+/// What one step read, for the run's figures.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct StepStats {
+    /// Stored weight bytes the step's products read (an embedding row counts its row).
+    pub weight_bytes: u64,
+}
+
+fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
+    let mean = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let inv = 1.0 / (mean + eps).sqrt();
+    x.iter().zip(weight).map(|(v, w)| w * (v * inv)).collect()
+}
+
+fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+struct Loader<'a> {
+    artifact: &'a Artifact,
+}
+
+impl<'a> Loader<'a> {
+    fn one(&self, module: &str, rows: usize, cols: usize) -> Result<QMatrix<'a>, ArtifactError> {
+        self.artifact
+            .matrix(module, rows, cols)?
+            .single(&format!("{module}.weight"))
+    }
+
+    fn mlp(&self, prefix: &str, hidden: usize, inner: usize) -> Result<Mlp<'a>, ArtifactError> {
+        Ok(Mlp {
+            gate: self.one(&format!("{prefix}.gate_proj"), inner, hidden)?,
+            up: self.one(&format!("{prefix}.up_proj"), inner, hidden)?,
+            down: self.one(&format!("{prefix}.down_proj"), hidden, inner)?,
+        })
+    }
+
+    fn experts(&self, prefix: &str, c: &DeepSeekV3Config) -> Result<Vec<Mlp<'a>>, ArtifactError> {
+        let (hidden, inner, n) = (c.hidden_size, c.moe_intermediate_size, c.n_routed_experts);
+        let stacked = format!("{prefix}.switch_mlp");
+        if !self.artifact.has(&format!("{stacked}.gate_proj.weight")) {
+            return (0..n)
+                .map(|e| self.mlp(&format!("{prefix}.experts.{e}"), hidden, inner))
+                .collect();
+        }
+        let stack = |name: &str, rows, cols| -> Result<Stack<'a>, ArtifactError> {
+            let s = self
+                .artifact
+                .matrix(&format!("{stacked}.{name}"), rows, cols)?;
+            if s.len() != n {
+                return Err(ArtifactError::Tensor {
+                    name: format!("{stacked}.{name}.weight"),
+                    reason: format!("stacks {} experts; n_routed_experts is {n}", s.len()),
+                });
+            }
+            Ok(s)
+        };
+        let (gate, up, down) = (
+            stack("gate_proj", inner, hidden)?,
+            stack("up_proj", inner, hidden)?,
+            stack("down_proj", hidden, inner)?,
+        );
+        Ok((0..n)
+            .filter_map(|e| {
+                Some(Mlp {
+                    gate: gate.get(e)?,
+                    up: up.get(e)?,
+                    down: down.get(e)?,
+                })
+            })
+            .collect())
+    }
+
+    fn attention(
+        &self,
+        prefix: &str,
+        c: &DeepSeekV3Config,
+    ) -> Result<Attention<'a>, ArtifactError> {
+        let (hidden, heads) = (c.hidden_size, c.num_attention_heads);
+        let (q_a, q_b) = match c.q_lora_rank {
+            Some(rank) => (
+                Some((
+                    self.one(&format!("{prefix}.q_a_proj"), rank, hidden)?,
+                    self.artifact
+                        .vector(&format!("{prefix}.q_a_layernorm.weight"), rank)?,
+                )),
+                self.one(&format!("{prefix}.q_b_proj"), heads * c.q_head_dim(), rank)?,
+            ),
+            None => (
+                None,
+                self.one(&format!("{prefix}.q_proj"), heads * c.q_head_dim(), hidden)?,
+            ),
+        };
+        let latent = if self.artifact.has(&format!("{prefix}.kv_b_proj.weight")) {
+            LatentProjections::Whole(self.one(
+                &format!("{prefix}.kv_b_proj"),
+                heads * (c.qk_nope_head_dim + c.v_head_dim),
+                c.kv_lora_rank,
+            )?)
+        } else {
+            let embed_q = self.artifact.matrix(
+                &format!("{prefix}.embed_q"),
+                c.kv_lora_rank,
+                c.qk_nope_head_dim,
+            )?;
+            let unembed_out = self.artifact.matrix(
+                &format!("{prefix}.unembed_out"),
+                c.v_head_dim,
+                c.kv_lora_rank,
+            )?;
+            for (s, name) in [(&embed_q, "embed_q"), (&unembed_out, "unembed_out")] {
+                if s.len() != heads {
+                    return Err(ArtifactError::Tensor {
+                        name: format!("{prefix}.{name}.weight"),
+                        reason: format!("holds {} heads; num_attention_heads is {heads}", s.len()),
+                    });
+                }
+            }
+            LatentProjections::Split {
+                embed_q,
+                unembed_out,
+            }
+        };
+        Ok(Attention {
+            q_a,
+            q_b,
+            kv_a: self.one(
+                &format!("{prefix}.kv_a_proj_with_mqa"),
+                c.kv_lora_rank + c.qk_rope_head_dim,
+                hidden,
+            )?,
+            kv_a_norm: self
+                .artifact
+                .vector(&format!("{prefix}.kv_a_layernorm.weight"), c.kv_lora_rank)?,
+            latent,
+            o: self.one(&format!("{prefix}.o_proj"), hidden, heads * c.v_head_dim)?,
+        })
+    }
+
+    fn layer(&self, i: usize, c: &DeepSeekV3Config) -> Result<Layer<'a>, ArtifactError> {
+        let prefix = format!("model.layers.{i}");
+        let ffn = if c.is_moe(i) {
+            let mlp = format!("{prefix}.mlp");
+            FeedForward::Moe(Moe {
+                router: self.one(&format!("{mlp}.gate"), c.n_routed_experts, c.hidden_size)?,
+                correction_bias: self.artifact.vector(
+                    &format!("{mlp}.gate.e_score_correction_bias"),
+                    c.n_routed_experts,
+                )?,
+                experts: self.experts(&mlp, c)?,
+                shared: match c.n_shared_experts {
+                    0 => None,
+                    n => Some(self.mlp(
+                        &format!("{mlp}.shared_experts"),
+                        c.hidden_size,
+                        c.moe_intermediate_size * n,
+                    )?),
+                },
+            })
+        } else {
+            FeedForward::Dense(self.mlp(
+                &format!("{prefix}.mlp"),
+                c.hidden_size,
+                c.intermediate_size,
+            )?)
+        };
+        Ok(Layer {
+            input_norm: self
+                .artifact
+                .vector(&format!("{prefix}.input_layernorm.weight"), c.hidden_size)?,
+            attention: self.attention(&format!("{prefix}.self_attn"), c)?,
+            post_norm: self.artifact.vector(
+                &format!("{prefix}.post_attention_layernorm.weight"),
+                c.hidden_size,
+            )?,
+            ffn,
+        })
+    }
+}
+
+/// `y = W x` into a new vector, counting the bytes read.
+fn apply(m: &QMatrix, x: &[f32], stats: &mut StepStats) -> Result<Vec<f32>, KernelError> {
+    let mut y = vec![0f32; m.rows];
+    m.matvec(x, &mut y)?;
+    stats.weight_bytes += m.stored_bytes() as u64;
+    Ok(y)
+}
+
+impl Mlp<'_> {
+    fn forward(&self, x: &[f32], stats: &mut StepStats) -> Result<Vec<f32>, KernelError> {
+        let gate = apply(&self.gate, x, stats)?;
+        let up = apply(&self.up, x, stats)?;
+        let inner: Vec<f32> = gate.iter().zip(&up).map(|(&g, &u)| silu(g) * u).collect();
+        apply(&self.down, &inner, stats)
+    }
+}
+
+impl Moe<'_> {
+    /// Sigmoid scores; bias-corrected scores choose the groups (by the sum of each group's top
+    /// two) and then the experts; the uncorrected scores of the chosen experts, normalised and
+    /// scaled, weight their outputs.
+    fn route(&self, logits: &[f32], c: &DeepSeekV3Config) -> Vec<(usize, f32)> {
+        let scores: Vec<f32> = logits.iter().map(|&l| sigmoid(l)).collect();
+        let mut choice: Vec<f32> = scores
+            .iter()
+            .zip(&self.correction_bias)
+            .map(|(s, b)| s + b)
+            .collect();
+        if c.n_group > 1 {
+            let size = c.n_routed_experts / c.n_group;
+            let mut groups: Vec<(f32, usize)> = choice
+                .chunks(size)
+                .map(|g| {
+                    let mut sorted = g.to_vec();
+                    sorted.sort_by(|a, b| b.total_cmp(a));
+                    sorted[0] + sorted[1]
+                })
+                .zip(0..)
+                .collect();
+            groups.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            for &(_, g) in &groups[c.topk_group..] {
+                choice[g * size..(g + 1) * size].fill(0.0);
+            }
+        }
+        let mut order: Vec<usize> = (0..choice.len()).collect();
+        order.sort_by(|&a, &b| choice[b].total_cmp(&choice[a]).then(a.cmp(&b)));
+        let chosen = &order[..c.num_experts_per_tok];
+        let mut weights: Vec<f32> = chosen.iter().map(|&e| scores[e]).collect();
+        if c.num_experts_per_tok > 1 && c.norm_topk_prob {
+            let sum: f32 = weights.iter().sum();
+            weights.iter_mut().for_each(|w| *w /= sum);
+        }
+        chosen
+            .iter()
+            .zip(weights)
+            .map(|(&e, w)| (e, w * c.routed_scaling_factor))
+            .collect()
+    }
+
+    fn forward(
+        &self,
+        x: &[f32],
+        c: &DeepSeekV3Config,
+        stats: &mut StepStats,
+    ) -> Result<Vec<f32>, KernelError> {
+        let logits = apply(&self.router, x, stats)?;
+        let mut y = vec![0f32; x.len()];
+        for (e, w) in self.route(&logits, c) {
+            let out = self.experts[e].forward(x, stats)?;
+            y.iter_mut().zip(&out).for_each(|(y, o)| *y += o * w);
+        }
+        if let Some(shared) = &self.shared {
+            let out = shared.forward(x, stats)?;
+            y.iter_mut().zip(&out).for_each(|(y, o)| *y += o);
+        }
+        Ok(y)
+    }
+}
+
+impl<'a> DeepSeekV3<'a> {
+    pub fn load(
+        artifact: &'a Artifact,
+        config: DeepSeekV3Config,
+    ) -> Result<DeepSeekV3<'a>, ModelError> {
+        let loader = Loader { artifact };
+        let c = &config;
+        let layers = (0..c.num_hidden_layers)
+            .map(|i| loader.layer(i, c))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(DeepSeekV3 {
+            embed: loader.one("model.embed_tokens", c.vocab_size, c.hidden_size)?,
+            norm: artifact.vector("model.norm.weight", c.hidden_size)?,
+            lm_head: loader.one("lm_head", c.vocab_size, c.hidden_size)?,
+            rope: Rope::new(c.qk_rope_head_dim, c.rope_theta, c.rope_scaling.as_ref()),
+            scale: attention_scale(c.q_head_dim(), c.rope_scaling.as_ref()),
+            layers,
+            config,
+        })
+    }
+
+    pub fn new_cache(&self) -> Cache {
+        let n = self.layers.len();
+        Cache {
+            latent: vec![Vec::new(); n],
+            rope_key: vec![Vec::new(); n],
+            len: 0,
+        }
+    }
+
+    /// Runs `token` at the next position of `cache`, returning the logits.
+    pub fn step(
+        &self,
+        token: u32,
+        cache: &mut Cache,
+        stats: &mut StepStats,
+    ) -> Result<Vec<f32>, ModelError> {
+        let c = &self.config;
+        if token as usize >= c.vocab_size {
+            return Err(ModelError::Token(token, c.vocab_size));
+        }
+        if cache.len >= c.max_position_embeddings {
+            return Err(ModelError::Position(cache.len, c.max_position_embeddings));
+        }
+        let mut h = vec![0f32; c.hidden_size];
+        self.embed.dequantize_row(token as usize, &mut h)?;
+        stats.weight_bytes += (self.embed.stored_bytes() / self.embed.rows) as u64;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let x = rms_norm(&h, &layer.input_norm, c.rms_norm_eps);
+            let attn = self.attend(&layer.attention, &x, i, cache, stats)?;
+            h.iter_mut().zip(&attn).for_each(|(h, a)| *h += a);
+            let x = rms_norm(&h, &layer.post_norm, c.rms_norm_eps);
+            let out = match &layer.ffn {
+                FeedForward::Dense(mlp) => mlp.forward(&x, stats)?,
+                FeedForward::Moe(moe) => moe.forward(&x, c, stats)?,
+            };
+            h.iter_mut().zip(&out).for_each(|(h, o)| *h += o);
+        }
+        cache.len += 1;
+        let x = rms_norm(&h, &self.norm, c.rms_norm_eps);
+        Ok(apply(&self.lm_head, &x, stats)?)
+    }
+
+    fn attend(
+        &self,
+        a: &Attention,
+        x: &[f32],
+        layer: usize,
+        cache: &mut Cache,
+        stats: &mut StepStats,
+    ) -> Result<Vec<f32>, ModelError> {
+        let c = &self.config;
+        let (nope, rope_dim, lora, v_dim) = (
+            c.qk_nope_head_dim,
+            c.qk_rope_head_dim,
+            c.kv_lora_rank,
+            c.v_head_dim,
+        );
+        let q = match &a.q_a {
+            Some((q_a, norm)) => {
+                apply(&a.q_b, &rms_norm(&apply(q_a, x, stats)?, norm, 1e-6), stats)?
+            }
+            None => apply(&a.q_b, x, stats)?,
+        };
+        let kv = apply(&a.kv_a, x, stats)?;
+        let latent = rms_norm(&kv[..lora], &a.kv_a_norm, 1e-6);
+        let mut key = kv[lora..].to_vec();
+        let position = cache.len;
+        self.rope.apply(&mut key, position);
+        cache.latent[layer].extend_from_slice(&latent);
+        cache.rope_key[layer].extend_from_slice(&key);
+        let (latents, keys) = (&cache.latent[layer], &cache.rope_key[layer]);
+        let steps = position + 1;
+        let mut out = vec![0f32; c.num_attention_heads * v_dim];
+        let mut q_latent = vec![0f32; lora];
+        for (head, q) in q.chunks_exact(nope + rope_dim).enumerate() {
+            let mut q_rope = q[nope..].to_vec();
+            self.rope.apply(&mut q_rope, position);
+            match &a.latent {
+                LatentProjections::Split { embed_q, .. } => {
+                    let m = embed_q.get(head).ok_or(KernelError::Length {
+                        what: "heads",
+                        expected: head + 1,
+                        actual: embed_q.len(),
+                    })?;
+                    m.matvec(&q[..nope], &mut q_latent)?;
+                    stats.weight_bytes += m.stored_bytes() as u64;
+                }
+                LatentProjections::Whole(m) => {
+                    let first = head * (nope + v_dim);
+                    m.vecmat_rows(first..first + nope, &q[..nope], &mut q_latent)?;
+                }
+            }
+            let scores: Vec<f32> = (0..steps)
+                .map(|t| {
+                    let content: f32 = q_latent
+                        .iter()
+                        .zip(&latents[t * lora..(t + 1) * lora])
+                        .map(|(a, b)| a * b)
+                        .sum();
+                    let positional: f32 = q_rope
+                        .iter()
+                        .zip(&keys[t * rope_dim..(t + 1) * rope_dim])
+                        .map(|(a, b)| a * self.scale * b)
+                        .sum();
+                    content * self.scale + positional
+                })
+                .collect();
+            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let exps: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
+            let total: f32 = exps.iter().sum();
+            let mut mixed = vec![0f32; lora];
+            for (t, e) in exps.iter().enumerate() {
+                let p = e / total;
+                mixed
+                    .iter_mut()
+                    .zip(&latents[t * lora..(t + 1) * lora])
+                    .for_each(|(m, l)| *m += p * l);
+            }
+            let head_out = &mut out[head * v_dim..(head + 1) * v_dim];
+            match &a.latent {
+                LatentProjections::Split { unembed_out, .. } => {
+                    let m = unembed_out.get(head).ok_or(KernelError::Length {
+                        what: "heads",
+                        expected: head + 1,
+                        actual: unembed_out.len(),
+                    })?;
+                    m.matvec(&mixed, head_out)?;
+                    stats.weight_bytes += m.stored_bytes() as u64;
+                }
+                LatentProjections::Whole(m) => {
+                    let first = head * (nope + v_dim) + nope;
+                    m.matvec_rows(first..first + v_dim, &mixed, head_out)?;
+                }
+            }
+        }
+        if let LatentProjections::Whole(m) = &a.latent {
+            stats.weight_bytes += m.stored_bytes() as u64;
+        }
+        Ok(apply(&a.o, &out, stats)?)
+    }
+}

@@ -1,0 +1,147 @@
+//! The decode loop: the prompt one token at a time into the latent cache, then sampling
+//! (greedy, or seeded temperature + top-p) until `max_tokens` or an end-of-sequence token.
+
+use std::time::{Duration, Instant};
+
+use crate::deepseek::{DeepSeekV3, ModelError, StepStats};
+
+#[derive(Debug, Clone, Copy)]
+pub struct Sampling {
+    /// 0 is greedy (the first highest logit).
+    pub temperature: f32,
+    /// Nucleus: sample among the most likely tokens whose probabilities sum to `top_p`.
+    pub top_p: f32,
+    pub seed: u64,
+}
+
+/// SplitMix64: a tiny, well-known generator, so a seed names one exact continuation.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next_unit(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// The index of the first highest logit.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+struct Sampler {
+    sampling: Sampling,
+    rng: SplitMix,
+}
+
+impl Sampler {
+    fn sample(&mut self, logits: &[f32]) -> u32 {
+        let s = self.sampling;
+        if s.temperature <= 0.0 {
+            return argmax(logits);
+        }
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut probs: Vec<(f64, u32)> = logits
+            .iter()
+            .zip(0..)
+            .map(|(&l, i)| (f64::from((l - max) / s.temperature).exp(), i))
+            .collect();
+        probs.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        let total: f64 = probs.iter().map(|p| p.0).sum();
+        let mut kept = 0.0;
+        let mut cut = probs.len();
+        for (i, p) in probs.iter().enumerate() {
+            kept += p.0 / total;
+            if kept >= f64::from(s.top_p) {
+                cut = i + 1;
+                break;
+            }
+        }
+        let nucleus = &probs[..cut];
+        let mass: f64 = nucleus.iter().map(|p| p.0).sum();
+        let mut target = self.rng.next_unit() * mass;
+        for &(p, id) in nucleus {
+            if target < p {
+                return id;
+            }
+            target -= p;
+        }
+        nucleus[nucleus.len() - 1].1
+    }
+}
+
+/// Figures of one generation.
+#[derive(Debug, Default, Clone)]
+pub struct Figures {
+    pub prompt_tokens: usize,
+    pub prompt_time: Duration,
+    pub generated_tokens: usize,
+    /// Forward passes after the prompt (one per generated token but the last).
+    pub decode_steps: usize,
+    pub decode_time: Duration,
+    /// Stored weight bytes read by the decode steps, summed.
+    pub decode_weight_bytes: u64,
+}
+
+impl Figures {
+    pub fn tokens_per_second(&self) -> f64 {
+        self.decode_steps as f64 / self.decode_time.as_secs_f64().max(1e-9)
+    }
+
+    pub fn weight_bytes_per_token(&self) -> u64 {
+        self.decode_weight_bytes / (self.decode_steps as u64).max(1)
+    }
+}
+
+/// Runs `prompt` then generates up to `max_tokens`, calling `on_token` with each new id;
+/// stops after any id in `stop`.
+pub fn generate(
+    model: &DeepSeekV3,
+    prompt: &[u32],
+    max_tokens: usize,
+    sampling: Sampling,
+    stop: &[u32],
+    mut on_token: impl FnMut(u32),
+) -> Result<(Vec<u32>, Figures), ModelError> {
+    let mut figures = Figures {
+        prompt_tokens: prompt.len(),
+        ..Figures::default()
+    };
+    let mut cache = model.new_cache();
+    let mut sampler = Sampler {
+        sampling,
+        rng: SplitMix(sampling.seed),
+    };
+    let started = Instant::now();
+    let mut logits = Vec::new();
+    for &token in prompt {
+        logits = model.step(token, &mut cache, &mut StepStats::default())?;
+    }
+    figures.prompt_time = started.elapsed();
+    let mut out = Vec::new();
+    let started = Instant::now();
+    while out.len() < max_tokens && !logits.is_empty() {
+        let token = sampler.sample(&logits);
+        out.push(token);
+        on_token(token);
+        if stop.contains(&token) || out.len() == max_tokens {
+            break;
+        }
+        let mut stats = StepStats::default();
+        logits = model.step(token, &mut cache, &mut stats)?;
+        figures.decode_weight_bytes += stats.weight_bytes;
+        figures.decode_steps += 1;
+    }
+    figures.decode_time = started.elapsed();
+    figures.generated_tokens = out.len();
+    Ok((out, figures))
+}

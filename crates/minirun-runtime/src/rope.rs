@@ -1,0 +1,90 @@
+//! Rotary position embedding as DeepSeek-V3 applies it: interleaved pairs `(x[2i], x[2i+1])`
+//! ("traditional" in mlx), optionally with YaRN frequency scaling. Frequencies are computed in
+//! f32 following mlx-lm's `YarnRoPE` step by step; angles in f64, rounded once to f32.
+
+use crate::config::Yarn;
+
+pub struct Rope {
+    /// Per pair: the wavelength divisor (mlx's `freqs`); angle = position / freq.
+    freqs: Vec<f32>,
+    /// YaRN's magnitude correction applied to the rotated dims (1 without YaRN).
+    pub mscale: f32,
+}
+
+fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
+    if scale <= 1.0 {
+        1.0
+    } else {
+        0.1 * mscale * scale.ln() + 1.0
+    }
+}
+
+impl Rope {
+    pub fn new(dims: usize, base: f64, yarn: Option<&Yarn>) -> Rope {
+        let pairs = dims / 2;
+        let extra: Vec<f32> = (0..pairs)
+            .map(|i| (base as f32).powf((2 * i) as f32 / dims as f32))
+            .collect();
+        let Some(y) = yarn else {
+            return Rope {
+                freqs: extra,
+                mscale: 1.0,
+            };
+        };
+        let correction = |rotations: f64| {
+            dims as f64
+                * (y.original_max_position_embeddings / (rotations * 2.0 * std::f64::consts::PI))
+                    .ln()
+                / (2.0 * base.ln())
+        };
+        let low = correction(y.beta_fast).floor().max(0.0);
+        let high = correction(y.beta_slow).ceil().min(dims as f64 - 1.0);
+        let (low, high) = (
+            low as f32,
+            if low == high {
+                high as f32 + 0.001
+            } else {
+                high as f32
+            },
+        );
+        let factor = y.factor as f32;
+        let freqs = extra
+            .iter()
+            .enumerate()
+            .map(|(i, &e)| {
+                let ramp = ((i as f32 - low) / (high - low)).clamp(0.0, 1.0);
+                let mask = 1.0 - ramp;
+                let inter = factor * e;
+                (inter * e) / (inter * mask + e * (1.0 - mask))
+            })
+            .collect();
+        let mscale =
+            (yarn_mscale(y.factor, y.mscale) / yarn_mscale(y.factor, y.mscale_all_dim)) as f32;
+        Rope { freqs, mscale }
+    }
+
+    /// Rotates `x` (one head's rotary dims) in place for `position`.
+    pub fn apply(&self, x: &mut [f32], position: usize) {
+        for (pair, &freq) in x.chunks_exact_mut(2).zip(&self.freqs) {
+            let angle = position as f64 / f64::from(freq);
+            let (sin, cos) = (angle.sin() as f32, angle.cos() as f32);
+            let (a, b) = (pair[0] * self.mscale, pair[1] * self.mscale);
+            pair[0] = a * cos - b * sin;
+            pair[1] = a * sin + b * cos;
+        }
+    }
+}
+
+/// The softmax scale of DeepSeek-V3's attention: `q_head_dim^-1/2`, times YaRN's
+/// `(0.1 * mscale_all_dim * ln(factor) + 1)^2` when `mscale_all_dim` is set.
+pub fn attention_scale(q_head_dim: usize, yarn: Option<&Yarn>) -> f32 {
+    let mut scale = (q_head_dim as f64).powf(-0.5);
+    if let Some(y) = yarn
+        && y.mscale_all_dim != 0.0
+        && y.factor > 1.0
+    {
+        let s = 0.1 * y.mscale_all_dim * y.factor.ln() + 1.0;
+        scale *= s * s;
+    }
+    scale as f32
+}
