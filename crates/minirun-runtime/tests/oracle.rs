@@ -1,0 +1,198 @@
+//! The runtime against mlx-lm: each tiny DeepSeek-V3 checkpoint under `tests/data/deepseek-v3/`
+//! (made by `tools/make_deepseek_fixtures.py`, which records mlx-lm 0.32.2's float32 logits)
+//! is packed with `minirun pack`'s library, loaded from the artifact, and run one token at a
+//! time. At every position of every prompt the logits must be within `TOLERANCE` of mlx-lm's
+//! and the top-1 token identical; the 32-token greedy continuation must be identical.
+//!
+//! Why `TOLERANCE` = 2e-4: both sides compute in f32 from the same stored bits, but in
+//! different orders (mlx dequantizes then multiplies, we factor the scale out of each group;
+//! our reductions run in 8 lanes), so they differ by rounding only. mlx-lm's own two paths
+//! (prefill vs one token at a time) differ by up to 1.5e-5 on these models (recorded as
+//! `prefill_vs_decode_max_abs`), and this runtime differs from mlx-lm by at most 2.3e-5 (the
+//! tests print it). The logits' standard deviation is about 4. 2e-4 is ten times the rounding
+//! noise and far below any real error (a wrong scale, a swapped expert or a misplaced rope
+//! dimension moves logits by 0.1 or more). The fixtures were generated so that the top-1
+//! margin is at least 2e-3 everywhere (`min_top1_margin`), so the identical-top-1 check cannot
+//! pass by luck of a near tie.
+
+use std::path::{Path, PathBuf};
+
+use minirun_pack::{PackOptions, pack};
+use minirun_runtime::artifact::{Access, Artifact};
+use minirun_runtime::config::DeepSeekV3Config;
+use minirun_runtime::deepseek::{DeepSeekV3, StepStats};
+use minirun_runtime::generate::argmax;
+use minirun_runtime::text::Text;
+use serde_json::Value;
+
+const TOLERANCE: f32 = 2e-4;
+
+fn fixture(variant: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/deepseek-v3")
+        .join(variant)
+}
+
+/// The artifact, and how many tile containers pack wrote into it.
+fn packed(variant: &str) -> (tempfile::TempDir, usize) {
+    let out = tempfile::tempdir().expect("a temporary directory");
+    let opts = PackOptions {
+        source_repo: Some("minirun-tests/deepseek-v3-tiny".into()),
+        source_revision: Some("0123456789abcdef0123456789abcdef01234567".into()),
+    };
+    let summary = pack(&fixture(variant), out.path(), &opts, &|_| {}).expect("the fixture packs");
+    (out, summary.tile_containers)
+}
+
+fn read_logits(path: &Path, positions: usize, vocab: usize) -> Vec<Vec<f32>> {
+    let bytes = std::fs::read(path).expect("the logits file");
+    assert_eq!(bytes.len(), positions * vocab * 4, "{}", path.display());
+    let all: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    all.chunks(vocab).map(<[f32]>::to_vec).collect()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .expect("a list of ids")
+        .iter()
+        .map(|i| i.as_u64().expect("an id") as u32)
+        .collect()
+}
+
+/// Returns how many tile containers the artifact has.
+fn matches_mlx(variant: &str) -> usize {
+    let (dir, containers) = packed(variant);
+    let artifact = Artifact::open(dir.path(), Access::Unverified).expect("the artifact opens");
+    let config = DeepSeekV3Config::parse(&artifact.config_json).expect("the config parses");
+    let model = DeepSeekV3::load(&artifact, config).expect("the model loads");
+    let oracle: Value =
+        serde_json::from_slice(&std::fs::read(fixture(variant).join("oracle.json")).unwrap())
+            .unwrap();
+    assert_eq!(oracle["mlx_lm"], "0.32.2");
+    let mut worst = 0f32;
+    for prompt in oracle["prompts"].as_array().unwrap() {
+        let name = prompt["name"].as_str().unwrap();
+        let tokens = ids(&prompt["token_ids"]);
+        let vocab = prompt["vocab"].as_u64().unwrap() as usize;
+        let expected = read_logits(
+            &fixture(variant).join(prompt["logits_file"].as_str().unwrap()),
+            tokens.len(),
+            vocab,
+        );
+        let mut cache = model.new_cache();
+        let mut logits = Vec::new();
+        for (position, (&token, want)) in tokens.iter().zip(&expected).enumerate() {
+            logits = model
+                .step(token, &mut cache, &mut StepStats::default())
+                .unwrap();
+            let delta = logits
+                .iter()
+                .zip(want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            worst = worst.max(delta);
+            assert!(
+                delta <= TOLERANCE,
+                "{variant} {name} position {position}: max |logit delta| {delta}"
+            );
+            assert_eq!(
+                argmax(&logits),
+                argmax(want),
+                "{variant} {name} position {position}: top-1 differs"
+            );
+        }
+        let mut greedy = Vec::new();
+        for _ in 0..32 {
+            let token = argmax(&logits);
+            greedy.push(token);
+            logits = model
+                .step(token, &mut cache, &mut StepStats::default())
+                .unwrap();
+        }
+        assert_eq!(
+            greedy,
+            ids(&prompt["greedy_32"]),
+            "{variant} {name}: greedy continuation"
+        );
+    }
+    eprintln!("{variant}: {containers} tile containers; max |logit delta| vs mlx-lm {worst:.2e}");
+    containers
+}
+
+#[test]
+fn mlx_affine4_group64_matches_mlx_lm() {
+    matches_mlx("mlx-affine4-g64");
+}
+
+#[test]
+fn mlx_affine8_group32_matches_mlx_lm() {
+    matches_mlx("mlx-affine8-g32");
+}
+
+#[test]
+fn mlx_affine4_group128_matches_mlx_lm() {
+    matches_mlx("mlx-affine4-g128");
+}
+
+#[test]
+fn mlx_mxfp4_matches_mlx_lm() {
+    matches_mlx("mlx-mxfp4");
+}
+
+#[test]
+fn deepseek_fp8_with_f32_block_scales_matches_mlx_lm() {
+    matches_mlx("hf-fp8-f32scales");
+}
+
+#[test]
+fn fp8_with_e8m0_block_scales_in_tile_containers_matches_mlx_lm() {
+    // 128 x 128 blocks with e8m0 scales are what a version-3 container holds: this variant
+    // runs its experts, shared experts, o_proj and dense MLP out of tile containers.
+    assert!(matches_mlx("hf-fp8-e8m0") >= 20);
+}
+
+#[test]
+fn hugging_face_bf16_matches_mlx_lm() {
+    matches_mlx("hf-bf16");
+}
+
+/// The chat template renders through minijinja exactly as the Python tokenizer renders it, and
+/// the `tokenizers` crate gives the same ids.
+#[test]
+fn chat_template_and_tokenizer_agree_with_the_python_side() {
+    let dir = fixture("mlx-affine4-g64");
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
+    let text = Text::new(
+        read("tokenizer.json").as_deref(),
+        read("tokenizer_config.json").as_deref(),
+    )
+    .unwrap();
+    let oracle: Value = serde_json::from_str(&read("oracle.json").unwrap()).unwrap();
+    let chat = &oracle["chat"];
+    let messages: Vec<(String, String)> = chat["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["role"].as_str().unwrap().to_string(),
+                m["content"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let rendered = text.render_chat(&messages).unwrap();
+    assert_eq!(rendered, chat["rendered"].as_str().unwrap());
+    assert_eq!(
+        text.encode(&rendered, false).unwrap(),
+        ids(&chat["token_ids"])
+    );
+    let sentence = &oracle["prompts"][0];
+    assert_eq!(
+        text.encode(sentence["text"].as_str().unwrap(), true)
+            .unwrap(),
+        ids(&sentence["token_ids"])
+    );
+}
