@@ -1,10 +1,10 @@
-//! `minirun`: inspect, pack, check and download tile-container artifacts (verify and run
-//! arrive with their issues).
+//! `minirun`: inspect, pack, check, download, verify and run tile-container artifacts.
 
 mod container_info;
 mod hub_cmd;
 mod info;
 mod pack_cmd;
+mod run_cmd;
 mod synth;
 mod verify_cmd;
 
@@ -86,6 +86,23 @@ The token, if any, comes from $HF_TOKEN and is sent to the endpoint only.")]
 
 Exit status: 0 verified (evidence written); 1 a mismatch or an error (evidence erased).")]
     Verify(verify_cmd::VerifyArgs),
+    /// Generate text from an artifact's model (DeepSeek-V3 family), fully resident in memory,
+    /// computing straight from the stored quantized bytes.
+    #[command(
+        after_help = "The artifact must carry verification evidence (run `minirun verify` first) unless
+--unverified is given; then every line of the output header says UNVERIFIED.
+
+Text streams to standard output; the header and the figures (tokens/s, bytes of weights read
+per token) go to standard error. --json prints one JSON object instead.
+
+Examples:
+  minirun run ./tiny-minirun --prompt \"The clockmaker\" --max-tokens 32
+  minirun run ./tiny-minirun --prompt \"Count to three.\" --chat --temperature 0.7 --top-p 0.9 --seed 7
+  minirun run ./tiny-minirun --prompt \"Hello\" --unverified --json
+
+Exit status: 0 generated; 1 an error (a refused artifact, config or prompt)."
+    )]
+    Run(run_cmd::RunArgs),
 }
 
 fn main() -> ExitCode {
@@ -98,6 +115,7 @@ fn main() -> ExitCode {
         Command::Catalog(args) => hub_cmd::catalog(&args),
         Command::Download(args) => hub_cmd::download(&args),
         Command::Verify(args) => verify_cmd::run(&args),
+        Command::Run(args) => run_cmd::run(&args),
     };
     match result {
         Ok(code) => code,

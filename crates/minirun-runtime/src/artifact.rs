@@ -176,7 +176,7 @@ impl Artifact {
             Access::Verified(held) => {
                 let e = held.evidence();
                 if e.repo.is_empty() {
-                    format!("verified ({}) against the artifact's own manifests", e.mode)
+                    "verified offline against the artifact's own manifests (which are not authenticated)".to_string()
                 } else {
                     format!("verified ({}) against {}@{}", e.mode, e.repo, e.revision)
                 }

@@ -1,0 +1,130 @@
+//! `minirun run` end to end: pack a tiny DeepSeek-V3 checkpoint, refuse it without evidence,
+//! mark every header line of an unverified run, and after `minirun verify` generate exactly
+//! mlx-lm's greedy continuation (recorded in the fixture's oracle.json).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn minirun(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_minirun"))
+        .args(args)
+        .output()
+        .expect("minirun runs")
+}
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../minirun-runtime/tests/data/deepseek-v3/mlx-affine4-g64")
+}
+
+fn packed() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let out = minirun(&[
+        "pack",
+        "--source",
+        fixture().to_str().unwrap(),
+        "--out",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dir
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn an_artifact_without_evidence_is_refused_and_unverified_runs_say_so_on_every_header_line() {
+    let dir = packed();
+    let path = dir.path().to_str().unwrap();
+    let out = minirun(&["run", path, "--prompt", "The clock", "--max-tokens", "4"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("no verification evidence") && err.contains("minirun verify"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty(), "nothing is generated");
+
+    let out = minirun(&[
+        "run",
+        path,
+        "--prompt",
+        "The clock",
+        "--max-tokens",
+        "4",
+        "--unverified",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    let header: Vec<&str> = err
+        .lines()
+        .take_while(|l| !l.contains("tokens/s"))
+        .collect();
+    assert!(header.len() >= 4, "{err}");
+    assert!(
+        header.iter().all(|l| l.starts_with("[UNVERIFIED] ")),
+        "{err}"
+    );
+    assert!(
+        err.contains("tokens/s") && err.contains("bytes of weights read per token"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_verified_run_generates_mlx_lms_greedy_continuation_and_reports_figures_as_json() {
+    let dir = packed();
+    let path = dir.path().to_str().unwrap();
+    let out = minirun(&["verify", path]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let oracle: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixture().join("oracle.json")).unwrap()).unwrap();
+    let prompt = &oracle["prompts"][0];
+    let text = prompt["text"].as_str().unwrap();
+    let out = minirun(&[
+        "run",
+        path,
+        "--prompt",
+        text,
+        "--max-tokens",
+        "32",
+        "--ignore-eos",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(report["prompt_token_ids"], prompt["token_ids"]);
+    assert_eq!(report["generated_token_ids"], prompt["greedy_32"]);
+    assert_eq!(report["verified"], true);
+    assert_eq!(report["generated_tokens"], 32);
+    assert!(report["tokens_per_second"].as_f64().unwrap() > 0.0);
+    assert!(report["weight_bytes_per_token"].as_u64().unwrap() > 0);
+    assert!(report["text"].is_string());
+}
+
+#[test]
+fn a_payload_file_changed_after_verification_is_refused() {
+    let dir = packed();
+    let path = dir.path().to_str().unwrap();
+    assert!(minirun(&["verify", path]).status.success());
+    let blob = dir.path().join("layer01/layer01-plain.blob");
+    let mut bytes = std::fs::read(&blob).unwrap();
+    bytes[100] ^= 1;
+    std::fs::write(&blob, bytes).unwrap();
+    let out = minirun(&["run", path, "--prompt", "x", "--max-tokens", "2"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("minirun verify"), "{}", stderr(&out));
+}
+
+#[test]
+fn bad_sampling_options_are_refused_before_loading() {
+    let out = minirun(&["run", "/nonexistent", "--prompt", "x", "--top-p", "0"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("--top-p"), "{}", stderr(&out));
+}
