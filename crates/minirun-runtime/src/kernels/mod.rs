@@ -20,6 +20,8 @@
 //! (8 lanes in one AVX2 register, chosen at run time) and the scalar fallback give the same bits.
 //! Decoding is exact (`decode.rs`). NaN codes (e4m3 0x7F/0xFF, e8m0 0xFF) propagate as NaN.
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 pub mod decode;
 mod format;
 pub mod reference;
@@ -79,6 +81,24 @@ impl pulp::WithSimd for RowsOp<'_, '_> {
 }
 
 fn run_rows(m: &QMatrix, first: usize, x: &[f32], xsum: &[[f32; 8]], y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(v3) = pulp::x86::V3::try_new() {
+        return pulp::Simd::vectorize(
+            v3,
+            avx2::Rows {
+                v3,
+                m,
+                first,
+                x,
+                xsum,
+                y,
+            },
+        );
+    }
+    run_rows_portable(m, first, x, xsum, y);
+}
+
+fn run_rows_portable(m: &QMatrix, first: usize, x: &[f32], xsum: &[[f32; 8]], y: &mut [f32]) {
     pulp::Arch::new().dispatch(RowsOp {
         m,
         first,
@@ -136,6 +156,20 @@ impl QMatrix<'_> {
                     run_rows(self, rows.start + task * ROWS_PER_TASK, x, &xsum, band);
                 });
         }
+        Ok(())
+    }
+
+    /// `matvec` on one thread through the portable code (`row.rs`) even where an explicit
+    /// SIMD path exists: tests compare the two bit for bit.
+    #[doc(hidden)]
+    pub fn matvec_portable(&self, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
+        check_len("x", self.cols, x.len())?;
+        check_len("y", self.rows, y.len())?;
+        let xsum = match self.format {
+            Format::Affine { group, .. } => row::lane_sums(x, group),
+            _ => Vec::new(),
+        };
+        run_rows_portable(self, 0, x, &xsum, y);
         Ok(())
     }
 

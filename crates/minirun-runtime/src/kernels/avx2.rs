@@ -1,0 +1,437 @@
+//! The same row kernels as `row.rs`, written with explicit 8-lane AVX2 operations (pulp's safe
+//! `V3` token) where the compiler's auto-vectorisation of `row.rs` fell short. Every lane
+//! performs exactly the operations of `row.rs` in the same order (separate multiplies and adds,
+//! no FMA), so the two give the same bits; `tests/kernels.rs` compares them on every format.
+
+use pulp::bytemuck::cast;
+use pulp::x86::V3;
+use pulp::{f32x8, u32x8};
+
+use super::format::{BlockScale, FloatType, Format, QMatrix};
+
+pub(crate) struct Rows<'a, 'm> {
+    pub v3: V3,
+    pub m: &'a QMatrix<'m>,
+    pub first: usize,
+    pub x: &'a [f32],
+    pub xsum: &'a [[f32; 8]],
+    pub y: &'a mut [f32],
+}
+
+impl pulp::WithSimd for Rows<'_, '_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        let Rows {
+            v3,
+            m,
+            first,
+            x,
+            xsum,
+            y,
+        } = self;
+        let mut quads = y.chunks_exact_mut(4);
+        for (q, out) in (&mut quads).enumerate() {
+            out.copy_from_slice(&dot4(v3, m, first + 4 * q, x, xsum));
+        }
+        let done = y.len() / 4 * 4;
+        for (i, out) in y[done..].iter_mut().enumerate() {
+            *out = dot(v3, m, first + done + i, x, xsum);
+        }
+    }
+}
+
+const NIBBLE_SHIFTS: [u32; 8] = [0, 4, 8, 12, 16, 20, 24, 28];
+
+#[inline(always)]
+fn reduce(acc: f32x8) -> f32 {
+    let a: [f32; 8] = cast(acc);
+    let h = [a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]];
+    (h[0] + h[2]) + (h[1] + h[3])
+}
+
+#[inline(always)]
+fn nibbles(v3: V3, chunk: &[u8; 4]) -> u32x8 {
+    let word = v3.splat_u32x8(u32::from_le_bytes(*chunk));
+    v3.and_u32x8(
+        v3.shr_dyn_u32x8(word, cast(NIBBLE_SHIFTS)),
+        v3.splat_u32x8(15),
+    )
+}
+
+#[inline(always)]
+fn bytes8(chunk: &[u8; 8]) -> u32x8 {
+    cast(std::array::from_fn::<u32, 8, _>(|j| u32::from(chunk[j])))
+}
+
+#[inline(always)]
+fn halves(chunk: &[u8; 16]) -> u32x8 {
+    cast(std::array::from_fn::<u32, 8, _>(|j| {
+        u32::from(u16::from_le_bytes([chunk[2 * j], chunk[2 * j + 1]]))
+    }))
+}
+
+#[inline(always)]
+fn to_f32(v3: V3, q: u32x8) -> f32x8 {
+    v3.convert_i32x8_to_f32x8(cast(q))
+}
+
+#[inline(always)]
+fn e2m1(v3: V3, code: u32x8) -> f32x8 {
+    let magnitude = v3.and_u32x8(code, v3.splat_u32x8(7));
+    let normal: f32x8 = cast(v3.wrapping_add_u32x8(
+        v3.shl_const_u32x8::<22>(magnitude),
+        v3.splat_u32x8(126 << 23),
+    ));
+    let subnormal = v3.mul_f32x8(to_f32(v3, magnitude), v3.splat_f32x8(0.5));
+    let value = v3.select_f32x8(
+        v3.cmp_lt_u32x8(magnitude, v3.splat_u32x8(2)),
+        subnormal,
+        normal,
+    );
+    let sign = v3.shl_const_u32x8::<28>(v3.and_u32x8(code, v3.splat_u32x8(8)));
+    cast(v3.or_u32x8(cast(value), sign))
+}
+
+#[inline(always)]
+fn e4m3(v3: V3, byte: u32x8) -> f32x8 {
+    let magnitude = v3.and_u32x8(byte, v3.splat_u32x8(0x7F));
+    let normal: f32x8 = cast(v3.wrapping_add_u32x8(
+        v3.shl_const_u32x8::<20>(magnitude),
+        v3.splat_u32x8(120 << 23),
+    ));
+    let subnormal = v3.mul_f32x8(to_f32(v3, magnitude), v3.splat_f32x8(1.0 / 512.0));
+    let value = v3.select_f32x8(
+        v3.cmp_lt_u32x8(magnitude, v3.splat_u32x8(8)),
+        subnormal,
+        normal,
+    );
+    let sign = v3.shl_const_u32x8::<24>(v3.and_u32x8(byte, v3.splat_u32x8(0x80)));
+    let value: f32x8 = cast(v3.or_u32x8(cast(value), sign));
+    let nan = v3.cmp_eq_u32x8(magnitude, v3.splat_u32x8(0x7F));
+    v3.select_f32x8(nan, v3.splat_f32x8(f32::NAN), value)
+}
+
+#[inline(always)]
+fn f16(v3: V3, bits: u32x8) -> f32x8 {
+    let magnitude = v3.and_u32x8(bits, v3.splat_u32x8(0x7FFF));
+    let normal: f32x8 = cast(v3.wrapping_add_u32x8(
+        v3.shl_const_u32x8::<13>(magnitude),
+        v3.splat_u32x8(112 << 23),
+    ));
+    let subnormal = v3.mul_f32x8(to_f32(v3, magnitude), v3.splat_f32x8(1.0 / 16_777_216.0));
+    let mantissa = v3.shl_const_u32x8::<13>(v3.and_u32x8(magnitude, v3.splat_u32x8(0x3FF)));
+    let special: f32x8 = cast(v3.or_u32x8(mantissa, v3.splat_u32x8(0x7F80_0000)));
+    let value = v3.select_f32x8(
+        v3.cmp_lt_u32x8(magnitude, v3.splat_u32x8(0x400)),
+        subnormal,
+        normal,
+    );
+    let value = v3.select_f32x8(
+        v3.cmp_ge_u32x8(magnitude, v3.splat_u32x8(0x7C00)),
+        special,
+        value,
+    );
+    let sign = v3.shl_const_u32x8::<16>(v3.and_u32x8(bits, v3.splat_u32x8(0x8000)));
+    cast(v3.or_u32x8(cast(value), sign))
+}
+
+/// One format's decoding of a chunk of 8 elements and folding of a finished segment. Methods,
+/// not closures, so that they inline into the AVX2 context (a closure would be compiled apart,
+/// without AVX2, and every intrinsic in it would become a call).
+trait Segments<const CB: usize> {
+    fn decode(&self, chunk: &[u8; CB]) -> f32x8;
+    fn finish(&self, segment: usize, part: f32x8, acc: f32x8) -> f32x8;
+}
+
+/// The skeleton of `row::segmented`, lane for lane.
+#[inline(always)]
+fn segmented<const CB: usize>(
+    v3: V3,
+    row: &[u8],
+    x: &[f32],
+    seg: usize,
+    k: &impl Segments<CB>,
+) -> f32 {
+    let mut acc = v3.splat_f32x8(0.0);
+    let seg_bytes = seg / 8 * CB;
+    for (s, (bytes, xs)) in row.chunks(seg_bytes).zip(x.chunks(seg)).enumerate() {
+        let mut part = v3.splat_f32x8(0.0);
+        for (chunk, x8) in bytes.as_chunks::<CB>().0.iter().zip(xs.as_chunks::<8>().0) {
+            part = v3.add_f32x8(part, v3.mul_f32x8(k.decode(chunk), cast(*x8)));
+        }
+        acc = k.finish(s, part, acc);
+    }
+    reduce(acc)
+}
+
+/// `segmented` for four rows at once: four independent chains of additions (one row's adds
+/// depend on each other, so a single row waits on the adder's latency), each row's operations
+/// and their order exactly those of `segmented`.
+#[inline(always)]
+fn segmented4<const CB: usize, K: Segments<CB>>(
+    v3: V3,
+    rows: [&[u8]; 4],
+    x: &[f32],
+    seg: usize,
+    k: &[K; 4],
+) -> [f32; 4] {
+    let zero = v3.splat_f32x8(0.0);
+    let mut acc = [zero; 4];
+    let seg_bytes = seg / 8 * CB;
+    for (s, xs) in x.chunks(seg).enumerate() {
+        let start = s * seg_bytes;
+        let bytes: [&[[u8; CB]]; 4] = std::array::from_fn(|i| {
+            rows[i][start..(start + seg_bytes).min(rows[i].len())]
+                .as_chunks::<CB>()
+                .0
+        });
+        let mut part = [zero; 4];
+        for (c, x8) in xs.as_chunks::<8>().0.iter().enumerate() {
+            let x8: f32x8 = cast(*x8);
+            for i in 0..4 {
+                part[i] = v3.add_f32x8(part[i], v3.mul_f32x8(k[i].decode(&bytes[i][c]), x8));
+            }
+        }
+        for i in 0..4 {
+            acc[i] = k[i].finish(s, part[i], acc[i]);
+        }
+    }
+    acc.map(reduce)
+}
+
+struct Dense {
+    v3: V3,
+    format: FloatType,
+}
+
+impl Segments<32> for Dense {
+    #[inline(always)]
+    fn decode(&self, chunk: &[u8; 32]) -> f32x8 {
+        cast(*chunk)
+    }
+    #[inline(always)]
+    fn finish(&self, _: usize, part: f32x8, acc: f32x8) -> f32x8 {
+        self.v3.add_f32x8(acc, part)
+    }
+}
+
+impl Segments<16> for Dense {
+    #[inline(always)]
+    fn decode(&self, chunk: &[u8; 16]) -> f32x8 {
+        let v3 = self.v3;
+        match self.format {
+            FloatType::F16 => f16(v3, halves(chunk)),
+            _ => cast(v3.shl_const_u32x8::<16>(halves(chunk))),
+        }
+    }
+    #[inline(always)]
+    fn finish(&self, _: usize, part: f32x8, acc: f32x8) -> f32x8 {
+        self.v3.add_f32x8(acc, part)
+    }
+}
+
+struct Affine<'a, 'm> {
+    v3: V3,
+    m: &'a QMatrix<'m>,
+    scale: FloatType,
+    first_group: usize,
+    xsum: &'a [[f32; 8]],
+}
+
+impl Affine<'_, '_> {
+    #[inline(always)]
+    fn fold(&self, g: usize, part: f32x8, acc: f32x8) -> f32x8 {
+        let v3 = self.v3;
+        let s = v3.splat_f32x8(self.scale.read(self.m.scales, self.first_group + g));
+        let b = v3.splat_f32x8(self.scale.read(self.m.biases, self.first_group + g));
+        let term = v3.add_f32x8(v3.mul_f32x8(s, part), v3.mul_f32x8(b, cast(self.xsum[g])));
+        v3.add_f32x8(acc, term)
+    }
+}
+
+impl Segments<4> for Affine<'_, '_> {
+    #[inline(always)]
+    fn decode(&self, chunk: &[u8; 4]) -> f32x8 {
+        to_f32(self.v3, nibbles(self.v3, chunk))
+    }
+    #[inline(always)]
+    fn finish(&self, g: usize, part: f32x8, acc: f32x8) -> f32x8 {
+        self.fold(g, part, acc)
+    }
+}
+
+impl Segments<8> for Affine<'_, '_> {
+    #[inline(always)]
+    fn decode(&self, chunk: &[u8; 8]) -> f32x8 {
+        to_f32(self.v3, bytes8(chunk))
+    }
+    #[inline(always)]
+    fn finish(&self, g: usize, part: f32x8, acc: f32x8) -> f32x8 {
+        self.fold(g, part, acc)
+    }
+}
+
+/// MXFP4 (CB 4) and FP8 (CB 8): a power-of-two or float scale per segment.
+struct Scaled<'a> {
+    v3: V3,
+    scales: &'a [u8],
+    scale: BlockScale,
+    first: usize,
+}
+
+impl Scaled<'_> {
+    #[inline(always)]
+    fn fold(&self, segment: usize, part: f32x8, acc: f32x8) -> f32x8 {
+        let v3 = self.v3;
+        let s = match self.scale {
+            BlockScale::E8m0 => super::decode::e8m0(u32::from(self.scales[self.first + segment])),
+            BlockScale::Float(t) => t.read(self.scales, self.first + segment),
+        };
+        v3.add_f32x8(acc, v3.mul_f32x8(v3.splat_f32x8(s), part))
+    }
+}
+
+impl Segments<4> for Scaled<'_> {
+    #[inline(always)]
+    fn decode(&self, chunk: &[u8; 4]) -> f32x8 {
+        e2m1(self.v3, nibbles(self.v3, chunk))
+    }
+    #[inline(always)]
+    fn finish(&self, segment: usize, part: f32x8, acc: f32x8) -> f32x8 {
+        self.fold(segment, part, acc)
+    }
+}
+
+impl Segments<8> for Scaled<'_> {
+    #[inline(always)]
+    fn decode(&self, chunk: &[u8; 8]) -> f32x8 {
+        e4m3(self.v3, bytes8(chunk))
+    }
+    #[inline(always)]
+    fn finish(&self, segment: usize, part: f32x8, acc: f32x8) -> f32x8 {
+        self.fold(segment, part, acc)
+    }
+}
+
+#[inline(always)]
+fn dot4(v3: V3, m: &QMatrix, r: usize, x: &[f32], xsum: &[[f32; 8]]) -> [f32; 4] {
+    let row_bytes = m.row_bytes();
+    let rows: [&[u8]; 4] =
+        std::array::from_fn(|i| &m.packed[(r + i) * row_bytes..(r + i + 1) * row_bytes]);
+    match m.format {
+        Format::Dense(FloatType::F32) => segmented4::<32, _>(
+            v3,
+            rows,
+            x,
+            m.cols,
+            &[(); 4].map(|_| Dense {
+                v3,
+                format: FloatType::F32,
+            }),
+        ),
+        Format::Dense(format) => {
+            segmented4::<16, _>(v3, rows, x, m.cols, &[(); 4].map(|_| Dense { v3, format }))
+        }
+        Format::Affine { bits, group, scale } => {
+            let groups = m.cols / group;
+            let k: [Affine; 4] = std::array::from_fn(|i| Affine {
+                v3,
+                m,
+                scale,
+                first_group: (r + i) * groups,
+                xsum,
+            });
+            if bits == 4 {
+                segmented4::<4, _>(v3, rows, x, group, &k)
+            } else {
+                segmented4::<8, _>(v3, rows, x, group, &k)
+            }
+        }
+        Format::Mxfp4 => {
+            let k: [Scaled; 4] = std::array::from_fn(|i| Scaled {
+                v3,
+                scales: m.scales,
+                scale: BlockScale::E8m0,
+                first: (r + i) * (m.cols / 32),
+            });
+            segmented4::<4, _>(v3, rows, x, 32, &k)
+        }
+        Format::Fp8Block {
+            block_rows,
+            block_cols,
+            scale,
+        } => {
+            let grid = m.cols.div_ceil(block_cols);
+            let k: [Scaled; 4] = std::array::from_fn(|i| Scaled {
+                v3,
+                scales: m.scales,
+                scale,
+                first: ((r + i) / block_rows) * grid,
+            });
+            segmented4::<8, _>(v3, rows, x, block_cols, &k)
+        }
+    }
+}
+
+#[inline(always)]
+fn dot(v3: V3, m: &QMatrix, r: usize, x: &[f32], xsum: &[[f32; 8]]) -> f32 {
+    let row_bytes = m.row_bytes();
+    let row = &m.packed[r * row_bytes..(r + 1) * row_bytes];
+    match m.format {
+        Format::Dense(FloatType::F32) => segmented::<32>(
+            v3,
+            row,
+            x,
+            m.cols,
+            &Dense {
+                v3,
+                format: FloatType::F32,
+            },
+        ),
+        Format::Dense(format) => segmented::<16>(v3, row, x, m.cols, &Dense { v3, format }),
+        Format::Affine { bits, group, scale } => {
+            let k = Affine {
+                v3,
+                m,
+                scale,
+                first_group: r * (m.cols / group),
+                xsum,
+            };
+            if bits == 4 {
+                segmented::<4>(v3, row, x, group, &k)
+            } else {
+                segmented::<8>(v3, row, x, group, &k)
+            }
+        }
+        Format::Mxfp4 => {
+            let k = Scaled {
+                v3,
+                scales: m.scales,
+                scale: BlockScale::E8m0,
+                first: r * (m.cols / 32),
+            };
+            segmented::<4>(v3, row, x, 32, &k)
+        }
+        Format::Fp8Block {
+            block_rows,
+            block_cols,
+            scale,
+        } => {
+            let first = (r / block_rows) * m.cols.div_ceil(block_cols);
+            segmented::<8>(
+                v3,
+                row,
+                x,
+                block_cols,
+                &Scaled {
+                    v3,
+                    scales: m.scales,
+                    scale,
+                    first,
+                },
+            )
+        }
+    }
+}
