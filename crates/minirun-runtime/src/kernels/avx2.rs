@@ -170,28 +170,19 @@ fn segmented<const CB: usize>(
 /// depend on each other, so a single row waits on the adder's latency), each row's operations
 /// and their order exactly those of `segmented`.
 #[inline(always)]
-fn segmented4<const CB: usize, K: Segments<CB>>(
-    v3: V3,
-    rows: [&[u8]; 4],
-    x: &[f32],
-    seg: usize,
-    k: &[K; 4],
-) -> [f32; 4] {
+fn segmented4<const CB: usize, K: Segments<CB>>(v3: V3, rows: [&[u8]; 4], x: &[f32], seg: usize, k: &[K; 4]) -> [f32; 4] {
     let zero = v3.splat_f32x8(0.0);
     let mut acc = [zero; 4];
-    let seg_bytes = seg / 8 * CB;
-    for (s, xs) in x.chunks(seg).enumerate() {
-        let start = s * seg_bytes;
-        let bytes: [&[[u8; CB]]; 4] = std::array::from_fn(|i| {
-            rows[i][start..(start + seg_bytes).min(rows[i].len())]
-                .as_chunks::<CB>()
-                .0
-        });
+    let chunks: [&[[u8; CB]]; 4] = rows.map(|r| r.as_chunks::<CB>().0);
+    let x_chunks = x.as_chunks::<8>().0;
+    let per_segment = seg / 8;
+    for (s, x_segment) in x_chunks.chunks(per_segment).enumerate() {
+        let first = s * per_segment;
         let mut part = [zero; 4];
-        for (c, x8) in xs.as_chunks::<8>().0.iter().enumerate() {
+        for (c, x8) in x_segment.iter().enumerate() {
             let x8: f32x8 = cast(*x8);
             for i in 0..4 {
-                part[i] = v3.add_f32x8(part[i], v3.mul_f32x8(k[i].decode(&bytes[i][c]), x8));
+                part[i] = v3.add_f32x8(part[i], v3.mul_f32x8(k[i].decode(&chunks[i][first + c]), x8));
             }
         }
         for i in 0..4 {
