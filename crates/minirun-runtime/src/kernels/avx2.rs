@@ -60,38 +60,38 @@ fn nibbles(v3: V3, chunk: &[u8; 4]) -> u32x8 {
     )
 }
 
+/// Eight bytes widened to eight u32 lanes (one `vpmovzxbd`).
 #[inline(always)]
-fn bytes8(chunk: &[u8; 8]) -> u32x8 {
-    cast(std::array::from_fn::<u32, 8, _>(|j| u32::from(chunk[j])))
+fn bytes8(v3: V3, chunk: &[u8; 8]) -> u32x8 {
+    let mut wide = [0u8; 16];
+    wide[..8].copy_from_slice(chunk);
+    v3.convert_u8x16_to_u32x8(cast(wide))
 }
 
+/// Eight little-endian u16 widened to eight u32 lanes (one `vpmovzxwd`).
 #[inline(always)]
-fn halves(chunk: &[u8; 16]) -> u32x8 {
-    cast(std::array::from_fn::<u32, 8, _>(|j| {
-        u32::from(u16::from_le_bytes([chunk[2 * j], chunk[2 * j + 1]]))
-    }))
+fn halves(v3: V3, chunk: &[u8; 16]) -> u32x8 {
+    v3.convert_u16x8_to_u32x8(cast(*chunk))
 }
+
+/// The e2m1 magnitudes, and their negatives, by the code's low three bits.
+const E2M1_POSITIVE: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+const E2M1_NEGATIVE: [f32; 8] = [-0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
 
 #[inline(always)]
 fn to_f32(v3: V3, q: u32x8) -> f32x8 {
     v3.convert_i32x8_to_f32x8(cast(q))
 }
 
+/// Two table lookups (`vpermps` reads the low three bits of each lane) and a blend on the sign
+/// bit: the same values as `decode::e2m1`.
 #[inline(always)]
 fn e2m1(v3: V3, code: u32x8) -> f32x8 {
-    let magnitude = v3.and_u32x8(code, v3.splat_u32x8(7));
-    let normal: f32x8 = cast(v3.wrapping_add_u32x8(
-        v3.shl_const_u32x8::<22>(magnitude),
-        v3.splat_u32x8(126 << 23),
-    ));
-    let subnormal = v3.mul_f32x8(to_f32(v3, magnitude), v3.splat_f32x8(0.5));
-    let value = v3.select_f32x8(
-        v3.cmp_lt_u32x8(magnitude, v3.splat_u32x8(2)),
-        subnormal,
-        normal,
-    );
-    let sign = v3.shl_const_u32x8::<28>(v3.and_u32x8(code, v3.splat_u32x8(8)));
-    cast(v3.or_u32x8(cast(value), sign))
+    let index: std::arch::x86_64::__m256i = cast(code);
+    let positive = v3.avx2._mm256_permutevar8x32_ps(cast(E2M1_POSITIVE), index);
+    let negative = v3.avx2._mm256_permutevar8x32_ps(cast(E2M1_NEGATIVE), index);
+    let sign: std::arch::x86_64::__m256 = cast(v3.shl_const_u32x8::<28>(code));
+    cast(v3.avx._mm256_blendv_ps(positive, negative, sign))
 }
 
 #[inline(always)]
@@ -170,7 +170,13 @@ fn segmented<const CB: usize>(
 /// depend on each other, so a single row waits on the adder's latency), each row's operations
 /// and their order exactly those of `segmented`.
 #[inline(always)]
-fn segmented4<const CB: usize, K: Segments<CB>>(v3: V3, rows: [&[u8]; 4], x: &[f32], seg: usize, k: &[K; 4]) -> [f32; 4] {
+fn segmented4<const CB: usize, K: Segments<CB>>(
+    v3: V3,
+    rows: [&[u8]; 4],
+    x: &[f32],
+    seg: usize,
+    k: &[K; 4],
+) -> [f32; 4] {
     let zero = v3.splat_f32x8(0.0);
     let mut acc = [zero; 4];
     let chunks: [&[[u8; CB]]; 4] = rows.map(|r| r.as_chunks::<CB>().0);
@@ -182,7 +188,10 @@ fn segmented4<const CB: usize, K: Segments<CB>>(v3: V3, rows: [&[u8]; 4], x: &[f
         for (c, x8) in x_segment.iter().enumerate() {
             let x8: f32x8 = cast(*x8);
             for i in 0..4 {
-                part[i] = v3.add_f32x8(part[i], v3.mul_f32x8(k[i].decode(&chunks[i][first + c]), x8));
+                part[i] = v3.add_f32x8(
+                    part[i],
+                    v3.mul_f32x8(k[i].decode(&chunks[i][first + c]), x8),
+                );
             }
         }
         for i in 0..4 {
@@ -213,8 +222,8 @@ impl Segments<16> for Dense {
     fn decode(&self, chunk: &[u8; 16]) -> f32x8 {
         let v3 = self.v3;
         match self.format {
-            FloatType::F16 => f16(v3, halves(chunk)),
-            _ => cast(v3.shl_const_u32x8::<16>(halves(chunk))),
+            FloatType::F16 => f16(v3, halves(v3, chunk)),
+            _ => cast(v3.shl_const_u32x8::<16>(halves(v3, chunk))),
         }
     }
     #[inline(always)]
@@ -256,7 +265,7 @@ impl Segments<4> for Affine<'_, '_> {
 impl Segments<8> for Affine<'_, '_> {
     #[inline(always)]
     fn decode(&self, chunk: &[u8; 8]) -> f32x8 {
-        to_f32(self.v3, bytes8(chunk))
+        to_f32(self.v3, bytes8(self.v3, chunk))
     }
     #[inline(always)]
     fn finish(&self, g: usize, part: f32x8, acc: f32x8) -> f32x8 {
@@ -298,7 +307,7 @@ impl Segments<4> for Scaled<'_> {
 impl Segments<8> for Scaled<'_> {
     #[inline(always)]
     fn decode(&self, chunk: &[u8; 8]) -> f32x8 {
-        e4m3(self.v3, bytes8(chunk))
+        e4m3(self.v3, bytes8(self.v3, chunk))
     }
     #[inline(always)]
     fn finish(&self, segment: usize, part: f32x8, acc: f32x8) -> f32x8 {
