@@ -203,10 +203,14 @@ fn main() {
             let count = (a.mib << 20).div_ceil(per).max(1);
             let parts: Vec<(Vec<u8>, Vec<u8>, Vec<u8>)> = (0..count)
                 .map(|i| {
-                    let packed = if matches!(format, Format::Dense(_)) {
-                        dense_values(format, p)
-                    } else {
-                        fill(p, i as u64, None)
+                    let packed = match format {
+                        Format::Dense(_) => dense_values(format, p),
+                        // Real FP8 weights hold no NaN codes (0x7F, 0xFF).
+                        Format::Fp8Block { .. } => fill(p, i as u64, None)
+                            .into_iter()
+                            .map(|b| if b & 0x7F == 0x7F { b ^ 1 } else { b })
+                            .collect(),
+                        _ => fill(p, i as u64, None),
                     };
                     (
                         packed,

@@ -74,28 +74,26 @@ pub struct Stack<'a> {
     pub format: Format,
     pub rows: usize,
     pub cols: usize,
-    parts: Vec<(&'a [u8], &'a [u8], &'a [u8])>,
+    matrices: Vec<QMatrix<'a>>,
 }
 
 impl<'a> Stack<'a> {
     pub fn len(&self) -> usize {
-        self.parts.len()
+        self.matrices.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.parts.is_empty()
+        self.matrices.is_empty()
     }
 
     /// Matrix `i` of the stack.
     pub fn get(&self, i: usize) -> Option<QMatrix<'a>> {
-        let &(packed, scales, biases) = self.parts.get(i)?;
-        // Checked when the stack was built.
-        QMatrix::new(self.format, self.rows, self.cols, packed, scales, biases).ok()
+        self.matrices.get(i).copied()
     }
 
     /// The only matrix of a stack of one.
     pub fn single(&self, name: &str) -> Result<QMatrix<'a>, ArtifactError> {
-        match (self.parts.len(), self.get(0)) {
+        match (self.matrices.len(), self.get(0)) {
             (1, Some(m)) => Ok(m),
             (n, _) => Err(ArtifactError::Tensor {
                 name: name.to_string(),
@@ -495,15 +493,16 @@ fn build_stack<'a>(
     cols: usize,
     parts: Vec<(&'a [u8], &'a [u8], &'a [u8])>,
 ) -> Result<Stack<'a>, ArtifactError> {
-    for &(packed, scales, biases) in &parts {
-        QMatrix::new(format, rows, cols, packed, scales, biases)
-            .map_err(|e| tensor_err(name, e.to_string()))?;
-    }
+    let matrices = parts
+        .into_iter()
+        .map(|(packed, scales, biases)| QMatrix::new(format, rows, cols, packed, scales, biases))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| tensor_err(name, e.to_string()))?;
     Ok(Stack {
         format,
         rows,
         cols,
-        parts,
+        matrices,
     })
 }
 

@@ -94,23 +94,25 @@ fn e2m1(v3: V3, code: u32x8) -> f32x8 {
     cast(v3.avx._mm256_blendv_ps(positive, negative, sign))
 }
 
+/// The subnormal e4m3 magnitudes (`m * 2^-9`) by the code's low three bits.
+const E4M3_SUBNORMAL: [f32; 8] = [0.0, 1.0 / 512.0, 2.0 / 512.0, 3.0 / 512.0, 4.0 / 512.0, 5.0 / 512.0, 6.0 / 512.0, 7.0 / 512.0];
+
+/// e4m3 by the exponent-bias trick of `decode::e4m3`, subnormals from a table; NaN codes are not
+/// selected here (`e4m3_nan` does that, for matrices that hold any).
 #[inline(always)]
 fn e4m3(v3: V3, byte: u32x8) -> f32x8 {
     let magnitude = v3.and_u32x8(byte, v3.splat_u32x8(0x7F));
-    let normal: f32x8 = cast(v3.wrapping_add_u32x8(
-        v3.shl_const_u32x8::<20>(magnitude),
-        v3.splat_u32x8(120 << 23),
-    ));
-    let subnormal = v3.mul_f32x8(to_f32(v3, magnitude), v3.splat_f32x8(1.0 / 512.0));
-    let value = v3.select_f32x8(
-        v3.cmp_lt_u32x8(magnitude, v3.splat_u32x8(8)),
-        subnormal,
-        normal,
-    );
-    let sign = v3.shl_const_u32x8::<24>(v3.and_u32x8(byte, v3.splat_u32x8(0x80)));
-    let value: f32x8 = cast(v3.or_u32x8(cast(value), sign));
-    let nan = v3.cmp_eq_u32x8(magnitude, v3.splat_u32x8(0x7F));
-    v3.select_f32x8(nan, v3.splat_f32x8(f32::NAN), value)
+    let normal: f32x8 = cast(v3.wrapping_add_u32x8(v3.shl_const_u32x8::<20>(magnitude), v3.splat_u32x8(120 << 23)));
+    let subnormal = v3.avx2._mm256_permutevar8x32_ps(cast(E4M3_SUBNORMAL), cast(byte));
+    let value = v3.select_f32x8(v3.cmp_lt_u32x8(magnitude, v3.splat_u32x8(8)), cast(subnormal), normal);
+    let sign = v3.and_u32x8(v3.shl_const_u32x8::<24>(byte), v3.splat_u32x8(0x8000_0000));
+    cast(v3.or_u32x8(cast(value), sign))
+}
+
+#[inline(always)]
+fn e4m3_nan(v3: V3, byte: u32x8) -> f32x8 {
+    let nan = v3.cmp_eq_u32x8(v3.and_u32x8(byte, v3.splat_u32x8(0x7F)), v3.splat_u32x8(0x7F));
+    v3.select_f32x8(nan, v3.splat_f32x8(f32::NAN), e4m3(v3, byte))
 }
 
 #[inline(always)]
@@ -304,14 +306,18 @@ impl Segments<4> for Scaled<'_> {
     }
 }
 
-impl Segments<8> for Scaled<'_> {
+/// FP8 blocks; `NAN` selects NaN codes element by element (only matrices that hold any).
+struct Fp8<'a, const NAN: bool>(Scaled<'a>);
+
+impl<const NAN: bool> Segments<8> for Fp8<'_, NAN> {
     #[inline(always)]
     fn decode(&self, chunk: &[u8; 8]) -> f32x8 {
-        e4m3(self.v3, bytes8(self.v3, chunk))
+        let bytes = bytes8(self.0.v3, chunk);
+        if NAN { e4m3_nan(self.0.v3, bytes) } else { e4m3(self.0.v3, bytes) }
     }
     #[inline(always)]
     fn finish(&self, segment: usize, part: f32x8, acc: f32x8) -> f32x8 {
-        self.fold(segment, part, acc)
+        self.0.fold(segment, part, acc)
     }
 }
 
@@ -364,13 +370,14 @@ fn dot4(v3: V3, m: &QMatrix, r: usize, x: &[f32], xsum: &[[f32; 8]]) -> [f32; 4]
             scale,
         } => {
             let grid = m.cols.div_ceil(block_cols);
-            let k: [Scaled; 4] = std::array::from_fn(|i| Scaled {
-                v3,
-                scales: m.scales,
-                scale,
-                first: ((r + i) / block_rows) * grid,
-            });
-            segmented4::<8, _>(v3, rows, x, block_cols, &k)
+            let scaled = |i: usize| Scaled { v3, scales: m.scales, scale, first: ((r + i) / block_rows) * grid };
+            if m.fp8_nan_codes {
+                let k: [Fp8<true>; 4] = std::array::from_fn(|i| Fp8(scaled(i)));
+                segmented4::<8, _>(v3, rows, x, block_cols, &k)
+            } else {
+                let k: [Fp8<false>; 4] = std::array::from_fn(|i| Fp8(scaled(i)));
+                segmented4::<8, _>(v3, rows, x, block_cols, &k)
+            }
         }
     }
 }
@@ -420,18 +427,12 @@ fn dot(v3: V3, m: &QMatrix, r: usize, x: &[f32], xsum: &[[f32; 8]]) -> f32 {
             scale,
         } => {
             let first = (r / block_rows) * m.cols.div_ceil(block_cols);
-            segmented::<8>(
-                v3,
-                row,
-                x,
-                block_cols,
-                &Scaled {
-                    v3,
-                    scales: m.scales,
-                    scale,
-                    first,
-                },
-            )
+            let scaled = Scaled { v3, scales: m.scales, scale, first };
+            if m.fp8_nan_codes {
+                segmented::<8>(v3, row, x, block_cols, &Fp8::<true>(scaled))
+            } else {
+                segmented::<8>(v3, row, x, block_cols, &Fp8::<false>(scaled))
+            }
         }
     }
 }

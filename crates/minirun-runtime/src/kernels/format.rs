@@ -97,10 +97,14 @@ pub struct QMatrix<'a> {
     pub packed: &'a [u8],
     pub scales: &'a [u8],
     pub biases: &'a [u8],
+    /// Whether an FP8 matrix holds any NaN code (found once, by `new`): the kernels skip the
+    /// per-element NaN selection when it holds none, which changes no result.
+    pub(crate) fp8_nan_codes: bool,
 }
 
 impl<'a> QMatrix<'a> {
-    /// Checks that the slices hold exactly a `rows x cols` matrix in `format`.
+    /// Checks that the slices hold exactly a `rows x cols` matrix in `format` (and, for FP8,
+    /// reads the elements once for NaN codes: build a matrix once, use it many times).
     pub fn new(
         format: Format,
         rows: usize,
@@ -116,9 +120,11 @@ impl<'a> QMatrix<'a> {
             packed,
             scales,
             biases,
+            fp8_nan_codes: false,
         };
         m.check()?;
-        Ok(m)
+        let fp8_nan_codes = matches!(format, Format::Fp8Block { .. }) && packed.iter().any(|&b| b & 0x7F == 0x7F);
+        Ok(QMatrix { fp8_nan_codes, ..m })
     }
 
     /// Bytes of weights (packed, scales and biases) one full pass over the matrix reads.
