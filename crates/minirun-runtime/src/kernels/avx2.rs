@@ -51,6 +51,13 @@ fn reduce(acc: f32x8) -> f32 {
     (h[0] + h[2]) + (h[1] + h[3])
 }
 
+/// The eight nibbles of a word, each in the low bits of its lane, higher bits not cleared
+/// (`vpermps` and the sign shift of `e2m1` read only the low four).
+#[inline(always)]
+fn raw_nibbles(v3: V3, chunk: &[u8; 4]) -> u32x8 {
+    v3.shr_dyn_u32x8(v3.splat_u32x8(u32::from_le_bytes(*chunk)), cast(NIBBLE_SHIFTS))
+}
+
 #[inline(always)]
 fn nibbles(v3: V3, chunk: &[u8; 4]) -> u32x8 {
     let word = v3.splat_u32x8(u32::from_le_bytes(*chunk));
@@ -172,35 +179,30 @@ fn segmented<const CB: usize>(
 /// depend on each other, so a single row waits on the adder's latency), each row's operations
 /// and their order exactly those of `segmented`.
 #[inline(always)]
-fn segmented4<const CB: usize, K: Segments<CB>>(
-    v3: V3,
-    rows: [&[u8]; 4],
-    x: &[f32],
-    seg: usize,
-    k: &[K; 4],
-) -> [f32; 4] {
+fn segmented4<const CB: usize, K: Segments<CB>>(v3: V3, rows: [&[u8]; 4], x: &[f32], seg: usize, k: &[K; 4]) -> [f32; 4] {
+    // Four named accumulators, not an array, so that they stay in registers.
     let zero = v3.splat_f32x8(0.0);
-    let mut acc = [zero; 4];
-    let chunks: [&[[u8; CB]]; 4] = rows.map(|r| r.as_chunks::<CB>().0);
-    let x_chunks = x.as_chunks::<8>().0;
+    let (mut a0, mut a1, mut a2, mut a3) = (zero, zero, zero, zero);
+    let [c0, c1, c2, c3] = rows.map(|r| r.as_chunks::<CB>().0);
     let per_segment = seg / 8;
-    for (s, x_segment) in x_chunks.chunks(per_segment).enumerate() {
+    for (s, x_segment) in x.as_chunks::<8>().0.chunks(per_segment).enumerate() {
         let first = s * per_segment;
-        let mut part = [zero; 4];
+        let end = first + x_segment.len();
+        let (w0, w1, w2, w3) = (&c0[first..end], &c1[first..end], &c2[first..end], &c3[first..end]);
+        let (mut p0, mut p1, mut p2, mut p3) = (zero, zero, zero, zero);
         for (c, x8) in x_segment.iter().enumerate() {
             let x8: f32x8 = cast(*x8);
-            for i in 0..4 {
-                part[i] = v3.add_f32x8(
-                    part[i],
-                    v3.mul_f32x8(k[i].decode(&chunks[i][first + c]), x8),
-                );
-            }
+            p0 = v3.add_f32x8(p0, v3.mul_f32x8(k[0].decode(&w0[c]), x8));
+            p1 = v3.add_f32x8(p1, v3.mul_f32x8(k[1].decode(&w1[c]), x8));
+            p2 = v3.add_f32x8(p2, v3.mul_f32x8(k[2].decode(&w2[c]), x8));
+            p3 = v3.add_f32x8(p3, v3.mul_f32x8(k[3].decode(&w3[c]), x8));
         }
-        for i in 0..4 {
-            acc[i] = k[i].finish(s, part[i], acc[i]);
-        }
+        a0 = k[0].finish(s, p0, a0);
+        a1 = k[1].finish(s, p1, a1);
+        a2 = k[2].finish(s, p2, a2);
+        a3 = k[3].finish(s, p3, a3);
     }
-    acc.map(reduce)
+    [reduce(a0), reduce(a1), reduce(a2), reduce(a3)]
 }
 
 struct Dense {
@@ -298,7 +300,7 @@ impl Scaled<'_> {
 impl Segments<4> for Scaled<'_> {
     #[inline(always)]
     fn decode(&self, chunk: &[u8; 4]) -> f32x8 {
-        e2m1(self.v3, nibbles(self.v3, chunk))
+        e2m1(self.v3, raw_nibbles(self.v3, chunk))
     }
     #[inline(always)]
     fn finish(&self, segment: usize, part: f32x8, acc: f32x8) -> f32x8 {
