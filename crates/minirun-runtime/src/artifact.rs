@@ -46,7 +46,7 @@ pub enum Access {
 enum Location {
     Member {
         file: usize,
-        member: Member,
+        member: Box<Member>,
     },
     Tiled {
         file: usize,
@@ -256,7 +256,7 @@ impl Artifact {
                     }
                     let location = Location::Member {
                         file,
-                        member: member.clone(),
+                        member: Box::new(member.clone()),
                     };
                     self.insert(&path, &member.source.source_tensor, location)?;
                 }
@@ -320,13 +320,21 @@ impl Artifact {
                 format!("is {}, not a float tensor", member.source.dtype),
             )
         })?;
-        let shape_len: usize = member.source.shape.iter().product();
-        if shape_len != len || member.quantization.is_some() {
+        let shape_len = member
+            .source
+            .shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d));
+        if shape_len != Some(len)
+            || bytes.len() != len * dtype.size()
+            || member.quantization.is_some()
+        {
             return Err(tensor_err(
                 name,
                 format!(
-                    "has shape {:?}; the config needs {len} floats",
-                    member.source.shape
+                    "has shape {:?} in {} bytes; the config needs {len} floats",
+                    member.source.shape,
+                    bytes.len()
                 ),
             ));
         }
@@ -450,9 +458,9 @@ impl Artifact {
         let (count, rows, stored_cols) = leading(name, shape)?;
         let cols = match format {
             Format::Affine { bits, .. } if member.source.dtype == "U32" => {
-                stored_cols * 32 / bits as usize
+                stored_cols.saturating_mul(32) / bits as usize
             }
-            Format::Mxfp4 if member.source.dtype == "U32" => stored_cols * 8,
+            Format::Mxfp4 if member.source.dtype == "U32" => stored_cols.saturating_mul(8),
             Format::Fp8Block { .. } => stored_cols,
             _ => {
                 return Err(tensor_err(

@@ -184,7 +184,7 @@ impl DeepSeekV3Config {
         }
         for (key, expected) in FIXED {
             if let Some(v) = map.get(*key)
-                && v.to_string() != *expected
+                && serde_json::from_str::<Value>(expected).ok().as_ref() != Some(v)
             {
                 return Err(ConfigError::Unsupported {
                     key: key.to_string(),

@@ -150,3 +150,46 @@ fn an_interrupted_pack_or_a_directory_without_an_index_is_not_run() {
         .unwrap();
     assert!(err.to_string().contains("no index.json"), "{err}");
 }
+
+/// A manifest whose member claims fewer bytes than its shape needs is refused when the model
+/// asks for it, naming the tensor, instead of reading past the member.
+#[test]
+fn a_float_member_shorter_than_its_shape_is_refused() {
+    let out = tempfile::tempdir().unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/deepseek-v3/hf-bf16");
+    pack(
+        &src,
+        out.path(),
+        &PackOptions {
+            source_repo: None,
+            source_revision: None,
+        },
+        &|_| {},
+    )
+    .unwrap();
+    let manifest = out.path().join("layer00/manifest.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&manifest).unwrap()).unwrap();
+    let blob = v["files"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|f| f["kind"] == "blob")
+        .unwrap();
+    let member = blob["members"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|m| m["source_tensor"] == "model.layers.0.input_layernorm.weight")
+        .unwrap();
+    member["bytes"] = serde_json::json!(member["bytes"].as_u64().unwrap() / 2);
+    std::fs::write(&manifest, v.to_string()).unwrap();
+    let artifact = Artifact::open(out.path(), Access::Unverified).unwrap();
+    let err = artifact
+        .vector("model.layers.0.input_layernorm.weight", 128)
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("input_layernorm") && err.to_string().contains("bytes"),
+        "{err}"
+    );
+}

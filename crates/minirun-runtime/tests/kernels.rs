@@ -72,7 +72,7 @@ fn make(kind: usize, rows: usize, segments: usize, pick: usize, seed: u64) -> St
         0 => (Format::Dense(float), 8 * segments),
         1 => {
             let group = [32, 64, 128][pick % 3];
-            let bits = if pick % 2 == 0 { 4 } else { 8 };
+            let bits = if pick.is_multiple_of(2) { 4 } else { 8 };
             (
                 Format::Affine {
                     bits,
@@ -86,7 +86,7 @@ fn make(kind: usize, rows: usize, segments: usize, pick: usize, seed: u64) -> St
         3 => {
             // Partial last blocks in both directions.
             let block_cols = [8, 16, 128][pick % 3];
-            let scale = if pick % 2 == 0 {
+            let scale = if pick.is_multiple_of(2) {
                 BlockScale::E8m0
             } else {
                 BlockScale::Float(float)

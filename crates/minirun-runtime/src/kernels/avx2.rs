@@ -55,7 +55,10 @@ fn reduce(acc: f32x8) -> f32 {
 /// (`vpermps` and the sign shift of `e2m1` read only the low four).
 #[inline(always)]
 fn raw_nibbles(v3: V3, chunk: &[u8; 4]) -> u32x8 {
-    v3.shr_dyn_u32x8(v3.splat_u32x8(u32::from_le_bytes(*chunk)), cast(NIBBLE_SHIFTS))
+    v3.shr_dyn_u32x8(
+        v3.splat_u32x8(u32::from_le_bytes(*chunk)),
+        cast(NIBBLE_SHIFTS),
+    )
 }
 
 #[inline(always)]
@@ -102,23 +105,44 @@ fn e2m1(v3: V3, code: u32x8) -> f32x8 {
 }
 
 /// The subnormal e4m3 magnitudes (`m * 2^-9`) by the code's low three bits.
-const E4M3_SUBNORMAL: [f32; 8] = [0.0, 1.0 / 512.0, 2.0 / 512.0, 3.0 / 512.0, 4.0 / 512.0, 5.0 / 512.0, 6.0 / 512.0, 7.0 / 512.0];
+const E4M3_SUBNORMAL: [f32; 8] = [
+    0.0,
+    1.0 / 512.0,
+    2.0 / 512.0,
+    3.0 / 512.0,
+    4.0 / 512.0,
+    5.0 / 512.0,
+    6.0 / 512.0,
+    7.0 / 512.0,
+];
 
 /// e4m3 by the exponent-bias trick of `decode::e4m3`, subnormals from a table; NaN codes are not
 /// selected here (`e4m3_nan` does that, for matrices that hold any).
 #[inline(always)]
 fn e4m3(v3: V3, byte: u32x8) -> f32x8 {
     let magnitude = v3.and_u32x8(byte, v3.splat_u32x8(0x7F));
-    let normal: f32x8 = cast(v3.wrapping_add_u32x8(v3.shl_const_u32x8::<20>(magnitude), v3.splat_u32x8(120 << 23)));
-    let subnormal = v3.avx2._mm256_permutevar8x32_ps(cast(E4M3_SUBNORMAL), cast(byte));
-    let value = v3.select_f32x8(v3.cmp_lt_u32x8(magnitude, v3.splat_u32x8(8)), cast(subnormal), normal);
+    let normal: f32x8 = cast(v3.wrapping_add_u32x8(
+        v3.shl_const_u32x8::<20>(magnitude),
+        v3.splat_u32x8(120 << 23),
+    ));
+    let subnormal = v3
+        .avx2
+        ._mm256_permutevar8x32_ps(cast(E4M3_SUBNORMAL), cast(byte));
+    let value = v3.select_f32x8(
+        v3.cmp_lt_u32x8(magnitude, v3.splat_u32x8(8)),
+        cast(subnormal),
+        normal,
+    );
     let sign = v3.and_u32x8(v3.shl_const_u32x8::<24>(byte), v3.splat_u32x8(0x8000_0000));
     cast(v3.or_u32x8(cast(value), sign))
 }
 
 #[inline(always)]
 fn e4m3_nan(v3: V3, byte: u32x8) -> f32x8 {
-    let nan = v3.cmp_eq_u32x8(v3.and_u32x8(byte, v3.splat_u32x8(0x7F)), v3.splat_u32x8(0x7F));
+    let nan = v3.cmp_eq_u32x8(
+        v3.and_u32x8(byte, v3.splat_u32x8(0x7F)),
+        v3.splat_u32x8(0x7F),
+    );
     v3.select_f32x8(nan, v3.splat_f32x8(f32::NAN), e4m3(v3, byte))
 }
 
@@ -179,7 +203,13 @@ fn segmented<const CB: usize>(
 /// depend on each other, so a single row waits on the adder's latency), each row's operations
 /// and their order exactly those of `segmented`.
 #[inline(always)]
-fn segmented4<const CB: usize, K: Segments<CB>>(v3: V3, rows: [&[u8]; 4], x: &[f32], seg: usize, k: &[K; 4]) -> [f32; 4] {
+fn segmented4<const CB: usize, K: Segments<CB>>(
+    v3: V3,
+    rows: [&[u8]; 4],
+    x: &[f32],
+    seg: usize,
+    k: &[K; 4],
+) -> [f32; 4] {
     // Four named accumulators, not an array, so that they stay in registers.
     let zero = v3.splat_f32x8(0.0);
     let (mut a0, mut a1, mut a2, mut a3) = (zero, zero, zero, zero);
@@ -188,7 +218,12 @@ fn segmented4<const CB: usize, K: Segments<CB>>(v3: V3, rows: [&[u8]; 4], x: &[f
     for (s, x_segment) in x.as_chunks::<8>().0.chunks(per_segment).enumerate() {
         let first = s * per_segment;
         let end = first + x_segment.len();
-        let (w0, w1, w2, w3) = (&c0[first..end], &c1[first..end], &c2[first..end], &c3[first..end]);
+        let (w0, w1, w2, w3) = (
+            &c0[first..end],
+            &c1[first..end],
+            &c2[first..end],
+            &c3[first..end],
+        );
         let (mut p0, mut p1, mut p2, mut p3) = (zero, zero, zero, zero);
         for (c, x8) in x_segment.iter().enumerate() {
             let x8: f32x8 = cast(*x8);
@@ -315,7 +350,11 @@ impl<const NAN: bool> Segments<8> for Fp8<'_, NAN> {
     #[inline(always)]
     fn decode(&self, chunk: &[u8; 8]) -> f32x8 {
         let bytes = bytes8(self.0.v3, chunk);
-        if NAN { e4m3_nan(self.0.v3, bytes) } else { e4m3(self.0.v3, bytes) }
+        if NAN {
+            e4m3_nan(self.0.v3, bytes)
+        } else {
+            e4m3(self.0.v3, bytes)
+        }
     }
     #[inline(always)]
     fn finish(&self, segment: usize, part: f32x8, acc: f32x8) -> f32x8 {
@@ -372,7 +411,12 @@ fn dot4(v3: V3, m: &QMatrix, r: usize, x: &[f32], xsum: &[[f32; 8]]) -> [f32; 4]
             scale,
         } => {
             let grid = m.cols.div_ceil(block_cols);
-            let scaled = |i: usize| Scaled { v3, scales: m.scales, scale, first: ((r + i) / block_rows) * grid };
+            let scaled = |i: usize| Scaled {
+                v3,
+                scales: m.scales,
+                scale,
+                first: ((r + i) / block_rows) * grid,
+            };
             if m.fp8_nan_codes {
                 let k: [Fp8<true>; 4] = std::array::from_fn(|i| Fp8(scaled(i)));
                 segmented4::<8, _>(v3, rows, x, block_cols, &k)
@@ -429,7 +473,12 @@ fn dot(v3: V3, m: &QMatrix, r: usize, x: &[f32], xsum: &[[f32; 8]]) -> f32 {
             scale,
         } => {
             let first = (r / block_rows) * m.cols.div_ceil(block_cols);
-            let scaled = Scaled { v3, scales: m.scales, scale, first };
+            let scaled = Scaled {
+                v3,
+                scales: m.scales,
+                scale,
+                first,
+            };
             if m.fp8_nan_codes {
                 segmented::<8>(v3, row, x, block_cols, &Fp8::<true>(scaled))
             } else {

@@ -123,7 +123,8 @@ impl<'a> QMatrix<'a> {
             fp8_nan_codes: false,
         };
         m.check()?;
-        let fp8_nan_codes = matches!(format, Format::Fp8Block { .. }) && packed.iter().any(|&b| b & 0x7F == 0x7F);
+        let fp8_nan_codes =
+            matches!(format, Format::Fp8Block { .. }) && packed.iter().any(|&b| b & 0x7F == 0x7F);
         Ok(QMatrix { fp8_nan_codes, ..m })
     }
 
