@@ -9,7 +9,7 @@ use clap::Args;
 use minirun_runtime::artifact::{Access, Artifact};
 use minirun_runtime::config::DeepSeekV3Config;
 use minirun_runtime::deepseek::DeepSeekV3;
-use minirun_runtime::generate::{Sampling, generate};
+use minirun_runtime::generate::{Sampling, StopReason, generate};
 use minirun_runtime::text::Text;
 use minirun_store::{HeldEvidence, StoreError};
 
@@ -84,7 +84,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             .ok();
     }
     let artifact = Artifact::open(&args.artifact, access(args)?)?;
-    let config = DeepSeekV3Config::parse(&artifact.config_json).context("config.json")?;
+    let config = DeepSeekV3Config::parse(&artifact.config_json)?;
     let text = Text::new(
         artifact.tokenizer_json.as_deref(),
         artifact.tokenizer_config_json.as_deref(),
@@ -113,6 +113,13 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         format!("{} bytes of weights resident", artifact.payload_bytes()),
         artifact.provenance.clone(),
     ];
+    let mut header = header.to_vec();
+    if !artifact.outside_evidence.is_empty() {
+        header.push(format!(
+            "read outside the evidence (not verified): {}",
+            artifact.outside_evidence.join(", ")
+        ));
+    }
     let model = DeepSeekV3::load(&artifact, config)?;
     if !args.json {
         for line in &header {
@@ -160,18 +167,31 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             "tokens_per_second": figures.tokens_per_second(),
             "weight_bytes_per_token": figures.weight_bytes_per_token(),
             "resident_bytes": artifact.payload_bytes(),
+            "stop_reason": figures.stop_reason,
+            "read_outside_evidence": artifact.outside_evidence,
         });
-        println!("{report}");
+        let _ = writeln!(stdout, "{report}");
     } else {
-        if shown.len() < output.len() {
-            let _ = write!(stdout, "{}", &output[shown.len().min(output.len())..]);
+        match output.strip_prefix(shown.as_str()) {
+            Some(rest) => {
+                let _ = writeln!(stdout, "{rest}");
+            }
+            // The final decode is not an extension of what was streamed (a byte-fallback
+            // tokenizer can rewrite its tail): say so rather than print a garbled mix.
+            None => {
+                eprintln!("(the streamed text's ending decodes differently in full: {output:?})")
+            }
         }
-        let _ = writeln!(stdout);
         eprintln!(
-            "{} prompt tokens in {:.2} s; {} tokens generated, {:.2} tokens/s; {} bytes of weights read per token",
+            "{} prompt tokens in {:.2} s; {} tokens generated ({}), {:.2} tokens/s; {} bytes of weights read per token",
             figures.prompt_tokens,
             figures.prompt_time.as_secs_f64(),
             figures.generated_tokens,
+            match figures.stop_reason {
+                StopReason::MaxTokens => "--max-tokens reached",
+                StopReason::EndOfSequence => "end of sequence",
+                StopReason::ContextFull => "max_position_embeddings reached",
+            },
             figures.tokens_per_second(),
             figures.weight_bytes_per_token()
         );

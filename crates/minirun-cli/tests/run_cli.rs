@@ -119,7 +119,11 @@ fn a_payload_file_changed_after_verification_is_refused() {
     std::fs::write(&blob, bytes).unwrap();
     let out = minirun(&["run", path, "--prompt", "x", "--max-tokens", "2"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("minirun verify"), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("changed since it was verified") && err.contains("minirun verify"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -62,6 +62,9 @@ pub struct Artifact {
     pub tokenizer_config_json: Option<String>,
     /// What vouched for the bytes, in words for the run's header.
     pub provenance: String,
+    /// Metadata files a verified run read outside the evidence (offline evidence covers
+    /// payload only): the run's header names them.
+    pub outside_evidence: Vec<String>,
     files: Vec<Vec<u8>>,
     tensors: BTreeMap<String, Location>,
     /// Quantization parameters of plain-stream members, by tensor name.
@@ -117,36 +120,82 @@ fn invalid(path: &str, reason: impl Into<String>) -> ArtifactError {
     }
 }
 
+/// The largest metadata file read (config, tokenizer, manifest): far above any real one, and a
+/// bound on what a hostile directory can make this process allocate.
+const METADATA_LIMIT: u64 = 256 << 20;
+
+fn read_bounded(
+    mut file: std::fs::File,
+    shown: &Path,
+    limit: u64,
+) -> Result<Vec<u8>, ArtifactError> {
+    let mut bytes = Vec::new();
+    (&mut file)
+        .take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(io(shown))?;
+    if bytes.len() as u64 > limit {
+        return Err(invalid(
+            &shown.display().to_string(),
+            format!("is larger than {limit} bytes"),
+        ));
+    }
+    Ok(bytes)
+}
+
 impl Access {
-    fn read(&self, root: &Path, path: &str) -> Result<Vec<u8>, ArtifactError> {
-        let mut bytes = Vec::new();
+    fn open(&self, root: &Path, path: &str) -> Result<std::fs::File, ArtifactError> {
         match self {
-            Access::Verified(held) => {
-                held.open(path)?
-                    .read_to_end(&mut bytes)
-                    .map_err(io(&root.join(path)))?;
-            }
+            Access::Verified(held) => Ok(held.open(path)?),
             Access::Unverified => {
-                bytes = std::fs::read(root.join(path)).map_err(io(&root.join(path)))?
+                std::fs::File::open(root.join(path)).map_err(io(&root.join(path)))
             }
         }
-        Ok(bytes)
+    }
+
+    /// A payload file, which must be exactly `expected` bytes long (checked before reading).
+    fn read(&self, root: &Path, path: &str, expected: u64) -> Result<Vec<u8>, ArtifactError> {
+        let file = self.open(root, path)?;
+        let actual = file.metadata().map_err(io(&root.join(path)))?.len();
+        if actual != expected {
+            return Err(invalid(
+                path,
+                format!("has {actual} bytes, its manifest says {expected}"),
+            ));
+        }
+        read_bounded(file, &root.join(path), expected)
     }
 
     /// Metadata files: through the evidence when it covers them (a verification against the
-    /// publisher does), otherwise read plainly (offline evidence covers payload only).
-    fn read_metadata(&self, root: &Path, path: &str) -> Result<Option<Vec<u8>>, ArtifactError> {
-        if let Access::Verified(held) = self
-            && held.evidence().files.iter().any(|f| f.path == path)
-        {
-            return self.read(root, path).map(Some);
+    /// publisher does); otherwise read plainly, and named in `outside` (offline evidence covers
+    /// payload files only).
+    fn read_metadata(
+        &self,
+        root: &Path,
+        path: &str,
+        outside: &mut Vec<String>,
+    ) -> Result<Option<Vec<u8>>, ArtifactError> {
+        if let Access::Verified(held) = self {
+            if held.evidence().files.iter().any(|f| f.path == path) {
+                return read_bounded(held.open(path)?, &root.join(path), METADATA_LIMIT).map(Some);
+            }
         }
-        match std::fs::read(root.join(path)) {
-            Ok(bytes) => Ok(Some(bytes)),
+        match std::fs::File::open(root.join(path)) {
+            Ok(file) => {
+                if matches!(self, Access::Verified(_)) {
+                    outside.push(path.to_string());
+                }
+                read_bounded(file, &root.join(path), METADATA_LIMIT).map(Some)
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(io(&root.join(path))(e)),
         }
     }
+}
+
+/// A manifest's file name must name a file directly in its unit.
+fn plain_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0'])
 }
 
 fn text(path: &str, bytes: Vec<u8>) -> Result<String, ArtifactError> {
@@ -180,16 +229,17 @@ impl Artifact {
                 }
             }
         };
+        let mut outside = Vec::new();
         let config_json = access
-            .read_metadata(root, "config.json")?
+            .read_metadata(root, "config.json", &mut outside)?
             .ok_or_else(|| ArtifactError::Incomplete(shown.clone(), "it has no config.json"))?;
         let config_json = text("config.json", config_json)?;
         let tokenizer_json = access
-            .read_metadata(root, "tokenizer.json")?
+            .read_metadata(root, "tokenizer.json", &mut outside)?
             .map(|b| text("tokenizer.json", b))
             .transpose()?;
         let tokenizer_config_json = access
-            .read_metadata(root, "tokenizer_config.json")?
+            .read_metadata(root, "tokenizer_config.json", &mut outside)?
             .map(|b| text("tokenizer_config.json", b))
             .transpose()?;
         let mut artifact = Artifact {
@@ -198,6 +248,7 @@ impl Artifact {
             tokenizer_json,
             tokenizer_config_json,
             provenance,
+            outside_evidence: Vec::new(),
             files: Vec::new(),
             tensors: BTreeMap::new(),
             payload_bytes: 0,
@@ -205,7 +256,7 @@ impl Artifact {
         for unit in unit_names(root)? {
             let manifest_path = format!("{unit}/manifest.json");
             let manifest = access
-                .read_metadata(root, &manifest_path)?
+                .read_metadata(root, &manifest_path, &mut outside)?
                 .ok_or_else(|| invalid(&manifest_path, "is missing"))?;
             let manifest: UnitManifest = serde_json::from_slice(&manifest)
                 .map_err(|e| invalid(&manifest_path, e.to_string()))?;
@@ -219,6 +270,7 @@ impl Artifact {
                 artifact.add_file(&access, &unit, entry)?;
             }
         }
+        artifact.outside_evidence = outside;
         if artifact.files.is_empty() {
             return Err(ArtifactError::Incomplete(shown, "it has no unit manifests"));
         }
@@ -232,7 +284,10 @@ impl Artifact {
         entry: &FileEntry,
     ) -> Result<(), ArtifactError> {
         let path = format!("{unit}/{}", entry.name());
-        let bytes = access.read(&self.root, &path)?;
+        if !plain_name(entry.name()) {
+            return Err(invalid(&path, "is not a plain file name inside its unit"));
+        }
+        let bytes = access.read(&self.root, &path, entry.bytes())?;
         if bytes.len() as u64 != entry.bytes() {
             return Err(invalid(
                 &path,
@@ -441,7 +496,7 @@ impl Artifact {
                 Format::Dense(dtype),
                 rows,
                 cols,
-                split(packed, count, &[], &[]),
+                split(name, packed, count, &[], &[])?,
             );
         };
         let format = quantized_format(name, q)?;
@@ -450,11 +505,47 @@ impl Artifact {
             "affine" => (format!("{module}.scales"), Some(format!("{module}.biases"))),
             _ => (format!("{module}.scales"), None),
         };
-        let (scales, _) = self.member(&scales_name)?;
+        let (scales, scales_member) = self.member(&scales_name)?;
+        let expected_scale_dtype = match q.scale_dtype.as_str() {
+            "uint8-e8m0" => ["U8", "F8_E8M0"].as_slice(),
+            "float16" => ["F16"].as_slice(),
+            "bfloat16" => ["BF16"].as_slice(),
+            _ => ["F32"].as_slice(),
+        };
+        if !expected_scale_dtype.contains(&scales_member.source.dtype.as_str()) {
+            return Err(tensor_err(
+                &scales_name,
+                format!(
+                    "is {}, but the manifest records {} scales",
+                    scales_member.source.dtype, q.scale_dtype
+                ),
+            ));
+        }
         let biases = match &biases_name {
-            Some(b) => self.member(b)?.0,
+            Some(b) => {
+                let (bytes, bias) = self.member(b)?;
+                if bias.source.dtype != scales_member.source.dtype {
+                    return Err(tensor_err(
+                        b,
+                        format!(
+                            "is {}, its scales {}",
+                            bias.source.dtype, scales_member.source.dtype
+                        ),
+                    ));
+                }
+                bytes
+            }
             None => &[],
         };
+        if q.layout == "fp8-e4m3-block" && member.source.dtype != "F8_E4M3" {
+            return Err(tensor_err(
+                name,
+                format!(
+                    "is {}; only F8_E4M3 elements are implemented",
+                    member.source.dtype
+                ),
+            ));
+        }
         let (count, rows, stored_cols) = leading(name, shape)?;
         let cols = match format {
             Format::Affine { bits, .. } if member.source.dtype == "U32" => {
@@ -477,21 +568,34 @@ impl Artifact {
             format,
             rows,
             cols,
-            split(packed, count, scales, biases),
+            split(name, packed, count, scales, biases)?,
         )
     }
 }
 
+/// The `count` equal slices of each tensor (experts, heads); `None` when a length does not
+/// divide evenly (a manifest that contradicts itself).
 fn split<'a>(
+    name: &str,
     packed: &'a [u8],
     count: usize,
     scales: &'a [u8],
     biases: &'a [u8],
-) -> Vec<(&'a [u8], &'a [u8], &'a [u8])> {
+) -> Result<Vec<(&'a [u8], &'a [u8], &'a [u8])>, ArtifactError> {
+    let even = |b: &[u8]| count > 0 && count <= packed.len() && b.len() % count == 0;
+    if !(even(packed) && even(scales) && even(biases)) {
+        return Err(tensor_err(
+            name,
+            format!(
+                "does not split into {count} equal matrices ({} packed bytes)",
+                packed.len()
+            ),
+        ));
+    }
     let piece = |b: &'a [u8], i: usize| &b[b.len() / count * i..b.len() / count * (i + 1)];
-    (0..count)
+    Ok((0..count)
         .map(|i| (piece(packed, i), piece(scales, i), piece(biases, i)))
-        .collect()
+        .collect())
 }
 
 fn build_stack<'a>(
@@ -539,6 +643,23 @@ fn quantized_format(name: &str, q: &Quantization) -> Result<Format, ArtifactErro
             ));
         }
     };
+    let parameters_ok = match q.layout.as_str() {
+        "affine" => matches!(q.element_bits, 4 | 8) && matches!(q.group, 32 | 64 | 128),
+        "mxfp4" => q.element_bits == 4,
+        "fp8-e4m3-block" => {
+            q.element_bits == 8 && q.block_rows > 0 && q.group > 0 && q.group % 8 == 0
+        }
+        _ => true,
+    };
+    if !parameters_ok {
+        return Err(tensor_err(
+            name,
+            format!(
+                "{} with {} bits, group {} and block rows {} is not implemented",
+                q.layout, q.element_bits, q.group, q.block_rows
+            ),
+        ));
+    }
     match (q.layout.as_str(), scale) {
         ("affine", Some(scale)) => Ok(Format::Affine {
             bits: q.element_bits,

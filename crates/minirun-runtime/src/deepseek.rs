@@ -1,4 +1,5 @@
-//! The DeepSeek-V3 family (DeepSeek V3/R1, Kimi K2): multi-head latent attention with a cache
+//! The DeepSeek-V3 architecture (DeepSeek V3/R1; Kimi K2 shares it but names itself `kimi_k2`
+//! and ships no `tokenizer.json`, so it is refused for now): multi-head latent attention with a cache
 //! of the compressed latent, dense then mixture-of-experts layers with sigmoid, group-limited
 //! routing and shared experts. One token at a time, using the absorbed attention (queries
 //! projected into the latent space, values read out of it), which is mlx-lm's decode path.
@@ -8,7 +9,7 @@
 
 use crate::artifact::{Artifact, ArtifactError, Stack};
 use crate::config::DeepSeekV3Config;
-use crate::kernels::{KernelError, QMatrix};
+use crate::kernels::{Format, KernelError, QMatrix};
 use crate::rope::{Rope, attention_scale};
 
 #[derive(Debug, thiserror::Error)]
@@ -21,6 +22,8 @@ pub enum ModelError {
     Token(u32, usize),
     #[error("position {0} is past max_position_embeddings {1}")]
     Position(usize, usize),
+    #[error("the prompt is empty: give at least one token")]
+    EmptyPrompt,
 }
 
 /// `kv_b_proj`, in either layout.
@@ -182,11 +185,23 @@ impl<'a> Loader<'a> {
             ),
         };
         let latent = if self.artifact.has(&format!("{prefix}.kv_b_proj.weight")) {
-            LatentProjections::Whole(self.one(
-                &format!("{prefix}.kv_b_proj"),
-                heads * (c.qk_nope_head_dim + c.v_head_dim),
-                c.kv_lora_rank,
-            )?)
+            {
+                let name = format!("{prefix}.kv_b_proj");
+                let m = self.one(
+                    &name,
+                    heads * (c.qk_nope_head_dim + c.v_head_dim),
+                    c.kv_lora_rank,
+                )?;
+                // mlx-lm splits a quantized kv_b_proj and quantizes the halves again along other
+                // axes, so it computes with other weights than these: refuse rather than differ.
+                if matches!(m.format(), Format::Affine { .. } | Format::Mxfp4) {
+                    return Err(ArtifactError::Tensor {
+                    name: format!("{name}.weight"),
+                    reason: "is MLX-quantized in the Hugging Face layout; mlx-lm would re-quantize it as embed_q/unembed_out, so its result is not defined by the checkpoint. Convert with mlx-lm (which writes embed_q/unembed_out) and pack that".into(),
+                });
+                }
+                LatentProjections::Whole(m)
+            }
         } else {
             let embed_q = self.artifact.matrix(
                 &format!("{prefix}.embed_q"),
@@ -377,8 +392,32 @@ impl<'a> DeepSeekV3<'a> {
         }
     }
 
-    /// Runs `token` at the next position of `cache`, returning the logits.
+    /// Runs `token` at the next position of `cache`, returning the logits. On an error the cache
+    /// is left as it was before the call.
     pub fn step(
+        &self,
+        token: u32,
+        cache: &mut Cache,
+        stats: &mut StepStats,
+    ) -> Result<Vec<f32>, ModelError> {
+        let before = cache.len;
+        let result = self.step_unguarded(token, cache, stats);
+        if result.is_err() {
+            let (lora, rope) = (self.config.kv_lora_rank, self.config.qk_rope_head_dim);
+            cache
+                .latent
+                .iter_mut()
+                .for_each(|l| l.truncate(before * lora));
+            cache
+                .rope_key
+                .iter_mut()
+                .for_each(|k| k.truncate(before * rope));
+            cache.len = before;
+        }
+        result
+    }
+
+    fn step_unguarded(
         &self,
         token: u32,
         cache: &mut Cache,

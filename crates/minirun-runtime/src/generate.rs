@@ -90,6 +90,7 @@ pub struct Figures {
     pub decode_time: Duration,
     /// Stored weight bytes read by the decode steps, summed.
     pub decode_weight_bytes: u64,
+    pub stop_reason: StopReason,
 }
 
 impl Figures {
@@ -102,8 +103,21 @@ impl Figures {
     }
 }
 
-/// Runs `prompt` then generates up to `max_tokens`, calling `on_token` with each new id;
-/// stops after any id in `stop`.
+/// Why generation stopped.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    #[default]
+    MaxTokens,
+    /// A stop token was sampled; it is not part of the output.
+    EndOfSequence,
+    /// The next position would pass `max_position_embeddings`.
+    ContextFull,
+}
+
+/// Runs `prompt` then generates up to `max_tokens`, calling `on_token` with each new id. A
+/// sampled stop token ends generation and is not returned (as in mlx-lm). The decode time counts
+/// the model's steps only, not the caller's `on_token`.
 pub fn generate(
     model: &DeepSeekV3,
     prompt: &[u32],
@@ -112,6 +126,9 @@ pub fn generate(
     stop: &[u32],
     mut on_token: impl FnMut(u32),
 ) -> Result<(Vec<u32>, Figures), ModelError> {
+    if prompt.is_empty() {
+        return Err(ModelError::EmptyPrompt);
+    }
     let mut figures = Figures {
         prompt_tokens: prompt.len(),
         ..Figures::default()
@@ -128,20 +145,28 @@ pub fn generate(
     }
     figures.prompt_time = started.elapsed();
     let mut out = Vec::new();
-    let started = Instant::now();
-    while out.len() < max_tokens && !logits.is_empty() {
+    while out.len() < max_tokens {
         let token = sampler.sample(&logits);
+        if stop.contains(&token) {
+            figures.stop_reason = StopReason::EndOfSequence;
+            break;
+        }
         out.push(token);
         on_token(token);
-        if stop.contains(&token) || out.len() == max_tokens {
+        if out.len() == max_tokens {
+            break;
+        }
+        if cache.len >= model.config.max_position_embeddings {
+            figures.stop_reason = StopReason::ContextFull;
             break;
         }
         let mut stats = StepStats::default();
+        let step = Instant::now();
         logits = model.step(token, &mut cache, &mut stats)?;
+        figures.decode_time += step.elapsed();
         figures.decode_weight_bytes += stats.weight_bytes;
         figures.decode_steps += 1;
     }
-    figures.decode_time = started.elapsed();
     figures.generated_tokens = out.len();
     Ok((out, figures))
 }

@@ -85,7 +85,10 @@ impl Text {
             .get("chat_template")
             .and_then(Value::as_str)
             .ok_or(TextError::NoTemplate)?;
+        // Hugging Face renders chat templates with trim_blocks, lstrip_blocks and loop controls.
         let mut env = minijinja::Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function(

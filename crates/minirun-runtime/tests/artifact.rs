@@ -35,7 +35,7 @@ fn packed(name: &str) -> tempfile::TempDir {
 }
 
 fn bits(m: &QMatrix, x: &[f32]) -> Vec<u32> {
-    let mut y = vec![0f32; m.rows];
+    let mut y = vec![0f32; m.rows()];
     m.matvec(x, &mut y).unwrap();
     y.iter().map(|v| v.to_bits()).collect()
 }

@@ -196,3 +196,21 @@ fn chat_template_and_tokenizer_agree_with_the_python_side() {
         ids(&sentence["token_ids"])
     );
 }
+
+/// A template written over several lines renders as Hugging Face renders it (trim_blocks,
+/// lstrip_blocks, loop controls). The expected string is what Python's jinja2 3.1.6 gives with
+/// those settings (the command is in the commit that added this test).
+#[test]
+fn a_multi_line_chat_template_renders_as_hugging_face_renders_it() {
+    let dir = fixture("mlx-affine4-g64");
+    let tokenizer = std::fs::read_to_string(dir.join("tokenizer.json")).unwrap();
+    let template = "{% for message in messages %}\n  {% if message['role'] == 'user' %}\n<|User|>{{ message['content'] }}\n  {% elif message['role'] == 'assistant' %}\n<|Assistant|>{{ message['content'] }}<|end|>\n  {% endif %}\n  {% if loop.index > 5 %}{% break %}{% endif %}\n{% endfor %}\n{% if add_generation_prompt %}<|Assistant|>{% endif %}\n";
+    let config = serde_json::json!({ "chat_template": template }).to_string();
+    let text = Text::new(Some(&tokenizer), Some(&config)).unwrap();
+    let messages = [("user", "Hi"), ("assistant", "Yo"), ("user", "Again")]
+        .map(|(r, c)| (r.to_string(), c.to_string()));
+    assert_eq!(
+        text.render_chat(&messages).unwrap(),
+        "<|User|>Hi\n<|Assistant|>Yo<|end|>\n<|User|>Again\n<|Assistant|>"
+    );
+}

@@ -91,12 +91,13 @@ pub enum Format {
 /// A matrix as stored: borrowed bytes, checked once against the shape.
 #[derive(Debug, Clone, Copy)]
 pub struct QMatrix<'a> {
-    pub format: Format,
-    pub rows: usize,
-    pub cols: usize,
-    pub packed: &'a [u8],
-    pub scales: &'a [u8],
-    pub biases: &'a [u8],
+    // Private: `new` checks them against each other once, and the kernels rely on that.
+    pub(crate) format: Format,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) packed: &'a [u8],
+    pub(crate) scales: &'a [u8],
+    pub(crate) biases: &'a [u8],
     /// Whether an FP8 matrix holds any NaN code (found once, by `new`): the kernels skip the
     /// per-element NaN selection when it holds none, which changes no result.
     pub(crate) fp8_nan_codes: bool,
@@ -128,6 +129,30 @@ impl<'a> QMatrix<'a> {
         Ok(QMatrix { fp8_nan_codes, ..m })
     }
 
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    pub fn packed(&self) -> &'a [u8] {
+        self.packed
+    }
+
+    pub fn scales(&self) -> &'a [u8] {
+        self.scales
+    }
+
+    pub fn biases(&self) -> &'a [u8] {
+        self.biases
+    }
+
     /// Bytes of weights (packed, scales and biases) one full pass over the matrix reads.
     pub fn stored_bytes(&self) -> usize {
         self.packed.len() + self.scales.len() + self.biases.len()
@@ -155,9 +180,12 @@ impl<'a> QMatrix<'a> {
         if !self.cols.is_multiple_of(8) {
             return Err(shape("a reduction length that is not a multiple of 8"));
         }
+        // Every byte count below is at most 4 bytes per cell, so this one check keeps them all
+        // from overflowing.
         let cells = self
             .rows
             .checked_mul(self.cols)
+            .filter(|c| c.checked_mul(4).is_some())
             .ok_or_else(|| shape("a size that overflows"))?;
         let (packed, scales, biases) = match self.format {
             Format::Dense(t) => (cells * t.size(), 0, 0),
