@@ -175,10 +175,10 @@ impl Access {
         path: &str,
         outside: &mut Vec<String>,
     ) -> Result<Option<Vec<u8>>, ArtifactError> {
-        if let Access::Verified(held) = self {
-            if held.evidence().files.iter().any(|f| f.path == path) {
-                return read_bounded(held.open(path)?, &root.join(path), METADATA_LIMIT).map(Some);
-            }
+        if let Access::Verified(held) = self
+            && held.evidence().files.iter().any(|f| f.path == path)
+        {
+            return read_bounded(held.open(path)?, &root.join(path), METADATA_LIMIT).map(Some);
         }
         match std::fs::File::open(root.join(path)) {
             Ok(file) => {
@@ -581,8 +581,8 @@ fn split<'a>(
     count: usize,
     scales: &'a [u8],
     biases: &'a [u8],
-) -> Result<Vec<(&'a [u8], &'a [u8], &'a [u8])>, ArtifactError> {
-    let even = |b: &[u8]| count > 0 && count <= packed.len() && b.len() % count == 0;
+) -> Result<Vec<Parts<'a>>, ArtifactError> {
+    let even = |b: &[u8]| count > 0 && count <= packed.len() && b.len().is_multiple_of(count);
     if !(even(packed) && even(scales) && even(biases)) {
         return Err(tensor_err(
             name,
@@ -597,6 +597,9 @@ fn split<'a>(
         .map(|i| (piece(packed, i), piece(scales, i), piece(biases, i)))
         .collect())
 }
+
+/// A matrix's packed, scale and bias bytes.
+type Parts<'a> = (&'a [u8], &'a [u8], &'a [u8]);
 
 fn build_stack<'a>(
     name: &str,
@@ -647,7 +650,7 @@ fn quantized_format(name: &str, q: &Quantization) -> Result<Format, ArtifactErro
         "affine" => matches!(q.element_bits, 4 | 8) && matches!(q.group, 32 | 64 | 128),
         "mxfp4" => q.element_bits == 4,
         "fp8-e4m3-block" => {
-            q.element_bits == 8 && q.block_rows > 0 && q.group > 0 && q.group % 8 == 0
+            q.element_bits == 8 && q.block_rows > 0 && q.group > 0 && q.group.is_multiple_of(8)
         }
         _ => true,
     };
