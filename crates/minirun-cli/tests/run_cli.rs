@@ -132,3 +132,30 @@ fn bad_sampling_options_are_refused_before_loading() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("--top-p"), "{}", stderr(&out));
 }
+
+/// What `run` streams is exactly the text `--json` reports for the same greedy generation.
+#[test]
+fn streamed_text_equals_the_json_text() {
+    let dir = packed();
+    let path = dir.path().to_str().unwrap();
+    let args = [
+        "run",
+        path,
+        "--prompt",
+        "The clockmaker opened",
+        "--max-tokens",
+        "24",
+        "--ignore-eos",
+        "--unverified",
+    ];
+    let streamed = minirun(&args);
+    assert!(streamed.status.success(), "{}", stderr(&streamed));
+    let json = minirun(&[&args[..], &["--json"]].concat());
+    let report: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let text = report["text"].as_str().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&streamed.stdout),
+        format!("{text}\n")
+    );
+    assert_eq!(report["stop_reason"], "max_tokens");
+}
