@@ -319,6 +319,42 @@ fn the_simd_path_and_the_portable_path_agree_on_special_codes() {
     }
 }
 
+/// A small-batch product gives every vector exactly the bits of its own matrix-vector product,
+/// serially and in parallel.
+#[test]
+fn matmul_gives_each_vector_the_bits_of_its_matvec() {
+    for kind in 0..5 {
+        for (rows, batch) in [(5, 3), (1100, 4), (37, 1)] {
+            let stored = make(kind, rows, 8, kind + batch, 11 + rows as u64);
+            let m = stored.matrix();
+            let xs: Vec<f32> = (0..batch).flat_map(|b| input(m.cols(), b as u64)).collect();
+            for threads in [1, 2] {
+                let ys = on_threads(threads, || {
+                    let mut ys = vec![0f32; batch * m.rows()];
+                    m.matmul(&xs, batch, &mut ys).unwrap();
+                    ys
+                });
+                for (b, x) in xs.chunks_exact(m.cols()).enumerate() {
+                    let mut y = vec![0f32; m.rows()];
+                    m.matvec(x, &mut y).unwrap();
+                    let got = &ys[b * m.rows()..(b + 1) * m.rows()];
+                    assert!(
+                        got.iter().zip(&y).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{:?} {rows} rows, vector {b} of {batch}, {threads} threads",
+                        m.format()
+                    );
+                }
+            }
+        }
+    }
+    let stored = make(0, 4, 2, 0, 1);
+    let m = stored.matrix();
+    assert!(
+        m.matmul(&[0.0; 15], 1, &mut [0.0; 4]).is_err(),
+        "xs of the wrong length"
+    );
+}
+
 #[test]
 fn decoders_agree_with_the_definitions_on_every_code() {
     for code in 0..16u8 {

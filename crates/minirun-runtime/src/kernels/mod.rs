@@ -159,6 +159,56 @@ impl QMatrix<'_> {
         Ok(())
     }
 
+    /// `Y = X W^T` for a small batch: `xs` holds `batch` input vectors one after another,
+    /// `ys` receives `batch` output vectors one after another. Each output vector has exactly
+    /// the bits `matvec` gives for its input. Threads take bands of rows, and a band's stored
+    /// bytes are read from memory once for the whole batch (they stay in cache between vectors).
+    pub fn matmul(&self, xs: &[f32], batch: usize, ys: &mut [f32]) -> Result<(), KernelError> {
+        check_len("xs", batch * self.cols, xs.len())?;
+        check_len("ys", batch * self.rows, ys.len())?;
+        if batch == 0 {
+            return Ok(());
+        }
+        let xsums: Vec<Vec<[f32; 8]>> = xs
+            .chunks_exact(self.cols)
+            .map(|x| match self.format {
+                Format::Affine { group, .. } => row::lane_sums(x, group),
+                _ => Vec::new(),
+            })
+            .collect();
+        // Row-major by output row (`by_row[r * batch + b]`), so that a band of rows is one
+        // contiguous slice a thread can own; transposed into `ys` at the end.
+        let mut by_row = vec![0f32; self.rows * batch];
+        let band = |task: usize, out: &mut [f32]| {
+            let first = task * ROWS_PER_TASK;
+            let rows = out.len() / batch;
+            let mut column = vec![0f32; rows];
+            for (b, (x, xsum)) in xs.chunks_exact(self.cols).zip(&xsums).enumerate() {
+                run_rows(self, first, x, xsum, &mut column);
+                for (r, &v) in column.iter().enumerate() {
+                    out[r * batch + b] = v;
+                }
+            }
+        };
+        if self.rows * self.cols < SERIAL_CELLS || rayon::current_num_threads() == 1 {
+            by_row
+                .chunks_mut(ROWS_PER_TASK * batch)
+                .enumerate()
+                .for_each(|(task, out)| band(task, out));
+        } else {
+            by_row
+                .par_chunks_mut(ROWS_PER_TASK * batch)
+                .enumerate()
+                .for_each(|(task, out)| band(task, out));
+        }
+        for (r, values) in by_row.chunks_exact(batch).enumerate() {
+            for (b, &v) in values.iter().enumerate() {
+                ys[b * self.rows + r] = v;
+            }
+        }
+        Ok(())
+    }
+
     /// `matvec` on one thread through the portable code (`row.rs`) even where an explicit
     /// SIMD path exists: tests compare the two bit for bit.
     #[doc(hidden)]
