@@ -30,6 +30,14 @@ pub enum ArtifactError {
     Missing(String),
     #[error("{name}: {reason}")]
     Tensor { name: String, reason: String },
+    #[error(
+        "{path} holds {bytes} bytes of weights and a resident run may use {limit}: it cannot be held in memory (streaming under a memory budget is not built yet)"
+    )]
+    TooLarge {
+        path: String,
+        bytes: u64,
+        limit: u64,
+    },
 }
 
 /// Where the bytes come from, and what vouches for them.
@@ -203,8 +211,18 @@ fn text(path: &str, bytes: Vec<u8>) -> Result<String, ArtifactError> {
 }
 
 impl Artifact {
-    /// Reads the artifact at `root` into memory.
+    /// Reads the artifact at `root` into memory, refusing one whose payload is larger than the
+    /// memory the system reports available.
     pub fn open(root: &Path, access: Access) -> Result<Artifact, ArtifactError> {
+        Artifact::open_within(root, access, None)
+    }
+
+    /// `open` with an explicit limit on the payload held (`None`: the available memory).
+    pub fn open_within(
+        root: &Path,
+        access: Access,
+        memory_limit: Option<u64>,
+    ) -> Result<Artifact, ArtifactError> {
         let shown = root.display().to_string();
         if root.join(".minirun-pack-incomplete").exists() {
             return Err(ArtifactError::Incomplete(
@@ -253,6 +271,7 @@ impl Artifact {
             tensors: BTreeMap::new(),
             payload_bytes: 0,
         };
+        let mut manifests = Vec::new();
         for unit in unit_names(root)? {
             let manifest_path = format!("{unit}/manifest.json");
             let manifest = access
@@ -266,8 +285,25 @@ impl Artifact {
                     format!("names unit {:?}", manifest.unit),
                 ));
             }
+            manifests.push((unit, manifest));
+        }
+        let total = manifests
+            .iter()
+            .flat_map(|(_, m)| m.files.iter().map(|f| f.bytes()))
+            .fold(0u64, u64::saturating_add);
+        let limit = memory_limit.or_else(available_memory);
+        if let Some(limit) = limit
+            && total > limit
+        {
+            return Err(ArtifactError::TooLarge {
+                path: shown,
+                bytes: total,
+                limit,
+            });
+        }
+        for (unit, manifest) in &manifests {
             for entry in &manifest.files {
-                artifact.add_file(&access, &unit, entry)?;
+                artifact.add_file(&access, unit, entry)?;
             }
         }
         artifact.outside_evidence = outside;
@@ -705,6 +741,14 @@ fn tensor_err(name: &str, reason: String) -> ArtifactError {
         name: name.to_string(),
         reason,
     }
+}
+
+/// `MemAvailable` from /proc/meminfo, in bytes; `None` where the system does not say.
+fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 /// Unit directories (those holding a manifest.json), sorted by name.
