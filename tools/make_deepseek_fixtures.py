@@ -17,6 +17,12 @@ with q_lora_rank 64 / kv_lora_rank 64, YaRN rope, vocab 512, hidden 128):
   hf-fp8-e8m0       the same, scales stored as F8_E8M0 (power of two >= amax / 448)
   hf-bf16           Hugging Face / DeepSeek layout, unquantized BF16
 
+plus one variant of a second model config (CONFIG with ALT_OVERRIDES: plain q_proj instead
+of the q LoRA, one expert group, norm_topk_prob false, plain RoPE instead of YaRN), built
+from the same per-name random weights, so it takes the code paths the others never do:
+
+  mlx-affine8-g64-alt  MLX layout, affine, 8 bits, group 64
+
 Each directory is a complete checkpoint (config.json, model.safetensors,
 model.safetensors.index.json, tokenizer.json, tokenizer_config.json,
 special_tokens_map.json, LICENSE) plus the oracle: oracle.json and logits-<prompt>.f32
@@ -192,18 +198,37 @@ FP8_QUANT_CONFIG = {
     "weight_block_size": [FP8_BLOCK, FP8_BLOCK],
 }
 
+# The second model config: CONFIG with these fields changed.  n_shared_experts stays 1:
+# mlx-lm 0.32.2 builds shared experts whenever n_shared_experts is not None (0 fails in
+# nn.Linear with a zero input width), and this runtime's config reader wants an integer.
+ALT_OVERRIDES = {
+    "q_lora_rank": None,  # plain q_proj [heads * (nope + rope), hidden]
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": False,
+    "rope_scaling": None,  # plain RoPE
+}
+
 MLX_VARIANTS = [
     # name, group_size, bits, mode
     ("mlx-affine4-g64", 64, 4, "affine"),
     ("mlx-affine8-g32", 32, 8, "affine"),
     ("mlx-affine4-g128", 128, 4, "affine"),
     ("mlx-mxfp4", 32, 4, "mxfp4"),
+    ("mlx-affine8-g64-alt", 64, 8, "affine"),
 ]
 HF_VARIANTS = ["hf-fp8-f32scales", "hf-fp8-e8m0", "hf-bf16"]
-ALL_VARIANTS = [v[0] for v in MLX_VARIANTS] + HF_VARIANTS
+# Variants of a config other than CONFIG; they are built last.
+CONFIG_OVERRIDES = {"mlx-affine8-g64-alt": ALT_OVERRIDES}
+ALL_VARIANTS = ([v[0] for v in MLX_VARIANTS if v[0] not in CONFIG_OVERRIDES] + HF_VARIANTS
+                + list(CONFIG_OVERRIDES))
 
-# Blocks of the base weights that are forced to zero (in every variant): they give the
-# FP8 variants all-zero 128x128 blocks (one full, one partial).
+
+def variant_config(variant):
+    return {**CONFIG, **CONFIG_OVERRIDES.get(variant, {})}
+
+# Blocks of the base weights that are forced to zero (in every variant whose model has the
+# tensor): they give the FP8 variants all-zero 128x128 blocks (one full, one partial).
 ZERO_BLOCKS = [
     ("model.layers.0.mlp.down_proj.weight", (slice(0, 128), slice(128, 256))),
     ("model.layers.2.self_attn.q_b_proj.weight", (slice(128, 192), slice(0, 64))),
@@ -438,10 +463,17 @@ def hf_param_specs(cfg):
         specs += [
             (f"{p}.input_layernorm.weight", (H,), "norm", None),
             (f"{p}.post_attention_layernorm.weight", (H,), "norm", None),
-            (f"{p}.self_attn.q_a_proj.weight", (cfg["q_lora_rank"], H), "matrix", H),
-            (f"{p}.self_attn.q_a_layernorm.weight", (cfg["q_lora_rank"],), "norm", None),
-            (f"{p}.self_attn.q_b_proj.weight", (nh * qk_head, cfg["q_lora_rank"]), "matrix",
-             cfg["q_lora_rank"]),
+        ]
+        if cfg["q_lora_rank"] is None:
+            specs += [(f"{p}.self_attn.q_proj.weight", (nh * qk_head, H), "matrix", H)]
+        else:
+            specs += [
+                (f"{p}.self_attn.q_a_proj.weight", (cfg["q_lora_rank"], H), "matrix", H),
+                (f"{p}.self_attn.q_a_layernorm.weight", (cfg["q_lora_rank"],), "norm", None),
+                (f"{p}.self_attn.q_b_proj.weight", (nh * qk_head, cfg["q_lora_rank"]), "matrix",
+                 cfg["q_lora_rank"]),
+            ]
+        specs += [
             (f"{p}.self_attn.kv_a_proj_with_mqa.weight",
              (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"], H), "matrix", H),
             (f"{p}.self_attn.kv_a_layernorm.weight", (cfg["kv_lora_rank"],), "norm", None),
@@ -501,7 +533,8 @@ def make_base_weights(seed, cfg):
             a = z / math.sqrt(fan_in)
         out[name] = a.astype(np.float32)
     for name, idx in ZERO_BLOCKS:
-        out[name][idx] = 0.0
+        if name in out:
+            out[name][idx] = 0.0
     return out
 
 
@@ -727,6 +760,9 @@ def oracle_model(vdir, variant, cfg):
         model = new_mlx_model(cfg)
         load_exact_weights(model, hf_to_mlx(hf_weights_f32(vdir), cfg))
         tokenizer = load_tokenizer(Path(vdir))
+    # The model mlx-lm built (for MLX variants: from the written config.json) is this config's.
+    for k in ALT_OVERRIDES:
+        assert getattr(model.args, k) == cfg[k], (variant, k, getattr(model.args, k))
     mx.eval(model.parameters())
     for k, v in tree_flatten(model.parameters()):
         assert v.dtype in (mx.float32, mx.uint32, mx.uint8), (k, v.dtype)
@@ -883,10 +919,10 @@ def run_oracle(vdir, variant, cfg):
 
 def build_all(root, seed, tok_files):
     """Build every variant + oracle for `seed` under `root`. Returns (ok, results, reason)."""
-    cfg = dict(CONFIG)
-    base = make_base_weights(seed, cfg)
     results = {}
     for variant in ALL_VARIANTS:
+        cfg = variant_config(variant)
+        base = make_base_weights(seed, cfg)
         vdir = Path(root) / variant
         extra = {}
         if variant.startswith("mlx-"):
@@ -995,9 +1031,10 @@ with `[seed, crc32(name)]`), released CC0 (see each LICENSE).{rejected}
 
 ## The model
 
-One tiny DeepSeek-V3 (`model_type` deepseek_v3), identical in every variant up to
-quantization: vocab 512, hidden 128, 3 layers (layer 0 dense MLP with intermediate 256,
-layers 1-2 MoE: 8 routed experts of intermediate 128 in 2 groups, topk_group 1,
+One tiny DeepSeek-V3 (`model_type` deepseek_v3), identical in every variant but
+`mlx-affine8-g64-alt` (see below) up to quantization: vocab 512, hidden 128, 3 layers
+(layer 0 dense MLP with intermediate 256, layers 1-2 MoE: 8 routed experts of intermediate
+128 in 2 groups, topk_group 1,
 2 experts per token, sigmoid scoring + `e_score_correction_bias` (noaux_tc), norm_topk_prob,
 routed_scaling_factor 2.5, 1 shared expert of intermediate 128), MLA attention with 4 heads,
 q_lora_rank 64, kv_lora_rank 64, qk_nope 32, qk_rope 16, v 32, YaRN rope (factor 4,
@@ -1015,6 +1052,21 @@ FP8 variants contain all-zero 128x128 blocks: `model.layers.0.mlp.down_proj.weig
 (a full block) and `model.layers.2.self_attn.q_b_proj.weight[128:192, 0:64]` (a partial
 64x64 block).
 
+**The second config** (`mlx-affine8-g64-alt` only): the same `config.json` except
+`q_lora_rank` null (the query is a plain `self_attn.q_proj.weight` `[192, 128]` =
+`[heads*(nope+rope), hidden]`, no q_a_proj / q_a_layernorm / q_b_proj), `n_group` 1 and
+`topk_group` 1 (no group-limited routing: the 2 experts are the top 2 of all 8 on
+`sigmoid(logit) + bias`), `norm_topk_prob` false (each chosen expert's weight is its
+`sigmoid(logit)` times 2.5, not renormalised over the 2), and `rope_scaling` null (plain
+RoPE: mlx's traditional rope with base 10000, pair `(2i, 2i+1)` rotated by
+`pos * 10000**(-2i/16)`, softmax scale `48**-0.5` = {alt_softmax_scale!r}). Everything else is
+unchanged, `first_k_dense_replace` 1 and `n_shared_experts` 1 included (mlx-lm {mlx_lm} builds
+shared experts whenever `n_shared_experts` is not null, and `0` makes it fail in
+`nn.Linear` with a zero input width, so only null would give none). The weights come from the
+same per-name generators, so every tensor the two configs share has the same float32 values;
+`q_proj` is drawn as `N(0,1)/sqrt(128)` from its own name. Only the layer-0 `down_proj` zero
+block applies (there is no `q_b_proj`).
+
 ## Variants
 
 | variant | what | files total (bytes) | model.safetensors (bytes) | tensors |
@@ -1025,7 +1077,8 @@ README_NUMERICS = """\
 
 ## Exact numeric definitions of what is stored
 
-**MLX affine** (`mlx-affine4-g64`, `mlx-affine8-g32`, `mlx-affine4-g128`). A quantized
+**MLX affine** (`mlx-affine4-g64`, `mlx-affine8-g32`, `mlx-affine4-g128`,
+`mlx-affine8-g64-alt`). A quantized
 module `P` with float weight `[..., out, in]` stores `P.weight` U32 `[..., out, in*bits/32]`
 (element 0 of each 32/bits-element run in the lowest bits of its uint32, little-endian),
 `P.scales` BF16 `[..., out, in/group]`, `P.biases` BF16 `[..., out, in/group]`; the value is
@@ -1048,7 +1101,8 @@ is divisible by the group size*; DeepSeek-V3 has no extra predicate. So `embed_t
 quantized and stays BF16 `[8, 128]`; `e_score_correction_bias` stays F32; norms stay BF16.
 `self_attn.embed_q.weight` is `[H=4, kv_lora=64, nope=32]` (last dim 32) and
 `self_attn.unembed_out.weight` is `[H=4, v=32, kv_lora=64]` (last dim 64): see the tables
-below for which group sizes left which of them (and `q_b_proj`, in-dim 64) as plain BF16.
+below for which group sizes left which of them (and `q_b_proj`, in-dim 64) as plain BF16
+(the second config's `q_proj` has in-dim 128).
 `config.json` lists the base `quantization` `{{group_size, bits, mode}}` (and an identical
 `quantization_config`); no per-layer overrides are written, modules left unquantized are just
 the ones without a `.scales` tensor.
@@ -1116,7 +1170,8 @@ the chat template
 position), `greedy_32` (32 argmax tokens continuing after the prompt, no EOS stop),
 `min_top1_margin`, `prefill_vs_decode_max_abs`, `min_router_margin` (smallest gap of any
 MoE routing decision: between the two groups' top-2 sums, and between the 2nd and 3rd
-expert of the chosen group, on `sigmoid(logit) + bias`), `logits_std`; plus `chat`
+expert of the chosen group, on `sigmoid(logit) + bias`; with one group only the latter, over
+all 8 experts), `logits_std`; plus `chat`
 (`messages`, `rendered` = `apply_chat_template(..., tokenize=False, add_generation_prompt=True)`,
 `token_ids` = that string encoded with `add_special_tokens=False`, as mlx-lm's generate does).
 
@@ -1150,6 +1205,8 @@ VARIANT_WHAT = {
     "hf-fp8-f32scales": "HF/DeepSeek layout, F8_E4M3 128x128 blocks, F32 weight_scale_inv",
     "hf-fp8-e8m0": "HF/DeepSeek layout, F8_E4M3 128x128 blocks, F8_E8M0 weight_scale_inv",
     "hf-bf16": "HF/DeepSeek layout, unquantized BF16",
+    "mlx-affine8-g64-alt": ("Second config (plain q_proj, 1 expert group, norm_topk_prob false, "
+                            "plain RoPE); MLX layout, affine 8-bit, group 64, BF16 scales/biases"),
 }
 
 
@@ -1175,7 +1232,8 @@ def write_readme(out, seed, rejected, results):
     mscale = 0.1 * CONFIG["rope_scaling"]["mscale_all_dim"] * math.log(CONFIG["rope_scaling"]["factor"]) + 1.0
     text = README_HEAD.format(mlx=mx.__version__, mlx_lm=mlx_lm.__version__, python=platform.python_version(),
                               seed=seed, rejected=rej, gain=LM_HEAD_GAIN, rope_freqs=rope_freqs,
-                              softmax_scale=qk ** -0.5 * mscale * mscale, **vers)
+                              softmax_scale=qk ** -0.5 * mscale * mscale, alt_softmax_scale=qk ** -0.5,
+                              **vers)
     tables = []
     for variant in ALL_VARIANTS:
         vdir = Path(out) / variant

@@ -221,7 +221,11 @@ impl DeepSeekV3Config {
             qk_nope_head_dim: f.size("qk_nope_head_dim")?,
             v_head_dim: f.size("v_head_dim")?,
             n_routed_experts: f.size("n_routed_experts")?,
-            n_shared_experts: f.count("n_shared_experts")?,
+            // null is mlx-lm's and Hugging Face's way of saying "no shared experts".
+            n_shared_experts: match f.get("n_shared_experts")? {
+                Value::Null => 0,
+                _ => f.count("n_shared_experts")?,
+            },
             num_experts_per_tok: f.size("num_experts_per_tok")?,
             n_group: f.size("n_group")?,
             topk_group: f.size("topk_group")?,

@@ -132,6 +132,13 @@ fn rope_scaling_other_than_yarn_and_inconsistent_routing_are_refused() {
         ConfigError::NotJson(_)
     ));
     let mut v = fixture();
+    v["n_shared_experts"] = Value::Null;
+    assert_eq!(
+        parse(&v).unwrap().n_shared_experts,
+        0,
+        "null is mlx-lm's \"no shared experts\""
+    );
+    let mut v = fixture();
     v["q_lora_rank"] = Value::Null;
     assert_eq!(
         parse(&v).unwrap().q_lora_rank,

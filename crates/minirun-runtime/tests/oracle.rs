@@ -154,6 +154,13 @@ fn fp8_with_e8m0_block_scales_in_tile_containers_matches_mlx_lm() {
     assert!(matches_mlx("hf-fp8-e8m0") >= 20);
 }
 
+/// The second config: a plain `q_proj` (no q LoRA), one expert group, no renormalisation of
+/// the top-k weights, and plain RoPE (no YaRN).
+#[test]
+fn plain_q_proj_one_group_unnormalised_routing_and_plain_rope_match_mlx_lm() {
+    matches_mlx("mlx-affine8-g64-alt");
+}
+
 #[test]
 fn hugging_face_bf16_matches_mlx_lm() {
     matches_mlx("hf-bf16");
