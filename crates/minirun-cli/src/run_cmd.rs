@@ -101,7 +101,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     if args.ignore_eos {
         stop.clear();
     }
-    let header = [
+    let mut header = vec![
         format!("artifact {}", args.artifact.display()),
         format!(
             "deepseek_v3: {} layers, {} routed experts ({} per token), vocab {}",
@@ -113,7 +113,6 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         format!("{} bytes of weights resident", artifact.payload_bytes()),
         artifact.provenance.clone(),
     ];
-    let mut header = header.to_vec();
     if !artifact.outside_evidence.is_empty() {
         header.push(format!(
             "read outside the evidence (not verified): {}",
@@ -141,9 +140,12 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
                 return;
             }
             so_far.push(token);
+            // Print only text that extends what is shown: a decode ending in a replacement
+            // character may be half of a multi-byte character, and a byte-fallback tokenizer
+            // can rewrite a tail it decoded before.
             if let Ok(now) = text.decode(&so_far)
                 && !now.ends_with('\u{FFFD}')
-                && let Some(new) = now.get(shown.len()..)
+                && let Some(new) = now.strip_prefix(shown.as_str())
             {
                 let _ = write!(stdout, "{new}");
                 let _ = stdout.flush();

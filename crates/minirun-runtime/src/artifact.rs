@@ -75,8 +75,6 @@ pub struct Artifact {
     pub outside_evidence: Vec<String>,
     files: Vec<Vec<u8>>,
     tensors: BTreeMap<String, Location>,
-    /// Quantization parameters of plain-stream members, by tensor name.
-    payload_bytes: u64,
 }
 
 /// A matrix, or a stack of equally shaped matrices (experts, attention heads), as stored.
@@ -235,8 +233,7 @@ impl Artifact {
         }
         let provenance = match &access {
             Access::Unverified => {
-                "UNVERIFIED (--unverified): bytes were not checked against any publication"
-                    .to_string()
+                "bytes not checked against any publication (--unverified)".to_string()
             }
             Access::Verified(held) => {
                 let e = held.evidence();
@@ -269,7 +266,6 @@ impl Artifact {
             outside_evidence: Vec::new(),
             files: Vec::new(),
             tensors: BTreeMap::new(),
-            payload_bytes: 0,
         };
         let mut manifests = Vec::new();
         for unit in unit_names(root)? {
@@ -381,7 +377,6 @@ impl Artifact {
                 self.insert(&path, &packed.source_tensor, location)?;
             }
         }
-        self.payload_bytes += bytes.len() as u64;
         self.files.push(bytes);
         Ok(())
     }
@@ -395,7 +390,7 @@ impl Artifact {
 
     /// Bytes of payload held resident.
     pub fn payload_bytes(&self) -> u64 {
-        self.payload_bytes
+        self.files.iter().map(|f| f.len() as u64).sum()
     }
 
     pub fn has(&self, name: &str) -> bool {
@@ -429,9 +424,7 @@ impl Artifact {
                 ),
             ));
         }
-        Ok((0..len)
-            .map(|i| crate::kernels::reference::float(dtype, bytes, i) as f32)
-            .collect())
+        Ok((0..len).map(|i| dtype.read(bytes, i)).collect())
     }
 
     fn member(&self, name: &str) -> Result<(&[u8], &Member), ArtifactError> {
@@ -609,7 +602,7 @@ impl Artifact {
     }
 }
 
-/// The `count` equal slices of each tensor (experts, heads); `None` when a length does not
+/// The `count` equal slices of each tensor (experts, heads); refused when a length does not
 /// divide evenly (a manifest that contradicts itself).
 fn split<'a>(
     name: &str,
@@ -642,7 +635,7 @@ fn build_stack<'a>(
     format: Format,
     rows: usize,
     cols: usize,
-    parts: Vec<(&'a [u8], &'a [u8], &'a [u8])>,
+    parts: Vec<Parts<'a>>,
 ) -> Result<Stack<'a>, ArtifactError> {
     let matrices = parts
         .into_iter()

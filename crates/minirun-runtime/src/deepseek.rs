@@ -185,23 +185,7 @@ impl<'a> Loader<'a> {
             ),
         };
         let latent = if self.artifact.has(&format!("{prefix}.kv_b_proj.weight")) {
-            {
-                let name = format!("{prefix}.kv_b_proj");
-                let m = self.one(
-                    &name,
-                    heads * (c.qk_nope_head_dim + c.v_head_dim),
-                    c.kv_lora_rank,
-                )?;
-                // mlx-lm splits a quantized kv_b_proj and quantizes the halves again along other
-                // axes, so it computes with other weights than these: refuse rather than differ.
-                if matches!(m.format(), Format::Affine { .. } | Format::Mxfp4) {
-                    return Err(ArtifactError::Tensor {
-                    name: format!("{name}.weight"),
-                    reason: "is MLX-quantized in the Hugging Face layout; mlx-lm would re-quantize it as embed_q/unembed_out, so its result is not defined by the checkpoint. Convert with mlx-lm (which writes embed_q/unembed_out) and pack that".into(),
-                });
-                }
-                LatentProjections::Whole(m)
-            }
+            LatentProjections::Whole(self.kv_b_proj(prefix, c)?)
         } else {
             let embed_q = self.artifact.matrix(
                 &format!("{prefix}.embed_q"),
@@ -240,6 +224,22 @@ impl<'a> Loader<'a> {
             latent,
             o: self.one(&format!("{prefix}.o_proj"), hidden, heads * c.v_head_dim)?,
         })
+    }
+
+    /// The Hugging Face layout's whole `kv_b_proj`. An MLX-quantized one is refused: mlx-lm
+    /// splits it and quantizes the halves again along other axes, so it computes with other
+    /// weights than these.
+    fn kv_b_proj(&self, prefix: &str, c: &DeepSeekV3Config) -> Result<QMatrix<'a>, ArtifactError> {
+        let name = format!("{prefix}.kv_b_proj");
+        let rows = c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim);
+        let m = self.one(&name, rows, c.kv_lora_rank)?;
+        if matches!(m.format(), Format::Affine { .. } | Format::Mxfp4) {
+            return Err(ArtifactError::Tensor {
+                name: format!("{name}.weight"),
+                reason: "is MLX-quantized in the Hugging Face layout; mlx-lm would re-quantize it as embed_q/unembed_out, so its result is not defined by the checkpoint. Convert with mlx-lm (which writes embed_q/unembed_out) and pack that".into(),
+            });
+        }
+        Ok(m)
     }
 
     fn layer(&self, i: usize, c: &DeepSeekV3Config) -> Result<Layer<'a>, ArtifactError> {

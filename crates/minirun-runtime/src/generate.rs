@@ -3,6 +3,8 @@
 
 use std::time::{Duration, Instant};
 
+use minirun_format::synthetic::SplitMix64;
+
 use crate::deepseek::{DeepSeekV3, ModelError, StepStats};
 
 #[derive(Debug, Clone, Copy)]
@@ -12,19 +14,6 @@ pub struct Sampling {
     /// Nucleus: sample among the most likely tokens whose probabilities sum to `top_p`.
     pub top_p: f32,
     pub seed: u64,
-}
-
-/// SplitMix64: a tiny, well-known generator, so a seed names one exact continuation.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next_unit(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
-    }
 }
 
 /// The index of the first highest logit.
@@ -40,7 +29,8 @@ pub fn argmax(logits: &[f32]) -> u32 {
 
 struct Sampler {
     sampling: Sampling,
-    rng: SplitMix,
+    /// SplitMix64 (minirun-format's): a seed names one exact continuation.
+    rng: SplitMix64,
 }
 
 impl Sampler {
@@ -68,7 +58,9 @@ impl Sampler {
         }
         let nucleus = &probs[..cut];
         let mass: f64 = nucleus.iter().map(|p| p.0).sum();
-        let mut target = self.rng.next_unit() * mass;
+        // The top 53 bits as a uniform number in [0, 1).
+        let unit = (self.rng.next().unwrap_or(0) >> 11) as f64 / (1u64 << 53) as f64;
+        let mut target = unit * mass;
         for &(p, id) in nucleus {
             if target < p {
                 return id;
@@ -136,7 +128,7 @@ pub fn generate(
     let mut cache = model.new_cache();
     let mut sampler = Sampler {
         sampling,
-        rng: SplitMix(sampling.seed),
+        rng: SplitMix64::new(sampling.seed),
     };
     let started = Instant::now();
     let mut logits = Vec::new();

@@ -121,6 +121,14 @@ fn check_len(what: &'static str, expected: usize, actual: usize) -> Result<(), K
 }
 
 impl QMatrix<'_> {
+    /// What the affine fold needs of `x` (`row::lane_sums`); nothing for other formats.
+    fn lane_sums(&self, x: &[f32]) -> Vec<[f32; 8]> {
+        match self.format {
+            Format::Affine { group, .. } => row::lane_sums(x, group),
+            _ => Vec::new(),
+        }
+    }
+
     /// `y = W x` over all rows.
     pub fn matvec(&self, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
         self.matvec_rows(0..self.rows, x, y)
@@ -143,10 +151,7 @@ impl QMatrix<'_> {
                 actual: rows.end,
             });
         }
-        let xsum = match self.format {
-            Format::Affine { group, .. } => row::lane_sums(x, group),
-            _ => Vec::new(),
-        };
+        let xsum = self.lane_sums(x);
         if rows.len() * self.cols < SERIAL_CELLS || rayon::current_num_threads() == 1 {
             run_rows(self, rows.start, x, &xsum, y);
         } else {
@@ -171,10 +176,7 @@ impl QMatrix<'_> {
         }
         let xsums: Vec<Vec<[f32; 8]>> = xs
             .chunks_exact(self.cols)
-            .map(|x| match self.format {
-                Format::Affine { group, .. } => row::lane_sums(x, group),
-                _ => Vec::new(),
-            })
+            .map(|x| self.lane_sums(x))
             .collect();
         // Row-major by output row (`by_row[r * batch + b]`), so that a band of rows is one
         // contiguous slice a thread can own; transposed into `ys` at the end.
@@ -215,10 +217,7 @@ impl QMatrix<'_> {
     pub fn matvec_portable(&self, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
         check_len("x", self.cols, x.len())?;
         check_len("y", self.rows, y.len())?;
-        let xsum = match self.format {
-            Format::Affine { group, .. } => row::lane_sums(x, group),
-            _ => Vec::new(),
-        };
+        let xsum = self.lane_sums(x);
         run_rows_portable(self, 0, x, &xsum, y);
         Ok(())
     }
