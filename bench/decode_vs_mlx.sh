@@ -2,7 +2,7 @@
 # Decode tokens/s of `minirun run` against mlx-lm on the CPU: the same ~460 MB DeepSeek-V3-shaped
 # random checkpoint (affine 4-bit, group 64, BF16 scales/biases, MLX layout), the same prompt
 # ids, greedy, EOS ignored, the same machine, one engine after the other (never at once).
-# Goal (the issue): minirun / mlx-lm >= 1.0x.
+# Goal: minirun / mlx-lm >= 1.0x.
 #
 #   1. cargo build --release -p minirun-cli (unless SKIP_BUILD=1)
 #   2. bench/mlx_decode.py build: the checkpoint, into WORK/checkpoint (reused when present and

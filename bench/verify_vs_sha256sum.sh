@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `minirun verify` (full, against a saved tree listing) vs `sha256sum` of the same files, in one
 # run, best of 3, from the page cache (every file is read once first).
-# Goals (issue 7): verify on one thread >= 0.95x sha256sum's throughput (per core), and verify
+# Goals: verify on one thread >= 0.95x sha256sum's throughput (per core), and verify
 # with two files hashing at once >= 1.8x single-core sha256sum on this 2-core machine.
 # Usage: bench/verify_vs_sha256sum.sh [FILES] [TILES_PER_FILE]
 #   default 4 files of 240 tiles of 2048 x 4096 mxfp4 (4.29 GB in all)

@@ -13,7 +13,7 @@
 //!   the floor under any encoder that writes a file;
 //! - encode: [`dmexp::encode_to_path`] to tmpfs: check pass, narrow + CRC-32 + atomic write.
 //!
-//! Goals (issue 2): decode >= 30% of memcpy, encode >= 20%. After criterion's own report a
+//! Goals: decode >= 30% of memcpy, encode >= 20%. After criterion's own report a
 //! summary table prints the best-of-N throughput of each row and its ratio to memcpy.
 
 use std::hint::black_box;
