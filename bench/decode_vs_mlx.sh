@@ -23,7 +23,7 @@
 # Usage: bench/decode_vs_mlx.sh [--work DIR] [--tokens N] [--runs R] [--threads T]
 #                               [--prompt TEXT] [--seed S] [--shape "BUILD OPTIONS"]
 #                               [--mlx "native float32"]
-#   --work     default /tmp/minirun-decode-bench
+#   --work     default target/decode-bench (in the workspace; kept between runs)
 #   --tokens   tokens generated per run (default 32, so 31 decode steps)
 #   --runs     timed runs per engine, best kept (default 3)
 #   --threads  minirun's worker threads (default nproc; mlx's CPU backend picks its own)
@@ -36,16 +36,14 @@
 #              decode is slow on mlx's CPU backend: about 5 minutes for 4 runs of 32 tokens)
 # Environment:
 #   SKIP_BUILD=1  use target/release/minirun as it is (no cargo build)
-#   PYTHON        interpreter with mlx[cpu]==0.32.4 and mlx-lm==0.32.2 (default
-#                 /work/venv-mlx/bin/python); make one with
-#                   python3 -m venv /work/venv-mlx
-#                   /work/venv-mlx/bin/pip install -r tools/requirements-oracle.txt
+#   PYTHON        interpreter with mlx[cpu]==0.32.4 and mlx-lm==0.32.2 (default: target/oracle-venv,
+#                 which tools/python-venv.sh creates on first use from tools/requirements-oracle.txt)
 # Exit status 0 whether or not the goal is met or the continuations agree (both are reported);
 # 1 if an engine fails; 2 on a setup problem.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-work=/tmp/minirun-decode-bench
+work=target/decode-bench
 tokens=32
 runs=3
 threads=$(nproc)
@@ -73,13 +71,16 @@ for m in $mlx_modes; do
   case "$m" in native|float32) ;; *) echo "--mlx takes native and/or float32, not $m" >&2; exit 2 ;; esac
 done
 
-python=${PYTHON:-/work/venv-mlx/bin/python}
+if [ -n "${PYTHON:-}" ]; then
+  python=$PYTHON
+else
+  python=$(tools/python-venv.sh oracle) || exit 2
+fi
 if [ ! -x "$python" ] || ! "$python" -c 'import mlx.core, mlx_lm, numpy, tokenizers' 2>/dev/null; then
   cat >&2 <<EOF
-mlx-lm needs an interpreter with mlx[cpu]==0.32.4 and mlx-lm==0.32.2; $python has none. Make one:
-  python3 -m venv /work/venv-mlx
-  /work/venv-mlx/bin/pip install -r tools/requirements-oracle.txt
-or point PYTHON at an interpreter that has them.
+mlx-lm needs an interpreter with mlx[cpu]==0.32.4 and mlx-lm==0.32.2; $python has none.
+With PYTHON unset, tools/python-venv.sh oracle installs tools/requirements-oracle.txt into
+target/oracle-venv (rm -rf target/oracle-venv to start over); or point PYTHON at an interpreter that has them.
 EOF
   exit 2
 fi

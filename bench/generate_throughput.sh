@@ -13,9 +13,9 @@
 #   reference's intra-op threads) to nproc.
 # Environment:
 #   SKIP_BUILD=1  use target/release/{train,export,generate} as they are (no cargo build)
-#   PYTHON        the reference's interpreter (default /work/venv-bench/bin/python); make it with
-#                   python3 -m venv /work/venv-bench
-#                   /work/venv-bench/bin/pip install -r bench/requirements-reference.txt
+#   PYTHON        the reference's interpreter (default: target/bench-venv, which
+#                 tools/python-venv.sh creates on first use from bench/requirements-reference.txt:
+#                 about 5.4 GiB, PyPI's torch wheel for Linux brings the CUDA libraries along)
 #   OMP_WAIT_POLICY and the like pass through to the reference: on a machine that another job
 #   keeps busy, libgomp's spin-waiting with threads = nproc can slow it several times
 #   (OMP_WAIT_POLICY=PASSIVE or --threads 1 avoid that; see the report).
@@ -46,14 +46,16 @@ while [ $# -gt 0 ]; do
 done
 [ ${#ckpt[@]} -le 2 ] || { echo "at most CKPT_DIR CKPT_NAME (see --help)" >&2; exit 2; }
 
-python=${PYTHON:-/work/venv-bench/bin/python}
+if [ -n "${PYTHON:-}" ]; then
+  python=$PYTHON
+else
+  python=$(tools/python-venv.sh reference) || exit 2
+fi
 if [ ! -x "$python" ] || ! "$python" -c 'import torch, numpy' 2>/dev/null; then
   cat >&2 <<EOF
 The PyTorch reference needs an interpreter with torch and numpy; $python has none.
-Make one (about 5.4 GiB: PyPI's torch wheel for Linux brings the CUDA libraries along):
-  python3 -m venv /work/venv-bench
-  /work/venv-bench/bin/pip install -r bench/requirements-reference.txt
-or point PYTHON at an interpreter that has them.
+With PYTHON unset, tools/python-venv.sh reference installs bench/requirements-reference.txt into
+target/bench-venv (rm -rf target/bench-venv to start over); or point PYTHON at an interpreter that has them.
 EOF
   exit 2
 fi

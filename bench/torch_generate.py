@@ -21,8 +21,8 @@ returns the lowest index among equal maxima, as sample::argmax does); when the c
 max_seq_len positions it is rebuilt, from position 0 and with no history, from the last
 max_seq_len / 2 bytes of the context. All under torch.inference_mode().
 
-Usage (torch in /work/venv-bench, see bench/requirements-reference.txt):
-    /work/venv-bench/bin/python bench/torch_generate.py --export /tmp/small.bf16.dmexp \\
+Usage (torch in target/bench-venv, made from bench/requirements-reference.txt on first use):
+    tools/python-venv.sh reference bench/torch_generate.py --export small.bf16.dmexp \\
         --prompt "And God said" --steps 256 --threads 2
 
 Prints one JSON line on stdout: impl, bytes (generated), seconds (from after the model is

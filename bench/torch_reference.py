@@ -4,10 +4,8 @@
 Library: PyTorch (CPU), pinned in bench/requirements-reference.txt (torch 2.15.0). PyPI only
 serves the CUDA build of torch for Linux (the CPU-only wheel index is not reachable here); its
 CPU kernels (MKL sgemm, oneDNN, OpenMP) are the same as the CPU-only build's, it just drags in
-about 5 GiB of unused CUDA libraries. No GPU is used. Set it up with:
-
-    python3 -m venv /work/venv-bench
-    /work/venv-bench/bin/pip install -r bench/requirements-reference.txt
+about 5 GiB of unused CUDA libraries. No GPU is used. bench/train_throughput.sh runs it in
+target/bench-venv, which `tools/python-venv.sh reference` creates from that file on first use.
 
 The model is the one in crates/dormouse/src/model.rs, tensor for tensor (same names, same
 shapes, so the parameter count is the same): byte embedding [256, d_model]; per block, Engram
@@ -34,7 +32,7 @@ mask, softmax, matmul). `--compile` wraps the loss in torch.compile (inductor, n
 compiler); its compile time lands in the warmup steps, reported as first_step_s / warmup_s.
 
 Usage:
-    /work/venv-bench/bin/python bench/torch_reference.py --preset small --batch 8 --seq 256 \
+    tools/python-venv.sh reference bench/torch_reference.py --preset small --batch 8 --seq 256 \
         --steps 20 --warmup-steps 3 --threads 2
 
 Prints one JSON line on stdout (notes go to stderr): impl, preset, params, batch, seq, steps,

@@ -8,9 +8,9 @@
 #   PRESETs default to: nano small. Steps default to 20 (timed), warmup 3 (reference only),
 #   threads to nproc (reference only: candle takes every core), batch 8, seq 256.
 # Environment:
-#   PYTHON        the reference's interpreter (default /work/venv-bench/bin/python); make it with
-#                   python3 -m venv /work/venv-bench
-#                   /work/venv-bench/bin/pip install -r bench/requirements-reference.txt
+#   PYTHON        the reference's interpreter (default: target/bench-venv, which
+#                 tools/python-venv.sh creates on first use from bench/requirements-reference.txt:
+#                 about 5.4 GiB, PyPI's torch wheel for Linux brings the CUDA libraries along)
 #   RUST_RESULTS  a file of dormouse JSON lines to use instead of building and running the Rust
 #                 example (to redo the table, or to test this script without cargo)
 # Prints each JSON line as it comes, then a markdown table:
@@ -38,14 +38,16 @@ while [ $# -gt 0 ]; do
 done
 [ ${#presets[@]} -gt 0 ] || presets=(nano small)
 
-python=${PYTHON:-/work/venv-bench/bin/python}
+if [ -n "${PYTHON:-}" ]; then
+  python=$PYTHON
+else
+  python=$(tools/python-venv.sh reference) || exit 2
+fi
 if [ ! -x "$python" ] || ! "$python" -c 'import torch, numpy' 2>/dev/null; then
   cat >&2 <<EOF
 The PyTorch reference needs an interpreter with torch and numpy; $python has none.
-Make one (about 5.4 GiB: PyPI's torch wheel for Linux brings the CUDA libraries along):
-  python3 -m venv /work/venv-bench
-  /work/venv-bench/bin/pip install -r bench/requirements-reference.txt
-or point PYTHON at an interpreter that has them.
+With PYTHON unset, tools/python-venv.sh reference installs bench/requirements-reference.txt into
+target/bench-venv (rm -rf target/bench-venv to start over); or point PYTHON at an interpreter that has them.
 EOF
   exit 2
 fi

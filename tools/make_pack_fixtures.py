@@ -42,18 +42,14 @@ run with other mlx / mlx-lm versions.  The committed fixtures were made with:
 
 How to run
 ----------
-The script does not create a virtual environment; run it inside one that has:
+The script does not create a virtual environment itself; tools/python-venv.sh runs it in
+target/oracle-venv, made on first use from tools/requirements-oracle.txt (which pins every
+version above).  From the repository root:
 
-    python3 -m venv /work/venv-fixtures
-    /work/venv-fixtures/bin/pip install "mlx[cpu]==0.32.4" mlx-lm==0.32.2 numpy safetensors ml-dtypes tokenizers
-
-(for byte-identical output also pin: numpy==2.4.6 safetensors==0.8.0 ml-dtypes==0.6.0
-tokenizers==0.23.3).  Then, from the repository root:
-
-    /work/venv-fixtures/bin/python tools/make_pack_fixtures.py            # everything + verify
-    /work/venv-fixtures/bin/python tools/make_pack_fixtures.py --broken   # only bad-header/ and
-                                                                          # lying-config/ (+ README)
-    /work/venv-fixtures/bin/python tools/make_pack_fixtures.py --out /tmp/x --no-verify
+    tools/python-venv.sh oracle tools/make_pack_fixtures.py            # everything + verify
+    tools/python-venv.sh oracle tools/make_pack_fixtures.py --broken   # only bad-header/ and
+                                                                       # lying-config/ (+ README)
+    tools/python-venv.sh oracle tools/make_pack_fixtures.py --out target/pack-fixtures --no-verify
 
 Output is deterministic: a fixed seed (SEED below) drives one numpy Generator per
 tensor, keyed by the tensor's name, and nothing time- or host-dependent is written.
@@ -651,10 +647,7 @@ def write_readme(root: Path, versions: dict) -> None:
         "Regenerate from the repository root with:",
         "",
         "```sh",
-        "python3 -m venv /work/venv-fixtures",
-        '/work/venv-fixtures/bin/pip install "mlx[cpu]==0.32.4" mlx-lm==0.32.2 numpy==2.4.6 '
-        "safetensors==0.8.0 ml-dtypes==0.6.0 tokenizers==0.23.3",
-        "/work/venv-fixtures/bin/python tools/make_pack_fixtures.py",
+        "tools/python-venv.sh oracle tools/make_pack_fixtures.py",
         "```",
         "",
         "Versions that made these files: "
