@@ -18,7 +18,7 @@
 #                 about 5.4 GiB, PyPI's torch wheel for Linux brings the CUDA libraries along)
 #   OMP_WAIT_POLICY and the like pass through to the reference: on a machine that another job
 #   keeps busy, libgomp's spin-waiting with threads = nproc can slow it several times
-#   (OMP_WAIT_POLICY=PASSIVE or --threads 1 avoid that; see the report).
+#   (OMP_WAIT_POLICY=PASSIVE or --threads 1 avoid that).
 # Prints each run's numbers as they come (stderr), then a markdown table:
 #   impl | bytes/s | ratio vs reference | goal >= 2x met?
 # and whether the greedy texts are identical (else the first differing byte position).
