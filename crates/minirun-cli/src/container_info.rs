@@ -6,20 +6,15 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use minirun_format::synthetic;
-use minirun_format::tile::{ContentKind, HEADER_BYTES, TileContainer, hex};
+use minirun_format::tile::{HEADER_BYTES, TileCheck, TileContainer};
 use rayon::prelude::*;
 use serde::Serialize;
 use serde_json::json;
-use sha2::{Digest, Sha256};
 
 use crate::info::InfoArgs;
 use crate::shown;
-
-/// Bytes per read while hashing a tile.
-const READ_CHUNK: u64 = 4 << 20;
 
 pub fn run(path: &Path, args: &InfoArgs) -> Result<ExitCode> {
     let file = File::open(path).with_context(|| format!("cannot open {}", shown(path)))?;
@@ -29,7 +24,7 @@ pub fn run(path: &Path, args: &InfoArgs) -> Result<ExitCode> {
     let container = TileContainer::parse(&header, file_len)
         .with_context(|| format!("{} is not a valid tile container", shown(path)))?;
     let report = if args.verify_tiles {
-        Some(verify_tiles(&file, &container, args.threads)?)
+        Some(verify_tiles(&file, &container)?)
     } else {
         None
     };
@@ -154,19 +149,13 @@ impl VerifyReport {
     }
 }
 
-fn verify_tiles(file: &File, c: &TileContainer, threads: Option<usize>) -> Result<VerifyReport> {
-    let method = match (&c.digests, c.content_kind) {
-        (Some(_), _) => "SHA-256 against the header's digests",
-        (None, ContentKind::SyntheticDeterministic) => "regenerating the synthetic content",
-        (None, ContentKind::CheckpointDerived) => bail!(
+fn verify_tiles(file: &File, c: &TileContainer) -> Result<VerifyReport> {
+    let method = TileCheck::method(c).map_err(|_| {
+        anyhow::anyhow!(
             "this checkpoint-derived container carries no tile digests: its tiles can only be checked \
              against an external digest (minirun verify against the publisher's tree)"
-        ),
-    };
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads.unwrap_or(0))
-        .build()
-        .context("cannot start the hashing threads")?;
+        )
+    })?;
     let total = u64::from(c.geometry.tile_count) * c.layout.tile_stride;
     let bar = ProgressBar::new(total).with_style(
         ProgressStyle::with_template(
@@ -175,53 +164,25 @@ fn verify_tiles(file: &File, c: &TileContainer, threads: Option<usize>) -> Resul
         .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let start = Instant::now();
-    let failures: Vec<String> = pool.install(|| {
-        (0..u64::from(c.geometry.tile_count))
-            .into_par_iter()
-            .filter_map(|i| {
-                check_tile(file, c, i, &bar)
-                    .err()
-                    .map(|e| format!("tile {i}: {e:#}"))
-            })
-            .collect()
-    });
+    let failures: Vec<String> = (0..u64::from(c.geometry.tile_count))
+        .into_par_iter()
+        .filter_map(|i| {
+            c.check_tile_from(
+                i,
+                |offset, buf| file.read_exact_at(buf, offset),
+                |n| bar.inc(n),
+            )
+            .err()
+            .map(|e| format!("tile {i}: {e}"))
+        })
+        .collect();
     bar.finish_and_clear();
     Ok(VerifyReport {
         method,
         tiles: c.geometry.tile_count,
         bytes: total,
         seconds: start.elapsed().as_secs_f64(),
-        threads: pool.current_num_threads(),
+        threads: rayon::current_num_threads(),
         failures,
     })
-}
-
-fn check_tile(file: &File, c: &TileContainer, index: u64, bar: &ProgressBar) -> Result<()> {
-    let range = c.tile_range(index)?;
-    if c.digests.is_none() {
-        let mut tile = vec![0u8; (range.end - range.start) as usize];
-        file.read_exact_at(&mut tile, range.start)?;
-        bar.inc(tile.len() as u64);
-        return Ok(synthetic::regenerate_check(c, index, &tile)?);
-    }
-    let expected = c.expected_digest(index)?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; READ_CHUNK.min(range.end - range.start) as usize];
-    let mut at = range.start;
-    while at < range.end {
-        let n = (range.end - at).min(buf.len() as u64) as usize;
-        file.read_exact_at(&mut buf[..n], at)?;
-        hasher.update(&buf[..n]);
-        bar.inc(n as u64);
-        at += n as u64;
-    }
-    let actual: [u8; 32] = hasher.finalize().into();
-    if actual != expected {
-        bail!(
-            "SHA-256 {} differs from the recorded {}",
-            hex(&actual),
-            hex(&expected)
-        );
-    }
-    Ok(())
 }

@@ -27,9 +27,8 @@ pub struct InfoArgs {
     /// progress bar. Exits 1 if any tile fails.
     #[arg(long)]
     pub verify_tiles: bool,
-    /// Threads hashing tiles with --verify-tiles (default: all cores).
-    #[arg(long, value_name = "N")]
-    pub threads: Option<usize>,
+    #[command(flatten)]
+    pub threads: crate::threads::Threads,
 }
 
 pub fn run(args: &InfoArgs) -> Result<ExitCode> {

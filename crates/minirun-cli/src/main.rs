@@ -6,6 +6,7 @@ mod info;
 mod pack_cmd;
 mod run_cmd;
 mod synth;
+mod threads;
 mod verify_cmd;
 
 use std::process::ExitCode;
@@ -105,8 +106,28 @@ Exit status: 0 generated; 1 an error (a refused artifact, config or prompt)."
     Run(run_cmd::RunArgs),
 }
 
+impl Command {
+    /// The command's `--threads`, for commands that work in parallel.
+    fn threads(&self) -> Option<threads::Threads> {
+        match self {
+            Command::Info(a) => Some(a.threads),
+            Command::Pack(a) => Some(a.threads),
+            Command::Check(a) => Some(a.threads),
+            Command::Verify(a) => Some(a.threads),
+            Command::Run(a) => Some(a.threads),
+            Command::Synth(_) | Command::Catalog(_) | Command::Download(_) => None,
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(threads) = cli.command.threads()
+        && let Err(err) = threads::init(threads)
+    {
+        eprintln!("minirun: {err:#}");
+        return ExitCode::from(1);
+    }
     let result = match cli.command {
         Command::Info(args) => info::run(&args),
         Command::Synth(args) => synth::run(&args),

@@ -30,6 +30,8 @@ pub struct PackArgs {
     /// Print a JSON summary instead of text.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub threads: crate::threads::Threads,
 }
 
 #[derive(Args)]
@@ -42,6 +44,8 @@ pub struct CheckArgs {
     /// Print a JSON report instead of text.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub threads: crate::threads::Threads,
 }
 
 /// A progress bar over the checkpoint's tensor bytes (read from the shard headers only).

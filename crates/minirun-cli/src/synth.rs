@@ -1,6 +1,5 @@
 //! `minirun synth`: write a synthetic-deterministic MXFP4 container atomically.
 
-use std::fs::File;
 use std::io::BufWriter;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -36,34 +35,27 @@ pub struct SynthArgs {
 }
 
 pub fn run(args: &SynthArgs) -> Result<ExitCode> {
-    let dir = match args.out.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let temp = tempfile::Builder::new()
-        .prefix(".minirun-synth.")
-        .tempfile_in(&dir)
-        .with_context(|| format!("cannot create a file in {}", shown(&dir)))?;
     let bar = ProgressBar::new(u64::from(args.tiles)).with_style(
         ProgressStyle::with_template("{bar:40} tile {pos}/{len} ETA {eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let writer = BufWriter::with_capacity(4 << 20, temp.as_file());
-    let (writer, container) = synthetic::write_mxfp4_container(
-        writer,
-        args.rows,
-        args.cols,
-        args.tiles,
-        args.seed,
-        args.digests,
-        |_| bar.inc(1),
-    )
-    .context("cannot write the container")?;
+    let container = atomic_file::write_with(&args.out, atomic_file::Options::default(), |file| {
+        let writer = BufWriter::with_capacity(4 << 20, file);
+        let (writer, container) = synthetic::write_mxfp4_container(
+            writer,
+            args.rows,
+            args.cols,
+            args.tiles,
+            args.seed,
+            args.digests,
+            |_| bar.inc(1),
+        )
+        .context("cannot write the container")?;
+        writer.into_inner().map_err(|e| e.into_error())?;
+        anyhow::Ok(container)
+    })
+    .with_context(|| format!("cannot write {}", shown(&args.out)))?;
     bar.finish_and_clear();
-    let file: &File = writer.into_inner().map_err(|e| e.into_error())?;
-    file.sync_all()?;
-    temp.persist(&args.out)
-        .with_context(|| format!("cannot place {}", shown(&args.out)))?;
     println!(
         "wrote {} ({} bytes): MNRNTIL1 v{}, {} tiles of {} x {} mxfp4, seed {}{}",
         shown(&args.out),

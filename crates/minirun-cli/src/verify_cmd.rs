@@ -8,7 +8,8 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use minirun_hub::{FileDigest, Hub, RepoFile, Tree, TreeBuilder};
+use minirun_format::tree::{Tree, TreeBuilder};
+use minirun_hub::Hub;
 use minirun_store::{Authority, Selection};
 
 #[derive(Args)]
@@ -32,9 +33,8 @@ pub struct VerifyArgs {
     /// in the evidence; readers never skip tile digests on one).
     #[arg(long, value_name = "BYTES")]
     spot_check: Option<u64>,
-    /// Files hashed at once.
-    #[arg(long, default_value_t = 2)]
-    threads: usize,
+    #[command(flatten)]
+    pub threads: crate::threads::Threads,
 }
 
 pub fn run(args: &VerifyArgs) -> Result<ExitCode> {
@@ -43,7 +43,10 @@ pub fn run(args: &VerifyArgs) -> Result<ExitCode> {
             published_tree(args, repo, revision)?,
             Authority::Publication,
         ),
-        (None, None) if args.tree.is_none() => (own_manifests(&args.dir)?, Authority::OwnManifests),
+        (None, None) if args.tree.is_none() => (
+            minirun_store::own_manifest_tree(&args.dir)?,
+            Authority::OwnManifests,
+        ),
         _ => bail!(
             "give both --repo and --revision (with --tree FILE or the Hub), or neither (offline, against the artifact's own manifests)"
         ),
@@ -76,22 +79,17 @@ pub fn run(args: &VerifyArgs) -> Result<ExitCode> {
         )
         .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(args.threads.max(1))
-        .build()?;
     let started = Instant::now();
     // A kill keeps the per-file checkpoint; the next run continues from it.
     let never = std::sync::atomic::AtomicBool::new(false);
-    let result = pool.install(|| {
-        minirun_store::verify_with(
-            &args.dir,
-            &tree,
-            authority,
-            selection,
-            &|n| bar.inc(n),
-            &never,
-        )
-    });
+    let result = minirun_store::verify_with(
+        &args.dir,
+        &tree,
+        authority,
+        selection,
+        &|n| bar.inc(n),
+        &never,
+    );
     bar.finish_and_clear();
     let verified =
         result.with_context(|| format!("{} does not match {against}", args.dir.display()))?;
@@ -137,52 +135,5 @@ fn published_tree(args: &VerifyArgs, repo: &str, revision: &str) -> Result<Tree>
         None => Hub::from_env(args.endpoint.as_deref())?
             .tree(repo, revision)
             .with_context(|| format!("cannot list {repo}@{revision}"))?,
-    })
-}
-
-/// The files the artifact's unit manifests list, with their SHA-256s (`minirun pack` writes
-/// them; the published manifests of older artifacts carry none).
-fn own_manifests(dir: &std::path::Path) -> Result<Tree> {
-    let mut files = std::collections::BTreeMap::new();
-    let mut units = 0;
-    let entries =
-        std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))?;
-    for entry in entries.flatten() {
-        let manifest = entry.path().join("manifest.json");
-        let Ok(text) = std::fs::read_to_string(&manifest) else {
-            continue;
-        };
-        units += 1;
-        let unit: minirun_pack::manifest::UnitManifest = serde_json::from_str(&text).with_context(|| {
-            format!(
-                "{} carries no per-file digests this build can check (published artifacts' manifests have none): \
-                 verify against the publisher with --repo ID --revision SHA",
-                manifest.display()
-            )
-        })?;
-        for file in &unit.files {
-            let path = format!("{}/{}", unit.unit, file.name());
-            let digest = FileDigest::parse("sha256", file.sha256())
-                .with_context(|| format!("{}: {path} has no valid sha256", manifest.display()))?;
-            files.insert(
-                path.clone(),
-                RepoFile {
-                    path,
-                    size: file.bytes(),
-                    digest,
-                },
-            );
-        }
-    }
-    if units == 0 {
-        bail!(
-            "{} has no unit manifests to verify against offline: verify against the publisher with --repo ID --revision SHA",
-            dir.display()
-        );
-    }
-    Ok(Tree {
-        repo: String::new(),
-        revision: String::new(),
-        files,
     })
 }

@@ -10,7 +10,7 @@ use serde_json::Value;
 use url::Url;
 
 use crate::error::HubError;
-use crate::tree::{Tree, TreeBuilder, check_complete};
+use minirun_format::tree::{Tree, TreeBuilder, check_complete};
 
 /// The public Hub, used when neither `--endpoint` nor `HF_ENDPOINT` says otherwise.
 pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";

@@ -4,16 +4,15 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use url::Url;
 
 use crate::client::Hub;
-use crate::digest::StreamHasher;
 use crate::error::HubError;
-use crate::tree::{RepoFile, Tree};
+use minirun_format::tree::{RepoFile, StreamHasher, Tree};
 
 /// Where partial files wait, inside the destination.
 pub const PARTIAL_DIR: &str = ".minirun-partial";
@@ -323,14 +322,10 @@ fn copy_body(
     }
 }
 
-/// Renames `partial` over `target` (creating its folders) and makes the rename durable.
+/// Renames `partial` (written and fsynced) over `target`, creating its folders, and makes the
+/// rename durable.
 fn place(partial: &Path, target: &Path) -> Result<(), HubError> {
-    let parent: PathBuf = target
-        .parent()
-        .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+    let parent = atomic_file::parent_dir(target);
     fs::create_dir_all(&parent).map_err(io(&parent))?;
-    fs::rename(partial, target).map_err(io(target))?;
-    File::open(&parent)
-        .and_then(|d| d.sync_all())
-        .map_err(io(&parent))
+    atomic_file::place(partial, target).map_err(|e| io(&e.path)(e.source))
 }

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::tree::TreeError;
+use minirun_format::tree::TreeError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum HubError {

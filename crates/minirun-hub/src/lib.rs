@@ -9,15 +9,15 @@
 //! the content is trusted only after its digest matches the tree's.
 
 mod client;
-mod digest;
 mod download;
 mod error;
-mod path;
-mod tree;
 
 pub use client::{CatalogEntry, Hub};
-pub use digest::{FileDigest, StreamHasher};
 pub use download::{DownloadOptions, DownloadReport};
 pub use error::HubError;
-pub use path::{UnsafePath, check_repo_path};
-pub use tree::{RepoFile, Tree, TreeBuilder, TreeError, check_complete};
+// The tree types belong to the artifact layout (minirun-format), which readers that make no
+// HTTP requests use too; they are re-exported here because every Hub answer is one.
+pub use minirun_format::tree::{
+    FileDigest, RepoFile, StreamHasher, Tree, TreeBuilder, TreeError, UnsafePath, check_complete,
+    check_repo_path,
+};

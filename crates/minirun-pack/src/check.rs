@@ -10,7 +10,10 @@ use rayon::prelude::*;
 
 use crate::PackError;
 use crate::checkpoint::Checkpoint;
-use crate::manifest::{FileEntry, SourceRef, UnitManifest};
+use minirun_format::artifact::{
+    FileEntry, INCOMPLETE_MARKER, INDEX_FILE, MANIFEST_FILE, Member, SourceRef, UnitManifest,
+};
+use minirun_store::ArtifactFiles;
 
 /// Bytes compared per read.
 const CHUNK: u64 = 8 << 20;
@@ -120,13 +123,13 @@ fn incomplete(artifact: &Path, reason: String) -> CheckError {
 /// The artifact must be a finished pack: no marker, an index.json whose units are exactly the
 /// manifests found, and no file in a unit that its manifest does not list.
 fn check_complete(artifact: &Path, units: &[(PathBuf, UnitManifest)]) -> Result<(), CheckError> {
-    if artifact.join(crate::pack::INCOMPLETE_MARKER).exists() {
+    if artifact.join(INCOMPLETE_MARKER).exists() {
         return Err(incomplete(
             artifact,
             "an interrupted pack: run minirun pack again".to_string(),
         ));
     }
-    let index_path = artifact.join("index.json");
+    let index_path = artifact.join(INDEX_FILE);
     let bytes = std::fs::read(&index_path).map_err(|e| PackError::io(&index_path, e))?;
     let index: serde_json::Value = serde_json::from_slice(&bytes)
         .map_err(|e| incomplete(artifact, format!("index.json is not JSON: {e}")))?;
@@ -173,7 +176,7 @@ fn check_complete(artifact: &Path, units: &[(PathBuf, UnitManifest)]) -> Result<
         let on_disk = std::fs::read_dir(dir).map_err(|e| PackError::io(dir, e))?;
         for entry in on_disk.filter_map(Result::ok) {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name != "manifest.json" && !m.files.iter().any(|f| f.name() == name) {
+            if name != MANIFEST_FILE && !m.files.iter().any(|f| f.name() == name) {
                 return Err(incomplete(
                     artifact,
                     format!("{}/{name} is not in its unit's manifest", m.unit),
@@ -184,24 +187,20 @@ fn check_complete(artifact: &Path, units: &[(PathBuf, UnitManifest)]) -> Result<
     Ok(())
 }
 
+/// The unit manifests, read by the store's one reader of the layout (rooted, no-follow,
+/// bounded), with each unit's directory.
 fn manifests(artifact: &Path) -> Result<Vec<(PathBuf, UnitManifest)>, PackError> {
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(artifact)
-        .map_err(|e| PackError::io(artifact, e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.join("manifest.json").is_file())
-        .collect();
-    dirs.sort();
-    dirs.into_iter()
-        .map(|dir| {
-            let path = dir.join("manifest.json");
-            let text = std::fs::read_to_string(&path).map_err(|e| PackError::io(&path, e))?;
-            let manifest = serde_json::from_str(&text).map_err(|e| PackError::Refused {
-                what: path.display().to_string(),
-                reason: format!("not a unit manifest: {e}"),
-            })?;
-            Ok((dir, manifest))
-        })
-        .collect()
+    let refused = |e: minirun_store::LayoutError| PackError::Refused {
+        what: artifact.display().to_string(),
+        reason: e.to_string(),
+    };
+    let manifests = ArtifactFiles::unverified(artifact)
+        .and_then(|files| files.unit_manifests(&mut Vec::new()))
+        .map_err(refused)?;
+    Ok(manifests
+        .into_iter()
+        .map(|m| (artifact.join(&m.unit), m))
+        .collect())
 }
 
 struct Ctx<'a> {
@@ -373,7 +372,7 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    fn blob(&self, members: &[crate::manifest::Member], bytes: u64) -> Result<u64, CheckError> {
+    fn blob(&self, members: &[Member], bytes: u64) -> Result<u64, CheckError> {
         let (file, len) = self.open()?;
         let mut expected_offset = 0;
         for m in members {

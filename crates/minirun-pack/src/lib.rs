@@ -3,7 +3,6 @@
 
 pub mod check;
 pub mod checkpoint;
-pub mod manifest;
 pub mod pack;
 pub mod recognize;
 pub mod shard;
@@ -33,6 +32,15 @@ impl PackError {
         PackError::Io {
             path: path.as_ref().to_path_buf(),
             source,
+        }
+    }
+}
+
+impl From<atomic_file::AtomicWriteError> for PackError {
+    fn from(e: atomic_file::AtomicWriteError) -> Self {
+        PackError::Io {
+            path: e.path,
+            source: e.source,
         }
     }
 }

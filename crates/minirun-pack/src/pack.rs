@@ -4,26 +4,26 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{self, BufWriter, Seek, SeekFrom, Write};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+use minirun_format::artifact::index_writer::{
+    PackIndex, Provenance, RootFileIdentity, UnitTotals, is_pack_index,
+};
+use minirun_format::artifact::{
+    FileEntry, INCOMPLETE_MARKER, INDEX_FILE, MANIFEST_FILE, Member, QuantRole, Quantization,
+    SourceRef, UnitManifest, unit_of,
+};
 use minirun_format::identity::{
     is_canonical_repo_id, is_canonical_root_file_name, is_pinned_revision,
 };
 use minirun_format::tile::{ContainerWriter, ContentKind, Geometry, QuantMode, hex};
 use rayon::prelude::*;
-use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::PackError;
 use crate::checkpoint::Checkpoint;
-use crate::manifest::{FileEntry, Member, Quantization, SourceRef, UnitManifest};
 use crate::recognize::{Item, QuantMatrix, recognize};
 use crate::shard::{TensorSource, read_slice_into};
-
-/// Present in an output directory while a pack is running; its absence (with index.json
-/// present) is what says an artifact is complete.
-pub const INCOMPLETE_MARKER: &str = ".minirun-pack-incomplete";
 
 /// Bytes copied per read when streaming a plain tensor.
 const COPY_CHUNK: u64 = 8 << 20;
@@ -136,12 +136,13 @@ pub fn pack(
         summary.copied_files.push(name.clone());
     }
     let mut warnings = Vec::new();
-    let index = index_json(&ckpt, out, opts, &summary, &mut warnings)?;
+    let index = pack_index(&ckpt, out, opts, &summary, &mut warnings)?;
     summary.warnings.extend(warnings);
-    write_atomic(&out.join("index.json"), |mut w| {
-        w.write_all(&pretty(&index)?)
-    })?;
+    let index_path = out.join(INDEX_FILE);
+    atomic_file::write_bytes(&index_path, &index.to_bytes())
+        .map_err(|e| PackError::io(&index_path, e.source))?;
     std::fs::remove_file(out.join(INCOMPLETE_MARKER)).map_err(|e| PackError::io(out, e))?;
+    atomic_file::sync_dir(out).map_err(|e| PackError::io(out, e.source))?;
     if opts.source_repo.is_none() {
         summary.warnings.push(
             "no --source-repo/--source-revision: index.json names no upstream, so the artifact's identity is unknown \
@@ -220,25 +221,7 @@ fn is_previous_pack(out: &Path) -> bool {
     if out.join(INCOMPLETE_MARKER).is_file() {
         return true;
     }
-    let Ok(bytes) = std::fs::read(out.join("index.json")) else {
-        return false;
-    };
-    let index: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    index.get("relationship").and_then(Value::as_str) == Some("byte_preserving_repack")
-        && index.get("format").and_then(Value::as_str) == Some("quantized_tile_container")
-}
-
-/// `model.layers.7.mlp...` -> `layer07`; anything outside a layer -> `global`.
-pub fn unit_of(name: &str) -> String {
-    let mut parts = name.split('.');
-    while let Some(part) = parts.next() {
-        if part == "layers"
-            && let Some(n) = parts.next().and_then(|n| n.parse::<u32>().ok())
-        {
-            return format!("layer{n:02}");
-        }
-    }
-    "global".to_string()
+    std::fs::read(out.join(INDEX_FILE)).is_ok_and(|bytes| is_pack_index(&bytes))
 }
 
 fn source_ref(t: &TensorSource) -> SourceRef {
@@ -312,9 +295,9 @@ fn plan_unit<'a>(
                 Err(why) => {
                     summary.quantized_as_plain += 1;
                     let roles = [
-                        ("packed", Some(&q.packed)),
-                        ("scales", Some(&q.scales)),
-                        ("biases", q.biases.as_ref()),
+                        (QuantRole::Packed, Some(&q.packed)),
+                        (QuantRole::Scales, Some(&q.scales)),
+                        (QuantRole::Biases, q.biases.as_ref()),
                     ];
                     for (role, t) in roles {
                         if let Some(t) = t {
@@ -343,23 +326,23 @@ fn write_manifest(
         source_revision: opts.source_revision.clone(),
         files,
     };
-    let value =
-        serde_json::to_value(&manifest).map_err(|e| refused("manifest.json", e.to_string()))?;
-    write_atomic(&plan.dir.join("manifest.json"), |mut w| {
-        w.write_all(&pretty(&value)?)
-    })?;
+    let mut bytes =
+        serde_json::to_vec_pretty(&manifest).map_err(|e| refused(MANIFEST_FILE, e.to_string()))?;
+    bytes.push(b'\n');
+    let path = plan.dir.join(MANIFEST_FILE);
+    atomic_file::write_bytes(&path, &bytes).map_err(|e| PackError::io(&path, e.source))?;
     Ok(manifest)
 }
 
-fn quantization(q: &QuantMatrix, role: &str) -> Quantization {
+fn quantization(q: &QuantMatrix, role: QuantRole) -> Quantization {
     Quantization {
         scheme: q.scheme.to_string(),
-        layout: q.mode.name().to_string(),
+        layout: q.mode,
         element_bits: q.bits,
         group: q.group,
         block_rows: q.block_rows,
-        scale_dtype: q.scale_dtype.name().to_string(),
-        role: role.to_string(),
+        scale_dtype: q.scale_dtype,
+        role,
     }
 }
 
@@ -411,7 +394,7 @@ fn write_container(
         name,
         bytes,
         sha256: sha,
-        layout: q.mode.name().to_string(),
+        layout: q.mode,
         scheme: q.scheme.to_string(),
         rows: q.rows,
         cols: q.cols,
@@ -419,7 +402,7 @@ fn write_container(
         element_bits: q.bits,
         group: q.group,
         block_rows: q.block_rows,
-        scale_dtype: q.scale_dtype.name().to_string(),
+        scale_dtype: q.scale_dtype,
         packed: source_ref(&q.packed),
         scales: source_ref(&q.scales),
         biases: q.biases.as_ref().map(source_ref),
@@ -476,39 +459,39 @@ fn copy_verbatim(from: &Path, to: &Path) -> Result<(), PackError> {
 }
 
 /// `index.json` in the single-source-units shape, with identities when provenance is known.
-fn index_json(
+fn pack_index(
     ckpt: &Checkpoint,
     out: &Path,
     opts: &PackOptions,
     summary: &PackSummary,
     warnings: &mut Vec<String>,
-) -> Result<Value, PackError> {
-    let units: Vec<Value> = summary
+) -> Result<PackIndex, PackError> {
+    let units = summary
         .units
         .iter()
-        .map(|u| json!({ "unit": u.unit, "files": u.files, "bytes": u.bytes }))
+        .map(|u| UnitTotals {
+            unit: u.unit.clone(),
+            files: u.files,
+            bytes: u.bytes,
+        })
         .collect();
-    let mut index = json!({
-        "format": "quantized_tile_container",
-        "format_version": 1,
-        "relationship": "byte_preserving_repack",
-        "units": units,
-        "total_bytes": summary.payload_bytes,
-    });
+    let mut index = PackIndex {
+        units,
+        total_bytes: summary.payload_bytes,
+        provenance: None,
+    };
     let (Some(repo), Some(rev)) = (&opts.source_repo, &opts.source_revision) else {
         return Ok(index);
     };
-    index["source_repo"] = json!(repo);
-    index["source_revision"] = json!(rev);
-    let identity = |file: &str| -> Result<Value, PackError> {
+    let identity = |file: &str| -> Result<RootFileIdentity, PackError> {
         let path = out.join(file);
         let data = std::fs::read(&path).map_err(|e| PackError::io(&path, e))?;
-        Ok(
-            json!({ "file": file, "bytes": data.len(), "sha256": hex(&Sha256::digest(&data)),
-                   "source_repo": repo, "source_revision": rev }),
-        )
+        Ok(RootFileIdentity {
+            file: file.to_string(),
+            bytes: data.len() as u64,
+            sha256: hex(&Sha256::digest(&data)),
+        })
     };
-    index["configuration"] = identity("config.json")?;
     let tokenizer = ["tokenizer.json", "tokenizer.model", "tiktoken.model"]
         .into_iter()
         .find(|f| ckpt.other_files.iter().any(|o| o == f));
@@ -517,46 +500,32 @@ fn index_json(
         (lower.starts_with("license") || lower.starts_with("licence"))
             && is_canonical_root_file_name(f)
     });
-    match (tokenizer, license) {
-        (Some(tokenizer), Some(license)) => {
-            let mut t = identity(tokenizer)?;
-            t["license"] = json!(license);
-            index["tokenizer"] = t;
+    let tokenizer = match (tokenizer, license) {
+        (Some(tokenizer), Some(license)) => Some((identity(tokenizer)?, license.clone())),
+        _ => {
+            warnings.push(
+                "no tokenizer identity in index.json: it needs a tokenizer file (tokenizer.json, tokenizer.model or \
+                 tiktoken.model) and a licence file (LICENSE*) at the checkpoint's root"
+                    .to_string(),
+            );
+            None
         }
-        _ => warnings.push(
-            "no tokenizer identity in index.json: it needs a tokenizer file (tokenizer.json, tokenizer.model or \
-             tiktoken.model) and a licence file (LICENSE*) at the checkpoint's root"
-                .to_string(),
-        ),
-    }
+    };
+    index.provenance = Some(Provenance {
+        repo: repo.clone(),
+        revision: rev.clone(),
+        configuration: identity("config.json")?,
+        tokenizer,
+    });
     Ok(index)
 }
 
-fn pretty(value: &Value) -> io::Result<Vec<u8>> {
-    let mut bytes = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
-    bytes.push(b'\n');
-    Ok(bytes)
-}
-
-/// Writes `path` through a temporary file in the same directory, fsynced and renamed: a
-/// file that exists is complete.
+/// Writes `path` atomically (temporary file, fsync, rename, directory fsync): a file that
+/// exists is complete.
 fn write_atomic(path: &Path, fill: impl FnOnce(&File) -> io::Result<()>) -> Result<(), PackError> {
-    let dir: PathBuf = path
-        .parent()
-        .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
-    let temp = tempfile::Builder::new()
-        .prefix(".minirun-pack.")
-        .permissions(std::fs::Permissions::from_mode(0o644))
-        .tempfile_in(&dir)
-        .map_err(|e| PackError::io(&dir, e))?;
-    fill(temp.as_file())
-        .and_then(|()| temp.as_file().sync_all())
-        .map_err(|e| PackError::io(path, e))?;
-    temp.persist(path)
-        .map_err(|e| PackError::io(path, e.error))?;
-    File::open(&dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| PackError::io(&dir, e))
+    atomic_file::write_with(path, atomic_file::Options::default(), |file| {
+        fill(file).map_err(|e| PackError::io(path, e))
+    })
 }
 
 /// A writer that hashes what passes through, for a per-file SHA-256 without re-reading.

@@ -6,9 +6,9 @@ use std::fs;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use minirun_format::artifact::{FileEntry, INCOMPLETE_MARKER, QuantRole, UnitManifest};
 use minirun_format::index::{ArtifactIndex, IndexShape};
 use minirun_format::tile::{HEADER_BYTES, TileContainer};
-use minirun_pack::manifest::{FileEntry, UnitManifest};
 use minirun_pack::{CheckError, PackError, PackOptions, PackSummary, check, pack};
 use safetensors::tensor::{Dtype, TensorView};
 
@@ -118,11 +118,7 @@ fn every_fixture_packs_and_checks_byte_for_byte() {
                 "{name}/{copied}"
             );
         }
-        assert!(
-            !out.path()
-                .join(minirun_pack::pack::INCOMPLETE_MARKER)
-                .exists()
-        );
+        assert!(!out.path().join(INCOMPLETE_MARKER).exists());
     }
 }
 
@@ -141,7 +137,10 @@ fn unalignable_quantized_matrices_stay_plain_streams_with_the_reason() {
         .iter()
         .find(|m| m.source.source_tensor == "model.layers.0.self_attn.k_proj.weight")
         .unwrap();
-    assert_eq!(k_proj.quantization.as_ref().unwrap().role, "packed");
+    assert_eq!(
+        k_proj.quantization.as_ref().unwrap().role,
+        QuantRole::Packed
+    );
     assert!(
         k_proj.not_tiled.as_ref().unwrap().contains("16384"),
         "{:?}",
@@ -313,11 +312,7 @@ fn an_output_directory_holding_foreign_files_is_refused() {
     assert!(err.to_string().contains("no pack wrote"), "{err}");
     // A previous pack's output (even an interrupted one) is rewritten.
     let again = tempfile::tempdir().unwrap();
-    fs::write(
-        again.path().join(minirun_pack::pack::INCOMPLETE_MARKER),
-        b"",
-    )
-    .unwrap();
+    fs::write(again.path().join(INCOMPLETE_MARKER), b"").unwrap();
     pack_into(&fixture("mlx-affine4"), again.path());
     pack_into(&fixture("mlx-affine4"), again.path());
     check(again.path(), &fixture("mlx-affine4"), &|_| {}).unwrap();
@@ -368,7 +363,7 @@ fn check_refuses_an_incomplete_or_padded_artifact() {
     fs::remove_dir_all(out.path().join("global")).unwrap();
     let err = check(out.path(), &source, &|_| {}).unwrap_err();
     assert!(err.to_string().contains("index.json lists units"), "{err}");
-    fs::write(out.path().join(minirun_pack::pack::INCOMPLETE_MARKER), b"").unwrap();
+    fs::write(out.path().join(INCOMPLETE_MARKER), b"").unwrap();
     let err = check(out.path(), &source, &|_| {}).unwrap_err();
     assert!(err.to_string().contains("interrupted pack"), "{err}");
 }

@@ -5,12 +5,11 @@
 //! file length and compared with the manifest before a byte of it is used.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use minirun_format::artifact::{FileEntry, Member, Quantization};
 use minirun_format::tile::{HEADER_BYTES, QuantMode, ScaleDtype, TileContainer};
-use minirun_pack::manifest::{FileEntry, Member, Quantization, UnitManifest};
-use minirun_store::HeldEvidence;
+use minirun_store::{ArtifactFiles, HeldEvidence, LayoutError, read_bounded};
 
 use crate::kernels::{BlockScale, FloatType, Format, QMatrix};
 
@@ -20,6 +19,8 @@ pub enum ArtifactError {
     Io { path: String, error: std::io::Error },
     #[error(transparent)]
     Evidence(#[from] minirun_store::StoreError),
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
     #[error(
         "{0} is not a complete artifact ({1}): pack it again with `minirun pack`, or download it with `minirun download`"
     )]
@@ -112,13 +113,6 @@ impl<'a> Stack<'a> {
     }
 }
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ArtifactError + '_ {
-    move |error| ArtifactError::Io {
-        path: path.display().to_string(),
-        error,
-    }
-}
-
 fn invalid(path: &str, reason: impl Into<String>) -> ArtifactError {
     ArtifactError::Invalid {
         path: path.to_string(),
@@ -126,82 +120,55 @@ fn invalid(path: &str, reason: impl Into<String>) -> ArtifactError {
     }
 }
 
-/// The largest metadata file read (config, tokenizer, manifest): far above any real one, and a
-/// bound on what a hostile directory can make this process allocate.
+/// The largest metadata file read (config, tokenizer): far above any real one, and a bound on
+/// what a hostile directory can make this process allocate.
 const METADATA_LIMIT: u64 = 256 << 20;
 
-fn read_bounded(
-    mut file: std::fs::File,
-    shown: &Path,
-    limit: u64,
+impl Access {
+    fn files(self, root: &Path) -> Result<ArtifactFiles, ArtifactError> {
+        match self {
+            Access::Verified(held) => Ok(ArtifactFiles::Verified(held)),
+            Access::Unverified => Ok(ArtifactFiles::unverified(root)?),
+        }
+    }
+}
+
+/// A payload file, which must be exactly `expected` bytes long (checked before reading).
+fn read_payload(
+    files: &ArtifactFiles,
+    path: &str,
+    expected: u64,
 ) -> Result<Vec<u8>, ArtifactError> {
-    let mut bytes = Vec::new();
-    (&mut file)
-        .take(limit + 1)
-        .read_to_end(&mut bytes)
-        .map_err(io(shown))?;
-    if bytes.len() as u64 > limit {
+    let file = files.open_payload(path)?;
+    let actual = file
+        .metadata()
+        .map_err(|error| ArtifactError::Io {
+            path: path.to_string(),
+            error,
+        })?
+        .len();
+    if actual != expected {
         return Err(invalid(
-            &shown.display().to_string(),
-            format!("is larger than {limit} bytes"),
+            path,
+            format!("has {actual} bytes, its manifest says {expected}"),
         ));
     }
-    Ok(bytes)
+    Ok(read_bounded(file, path, expected)?)
 }
 
-impl Access {
-    fn open(&self, root: &Path, path: &str) -> Result<std::fs::File, ArtifactError> {
-        match self {
-            Access::Verified(held) => Ok(held.open(path)?),
-            Access::Unverified => {
-                std::fs::File::open(root.join(path)).map_err(io(&root.join(path)))
-            }
-        }
+/// A root metadata file; named in `outside` when a verified run read it outside the evidence.
+fn read_metadata(
+    files: &ArtifactFiles,
+    path: &str,
+    outside: &mut Vec<String>,
+) -> Result<Option<Vec<u8>>, ArtifactError> {
+    let Some(read) = files.read_metadata(path, METADATA_LIMIT)? else {
+        return Ok(None);
+    };
+    if !read.evidenced && files.held().is_some() {
+        outside.push(path.to_string());
     }
-
-    /// A payload file, which must be exactly `expected` bytes long (checked before reading).
-    fn read(&self, root: &Path, path: &str, expected: u64) -> Result<Vec<u8>, ArtifactError> {
-        let file = self.open(root, path)?;
-        let actual = file.metadata().map_err(io(&root.join(path)))?.len();
-        if actual != expected {
-            return Err(invalid(
-                path,
-                format!("has {actual} bytes, its manifest says {expected}"),
-            ));
-        }
-        read_bounded(file, &root.join(path), expected)
-    }
-
-    /// Metadata files: through the evidence when it covers them (a verification against the
-    /// publisher does); otherwise read plainly, and named in `outside` (offline evidence covers
-    /// payload files only).
-    fn read_metadata(
-        &self,
-        root: &Path,
-        path: &str,
-        outside: &mut Vec<String>,
-    ) -> Result<Option<Vec<u8>>, ArtifactError> {
-        if let Access::Verified(held) = self
-            && held.evidence().files.iter().any(|f| f.path == path)
-        {
-            return read_bounded(held.open(path)?, &root.join(path), METADATA_LIMIT).map(Some);
-        }
-        match std::fs::File::open(root.join(path)) {
-            Ok(file) => {
-                if matches!(self, Access::Verified(_)) {
-                    outside.push(path.to_string());
-                }
-                read_bounded(file, &root.join(path), METADATA_LIMIT).map(Some)
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(io(&root.join(path))(e)),
-        }
-    }
-}
-
-/// A manifest's file name must name a file directly in its unit.
-fn plain_name(name: &str) -> bool {
-    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0'])
+    Ok(Some(read.bytes))
 }
 
 fn text(path: &str, bytes: Vec<u8>) -> Result<String, ArtifactError> {
@@ -222,15 +189,6 @@ impl Artifact {
         memory_limit: Option<u64>,
     ) -> Result<Artifact, ArtifactError> {
         let shown = root.display().to_string();
-        if root.join(".minirun-pack-incomplete").exists() {
-            return Err(ArtifactError::Incomplete(
-                shown,
-                "a pack into it was interrupted",
-            ));
-        }
-        if !root.join("index.json").is_file() {
-            return Err(ArtifactError::Incomplete(shown, "it has no index.json"));
-        }
         let provenance = match &access {
             Access::Unverified => {
                 "bytes not checked against any publication (--unverified)".to_string()
@@ -244,17 +202,16 @@ impl Artifact {
                 }
             }
         };
+        let files = access.files(root)?;
+        files.check_complete()?;
         let mut outside = Vec::new();
-        let config_json = access
-            .read_metadata(root, "config.json", &mut outside)?
+        let config_json = read_metadata(&files, "config.json", &mut outside)?
             .ok_or_else(|| ArtifactError::Incomplete(shown.clone(), "it has no config.json"))?;
         let config_json = text("config.json", config_json)?;
-        let tokenizer_json = access
-            .read_metadata(root, "tokenizer.json", &mut outside)?
+        let tokenizer_json = read_metadata(&files, "tokenizer.json", &mut outside)?
             .map(|b| text("tokenizer.json", b))
             .transpose()?;
-        let tokenizer_config_json = access
-            .read_metadata(root, "tokenizer_config.json", &mut outside)?
+        let tokenizer_config_json = read_metadata(&files, "tokenizer_config.json", &mut outside)?
             .map(|b| text("tokenizer_config.json", b))
             .transpose()?;
         let mut artifact = Artifact {
@@ -267,25 +224,10 @@ impl Artifact {
             files: Vec::new(),
             tensors: BTreeMap::new(),
         };
-        let mut manifests = Vec::new();
-        for unit in unit_names(root)? {
-            let manifest_path = format!("{unit}/manifest.json");
-            let manifest = access
-                .read_metadata(root, &manifest_path, &mut outside)?
-                .ok_or_else(|| invalid(&manifest_path, "is missing"))?;
-            let manifest: UnitManifest = serde_json::from_slice(&manifest)
-                .map_err(|e| invalid(&manifest_path, e.to_string()))?;
-            if manifest.unit != unit {
-                return Err(invalid(
-                    &manifest_path,
-                    format!("names unit {:?}", manifest.unit),
-                ));
-            }
-            manifests.push((unit, manifest));
-        }
+        let manifests = files.unit_manifests(&mut outside)?;
         let total = manifests
             .iter()
-            .flat_map(|(_, m)| m.files.iter().map(|f| f.bytes()))
+            .flat_map(|m| m.files.iter().map(|f| f.bytes()))
             .fold(0u64, u64::saturating_add);
         let limit = memory_limit.or_else(available_memory);
         if let Some(limit) = limit
@@ -297,9 +239,9 @@ impl Artifact {
                 limit,
             });
         }
-        for (unit, manifest) in &manifests {
+        for manifest in &manifests {
             for entry in &manifest.files {
-                artifact.add_file(&access, unit, entry)?;
+                artifact.add_file(&files, &manifest.unit, entry)?;
             }
         }
         artifact.outside_evidence = outside;
@@ -311,15 +253,12 @@ impl Artifact {
 
     fn add_file(
         &mut self,
-        access: &Access,
+        files: &ArtifactFiles,
         unit: &str,
         entry: &FileEntry,
     ) -> Result<(), ArtifactError> {
         let path = format!("{unit}/{}", entry.name());
-        if !plain_name(entry.name()) {
-            return Err(invalid(&path, "is not a plain file name inside its unit"));
-        }
-        let bytes = access.read(&self.root, &path, entry.bytes())?;
+        let bytes = read_payload(files, &path, entry.bytes())?;
         if bytes.len() as u64 != entry.bytes() {
             return Err(invalid(
                 &path,
@@ -529,17 +468,17 @@ impl Artifact {
             );
         };
         let format = quantized_format(name, q)?;
-        let (scales_name, biases_name) = match q.layout.as_str() {
-            "fp8-e4m3-block" => (format!("{name}_scale_inv"), None),
-            "affine" => (format!("{module}.scales"), Some(format!("{module}.biases"))),
-            _ => (format!("{module}.scales"), None),
+        let (scales_name, biases_name) = match q.layout {
+            QuantMode::Fp8E4m3Block => (format!("{name}_scale_inv"), None),
+            QuantMode::Affine => (format!("{module}.scales"), Some(format!("{module}.biases"))),
+            QuantMode::Mxfp4 => (format!("{module}.scales"), None),
         };
         let (scales, scales_member) = self.member(&scales_name)?;
-        let expected_scale_dtype = match q.scale_dtype.as_str() {
-            "uint8-e8m0" => ["U8", "F8_E8M0"].as_slice(),
-            "float16" => ["F16"].as_slice(),
-            "bfloat16" => ["BF16"].as_slice(),
-            _ => ["F32"].as_slice(),
+        let expected_scale_dtype = match q.scale_dtype {
+            ScaleDtype::E8m0 => ["U8", "F8_E8M0"].as_slice(),
+            ScaleDtype::F16 => ["F16"].as_slice(),
+            ScaleDtype::Bf16 => ["BF16"].as_slice(),
+            ScaleDtype::F32 => ["F32"].as_slice(),
         };
         if !expected_scale_dtype.contains(&scales_member.source.dtype.as_str()) {
             return Err(tensor_err(
@@ -566,7 +505,7 @@ impl Artifact {
             }
             None => &[],
         };
-        if q.layout == "fp8-e4m3-block" && member.source.dtype != "F8_E4M3" {
+        if q.layout == QuantMode::Fp8E4m3Block && member.source.dtype != "F8_E4M3" {
             return Err(tensor_err(
                 name,
                 format!(
@@ -663,25 +602,13 @@ fn leading(name: &str, shape: &[usize]) -> Result<(usize, usize, usize), Artifac
 }
 
 fn quantized_format(name: &str, q: &Quantization) -> Result<Format, ArtifactError> {
-    let scale = match q.scale_dtype.as_str() {
-        "uint8-e8m0" => None,
-        "float16" => Some(FloatType::F16),
-        "bfloat16" => Some(FloatType::BF16),
-        "float32" => Some(FloatType::F32),
-        other => {
-            return Err(tensor_err(
-                name,
-                format!("scale type {other} is not implemented"),
-            ));
-        }
-    };
-    let parameters_ok = match q.layout.as_str() {
-        "affine" => matches!(q.element_bits, 4 | 8) && matches!(q.group, 32 | 64 | 128),
-        "mxfp4" => q.element_bits == 4,
-        "fp8-e4m3-block" => {
+    let scale = scale_float(q.scale_dtype);
+    let parameters_ok = match q.layout {
+        QuantMode::Affine => matches!(q.element_bits, 4 | 8) && matches!(q.group, 32 | 64 | 128),
+        QuantMode::Mxfp4 => q.element_bits == 4,
+        QuantMode::Fp8E4m3Block => {
             q.element_bits == 8 && q.block_rows > 0 && q.group > 0 && q.group.is_multiple_of(8)
         }
-        _ => true,
     };
     if !parameters_ok {
         return Err(tensor_err(
@@ -692,14 +619,14 @@ fn quantized_format(name: &str, q: &Quantization) -> Result<Format, ArtifactErro
             ),
         ));
     }
-    match (q.layout.as_str(), scale) {
-        ("affine", Some(scale)) => Ok(Format::Affine {
+    match (q.layout, scale) {
+        (QuantMode::Affine, Some(scale)) => Ok(Format::Affine {
             bits: q.element_bits,
             group: q.group as usize,
             scale,
         }),
-        ("mxfp4", None) if q.group == 32 => Ok(Format::Mxfp4),
-        ("fp8-e4m3-block", scale) => Ok(Format::Fp8Block {
+        (QuantMode::Mxfp4, None) if q.group == 32 => Ok(Format::Mxfp4),
+        (QuantMode::Fp8E4m3Block, scale) => Ok(Format::Fp8Block {
             block_rows: q.block_rows as usize,
             block_cols: q.group as usize,
             scale: scale.map_or(BlockScale::E8m0, BlockScale::Float),
@@ -742,18 +669,4 @@ fn available_memory() -> Option<u64> {
     let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     kib.checked_mul(1024)
-}
-
-/// Unit directories (those holding a manifest.json), sorted by name.
-fn unit_names(root: &Path) -> Result<Vec<String>, ArtifactError> {
-    let mut units = Vec::new();
-    for entry in std::fs::read_dir(root).map_err(io(root))? {
-        let entry = entry.map_err(io(root))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !name.starts_with('.') && entry.path().join("manifest.json").is_file() {
-            units.push(name);
-        }
-    }
-    units.sort();
-    Ok(units)
 }

@@ -7,4 +7,5 @@ pub mod deepseek;
 pub mod generate;
 pub mod kernels;
 pub mod rope;
+pub mod session;
 pub mod text;

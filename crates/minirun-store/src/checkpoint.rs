@@ -3,7 +3,6 @@
 //! re-hashes only what it had not finished, and only files whose identity is unchanged.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -83,15 +82,9 @@ impl Checkpoint {
         };
         let dir = self.path.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir)?;
-        let mut temp = tempfile::NamedTempFile::new_in(dir)?;
-        temp.write_all(
-            serde_json::to_string(&saved)
-                .map_err(std::io::Error::other)?
-                .as_bytes(),
-        )?;
-        temp.as_file().sync_all()?;
-        temp.persist(&self.path).map_err(|e| e.error)?;
-        Ok(())
+        let text = serde_json::to_string(&saved).map_err(std::io::Error::other)?;
+        atomic_file::write_bytes_with(&self.path, atomic_file::Options::private(), text.as_bytes())
+            .map_err(|e| e.source)
     }
 
     /// Removes the checkpoint (the pass finished, one way or the other).

@@ -1,10 +1,9 @@
 //! Evidence: what a positive verification proved, bound to filesystem objects. Specified in
 //! `docs/formats/evidence.md`.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use minirun_hub::{FileDigest, Tree};
+use minirun_format::tree::{FileDigest, Tree};
 use sha2::{Digest as _, Sha256};
 
 use crate::identity::FileIdentity;
@@ -86,13 +85,10 @@ pub fn evidence_path(root: &Path) -> PathBuf {
 pub fn write(root: &Path, evidence: &Evidence) -> std::io::Result<PathBuf> {
     let dir = root.join(EVIDENCE_DIR);
     std::fs::create_dir_all(&dir)?;
-    let mut temp = tempfile::NamedTempFile::new_in(&dir)?;
     let text = serde_json::to_string_pretty(evidence).map_err(std::io::Error::other)?;
-    temp.write_all(text.as_bytes())?;
-    temp.as_file().sync_all()?;
     let path = dir.join(EVIDENCE_FILE);
-    temp.persist(&path).map_err(|e| e.error)?;
-    std::fs::File::open(&dir)?.sync_all()?;
+    atomic_file::write_bytes_with(&path, atomic_file::Options::private(), text.as_bytes())
+        .map_err(|e| e.source)?;
     Ok(path)
 }
 

@@ -95,6 +95,16 @@ impl HeldEvidence {
         Ok(held)
     }
 
+    /// The artifact root the evidence holds open.
+    pub fn root(&self) -> &Root {
+        &self.root
+    }
+
+    /// Whether `path` is one of the evidenced files.
+    pub fn covers(&self, path: &str) -> bool {
+        self.files.contains_key(path)
+    }
+
     pub fn evidence(&self) -> &Evidence {
         &self.evidence
     }

@@ -6,6 +6,7 @@
 //!
 //! The evidence format is specified in `docs/formats/evidence.md`.
 
+mod artifact_files;
 pub mod checkpoint;
 pub mod evidence;
 mod held;
@@ -14,9 +15,10 @@ mod root;
 mod tiles;
 mod verify;
 
+pub use artifact_files::{ArtifactFiles, LayoutError, Metadata, own_manifest_tree, read_bounded};
 pub use evidence::{Evidence, EvidenceFile, tree_identity};
 pub use held::{HeldEvidence, StoreError};
 pub use identity::FileIdentity;
-pub use root::{OpenError, Root};
+pub use root::{EntryKind, OpenError, Root};
 pub use tiles::{LoadedTile, TileReadError, TileRequest};
 pub use verify::{Authority, Selection, Verified, VerifyError, verify, verify_with};

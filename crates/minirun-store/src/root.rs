@@ -26,6 +26,17 @@ pub enum OpenError {
     OtherDevice { path: String },
 }
 
+/// What an entry beneath the root is, its final component not followed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    Absent,
+    File,
+    Directory,
+    SymbolicLink,
+    /// A FIFO, socket or device node.
+    Other,
+}
+
 /// An artifact directory held open; every file is opened relative to it.
 #[derive(Debug)]
 pub struct Root {
@@ -101,6 +112,45 @@ impl Root {
             });
         }
         Ok((file, FileIdentity::of(&meta)))
+    }
+
+    /// The names of the root's entries that are directories themselves (a symbolic link to a
+    /// directory is not one), sorted.
+    pub fn subdirectories(&self) -> Result<Vec<String>, OpenError> {
+        let io = |error: rustix::io::Errno| OpenError::Io {
+            path: self.path.display().to_string(),
+            error: error.into(),
+        };
+        let mut names = Vec::new();
+        for entry in rustix::fs::Dir::read_from(&self.dir).map_err(io)? {
+            let entry = entry.map_err(io)?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name == "." || name == ".." {
+                continue;
+            }
+            if self.entry_kind(&name)? == EntryKind::Directory {
+                names.push(name);
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    /// What `relative` is, without following a link at its end (a link in a directory on the
+    /// way is refused by the opens, not here).
+    pub fn entry_kind(&self, relative: &str) -> Result<EntryKind, OpenError> {
+        match rustix::fs::statat(&self.dir, relative, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(stat) => Ok(
+                match rustix::fs::FileType::from_raw_mode(stat.st_mode as rustix::fs::RawMode) {
+                    rustix::fs::FileType::RegularFile => EntryKind::File,
+                    rustix::fs::FileType::Directory => EntryKind::Directory,
+                    rustix::fs::FileType::Symlink => EntryKind::SymbolicLink,
+                    _ => EntryKind::Other,
+                },
+            ),
+            Err(rustix::io::Errno::NOENT) => Ok(EntryKind::Absent),
+            Err(e) => Err(classify(relative, e)),
+        }
     }
 
     fn open_beneath(&self, relative: &str) -> Result<OwnedFd, OpenError> {

@@ -5,7 +5,7 @@ use std::io::Read;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use minirun_hub::{RepoFile, StreamHasher, Tree};
+use minirun_format::tree::{RepoFile, StreamHasher, Tree};
 use rayon::prelude::*;
 
 use crate::checkpoint::{Checkpoint, CheckpointKey};

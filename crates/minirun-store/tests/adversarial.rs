@@ -7,7 +7,7 @@ use std::fs;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use minirun_hub::{FileDigest, RepoFile, Tree};
+use minirun_format::tree::{FileDigest, RepoFile, Tree};
 use minirun_store::{HeldEvidence, OpenError, StoreError, VerifyError, verify};
 
 const PIN: &str = "0123456789abcdef0123456789abcdef01234567";

@@ -5,7 +5,7 @@ use std::fs;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
-use minirun_hub::{FileDigest, RepoFile, Tree};
+use minirun_format::tree::{FileDigest, RepoFile, Tree};
 use minirun_store::{HeldEvidence, StoreError, TileReadError, TileRequest, verify};
 use sha2::Digest as _;
 

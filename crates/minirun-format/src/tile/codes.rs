@@ -3,10 +3,10 @@
 
 use std::fmt;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// How the packed elements and their scales encode weights.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum QuantMode {
     /// OCP MX FP4: e2m1 elements, one e8m0 exponent byte per 32 elements, no bias.
@@ -53,7 +53,7 @@ impl fmt::Display for QuantMode {
 }
 
 /// The element type of the scale (and bias) sub-regions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ScaleDtype {
     /// An unsigned 8-bit power-of-two exponent (OCP MX e8m0).

@@ -85,7 +85,7 @@ pub enum TileError {
     )]
     NoDigests,
     #[error(
-        "tile {index} hashes to {actual} but the header records {expected}: the tile is corrupt"
+        "SHA-256 {actual} of tile {index} differs from the header's record {expected}: the tile is corrupt"
     )]
     DigestMismatch {
         index: u64,
@@ -320,7 +320,17 @@ impl TileContainer {
                 actual: tile.len() as u64,
             });
         }
-        let actual: [u8; 32] = Sha256::digest(tile).into();
+        self.compare_digest(index, expected, Sha256::digest(tile).into())
+    }
+
+    /// The one comparison of a tile's SHA-256 with the header's record, for tiles hashed whole
+    /// ([`verify_tile`](Self::verify_tile)) or in chunks (`check_tile_from`).
+    pub(crate) fn compare_digest(
+        &self,
+        index: u64,
+        expected: [u8; 32],
+        actual: [u8; 32],
+    ) -> Result<(), TileError> {
         if actual != expected {
             return Err(TileError::DigestMismatch {
                 index,

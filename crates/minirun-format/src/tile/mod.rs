@@ -8,12 +8,14 @@
 //!
 //! The full specification is `docs/formats/tile-container.md`.
 
+mod check;
 mod codes;
 mod container;
 mod geometry;
 mod header;
 mod writer;
 
+pub use check::{CHECK_CHUNK, TileCheck, TileCheckError};
 pub use codes::{ContentKind, Flags, QuantMode, ScaleDtype};
 pub use container::{ContainerSpec, TileContainer, TileError, digest_capacity, hex};
 pub use geometry::{Geometry, GeometryError, Layout};

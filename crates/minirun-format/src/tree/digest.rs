@@ -29,7 +29,7 @@ impl FileDigest {
     }
 
     pub fn hex(&self) -> String {
-        minirun_format::tile::hex(self.bytes())
+        crate::tile::hex(self.bytes())
     }
 
     /// Parses lowercase (or uppercase, lowered) hex of the algorithm's exact length.

@@ -1,8 +1,11 @@
-//! The metadata an artifact carries: a `manifest.json` per unit (every file, its geometry,
-//! its source tensors and its SHA-256) and the root `index.json`. Specified in
-//! `docs/formats/artifact.md`.
+//! `<unit>/manifest.json`: every payload file of a unit, its geometry, its source tensors and
+//! its SHA-256. Specified in `docs/formats/artifact.md`. Quantization modes and scale types are
+//! the tile container's own enums, so a manifest that names one this build does not know is
+//! refused when it is parsed, not when a kernel meets a string.
 
 use serde::{Deserialize, Serialize};
+
+use crate::tile::{QuantMode, ScaleDtype};
 
 /// Where some bytes came from in the upstream checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -22,12 +25,21 @@ pub struct SourceRef {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Quantization {
     pub scheme: String,
-    pub layout: String,
+    pub layout: QuantMode,
     pub element_bits: u32,
     pub group: u32,
     pub block_rows: u32,
-    pub scale_dtype: String,
-    pub role: String,
+    pub scale_dtype: ScaleDtype,
+    pub role: QuantRole,
+}
+
+/// Which part of a quantized matrix a plain-stream member holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum QuantRole {
+    Packed,
+    Scales,
+    Biases,
 }
 
 /// One tensor inside a blob: its bytes lie at `offset..offset + bytes` of the blob.
@@ -53,7 +65,7 @@ pub enum FileEntry {
         name: String,
         bytes: u64,
         sha256: String,
-        layout: String,
+        layout: QuantMode,
         scheme: String,
         rows: u32,
         cols: u32,
@@ -62,7 +74,7 @@ pub enum FileEntry {
         element_bits: u32,
         group: u32,
         block_rows: u32,
-        scale_dtype: String,
+        scale_dtype: ScaleDtype,
         packed: SourceRef,
         scales: SourceRef,
         #[serde(skip_serializing_if = "Option::is_none", default)]

@@ -4,8 +4,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
-use crate::digest::{FileDigest, parse_hex};
-use crate::path::{UnsafePath, check_repo_path};
+use super::digest::{FileDigest, parse_hex};
+use super::repo_path::{UnsafePath, check_repo_path};
 
 /// One file of a pinned revision.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,215 @@
+//! Atomic, durable file writes: every writer in the workspace goes through here.
+//!
+//! A file is written to a temporary sibling (`.<name>.<random>.tmp`, same directory, so the
+//! rename cannot cross a filesystem), flushed to disk with `fsync`, renamed over the target,
+//! and the directory is `fsync`ed so the rename itself survives a power cut. A failure or a
+//! kill before the rename leaves the old file (or no file) in place; the temporary file is
+//! removed on failure and on drop.
+//!
+//! ```
+//! let dir = tempfile::tempdir().unwrap();
+//! let path = dir.path().join("hello.txt");
+//! atomic_file::write_bytes(&path, b"hello\n").unwrap();
+//! assert_eq!(std::fs::read(&path).unwrap(), b"hello\n");
+//! ```
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+/// Every temporary file this crate creates ends with this, after a leading `.` and the target's
+/// name: a crashed writer's leftovers are recognisable.
+pub const TEMP_SUFFIX: &str = ".tmp";
+
+/// An I/O failure, with the path it happened on (the target, its temporary file or its
+/// directory).
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {source}", path.display())]
+pub struct AtomicWriteError {
+    pub path: PathBuf,
+    #[source]
+    pub source: io::Error,
+}
+
+impl AtomicWriteError {
+    fn at(path: &Path) -> impl FnOnce(io::Error) -> AtomicWriteError + '_ {
+        move |source| AtomicWriteError {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// How the new file is created.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Permission bits of the new file (the process umask still applies).
+    pub mode: u32,
+}
+
+impl Default for Options {
+    /// `0o644`: files made to be handed on are readable by others, like any file `cp` makes.
+    fn default() -> Self {
+        Options { mode: 0o644 }
+    }
+}
+
+impl Options {
+    /// Files only their owner may read or write (`0o600`).
+    pub fn private() -> Self {
+        Options { mode: 0o600 }
+    }
+}
+
+/// The directory `path` lives in (`.` for a bare file name).
+pub fn parent_dir(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// Writes `path` atomically: `fill` writes the content into the temporary file, which is then
+/// fsynced, renamed over `path`, and the directory fsynced. `fill`'s own error type is kept, so a
+/// writer's typed errors (an encoder's, a container writer's) pass through unchanged.
+pub fn write_with<T, E>(
+    path: &Path,
+    options: Options,
+    fill: impl FnOnce(&File) -> Result<T, E>,
+) -> Result<T, E>
+where
+    E: From<AtomicWriteError>,
+{
+    let dir = parent_dir(path);
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let temp = tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .suffix(TEMP_SUFFIX)
+        .permissions(std::fs::Permissions::from_mode(options.mode))
+        .tempfile_in(&dir)
+        .map_err(AtomicWriteError::at(&dir))?;
+    let value = fill(temp.as_file())?;
+    temp.as_file()
+        .sync_all()
+        .map_err(AtomicWriteError::at(temp.path()))?;
+    temp.persist(path)
+        .map_err(|e| AtomicWriteError::at(path)(e.error))?;
+    sync_dir(&dir)?;
+    Ok(value)
+}
+
+/// [`write_with`] for content already in memory, with the default permissions.
+pub fn write_bytes(path: &Path, bytes: &[u8]) -> Result<(), AtomicWriteError> {
+    write_bytes_with(path, Options::default(), bytes)
+}
+
+/// [`write_with`] for content already in memory.
+pub fn write_bytes_with(
+    path: &Path,
+    options: Options,
+    bytes: &[u8],
+) -> Result<(), AtomicWriteError> {
+    write_with(path, options, |mut file| {
+        io::Write::write_all(&mut file, bytes).map_err(AtomicWriteError::at(path))
+    })
+}
+
+/// Moves a finished file that was written (and fsynced) under another name in the same
+/// directory into place, and makes the rename durable. For writers whose temporary file must
+/// outlive one process (a resumable download, a sidecar committed after its checkpoint).
+pub fn place(from: &Path, to: &Path) -> Result<(), AtomicWriteError> {
+    std::fs::rename(from, to).map_err(AtomicWriteError::at(to))?;
+    sync_dir(&parent_dir(to))
+}
+
+/// Makes the entries of `dir` (a rename, a new file, a removal) durable.
+pub fn sync_dir(dir: &Path) -> Result<(), AtomicWriteError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(AtomicWriteError::at(dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_failed_fill_keeps_the_old_file_and_leaves_no_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.bin");
+        write_bytes(&path, b"old").unwrap();
+        let result: Result<(), AtomicWriteError> =
+            write_with(&path, Options::default(), |mut f| {
+                f.write_all(b"half of the new").unwrap();
+                Err(AtomicWriteError::at(&path)(io::Error::other(
+                    "disk on fire",
+                )))
+            });
+        assert!(result.is_err());
+        assert_eq!(std::fs::read(&path).unwrap(), b"old");
+        assert_eq!(names(dir.path()), ["model.bin"]);
+    }
+
+    #[test]
+    fn the_new_content_replaces_the_old_with_the_asked_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("evidence.json");
+        write_bytes(&path, b"old").unwrap();
+        write_bytes_with(&path, Options::private(), b"new").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"new");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert_eq!(names(dir.path()), ["evidence.json"]);
+    }
+
+    #[test]
+    fn the_fill_value_and_error_type_pass_through() {
+        #[derive(Debug)]
+        enum Mine {
+            Io,
+            Encoder(&'static str),
+        }
+        impl From<AtomicWriteError> for Mine {
+            fn from(_: AtomicWriteError) -> Self {
+                Mine::Io
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x");
+        let n: Result<u32, Mine> = write_with(&path, Options::default(), |_| Ok(7));
+        assert_eq!(n.unwrap(), 7);
+        let e: Result<u32, Mine> =
+            write_with(&path, Options::default(), |_| Err(Mine::Encoder("bad")));
+        assert!(matches!(e, Err(Mine::Encoder("bad"))));
+        let missing = dir.path().join("no/such/dir/x");
+        assert!(matches!(
+            write_bytes(&missing, b"").map_err(Mine::from),
+            Err(Mine::Io)
+        ));
+    }
+
+    #[test]
+    fn place_moves_a_finished_file_into_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let (from, to) = (dir.path().join("a.partial"), dir.path().join("a"));
+        std::fs::write(&from, b"done").unwrap();
+        place(&from, &to).unwrap();
+        assert_eq!(names(dir.path()), ["a"]);
+        assert_eq!(std::fs::read(&to).unwrap(), b"done");
+    }
+}

@@ -1,0 +1,205 @@
+//! A run's session: an artifact opened through its evidence (or explicitly unverified), its
+//! config and tokenizer, prompts turned into ids, and text streamed as it is generated. What
+//! `minirun run` does, as a library, so that tests and other front ends call it directly.
+
+use std::path::{Path, PathBuf};
+
+use minirun_store::{HeldEvidence, StoreError};
+
+use crate::artifact::{Access, Artifact, ArtifactError};
+use crate::config::{ConfigError, DeepSeekV3Config};
+use crate::deepseek::{DeepSeekV3, ModelError};
+use crate::generate::{Figures, Sampling, generate};
+use crate::text::{Text, TextError};
+
+/// Why a session could not be opened or could not generate.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error(
+        "{0} has no verification evidence, so its bytes are not known to be the published ones.\n\
+         Verify it first: `minirun verify {0} --repo OWNER/NAME --revision SHA` (against the publisher) or \
+         `minirun verify {0}` (offline, against its own manifests); or run it anyway with --unverified."
+    )]
+    NoEvidence(String),
+    #[error("the verification evidence does not hold: {0}")]
+    Evidence(StoreError),
+    #[error(transparent)]
+    Artifact(#[from] ArtifactError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Text(#[from] TextError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+}
+
+/// Whether a run must be vouched for by verification evidence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trust {
+    /// Payload opens only through held evidence; an artifact without any is refused.
+    Verified,
+    /// The caller said so (`--unverified`); every report says it too.
+    Unverified,
+}
+
+/// An opened artifact, ready to build its model and generate.
+pub struct Session {
+    pub path: PathBuf,
+    pub trust: Trust,
+    pub artifact: Artifact,
+    pub config: DeepSeekV3Config,
+    pub text: Text,
+}
+
+/// What one generation produced.
+#[derive(Debug, Clone)]
+pub struct Generation {
+    pub prompt_ids: Vec<u32>,
+    pub generated_ids: Vec<u32>,
+    /// The generated ids decoded in full.
+    pub text: String,
+    /// What was handed to `on_text` while generating (a prefix of `text` unless the tokenizer
+    /// rewrote a tail).
+    pub streamed: String,
+    pub figures: Figures,
+}
+
+impl Session {
+    /// Opens the artifact at `path` (refusing one without evidence unless `trust` is
+    /// [`Trust::Unverified`]), reads its config fail-closed and its tokenizer.
+    pub fn open(path: &Path, trust: Trust) -> Result<Session, SessionError> {
+        let access = match trust {
+            Trust::Unverified => Access::Unverified,
+            Trust::Verified => match HeldEvidence::load(path) {
+                Ok(held) => Access::Verified(Box::new(held)),
+                Err(StoreError::NoEvidence { .. }) => {
+                    return Err(SessionError::NoEvidence(path.display().to_string()));
+                }
+                Err(e) => return Err(SessionError::Evidence(e)),
+            },
+        };
+        let artifact = Artifact::open(path, access)?;
+        let config = DeepSeekV3Config::parse(&artifact.config_json)?;
+        let text = Text::new(
+            artifact.tokenizer_json.as_deref(),
+            artifact.tokenizer_config_json.as_deref(),
+        )?;
+        Ok(Session {
+            path: path.to_path_buf(),
+            trust,
+            artifact,
+            config,
+            text,
+        })
+    }
+
+    /// What the run is, line by line, for the report's header.
+    pub fn header(&self) -> Vec<String> {
+        let c = &self.config;
+        let mut header = vec![
+            format!("artifact {}", self.path.display()),
+            format!(
+                "deepseek_v3: {} layers, {} routed experts ({} per token), vocab {}",
+                c.num_hidden_layers, c.n_routed_experts, c.num_experts_per_tok, c.vocab_size
+            ),
+            format!(
+                "{} bytes of weights resident",
+                self.artifact.payload_bytes()
+            ),
+            self.artifact.provenance.clone(),
+        ];
+        if !self.artifact.outside_evidence.is_empty() {
+            header.push(format!(
+                "read outside the evidence (not verified): {}",
+                self.artifact.outside_evidence.join(", ")
+            ));
+        }
+        header
+    }
+
+    /// The prompt's token ids: a raw prompt gets the tokenizer's BOS; `chat` renders it as one
+    /// user message with the artifact's chat template, which carries its own.
+    pub fn prompt_ids(&self, prompt: &str, chat: bool) -> Result<Vec<u32>, SessionError> {
+        if chat {
+            let rendered = self.text.chat_prompt(prompt)?;
+            return Ok(self.text.encode(&rendered, false)?);
+        }
+        Ok(self.text.encode(prompt, true)?)
+    }
+
+    /// The ids that end generation: config.json's and the tokenizer config's EOS.
+    pub fn stop_ids(&self) -> Vec<u32> {
+        let mut stop = self.config.eos_token_ids.clone();
+        stop.extend(self.text.eos_id());
+        stop
+    }
+
+    /// The model, computing from the artifact's stored bytes.
+    pub fn model(&self) -> Result<DeepSeekV3<'_>, SessionError> {
+        Ok(DeepSeekV3::load(&self.artifact, self.config.clone())?)
+    }
+
+    /// Generates from `prompt_ids`; `on_text` receives text as it becomes final (see
+    /// [`IncrementalText`]).
+    pub fn generate(
+        &self,
+        model: &DeepSeekV3<'_>,
+        prompt_ids: &[u32],
+        max_tokens: usize,
+        sampling: Sampling,
+        stop: &[u32],
+        mut on_text: impl FnMut(&str),
+    ) -> Result<Generation, SessionError> {
+        let mut stream = IncrementalText::new(&self.text);
+        let (generated_ids, figures) =
+            generate(model, prompt_ids, max_tokens, sampling, stop, |token| {
+                if let Some(new) = stream.push(token) {
+                    on_text(&new);
+                }
+            })?;
+        let text = self.text.decode(&generated_ids)?;
+        Ok(Generation {
+            prompt_ids: prompt_ids.to_vec(),
+            generated_ids,
+            text,
+            streamed: stream.shown().to_string(),
+            figures,
+        })
+    }
+}
+
+/// Turns ids into text as they arrive, handing out only text that extends what was handed out
+/// before: a decode ending in a replacement character may be half of a multi-byte character,
+/// and a byte-fallback tokenizer can rewrite a tail it decoded before.
+pub struct IncrementalText<'t> {
+    text: &'t Text,
+    ids: Vec<u32>,
+    shown: String,
+}
+
+impl<'t> IncrementalText<'t> {
+    pub fn new(text: &'t Text) -> Self {
+        IncrementalText {
+            text,
+            ids: Vec::new(),
+            shown: String::new(),
+        }
+    }
+
+    /// Adds one id; returns the new final text, if any.
+    pub fn push(&mut self, id: u32) -> Option<String> {
+        self.ids.push(id);
+        let now = self.text.decode(&self.ids).ok()?;
+        if now.ends_with('\u{FFFD}') {
+            return None;
+        }
+        let new = now.strip_prefix(self.shown.as_str())?.to_string();
+        self.shown = now;
+        (!new.is_empty()).then_some(new)
+    }
+
+    /// Everything handed out so far.
+    pub fn shown(&self) -> &str {
+        &self.shown
+    }
+}

@@ -1,0 +1,209 @@
+//! Reading an artifact's own layout: the one reader of unit manifests, the incomplete-pack
+//! marker and root metadata, for every consumer (the runtime, `minirun check`, offline
+//! verification). Every open is beneath the held root without following links; every read is
+//! bounded; payload and metadata go through held evidence when the caller holds some.
+
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+
+use minirun_format::artifact::{
+    self, INCOMPLETE_MARKER, INDEX_FILE, MAX_MANIFEST_BYTES, ManifestError, UnitManifest,
+};
+use minirun_format::tree::{FileDigest, RepoFile, Tree};
+
+use crate::held::{HeldEvidence, StoreError};
+use crate::root::{EntryKind, OpenError, Root};
+
+/// Why an artifact's layout could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum LayoutError {
+    #[error(transparent)]
+    Evidence(#[from] StoreError),
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    #[error("cannot open the artifact root {path}: {error}")]
+    Root { path: String, error: std::io::Error },
+    #[error("{path}: {error}")]
+    Io { path: String, error: std::io::Error },
+    #[error("{path} is larger than {limit} bytes")]
+    TooLarge { path: String, limit: u64 },
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+    #[error(
+        "{path} is not a complete artifact ({reason}): pack it again with `minirun pack`, or download it with `minirun download`"
+    )]
+    Incomplete { path: String, reason: &'static str },
+    #[error(
+        "{path} carries no per-file digests this build can check ({reason}); published artifacts' manifests have none: verify against the publisher with --repo ID --revision SHA"
+    )]
+    NoOwnDigests { path: String, reason: String },
+}
+
+/// A root file's bytes, and whether held evidence vouched for them.
+#[derive(Debug, Clone)]
+pub struct Metadata {
+    pub bytes: Vec<u8>,
+    pub evidenced: bool,
+}
+
+/// An artifact directory opened for reading: through held evidence, or plainly beneath its
+/// root (the caller said the run is unverified).
+#[derive(Debug)]
+pub enum ArtifactFiles {
+    Verified(Box<HeldEvidence>),
+    Unverified(Root),
+}
+
+impl ArtifactFiles {
+    /// Opens `path` for reads that no evidence vouches for (still rooted and no-follow).
+    pub fn unverified(path: &Path) -> Result<ArtifactFiles, LayoutError> {
+        Root::open(path)
+            .map(ArtifactFiles::Unverified)
+            .map_err(|error| LayoutError::Root {
+                path: path.display().to_string(),
+                error,
+            })
+    }
+
+    pub fn root(&self) -> &Root {
+        match self {
+            ArtifactFiles::Verified(held) => held.root(),
+            ArtifactFiles::Unverified(root) => root,
+        }
+    }
+
+    pub fn held(&self) -> Option<&HeldEvidence> {
+        match self {
+            ArtifactFiles::Verified(held) => Some(held),
+            ArtifactFiles::Unverified(_) => None,
+        }
+    }
+
+    /// Refuses a directory a pack is still writing (or was killed writing), or one without
+    /// an index.json.
+    pub fn check_complete(&self) -> Result<(), LayoutError> {
+        let root = self.root();
+        let incomplete = |reason| LayoutError::Incomplete {
+            path: root.path().display().to_string(),
+            reason,
+        };
+        if root.entry_kind(INCOMPLETE_MARKER)? != EntryKind::Absent {
+            return Err(incomplete("a pack into it was interrupted"));
+        }
+        if root.entry_kind(INDEX_FILE)? != EntryKind::File {
+            return Err(incomplete("it has no index.json"));
+        }
+        Ok(())
+    }
+
+    /// Opens a payload file: through the evidence when held (only evidenced files, identity
+    /// rechecked), else beneath the root.
+    pub fn open_payload(&self, path: &str) -> Result<File, LayoutError> {
+        Ok(match self {
+            ArtifactFiles::Verified(held) => held.open(path)?,
+            ArtifactFiles::Unverified(root) => root.open_file(path)?.0,
+        })
+    }
+
+    /// A root or unit metadata file, at most `limit` bytes, or `None` when it does not exist.
+    /// Through the evidence when the evidence covers it; otherwise read beneath the root and
+    /// marked not evidenced.
+    pub fn read_metadata(&self, path: &str, limit: u64) -> Result<Option<Metadata>, LayoutError> {
+        if let Some(held) = self.held()
+            && held.covers(path)
+        {
+            let bytes = read_bounded(held.open(path)?, path, limit)?;
+            return Ok(Some(Metadata {
+                bytes,
+                evidenced: true,
+            }));
+        }
+        match self.root().entry_kind(path)? {
+            EntryKind::Absent => Ok(None),
+            _ => {
+                let (file, _) = self.root().open_file(path)?;
+                let bytes = read_bounded(file, path, limit)?;
+                Ok(Some(Metadata {
+                    bytes,
+                    evidenced: false,
+                }))
+            }
+        }
+    }
+
+    /// Every unit's manifest, by unit name: a unit is a directory of the root (never a link)
+    /// with a visible plain name that holds a `manifest.json`. Each manifest is read bounded and
+    /// checked ([`artifact::parse_manifest`]); `outside` receives the paths no evidence covered.
+    pub fn unit_manifests(
+        &self,
+        outside: &mut Vec<String>,
+    ) -> Result<Vec<UnitManifest>, LayoutError> {
+        let mut manifests = Vec::new();
+        for unit in self.root().subdirectories()? {
+            if !artifact::is_unit_name(&unit) {
+                continue;
+            }
+            let path = artifact::manifest_path(&unit);
+            let Some(read) = self.read_metadata(&path, MAX_MANIFEST_BYTES)? else {
+                continue;
+            };
+            if !read.evidenced && self.held().is_some() {
+                outside.push(path);
+            }
+            manifests.push(artifact::parse_manifest(&unit, &read.bytes)?);
+        }
+        Ok(manifests)
+    }
+}
+
+/// The files an artifact's unit manifests list, with the SHA-256 each records (`minirun pack`
+/// writes them): what offline verification checks the files against.
+pub fn own_manifest_tree(path: &Path) -> Result<Tree, LayoutError> {
+    let files = ArtifactFiles::unverified(path)?;
+    let no_digests = |reason: String| LayoutError::NoOwnDigests {
+        path: path.display().to_string(),
+        reason,
+    };
+    let manifests = files.unit_manifests(&mut Vec::new()).map_err(|e| match e {
+        LayoutError::Manifest(m) => no_digests(m.to_string()),
+        other => other,
+    })?;
+    if manifests.is_empty() {
+        return Err(no_digests("it has no unit manifests".to_string()));
+    }
+    let mut tree = Tree {
+        repo: String::new(),
+        revision: String::new(),
+        files: Default::default(),
+    };
+    for manifest in &manifests {
+        for file in &manifest.files {
+            let path = format!("{}/{}", manifest.unit, file.name());
+            let digest = FileDigest::parse("sha256", file.sha256())
+                .ok_or_else(|| no_digests(format!("{path} has no valid sha256")))?;
+            let size = file.bytes();
+            tree.files
+                .insert(path.clone(), RepoFile { path, size, digest });
+        }
+    }
+    Ok(tree)
+}
+
+/// Reads at most `limit` bytes of `file`, refusing a longer one without reading past the bound.
+pub fn read_bounded(file: File, path: &str, limit: u64) -> Result<Vec<u8>, LayoutError> {
+    let mut bytes = Vec::new();
+    file.take(limit.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|error| LayoutError::Io {
+            path: path.to_string(),
+            error,
+        })?;
+    if bytes.len() as u64 > limit {
+        return Err(LayoutError::TooLarge {
+            path: path.to_string(),
+            limit,
+        });
+    }
+    Ok(bytes)
+}
