@@ -18,9 +18,6 @@ pub const ENGRAM_SIDECAR_MAGIC: &[u8; 8] = b"DMNGRAM\0";
 /// dormouse: `DMCK` and container version 2.
 pub const ORIGINAL_CHECKPOINT_MAGIC: &[u8; 8] = b"DMCK\0\x02\0\0";
 
-/// The first eight bytes of a minirun tile container.
-pub const TILE_CONTAINER_MAGIC: &[u8; 8] = b"MNRNTIL1";
-
 /// The first four bytes of a GGUF (llama.cpp) file.
 pub const GGUF_MAGIC: &[u8; 4] = b"GGUF";
 
@@ -70,7 +67,9 @@ pub fn identify(bytes: &[u8]) -> FileKind {
     if starts(ORIGINAL_CHECKPOINT_MAGIC) {
         return FileKind::OriginalCheckpoint;
     }
-    if starts(TILE_CONTAINER_MAGIC) {
+    // minirun's own constant: a new container magic there is recognised here without a copy
+    // to forget.
+    if starts(minirun_format::tile::MAGIC) {
         return FileKind::TileContainer;
     }
     if starts(GGUF_MAGIC) {
