@@ -1,0 +1,98 @@
+//! The session library `minirun run` is built on: evidence is required unless the caller says
+//! otherwise, a verified session generates mlx-lm's greedy continuation, and streamed text only
+//! ever extends what was streamed.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+
+use minirun_pack::{PackOptions, pack};
+use minirun_runtime::generate::Sampling;
+use minirun_runtime::session::{IncrementalText, Session, SessionError, Trust};
+use minirun_store::{Authority, Selection};
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/deepseek-v3/mlx-affine4-g64")
+}
+
+fn packed() -> tempfile::TempDir {
+    let out = tempfile::tempdir().unwrap();
+    pack(&fixture(), out.path(), &PackOptions::default(), &|_| {}).unwrap();
+    out
+}
+
+const GREEDY: Sampling = Sampling {
+    temperature: 0.0,
+    top_p: 1.0,
+    seed: 0,
+};
+
+#[test]
+fn a_session_without_evidence_is_refused_unless_unverified() {
+    let dir = packed();
+    let refused = Session::open(dir.path(), Trust::Verified);
+    assert!(
+        matches!(refused, Err(SessionError::NoEvidence(_))),
+        "{:?}",
+        refused.err()
+    );
+    let session = Session::open(dir.path(), Trust::Unverified).unwrap();
+    assert!(session.header().iter().any(|l| l.contains("--unverified")));
+}
+
+#[test]
+fn a_verified_session_generates_mlx_lms_greedy_continuation_and_streams_its_text() {
+    let dir = packed();
+    let tree = minirun_store::own_manifest_tree(dir.path()).unwrap();
+    minirun_store::verify_with(
+        dir.path(),
+        &tree,
+        Authority::OwnManifests,
+        Selection::Full,
+        &|_| {},
+        &AtomicBool::new(false),
+    )
+    .unwrap();
+    let session = Session::open(dir.path(), Trust::Verified).unwrap();
+    let oracle: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixture().join("oracle.json")).unwrap()).unwrap();
+    let prompt = &oracle["prompts"][0];
+    let ids = session
+        .prompt_ids(prompt["text"].as_str().unwrap(), false)
+        .unwrap();
+    assert_eq!(serde_json::json!(ids), prompt["token_ids"]);
+    let model = session.model().unwrap();
+    let mut streamed = String::new();
+    let generation = session
+        .generate(&model, &ids, 32, GREEDY, &[], |t| streamed.push_str(t))
+        .unwrap();
+    assert_eq!(
+        serde_json::json!(generation.generated_ids),
+        prompt["greedy_32"]
+    );
+    assert_eq!(streamed, generation.streamed);
+    assert!(generation.text.starts_with(&streamed), "{streamed:?}");
+    assert_eq!(
+        generation.text,
+        session.text.decode(&generation.generated_ids).unwrap()
+    );
+}
+
+#[test]
+fn incremental_text_hands_out_only_extensions() {
+    let dir = packed();
+    let session = Session::open(dir.path(), Trust::Unverified).unwrap();
+    let ids = session
+        .text
+        .encode("The clockmaker's tower", false)
+        .unwrap();
+    let mut stream = IncrementalText::new(&session.text);
+    let mut out = String::new();
+    for &id in &ids {
+        if let Some(new) = stream.push(id) {
+            assert!(!new.is_empty());
+            out.push_str(&new);
+        }
+        assert_eq!(out, stream.shown());
+    }
+    assert_eq!(out, session.text.decode(&ids).unwrap());
+}
