@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use minirun_hub::{TreeBuilder, check_repo_path};
+use minirun_format::tree::{TreeBuilder, check_repo_path};
 
 fuzz_target!(|data: &[u8]| {
     let mut builder = TreeBuilder::default();

@@ -4,7 +4,8 @@
 
 use std::path::Path;
 
-use dormouse::ngram::{HEADER_LEN, MAX_ORDERS, parse_header};
+use dormouse::engram::MAX_ORDERS;
+use dormouse::engram::sidecar::{HEADER_LEN, parse_header};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
