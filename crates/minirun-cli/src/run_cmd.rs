@@ -1,12 +1,15 @@
-//! `minirun run`: decode from an artifact, fully resident.
+//! `minirun run`: decode from an artifact under a memory budget, resident or with its routed
+//! experts streamed from storage.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use clap::Args;
-use minirun_runtime::generate::{Sampling, StopReason};
+use minirun_runtime::budget::{Budget, human};
+use minirun_runtime::generate::{Figures, Sampling, StepRecord, StopReason};
+use minirun_runtime::plan::{Mode, Plan};
 use minirun_runtime::session::{Session, Trust};
 
 #[derive(Args)]
@@ -37,11 +40,80 @@ pub struct RunArgs {
     /// Run without verification evidence (the output header says so on every line).
     #[arg(long)]
     unverified: bool,
+    /// Memory the run may use: bytes with a unit (2GiB, 500MB, 1.5GB) or a preset: floor (the
+    /// least it can run in), balanced (halfway to everything resident), generous (everything
+    /// resident). Below the floor the run is refused before reading a weight, naming each term.
+    /// Default: generous, refused if that is more than the memory available.
+    #[arg(long, value_name = "BYTES|PRESET")]
+    budget: Option<Budget>,
+    /// Write one JSON line per decode step (wall and I/O seconds, expert bytes read, cache hits
+    /// and misses) to FILE.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
     #[command(flatten)]
     pub threads: crate::threads::Threads,
     /// Print one JSON object (prompt ids, generated ids, text, figures) instead of streaming.
     #[arg(long)]
     json: bool,
+}
+
+/// `MemAvailable` from /proc/meminfo, in bytes; `None` where the system does not say.
+fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// The plan, refusing a default (generous) plan larger than the available memory.
+fn plan(
+    session: &Session,
+    args: &RunArgs,
+    prompt_tokens: usize,
+) -> Result<(Plan, minirun_runtime::plan::ExpertMap)> {
+    let context = prompt_tokens + args.max_tokens;
+    let (plan, experts) = session.plan(args.budget.unwrap_or(Budget::Generous), context)?;
+    if args.budget.is_none()
+        && let Some(available) = available_memory()
+        && plan.budget > available
+    {
+        bail!(
+            "holding {} resident needs {} and {} is available: give --budget (e.g. --budget {} or --budget floor, at least {}) to stream its routed experts",
+            args.artifact.display(),
+            human(plan.budget),
+            human(available),
+            human(available / 2),
+            human(plan.floor)
+        );
+    }
+    Ok((plan, experts))
+}
+
+/// One line, rewritten in place, while a streamed run decodes on a terminal.
+fn live_line(step: &StepRecord, expert_memory: Option<(u64, u64)>, budget: u64) {
+    let (held, peak) = expert_memory.unwrap_or((0, 0));
+    eprint!(
+        "\r\x1b[2Kpos {} | {:.1} ms/token ({:.1} ms I/O) | read {} | cache {} hit / {} miss | experts {} (peak {}) of budget {}",
+        step.position,
+        step.seconds * 1e3,
+        step.io_seconds * 1e3,
+        human(step.expert_read_bytes),
+        step.expert_cache_hits,
+        step.expert_cache_misses,
+        human(held),
+        human(peak),
+        human(budget)
+    );
+}
+
+fn write_trace(path: &std::path::Path, figures: &Figures) -> Result<()> {
+    let mut text = String::new();
+    for step in &figures.steps {
+        text.push_str(&serde_json::to_string(step)?);
+        text.push('\n');
+    }
+    atomic_file::write_bytes(path, text.as_bytes())
+        .with_context(|| format!("cannot write the trace {}", path.display()))
 }
 
 fn check_sampling(args: &RunArgs) -> Result<()> {
@@ -66,13 +138,15 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         true => Vec::new(),
         false => session.stop_ids(),
     };
-    let model = session.model()?;
+    let (plan, experts) = plan(&session, args, prompt.len())?;
+    let model = session.planned_model(&plan, experts)?;
     if !args.json {
         let mark = if args.unverified { "[UNVERIFIED] " } else { "" };
-        for line in session.header() {
+        for line in session.header().into_iter().chain(plan.describe()) {
             eprintln!("{mark}{line}");
         }
     }
+    let live = !args.json && plan.mode == Mode::Streamed && std::io::stderr().is_terminal();
     let sampling = Sampling {
         temperature: args.temperature,
         top_p: args.top_p,
@@ -80,13 +154,27 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     };
     let mut stdout = std::io::stdout().lock();
     let generation =
-        session.generate(&model, &prompt, args.max_tokens, sampling, &stop, |new| {
-            if !args.json {
+        session.generate(&model, &prompt, args.max_tokens, sampling, &stop, |event| {
+            if let (Some(step), true) = (event.step, live) {
+                live_line(step, model.expert_memory(), plan.budget);
+            }
+            if let (Some(new), false) = (event.text, args.json) {
+                if live {
+                    eprint!("\r\x1b[2K");
+                }
                 let _ = write!(stdout, "{new}");
                 let _ = stdout.flush();
             }
         })?;
+    if live {
+        eprint!("\r\x1b[2K");
+    }
     let figures = &generation.figures;
+    if let Some(path) = &args.trace {
+        write_trace(path, figures)?;
+    }
+    let (experts_held, experts_peak) = model.expert_memory().unwrap_or((0, 0));
+    let io = &figures.decode_io;
     if args.json {
         let report = serde_json::json!({
             "artifact": args.artifact.display().to_string(),
@@ -103,6 +191,15 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             "tokens_per_second": figures.tokens_per_second(),
             "weight_bytes_per_token": figures.weight_bytes_per_token(),
             "resident_bytes": session.artifact.payload_bytes(),
+            "plan": plan,
+            "expert_read_bytes_per_token": figures.expert_read_bytes_per_token(),
+            "decode_io_seconds": io.io_time.as_secs_f64(),
+            "expert_cache_hits": io.expert_cache_hits,
+            "expert_cache_misses": io.expert_cache_misses,
+            "direct_reads": io.direct_reads,
+            "buffered_reads": io.buffered_reads,
+            "expert_bytes_held": experts_held,
+            "expert_bytes_peak": experts_peak,
             "stop_reason": figures.stop_reason,
             "read_outside_evidence": session.artifact.outside_evidence,
         });
@@ -133,5 +230,21 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         figures.tokens_per_second(),
         figures.weight_bytes_per_token()
     );
+    if plan.mode == Mode::Streamed {
+        eprintln!(
+            "streamed: {} of routed experts read per token (the plan's {} without cache hits); {:.2} s of {:.2} s decoding waited for reads; cache {} hits / {} misses; {} direct (O_DIRECT) and {} buffered (then dropped from the page cache) reads; resident {} + experts peak {} within budget {}",
+            human(figures.expert_read_bytes_per_token()),
+            human(plan.uncached_read_per_token),
+            io.io_time.as_secs_f64(),
+            figures.decode_time.as_secs_f64(),
+            io.expert_cache_hits,
+            io.expert_cache_misses,
+            io.direct_reads,
+            io.buffered_reads,
+            human(session.artifact.payload_bytes()),
+            human(experts_peak),
+            human(plan.budget)
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }

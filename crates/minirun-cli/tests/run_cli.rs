@@ -159,3 +159,72 @@ fn streamed_text_equals_the_json_text() {
     );
     assert_eq!(report["stop_reason"], "max_tokens");
 }
+
+/// `--budget floor` streams the routed experts and generates the resident run's continuation;
+/// below the floor the run is refused naming each term; `--trace` writes one line per step.
+#[test]
+fn a_run_at_the_floor_streams_and_equals_the_resident_run() {
+    let dir = packed();
+    let path = dir.path().to_str().unwrap();
+    let trace = dir.path().join("trace.jsonl");
+    let args = [
+        "run",
+        path,
+        "--prompt",
+        "The clockmaker opened",
+        "--max-tokens",
+        "16",
+        "--ignore-eos",
+        "--unverified",
+        "--json",
+    ];
+    let resident = minirun(&args);
+    assert!(resident.status.success(), "{}", stderr(&resident));
+    let resident: serde_json::Value = serde_json::from_slice(&resident.stdout).unwrap();
+    assert_eq!(resident["plan"]["mode"], "resident");
+
+    let floor = minirun(
+        &[
+            &args[..],
+            &["--budget", "floor", "--trace", trace.to_str().unwrap()],
+        ]
+        .concat(),
+    );
+    assert!(floor.status.success(), "{}", stderr(&floor));
+    let floor: serde_json::Value = serde_json::from_slice(&floor.stdout).unwrap();
+    assert_eq!(floor["plan"]["mode"], "streamed");
+    assert_eq!(
+        floor["generated_token_ids"],
+        resident["generated_token_ids"]
+    );
+    assert_eq!(
+        floor["expert_read_bytes_per_token"],
+        floor["plan"]["uncached_read_per_token"]
+    );
+    assert_eq!(floor["expert_cache_hits"], 0);
+    let steps = std::fs::read_to_string(&trace).unwrap();
+    assert_eq!(steps.lines().count(), 15, "one line per decode step");
+    let first: serde_json::Value = serde_json::from_str(steps.lines().next().unwrap()).unwrap();
+    assert!(first["expert_read_bytes"].as_u64().unwrap() > 0);
+
+    let too_small = minirun(&[
+        "run",
+        path,
+        "--prompt",
+        "x",
+        "--unverified",
+        "--budget",
+        "1MB",
+    ]);
+    assert_eq!(too_small.status.code(), Some(1));
+    let err = stderr(&too_small);
+    for term in [
+        "below this run's floor",
+        "resident weights",
+        "slot pool",
+        "reserve",
+    ] {
+        assert!(err.contains(term), "{term}: {err}");
+    }
+    assert!(too_small.stdout.is_empty());
+}

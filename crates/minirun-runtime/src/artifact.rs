@@ -1,15 +1,20 @@
 //! Opening a packed artifact for running: its unit manifests, config.json and tokenizer, and
-//! every payload file read whole into memory (the resident store). Payload files are opened
-//! only through held verification evidence (rooted, no-follow, identity rechecked) unless the
-//! caller asked for an unverified run. Every tile container's header is re-parsed against its
-//! file length and compared with the manifest before a byte of it is used.
+//! an index from source tensor names to where their bytes are. Payload is read lazily: a
+//! tensor's bytes are read (once, then held resident) when the model first asks for it, and a
+//! streamed part (a routed expert's tile) is described by [`PartLayout`] so a streaming store
+//! can read just it. Payload files are opened only through held verification evidence (rooted,
+//! no-follow, identity rechecked) unless the caller asked for an unverified run. Every tile
+//! container's header is read and checked against its file length and its manifest entry when
+//! the artifact is opened, before a byte of a tile is used.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use minirun_format::artifact::{FileEntry, Member, Quantization};
 use minirun_format::tile::{HEADER_BYTES, QuantMode, ScaleDtype, TileContainer};
-use minirun_store::{ArtifactFiles, HeldEvidence, LayoutError, read_bounded};
+use minirun_store::{AlignedBuf, ArtifactFiles, HeldEvidence, LayoutError, PayloadFile, ReadPath};
 
 use crate::kernels::{BlockScale, FloatType, Format, QMatrix};
 
@@ -31,14 +36,6 @@ pub enum ArtifactError {
     Missing(String),
     #[error("{name}: {reason}")]
     Tensor { name: String, reason: String },
-    #[error(
-        "{path} holds {bytes} bytes of weights and a resident run may use {limit}: it cannot be held in memory (streaming under a memory budget is not built yet)"
-    )]
-    TooLarge {
-        path: String,
-        bytes: u64,
-        limit: u64,
-    },
 }
 
 /// Where the bytes come from, and what vouches for them.
@@ -49,21 +46,33 @@ pub enum Access {
     Unverified,
 }
 
+/// One payload file of the artifact.
+struct PayloadEntry {
+    path: String,
+    bytes: u64,
+    /// The container's header, checked when the artifact was opened.
+    container: Option<Box<TileContainer>>,
+    /// The open file, for reads.
+    handle: OnceLock<PayloadFile>,
+    /// The whole file, once a resident matrix of a container asked for it.
+    resident: OnceLock<Vec<u8>>,
+}
+
 /// Where one tensor's bytes are: a whole blob member, or the packed tensor of a tile container
 /// (one tile per leading-dimension slice).
-#[derive(Debug, Clone)]
 enum Location {
     Member {
         file: usize,
         member: Box<Member>,
+        resident: OnceLock<Vec<u8>>,
     },
     Tiled {
         file: usize,
-        container: Box<TileContainer>,
     },
 }
 
-/// A resident artifact: every payload file's bytes, and an index from source tensor names to them.
+/// An artifact opened for running: an index from source tensor names to their bytes, which are
+/// read when first used.
 pub struct Artifact {
     pub root: PathBuf,
     pub config_json: String,
@@ -74,7 +83,11 @@ pub struct Artifact {
     /// Metadata files a verified run read outside the evidence (offline evidence covers
     /// payload only): the run's header names them.
     pub outside_evidence: Vec<String>,
-    files: Vec<Vec<u8>>,
+    files: ArtifactFiles,
+    /// Whether a streamed tile's recorded SHA-256 is checked when it is read: always, unless
+    /// the evidence is a full verification against the publisher (ADR 0013).
+    check_tile_digests: bool,
+    payload: Vec<PayloadEntry>,
     tensors: BTreeMap<String, Location>,
 }
 
@@ -113,6 +126,125 @@ impl<'a> Stack<'a> {
     }
 }
 
+/// A byte range of a blob member.
+#[derive(Debug, Clone)]
+pub struct Piece {
+    /// The member's source tensor name.
+    pub tensor: String,
+    pub file: usize,
+    /// The piece's first byte in the file.
+    pub offset: u64,
+    /// The piece's first byte in the member.
+    pub start: u64,
+    pub len: u64,
+}
+
+/// Where one matrix of a stack is stored, without its bytes.
+#[derive(Debug, Clone)]
+pub enum PartLayout {
+    /// Tile `index` of a container: one read of `tile` (file offsets) holds the packed, scale and
+    /// bias bytes at the given offsets relative to the tile's start.
+    Tile {
+        file: usize,
+        index: u64,
+        tile: Range<u64>,
+        packed: Range<u64>,
+        scales: Range<u64>,
+        biases: Option<Range<u64>>,
+    },
+    /// Slices of blob members, one read each.
+    Pieces {
+        packed: Piece,
+        scales: Option<Piece>,
+        biases: Option<Piece>,
+    },
+}
+
+impl PartLayout {
+    /// Bytes a read of this part moves from storage.
+    pub fn read_bytes(&self) -> u64 {
+        match self {
+            PartLayout::Tile { tile, .. } => tile.end - tile.start,
+            PartLayout::Pieces {
+                packed,
+                scales,
+                biases,
+            } => {
+                packed.len
+                    + scales.as_ref().map_or(0, |p| p.len)
+                    + biases.as_ref().map_or(0, |p| p.len)
+            }
+        }
+    }
+}
+
+/// A stack's format, shape and where each of its matrices is.
+#[derive(Debug, Clone)]
+pub struct StackLayout {
+    pub name: String,
+    pub format: Format,
+    pub rows: usize,
+    pub cols: usize,
+    pub parts: Vec<PartLayout>,
+}
+
+/// One streamed part's bytes: one buffer per read.
+#[derive(Debug)]
+pub struct LoadedPart {
+    reads: Vec<AlignedBuf>,
+    /// Which read and which range of it hold the packed, scale and bias bytes.
+    packed: (usize, Range<usize>),
+    scales: Option<(usize, Range<usize>)>,
+    biases: Option<(usize, Range<usize>)>,
+    /// How each read reached storage.
+    pub paths: Vec<ReadPath>,
+}
+
+impl LoadedPart {
+    /// Bytes held in memory for this part.
+    pub fn allocated(&self) -> usize {
+        self.reads.iter().map(AlignedBuf::allocated).sum()
+    }
+
+    /// The matrix, computing from the loaded bytes.
+    pub fn matrix(&self, part: &MatrixPart) -> Result<QMatrix<'_>, crate::kernels::KernelError> {
+        let slice = |r: &Option<(usize, Range<usize>)>| match r {
+            Some((i, range)) => &self.reads[*i].as_slice()[range.clone()],
+            None => &[][..],
+        };
+        let (i, packed) = &self.packed;
+        QMatrix::new(
+            part.format,
+            part.rows,
+            part.cols,
+            &self.reads[*i].as_slice()[packed.clone()],
+            slice(&self.scales),
+            slice(&self.biases),
+        )
+    }
+}
+
+/// One matrix of a stack: its format and shape, and where it is stored.
+#[derive(Debug, Clone)]
+pub struct MatrixPart {
+    pub format: Format,
+    pub rows: usize,
+    pub cols: usize,
+    pub part: PartLayout,
+}
+
+impl StackLayout {
+    /// Matrix `i` of the stack, as a part that can be read on its own.
+    pub fn matrix_part(&self, i: usize) -> Option<MatrixPart> {
+        Some(MatrixPart {
+            format: self.format,
+            rows: self.rows,
+            cols: self.cols,
+            part: self.parts.get(i)?.clone(),
+        })
+    }
+}
+
 fn invalid(path: &str, reason: impl Into<String>) -> ArtifactError {
     ArtifactError::Invalid {
         path: path.to_string(),
@@ -131,29 +263,22 @@ impl Access {
             Access::Unverified => Ok(ArtifactFiles::unverified(root)?),
         }
     }
-}
 
-/// A payload file, which must be exactly `expected` bytes long (checked before reading).
-fn read_payload(
-    files: &ArtifactFiles,
-    path: &str,
-    expected: u64,
-) -> Result<Vec<u8>, ArtifactError> {
-    let file = files.open_payload(path)?;
-    let actual = file
-        .metadata()
-        .map_err(|error| ArtifactError::Io {
-            path: path.to_string(),
-            error,
-        })?
-        .len();
-    if actual != expected {
-        return Err(invalid(
-            path,
-            format!("has {actual} bytes, its manifest says {expected}"),
-        ));
+    fn provenance(&self) -> String {
+        match self {
+            Access::Unverified => {
+                "bytes not checked against any publication (--unverified)".to_string()
+            }
+            Access::Verified(held) => {
+                let e = held.evidence();
+                if e.repo.is_empty() {
+                    "verified offline against the artifact's own manifests (which are not authenticated)".to_string()
+                } else {
+                    format!("verified ({}) against {}@{}", e.mode, e.repo, e.revision)
+                }
+            }
+        }
     }
-    Ok(read_bounded(file, path, expected)?)
 }
 
 /// A root metadata file; named in `outside` when a verified run read it outside the evidence.
@@ -175,32 +300,27 @@ fn text(path: &str, bytes: Vec<u8>) -> Result<String, ArtifactError> {
     String::from_utf8(bytes).map_err(|_| invalid(path, "is not UTF-8"))
 }
 
-impl Artifact {
-    /// Reads the artifact at `root` into memory, refusing one whose payload is larger than the
-    /// memory the system reports available.
-    pub fn open(root: &Path, access: Access) -> Result<Artifact, ArtifactError> {
-        Artifact::open_within(root, access, None)
+/// The cell's value, loading it first if no one has.
+fn once(
+    cell: &OnceLock<Vec<u8>>,
+    load: impl FnOnce() -> Result<Vec<u8>, ArtifactError>,
+) -> Result<&[u8], ArtifactError> {
+    if let Some(bytes) = cell.get() {
+        return Ok(bytes);
     }
+    let bytes = load()?;
+    Ok(cell.get_or_init(|| bytes))
+}
 
-    /// `open` with an explicit limit on the payload held (`None`: the available memory).
-    pub fn open_within(
-        root: &Path,
-        access: Access,
-        memory_limit: Option<u64>,
-    ) -> Result<Artifact, ArtifactError> {
+impl Artifact {
+    /// Opens the artifact at `root`: metadata, manifests and every container header are read
+    /// and checked; payload is read when first used.
+    pub fn open(root: &Path, access: Access) -> Result<Artifact, ArtifactError> {
         let shown = root.display().to_string();
-        let provenance = match &access {
-            Access::Unverified => {
-                "bytes not checked against any publication (--unverified)".to_string()
-            }
-            Access::Verified(held) => {
-                let e = held.evidence();
-                if e.repo.is_empty() {
-                    "verified offline against the artifact's own manifests (which are not authenticated)".to_string()
-                } else {
-                    format!("verified ({}) against {}@{}", e.mode, e.repo, e.revision)
-                }
-            }
+        let provenance = access.provenance();
+        let check_tile_digests = match &access {
+            Access::Verified(held) => held.evidence().mode != "full",
+            Access::Unverified => true,
         };
         let files = access.files(root)?;
         files.check_complete()?;
@@ -214,67 +334,72 @@ impl Artifact {
         let tokenizer_config_json = read_metadata(&files, "tokenizer_config.json", &mut outside)?
             .map(|b| text("tokenizer_config.json", b))
             .transpose()?;
+        let manifests = files.unit_manifests(&mut outside)?;
         let mut artifact = Artifact {
             root: root.to_path_buf(),
             config_json,
             tokenizer_json,
             tokenizer_config_json,
             provenance,
-            outside_evidence: Vec::new(),
-            files: Vec::new(),
+            outside_evidence: outside,
+            files,
+            check_tile_digests,
+            payload: Vec::new(),
             tensors: BTreeMap::new(),
         };
-        let manifests = files.unit_manifests(&mut outside)?;
-        let total = manifests
-            .iter()
-            .flat_map(|m| m.files.iter().map(|f| f.bytes()))
-            .fold(0u64, u64::saturating_add);
-        let limit = memory_limit.or_else(available_memory);
-        if let Some(limit) = limit
-            && total > limit
-        {
-            return Err(ArtifactError::TooLarge {
-                path: shown,
-                bytes: total,
-                limit,
-            });
-        }
         for manifest in &manifests {
             for entry in &manifest.files {
-                artifact.add_file(&files, &manifest.unit, entry)?;
+                artifact.add_file(&manifest.unit, entry)?;
             }
         }
-        artifact.outside_evidence = outside;
-        if artifact.files.is_empty() {
+        if artifact.payload.is_empty() {
             return Err(ArtifactError::Incomplete(shown, "it has no unit manifests"));
         }
         Ok(artifact)
     }
 
-    fn add_file(
-        &mut self,
-        files: &ArtifactFiles,
-        unit: &str,
-        entry: &FileEntry,
-    ) -> Result<(), ArtifactError> {
-        let path = format!("{unit}/{}", entry.name());
-        let bytes = read_payload(files, &path, entry.bytes())?;
-        if bytes.len() as u64 != entry.bytes() {
+    /// The file's open handle, its length checked against the manifest on the first open.
+    fn handle(&self, file: usize) -> Result<&PayloadFile, ArtifactError> {
+        let entry = &self.payload[file];
+        if let Some(h) = entry.handle.get() {
+            return Ok(h);
+        }
+        let handle = self.files.open_streamed(&entry.path)?;
+        if handle.len() != entry.bytes {
             return Err(invalid(
-                &path,
+                &entry.path,
                 format!(
                     "has {} bytes, its manifest says {}",
-                    bytes.len(),
-                    entry.bytes()
+                    handle.len(),
+                    entry.bytes
                 ),
             ));
         }
-        let file = self.files.len();
+        Ok(entry.handle.get_or_init(|| handle))
+    }
+
+    /// `len` bytes at `offset` of payload file `file`, read now.
+    fn read_vec(&self, file: usize, offset: u64, len: u64) -> Result<Vec<u8>, ArtifactError> {
+        let mut buf = AlignedBuf::new(len as usize);
+        self.handle(file)?.read_into(offset, &mut buf)?;
+        Ok(buf.as_slice().to_vec())
+    }
+
+    fn add_file(&mut self, unit: &str, entry: &FileEntry) -> Result<(), ArtifactError> {
+        let path = format!("{unit}/{}", entry.name());
+        let file = self.payload.len();
+        self.payload.push(PayloadEntry {
+            path: path.clone(),
+            bytes: entry.bytes(),
+            container: None,
+            handle: OnceLock::new(),
+            resident: OnceLock::new(),
+        });
         match entry {
             FileEntry::Blob { members, .. } => {
                 for member in members {
                     let end = member.offset.checked_add(member.source.bytes);
-                    if end.is_none_or(|end| end > bytes.len() as u64) {
+                    if end.is_none_or(|end| end > entry.bytes()) {
                         return Err(invalid(
                             &path,
                             format!("member {} lies past the end", member.source.source_tensor),
@@ -283,6 +408,7 @@ impl Artifact {
                     let location = Location::Member {
                         file,
                         member: Box::new(member.clone()),
+                        resident: OnceLock::new(),
                     };
                     self.insert(&path, &member.source.source_tensor, location)?;
                 }
@@ -294,10 +420,11 @@ impl Artifact {
                 count,
                 ..
             } => {
-                let header = bytes
-                    .get(..HEADER_BYTES as usize)
-                    .ok_or_else(|| invalid(&path, "is shorter than a header"))?;
-                let container = TileContainer::parse(header, bytes.len() as u64)
+                if entry.bytes() < HEADER_BYTES {
+                    return Err(invalid(&path, "is shorter than a header"));
+                }
+                let header = self.read_vec(file, 0, HEADER_BYTES)?;
+                let container = TileContainer::parse(&header, entry.bytes())
                     .map_err(|e| invalid(&path, e.to_string()))?;
                 let g = &container.geometry;
                 if (g.rows, g.cols, g.tile_count) != (*rows, *cols, *count) {
@@ -309,14 +436,20 @@ impl Artifact {
                         ),
                     ));
                 }
-                let location = Location::Tiled {
-                    file,
-                    container: Box::new(container),
-                };
-                self.insert(&path, &packed.source_tensor, location)?;
+                if container.layout.total_bytes != entry.bytes() {
+                    return Err(invalid(
+                        &path,
+                        format!(
+                            "its header's geometry needs {} bytes, its manifest says {}",
+                            container.layout.total_bytes,
+                            entry.bytes()
+                        ),
+                    ));
+                }
+                self.payload[file].container = Some(Box::new(container));
+                self.insert(&path, &packed.source_tensor, Location::Tiled { file })?;
             }
         }
-        self.files.push(bytes);
         Ok(())
     }
 
@@ -327,9 +460,43 @@ impl Artifact {
         Ok(())
     }
 
-    /// Bytes of payload held resident.
+    /// Bytes of payload held resident (read by the model, and kept).
     pub fn payload_bytes(&self) -> u64 {
-        self.files.iter().map(|f| f.len() as u64).sum()
+        let files: u64 = self
+            .payload
+            .iter()
+            .filter_map(|p| p.resident.get())
+            .map(|b| b.len() as u64)
+            .sum();
+        let members: u64 = self
+            .tensors
+            .values()
+            .filter_map(|l| match l {
+                Location::Member { resident, .. } => resident.get(),
+                Location::Tiled { .. } => None,
+            })
+            .map(|b| b.len() as u64)
+            .sum();
+        files + members
+    }
+
+    /// The length of payload file `file` (an index a [`PartLayout`] names).
+    pub fn payload_file_bytes(&self, file: usize) -> u64 {
+        self.payload.get(file).map_or(0, |p| p.bytes)
+    }
+
+    /// Whether aligned reads of payload file `file` bypass the page cache (`O_DIRECT`), once it
+    /// has been opened.
+    pub fn payload_file_direct(&self, file: usize) -> Option<bool> {
+        self.payload
+            .get(file)
+            .and_then(|p| p.handle.get())
+            .map(PayloadFile::supports_direct)
+    }
+
+    /// Bytes of payload the manifests list.
+    pub fn total_payload_bytes(&self) -> u64 {
+        self.payload.iter().map(|p| p.bytes).sum()
     }
 
     pub fn has(&self, name: &str) -> bool {
@@ -366,55 +533,186 @@ impl Artifact {
         Ok((0..len).map(|i| dtype.read(bytes, i)).collect())
     }
 
+    /// A blob member's description, without reading it.
+    fn member_entry(&self, name: &str) -> Result<(usize, &Member), ArtifactError> {
+        match self.tensors.get(name) {
+            Some(Location::Member { file, member, .. }) => Ok((*file, member)),
+            other => Err(not_a_member(name, other)),
+        }
+    }
+
+    /// A blob member's bytes (read once, then resident).
     fn member(&self, name: &str) -> Result<(&[u8], &Member), ArtifactError> {
         match self.tensors.get(name) {
-            Some(Location::Member { file, member }) => {
-                let start = member.offset as usize;
-                Ok((
-                    &self.files[*file][start..start + member.source.bytes as usize],
-                    member,
-                ))
+            Some(Location::Member {
+                file,
+                member,
+                resident,
+            }) => {
+                let bytes = once(resident, || {
+                    self.read_vec(*file, member.offset, member.source.bytes)
+                })?;
+                Ok((bytes, member))
             }
-            Some(Location::Tiled { .. }) => Err(tensor_err(
-                name,
-                "is a tile container where a plain tensor is expected".to_string(),
-            )),
-            None => Err(ArtifactError::Missing(name.to_string())),
+            other => Err(not_a_member(name, other)),
         }
     }
 
     /// The matrix (or stack) of module `module`: `{module}.weight` with its scales and biases
-    /// wherever they are stored. Its shape must be `[.., rows, cols]` (`cols` in elements).
+    /// wherever they are stored, read now and held resident. Its shape must be `[.., rows,
+    /// cols]` (`cols` in elements).
     pub fn matrix(
         &self,
         module: &str,
         rows: usize,
         cols: usize,
     ) -> Result<Stack<'_>, ArtifactError> {
+        let layout = self.stack_layout(module, rows, cols)?;
+        let matrices = layout
+            .parts
+            .iter()
+            .map(|part| self.resident_matrix(&layout, part))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Stack {
+            format: layout.format,
+            rows: layout.rows,
+            cols: layout.cols,
+            matrices,
+        })
+    }
+
+    fn resident_matrix(
+        &self,
+        layout: &StackLayout,
+        part: &PartLayout,
+    ) -> Result<QMatrix<'_>, ArtifactError> {
+        let (packed, scales, biases) = match part {
+            PartLayout::Tile {
+                file,
+                tile,
+                packed,
+                scales,
+                biases,
+                ..
+            } => {
+                let entry = &self.payload[*file];
+                let bytes = once(&entry.resident, || self.read_vec(*file, 0, entry.bytes))?;
+                let at = |r: &Range<u64>| {
+                    &bytes[(tile.start + r.start) as usize..(tile.start + r.end) as usize]
+                };
+                (at(packed), at(scales), biases.as_ref().map_or(&[][..], at))
+            }
+            PartLayout::Pieces {
+                packed,
+                scales,
+                biases,
+            } => {
+                let piece = |p: &Piece| -> Result<&[u8], ArtifactError> {
+                    let (bytes, _) = self.member(&p.tensor)?;
+                    Ok(&bytes[p.start as usize..(p.start + p.len) as usize])
+                };
+                let optional = |p: &Option<Piece>| p.as_ref().map_or(Ok(&[][..]), piece);
+                (piece(packed)?, optional(scales)?, optional(biases)?)
+            }
+        };
+        QMatrix::new(
+            layout.format,
+            layout.rows,
+            layout.cols,
+            packed,
+            scales,
+            biases,
+        )
+        .map_err(|e| tensor_err(&layout.name, e.to_string()))
+    }
+
+    /// Reads one part now (one read per contiguous range: one for a tile) into fresh aligned
+    /// buffers, checking the tile's recorded SHA-256 unless the evidence is a full verification.
+    pub fn load_part(&self, part: &PartLayout) -> Result<LoadedPart, ArtifactError> {
+        match part {
+            PartLayout::Tile {
+                file,
+                index,
+                tile,
+                packed,
+                scales,
+                biases,
+            } => {
+                let mut buf = AlignedBuf::new((tile.end - tile.start) as usize);
+                let path = self.handle(*file)?.read_into(tile.start, &mut buf)?;
+                if self.check_tile_digests
+                    && let Some(c) = &self.payload[*file].container
+                    && c.digests.is_some()
+                {
+                    c.verify_tile(*index, buf.as_slice())
+                        .map_err(|e| invalid(&self.payload[*file].path, e.to_string()))?;
+                }
+                let range = |r: &Range<u64>| (0, r.start as usize..r.end as usize);
+                Ok(LoadedPart {
+                    reads: vec![buf],
+                    packed: range(packed),
+                    scales: Some(range(scales)),
+                    biases: biases.as_ref().map(range),
+                    paths: vec![path],
+                })
+            }
+            PartLayout::Pieces {
+                packed,
+                scales,
+                biases,
+            } => {
+                let mut reads = Vec::new();
+                let mut paths = Vec::new();
+                let mut read = |p: &Piece| -> Result<(usize, Range<usize>), ArtifactError> {
+                    let mut buf = AlignedBuf::new(p.len as usize);
+                    paths.push(self.handle(p.file)?.read_into(p.offset, &mut buf)?);
+                    reads.push(buf);
+                    Ok((reads.len() - 1, 0..p.len as usize))
+                };
+                let packed = read(packed)?;
+                let scales = scales.as_ref().map(&mut read).transpose()?;
+                let biases = biases.as_ref().map(&mut read).transpose()?;
+                Ok(LoadedPart {
+                    reads,
+                    packed,
+                    scales,
+                    biases,
+                    paths,
+                })
+            }
+        }
+    }
+
+    /// Where the matrices of module `module` are stored, checked against the shape the caller
+    /// needs, without reading them.
+    pub fn stack_layout(
+        &self,
+        module: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<StackLayout, ArtifactError> {
         let name = format!("{module}.weight");
-        let stack = match self.tensors.get(&name) {
+        let layout = match self.tensors.get(&name) {
             None => return Err(ArtifactError::Missing(name)),
-            Some(Location::Tiled { file, container }) => self.tiled(&name, *file, container)?,
+            Some(Location::Tiled { file }) => self.tiled(&name, *file)?,
             Some(Location::Member { .. }) => self.plain_matrix(module, &name)?,
         };
-        if (stack.rows, stack.cols) != (rows, cols) {
+        if (layout.rows, layout.cols) != (rows, cols) {
             return Err(tensor_err(
                 &name,
                 format!(
                     "is {} x {}; config.json implies {rows} x {cols}",
-                    stack.rows, stack.cols
+                    layout.rows, layout.cols
                 ),
             ));
         }
-        Ok(stack)
+        Ok(layout)
     }
 
-    fn tiled(
-        &self,
-        name: &str,
-        file: usize,
-        c: &TileContainer,
-    ) -> Result<Stack<'_>, ArtifactError> {
+    fn tiled(&self, name: &str, file: usize) -> Result<StackLayout, ArtifactError> {
+        let Some(c) = &self.payload[file].container else {
+            return Err(tensor_err(name, "has no container header".into()));
+        };
         let g = &c.geometry;
         let format = match (g.mode, g.scale_dtype) {
             (QuantMode::Affine, dtype) => Format::Affine {
@@ -435,22 +733,39 @@ impl Artifact {
                 },
             },
         };
-        let bytes = &self.files[file];
-        let slice = |r: std::ops::Range<u64>| &bytes[r.start as usize..r.end as usize];
         let mut parts = Vec::new();
-        for i in 0..u64::from(g.tile_count) {
+        for index in 0..u64::from(g.tile_count) {
             let err = |e: minirun_format::tile::TileError| tensor_err(name, e.to_string());
-            let packed = slice(c.packed_range(i).map_err(err)?);
-            let scales = slice(c.scale_range(i).map_err(err)?);
-            let biases = c.bias_range(i).map_err(err)?.map(slice).unwrap_or(&[]);
-            parts.push((packed, scales, biases));
+            let tile = c.tile_range(index).map_err(err)?;
+            let relative = |r: Range<u64>| r.start - tile.start..r.end - tile.start;
+            parts.push(PartLayout::Tile {
+                file,
+                index,
+                packed: relative(c.packed_range(index).map_err(err)?),
+                scales: relative(c.scale_range(index).map_err(err)?),
+                biases: c.bias_range(index).map_err(err)?.map(relative),
+                tile,
+            });
         }
-        build_stack(name, format, g.rows as usize, g.cols as usize, parts)
+        Ok(StackLayout {
+            name: name.to_string(),
+            format,
+            rows: g.rows as usize,
+            cols: g.cols as usize,
+            parts,
+        })
     }
 
-    fn plain_matrix(&self, module: &str, name: &str) -> Result<Stack<'_>, ArtifactError> {
-        let (packed, member) = self.member(name)?;
+    fn plain_matrix(&self, module: &str, name: &str) -> Result<StackLayout, ArtifactError> {
+        let (file, member) = self.member_entry(name)?;
         let shape = &member.source.shape;
+        let whole = |tensor: &str, file: usize, m: &Member| Piece {
+            tensor: tensor.to_string(),
+            file,
+            offset: m.offset,
+            start: 0,
+            len: m.source.bytes,
+        };
         let Some(q) = &member.quantization else {
             let dtype = float_type(&member.source.dtype).ok_or_else(|| {
                 tensor_err(
@@ -459,13 +774,13 @@ impl Artifact {
                 )
             })?;
             let (count, rows, cols) = leading(name, shape)?;
-            return build_stack(
-                name,
-                Format::Dense(dtype),
+            return Ok(StackLayout {
+                name: name.to_string(),
+                format: Format::Dense(dtype),
                 rows,
                 cols,
-                split(name, packed, count, &[], &[])?,
-            );
+                parts: split(name, whole(name, file, member), count, None, None)?,
+            });
         };
         let format = quantized_format(name, q)?;
         let (scales_name, biases_name) = match q.layout {
@@ -473,7 +788,7 @@ impl Artifact {
             QuantMode::Affine => (format!("{module}.scales"), Some(format!("{module}.biases"))),
             QuantMode::Mxfp4 => (format!("{module}.scales"), None),
         };
-        let (scales, scales_member) = self.member(&scales_name)?;
+        let (scales_file, scales_member) = self.member_entry(&scales_name)?;
         let expected_scale_dtype = match q.scale_dtype {
             ScaleDtype::E8m0 => ["U8", "F8_E8M0"].as_slice(),
             ScaleDtype::F16 => ["F16"].as_slice(),
@@ -491,7 +806,7 @@ impl Artifact {
         }
         let biases = match &biases_name {
             Some(b) => {
-                let (bytes, bias) = self.member(b)?;
+                let (bias_file, bias) = self.member_entry(b)?;
                 if bias.source.dtype != scales_member.source.dtype {
                     return Err(tensor_err(
                         b,
@@ -501,9 +816,9 @@ impl Artifact {
                         ),
                     ));
                 }
-                bytes
+                Some(whole(b, bias_file, bias))
             }
-            None => &[],
+            None => None,
         };
         if q.layout == QuantMode::Fp8E4m3Block && member.source.dtype != "F8_E4M3" {
             return Err(tensor_err(
@@ -531,62 +846,74 @@ impl Artifact {
                 ));
             }
         };
-        build_stack(
-            name,
+        Ok(StackLayout {
+            name: name.to_string(),
             format,
             rows,
             cols,
-            split(name, packed, count, scales, biases)?,
-        )
+            parts: split(
+                name,
+                whole(name, file, member),
+                count,
+                Some(whole(&scales_name, scales_file, scales_member)),
+                biases,
+            )?,
+        })
     }
 }
 
-/// The `count` equal slices of each tensor (experts, heads); refused when a length does not
+fn not_a_member(name: &str, location: Option<&Location>) -> ArtifactError {
+    match location {
+        Some(_) => tensor_err(
+            name,
+            "is a tile container where a plain tensor is expected".to_string(),
+        ),
+        None => ArtifactError::Missing(name.to_string()),
+    }
+}
+
+/// The `count` equal slices of each member (experts, heads); refused when a length does not
 /// divide evenly (a manifest that contradicts itself).
-fn split<'a>(
+fn split(
     name: &str,
-    packed: &'a [u8],
+    packed: Piece,
     count: usize,
-    scales: &'a [u8],
-    biases: &'a [u8],
-) -> Result<Vec<Parts<'a>>, ArtifactError> {
-    let even = |b: &[u8]| count > 0 && count <= packed.len() && b.len().is_multiple_of(count);
-    if !(even(packed) && even(scales) && even(biases)) {
+    scales: Option<Piece>,
+    biases: Option<Piece>,
+) -> Result<Vec<PartLayout>, ArtifactError> {
+    let count64 = count as u64;
+    let even = |p: &Option<Piece>| p.as_ref().is_none_or(|p| p.len.is_multiple_of(count64));
+    if !(count > 0
+        && count64 <= packed.len
+        && packed.len.is_multiple_of(count64)
+        && even(&scales)
+        && even(&biases))
+    {
         return Err(tensor_err(
             name,
             format!(
                 "does not split into {count} equal matrices ({} packed bytes)",
-                packed.len()
+                packed.len
             ),
         ));
     }
-    let piece = |b: &'a [u8], i: usize| &b[b.len() / count * i..b.len() / count * (i + 1)];
-    Ok((0..count)
-        .map(|i| (piece(packed, i), piece(scales, i), piece(biases, i)))
+    let piece = |p: &Piece, i: u64| {
+        let len = p.len / count64;
+        Piece {
+            tensor: p.tensor.clone(),
+            file: p.file,
+            offset: p.offset + len * i,
+            start: len * i,
+            len,
+        }
+    };
+    Ok((0..count64)
+        .map(|i| PartLayout::Pieces {
+            packed: piece(&packed, i),
+            scales: scales.as_ref().map(|p| piece(p, i)),
+            biases: biases.as_ref().map(|p| piece(p, i)),
+        })
         .collect())
-}
-
-/// A matrix's packed, scale and bias bytes.
-type Parts<'a> = (&'a [u8], &'a [u8], &'a [u8]);
-
-fn build_stack<'a>(
-    name: &str,
-    format: Format,
-    rows: usize,
-    cols: usize,
-    parts: Vec<Parts<'a>>,
-) -> Result<Stack<'a>, ArtifactError> {
-    let matrices = parts
-        .into_iter()
-        .map(|(packed, scales, biases)| QMatrix::new(format, rows, cols, packed, scales, biases))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| tensor_err(name, e.to_string()))?;
-    Ok(Stack {
-        format,
-        rows,
-        cols,
-        matrices,
-    })
 }
 
 /// `[count.., rows, cols]` with the leading dimensions multiplied; rank 2 gives a count of 1.
@@ -661,12 +988,4 @@ fn tensor_err(name: &str, reason: String) -> ArtifactError {
         name: name.to_string(),
         reason,
     }
-}
-
-/// `MemAvailable` from /proc/meminfo, in bytes; `None` where the system does not say.
-fn available_memory() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
 }

@@ -7,9 +7,13 @@
 //! Both stored layouts run: MLX (`embed_q` / `unembed_out`, stacked `switch_mlp` experts) and
 //! Hugging Face / DeepSeek (`kv_b_proj` whole, per-expert tensors).
 
+use std::time::Duration;
+
 use crate::artifact::{Artifact, ArtifactError, Stack};
 use crate::config::DeepSeekV3Config;
+use crate::experts::{ExpertCache, ExpertParts, fetch_all};
 use crate::kernels::{Format, KernelError, QMatrix};
+use crate::plan::{ExpertMap, Mode, Plan};
 use crate::rope::{Rope, attention_scale};
 
 #[derive(Debug, thiserror::Error)]
@@ -52,10 +56,19 @@ struct Mlp<'a> {
     down: QMatrix<'a>,
 }
 
+/// A layer's routed experts: held, or read when the router picks them.
+enum RoutedExperts<'a> {
+    Resident(Vec<Mlp<'a>>),
+    Streamed {
+        layer: usize,
+        parts: Vec<ExpertParts>,
+    },
+}
+
 struct Moe<'a> {
     router: QMatrix<'a>,
     correction_bias: Vec<f32>,
-    experts: Vec<Mlp<'a>>,
+    experts: RoutedExperts<'a>,
     shared: Option<Mlp<'a>>,
 }
 
@@ -73,6 +86,9 @@ struct Layer<'a> {
 
 pub struct DeepSeekV3<'a> {
     pub config: DeepSeekV3Config,
+    artifact: &'a Artifact,
+    /// Streamed runs' loaded experts.
+    cache: Option<ExpertCache>,
     embed: QMatrix<'a>,
     layers: Vec<Layer<'a>>,
     norm: Vec<f32>,
@@ -93,6 +109,15 @@ pub struct Cache {
 pub struct StepStats {
     /// Stored weight bytes the step's products read (an embedding row counts its row).
     pub weight_bytes: u64,
+    /// Routed-expert bytes read from storage (cache misses).
+    pub expert_read_bytes: u64,
+    pub expert_cache_hits: u64,
+    pub expert_cache_misses: u64,
+    /// Reads that bypassed the page cache (`O_DIRECT`) and reads that went through it.
+    pub direct_reads: u64,
+    pub buffered_reads: u64,
+    /// Wall time the step waited for expert reads.
+    pub io_time: Duration,
 }
 
 fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
@@ -111,6 +136,8 @@ fn sigmoid(x: f32) -> f32 {
 
 struct Loader<'a> {
     artifact: &'a Artifact,
+    /// Where each MoE layer's routed experts are, for a streamed run.
+    streamed: Option<ExpertMap>,
 }
 
 impl<'a> Loader<'a> {
@@ -246,13 +273,17 @@ impl<'a> Loader<'a> {
         let prefix = format!("model.layers.{i}");
         let ffn = if c.is_moe(i) {
             let mlp = format!("{prefix}.mlp");
+            let experts = match self.streamed.as_ref().and_then(|m| m.get(i)?.clone()) {
+                Some(parts) => RoutedExperts::Streamed { layer: i, parts },
+                None => RoutedExperts::Resident(self.experts(&mlp, c)?),
+            };
             FeedForward::Moe(Moe {
                 router: self.one(&format!("{mlp}.gate"), c.n_routed_experts, c.hidden_size)?,
                 correction_bias: self.artifact.vector(
                     &format!("{mlp}.gate.e_score_correction_bias"),
                     c.n_routed_experts,
                 )?,
-                experts: self.experts(&mlp, c)?,
+                experts,
                 shared: match c.n_shared_experts {
                     0 => None,
                     n => Some(self.mlp(
@@ -346,13 +377,51 @@ impl Moe<'_> {
         &self,
         x: &[f32],
         c: &DeepSeekV3Config,
+        streaming: Option<(&Artifact, &ExpertCache)>,
         stats: &mut StepStats,
-    ) -> Result<Vec<f32>, KernelError> {
+    ) -> Result<Vec<f32>, ModelError> {
         let logits = apply(&self.router, x, stats)?;
+        let routes = self.route(&logits, c);
         let mut y = vec![0f32; x.len()];
-        for (e, w) in self.route(&logits, c) {
-            let out = self.experts[e].forward(x, stats)?;
+        // Each expert's output is added in the router's order, whether the expert was held or
+        // read just now: the same bytes, the same products, the same sum.
+        let mut add = |out: Vec<f32>, w: f32| {
             y.iter_mut().zip(&out).for_each(|(y, o)| *y += o * w);
+        };
+        match (&self.experts, streaming) {
+            (RoutedExperts::Resident(experts), _) => {
+                for &(e, w) in &routes {
+                    add(experts[e].forward(x, stats)?, w);
+                }
+            }
+            (RoutedExperts::Streamed { layer, parts }, Some((artifact, cache))) => {
+                let chosen: Vec<usize> = routes.iter().map(|&(e, _)| e).collect();
+                let (loaded, waited) = fetch_all(artifact, cache, *layer, parts, &chosen)?;
+                stats.io_time += waited;
+                for (&(e, w), (expert, fetch)) in routes.iter().zip(&loaded) {
+                    let part = &parts[e];
+                    stats.expert_read_bytes += fetch.read_bytes;
+                    stats.direct_reads += fetch.direct_reads;
+                    stats.buffered_reads += fetch.buffered_reads;
+                    match fetch.hit {
+                        true => stats.expert_cache_hits += 1,
+                        false => stats.expert_cache_misses += 1,
+                    }
+                    let mlp = Mlp {
+                        gate: expert.gate.matrix(&part.gate)?,
+                        up: expert.up.matrix(&part.up)?,
+                        down: expert.down.matrix(&part.down)?,
+                    };
+                    add(mlp.forward(x, stats)?, w);
+                }
+                cache.layer_done();
+            }
+            (RoutedExperts::Streamed { .. }, None) => {
+                return Err(ModelError::Artifact(ArtifactError::Tensor {
+                    name: "routed experts".into(),
+                    reason: "are streamed but the model holds no expert cache".into(),
+                }));
+            }
         }
         if let Some(shared) = &self.shared {
             let out = shared.forward(x, stats)?;
@@ -363,11 +432,38 @@ impl Moe<'_> {
 }
 
 impl<'a> DeepSeekV3<'a> {
+    /// The model with every weight resident.
     pub fn load(
         artifact: &'a Artifact,
         config: DeepSeekV3Config,
     ) -> Result<DeepSeekV3<'a>, ModelError> {
-        let loader = Loader { artifact };
+        DeepSeekV3::build(artifact, config, None)
+    }
+
+    /// The model as `plan` says: fully resident, or its routed experts streamed through a
+    /// cache of `plan.cache_bytes`.
+    pub fn load_planned(
+        artifact: &'a Artifact,
+        config: DeepSeekV3Config,
+        plan: &Plan,
+        experts: ExpertMap,
+    ) -> Result<DeepSeekV3<'a>, ModelError> {
+        match plan.mode {
+            Mode::Resident => DeepSeekV3::build(artifact, config, None),
+            Mode::Streamed => {
+                let mut model = DeepSeekV3::build(artifact, config, Some(experts))?;
+                model.cache = Some(ExpertCache::new(plan.cache_bytes));
+                Ok(model)
+            }
+        }
+    }
+
+    fn build(
+        artifact: &'a Artifact,
+        config: DeepSeekV3Config,
+        streamed: Option<ExpertMap>,
+    ) -> Result<DeepSeekV3<'a>, ModelError> {
+        let loader = Loader { artifact, streamed };
         let c = &config;
         let layers = (0..c.num_hidden_layers)
             .map(|i| loader.layer(i, c))
@@ -379,8 +475,16 @@ impl<'a> DeepSeekV3<'a> {
             rope: Rope::new(c.qk_rope_head_dim, c.rope_theta, c.rope_scaling.as_ref()),
             scale: attention_scale(c.q_head_dim(), c.rope_scaling.as_ref()),
             layers,
+            artifact,
+            cache: None,
             config,
         })
+    }
+
+    /// Bytes of routed experts the cache holds now, and the most it held at once with the
+    /// experts of a layer in flight; `None` for a resident run.
+    pub fn expert_memory(&self) -> Option<(u64, u64)> {
+        self.cache.as_ref().map(ExpertCache::usage)
     }
 
     pub fn new_cache(&self) -> Cache {
@@ -440,7 +544,10 @@ impl<'a> DeepSeekV3<'a> {
             let x = rms_norm(&h, &layer.post_norm, c.rms_norm_eps);
             let out = match &layer.ffn {
                 FeedForward::Dense(mlp) => mlp.forward(&x, stats)?,
-                FeedForward::Moe(moe) => moe.forward(&x, c, stats)?,
+                FeedForward::Moe(moe) => {
+                    let streaming = self.cache.as_ref().map(|cache| (self.artifact, cache));
+                    moe.forward(&x, c, streaming, stats)?
+                }
             };
             h.iter_mut().zip(&out).for_each(|(h, o)| *h += o);
         }

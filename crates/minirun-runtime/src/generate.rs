@@ -71,6 +71,20 @@ impl Sampler {
     }
 }
 
+/// What one decode step cost.
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+pub struct StepRecord {
+    /// Position of the token the step ran.
+    pub position: usize,
+    pub seconds: f64,
+    /// Of which waiting for expert reads.
+    pub io_seconds: f64,
+    pub expert_read_bytes: u64,
+    pub expert_cache_hits: u64,
+    pub expert_cache_misses: u64,
+    pub weight_bytes: u64,
+}
+
 /// Figures of one generation.
 #[derive(Debug, Default, Clone)]
 pub struct Figures {
@@ -82,6 +96,12 @@ pub struct Figures {
     pub decode_time: Duration,
     /// Stored weight bytes read by the decode steps, summed.
     pub decode_weight_bytes: u64,
+    /// The decode steps' figures of storage: expert bytes read, cache hits and misses, reads
+    /// past and through the page cache, time waiting for reads.
+    pub decode_io: StepStats,
+    /// The prompt's expert reads, in the same terms.
+    pub prompt_io: StepStats,
+    pub steps: Vec<StepRecord>,
     pub stop_reason: StopReason,
 }
 
@@ -93,6 +113,22 @@ impl Figures {
     pub fn weight_bytes_per_token(&self) -> u64 {
         self.decode_weight_bytes / (self.decode_steps as u64).max(1)
     }
+
+    /// Routed-expert bytes read from storage per decode step.
+    pub fn expert_read_bytes_per_token(&self) -> u64 {
+        self.decode_io.expert_read_bytes / (self.decode_steps as u64).max(1)
+    }
+}
+
+/// Adds `step`'s storage figures to `total`.
+pub fn accumulate(total: &mut StepStats, step: &StepStats) {
+    total.weight_bytes += step.weight_bytes;
+    total.expert_read_bytes += step.expert_read_bytes;
+    total.expert_cache_hits += step.expert_cache_hits;
+    total.expert_cache_misses += step.expert_cache_misses;
+    total.direct_reads += step.direct_reads;
+    total.buffered_reads += step.buffered_reads;
+    total.io_time += step.io_time;
 }
 
 /// Why generation stopped.
@@ -116,7 +152,7 @@ pub fn generate(
     max_tokens: usize,
     sampling: Sampling,
     stop: &[u32],
-    mut on_token: impl FnMut(u32),
+    mut on_token: impl FnMut(u32, Option<&StepRecord>),
 ) -> Result<(Vec<u32>, Figures), ModelError> {
     if prompt.is_empty() {
         return Err(ModelError::EmptyPrompt);
@@ -133,7 +169,9 @@ pub fn generate(
     let started = Instant::now();
     let mut logits = Vec::new();
     for &token in prompt {
-        logits = model.step(token, &mut cache, &mut StepStats::default())?;
+        let mut stats = StepStats::default();
+        logits = model.step(token, &mut cache, &mut stats)?;
+        accumulate(&mut figures.prompt_io, &stats);
     }
     figures.prompt_time = started.elapsed();
     let mut out = Vec::new();
@@ -144,7 +182,7 @@ pub fn generate(
             break;
         }
         out.push(token);
-        on_token(token);
+        on_token(token, figures.steps.last());
         if out.len() == max_tokens {
             break;
         }
@@ -154,10 +192,22 @@ pub fn generate(
         }
         let mut stats = StepStats::default();
         let step = Instant::now();
+        let position = cache.len;
         logits = model.step(token, &mut cache, &mut stats)?;
-        figures.decode_time += step.elapsed();
+        let seconds = step.elapsed();
+        figures.decode_time += seconds;
         figures.decode_weight_bytes += stats.weight_bytes;
         figures.decode_steps += 1;
+        accumulate(&mut figures.decode_io, &stats);
+        figures.steps.push(StepRecord {
+            position,
+            seconds: seconds.as_secs_f64(),
+            io_seconds: stats.io_time.as_secs_f64(),
+            expert_read_bytes: stats.expert_read_bytes,
+            expert_cache_hits: stats.expert_cache_hits,
+            expert_cache_misses: stats.expert_cache_misses,
+            weight_bytes: stats.weight_bytes,
+        });
     }
     figures.generated_tokens = out.len();
     Ok((out, figures))

@@ -2,10 +2,13 @@
 //! models that run on them.
 
 pub mod artifact;
+pub mod budget;
 pub mod config;
 pub mod deepseek;
+pub mod experts;
 pub mod generate;
 pub mod kernels;
+pub mod plan;
 pub mod rope;
 pub mod session;
 pub mod text;

@@ -7,9 +7,11 @@ use std::path::{Path, PathBuf};
 use minirun_store::{HeldEvidence, StoreError};
 
 use crate::artifact::{Access, Artifact, ArtifactError};
+use crate::budget::Budget;
 use crate::config::{ConfigError, DeepSeekV3Config};
 use crate::deepseek::{DeepSeekV3, ModelError};
-use crate::generate::{Figures, Sampling, generate};
+use crate::generate::{Figures, Sampling, StepRecord, generate};
+use crate::plan::{ExpertMap, Plan, PlanError, expert_map};
 use crate::text::{Text, TextError};
 
 /// Why a session could not be opened or could not generate.
@@ -31,6 +33,17 @@ pub enum SessionError {
     Text(#[from] TextError),
     #[error(transparent)]
     Model(#[from] ModelError),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+}
+
+/// What the caller hears after each generated token.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenEvent<'e> {
+    /// Text that became final with this token, if any.
+    pub text: Option<&'e str>,
+    /// The decode step that produced the token (none for the first, which the prompt produced).
+    pub step: Option<&'e StepRecord>,
 }
 
 /// Whether a run must be vouched for by verification evidence.
@@ -134,13 +147,45 @@ impl Session {
         stop
     }
 
-    /// The model, computing from the artifact's stored bytes.
+    /// The model, every weight resident, computing from the artifact's stored bytes.
     pub fn model(&self) -> Result<DeepSeekV3<'_>, SessionError> {
         Ok(DeepSeekV3::load(&self.artifact, self.config.clone())?)
     }
 
-    /// Generates from `prompt_ids`; `on_text` receives text as it becomes final (see
-    /// [`IncrementalText`]).
+    /// The memory plan for `budget` and a context of `context_tokens`, made before any payload
+    /// byte is read (a budget below the floor is refused here), with where the experts are.
+    pub fn plan(
+        &self,
+        budget: Budget,
+        context_tokens: usize,
+    ) -> Result<(Plan, ExpertMap), SessionError> {
+        let experts = expert_map(&self.artifact, &self.config).map_err(ModelError::from)?;
+        let plan = Plan::new(
+            &self.artifact,
+            &self.config,
+            &experts,
+            budget,
+            context_tokens,
+        )?;
+        Ok((plan, experts))
+    }
+
+    /// The model as `plan` says: resident, or with its routed experts streamed.
+    pub fn planned_model(
+        &self,
+        plan: &Plan,
+        experts: ExpertMap,
+    ) -> Result<DeepSeekV3<'_>, SessionError> {
+        Ok(DeepSeekV3::load_planned(
+            &self.artifact,
+            self.config.clone(),
+            plan,
+            experts,
+        )?)
+    }
+
+    /// Generates from `prompt_ids`; `on_token` hears, after each token, the text that became
+    /// final (see [`IncrementalText`]) and what the step cost.
     pub fn generate(
         &self,
         model: &DeepSeekV3<'_>,
@@ -148,15 +193,23 @@ impl Session {
         max_tokens: usize,
         sampling: Sampling,
         stop: &[u32],
-        mut on_text: impl FnMut(&str),
+        mut on_token: impl FnMut(TokenEvent<'_>),
     ) -> Result<Generation, SessionError> {
         let mut stream = IncrementalText::new(&self.text);
-        let (generated_ids, figures) =
-            generate(model, prompt_ids, max_tokens, sampling, stop, |token| {
-                if let Some(new) = stream.push(token) {
-                    on_text(&new);
-                }
-            })?;
+        let (generated_ids, figures) = generate(
+            model,
+            prompt_ids,
+            max_tokens,
+            sampling,
+            stop,
+            |token, step| {
+                let new = stream.push(token);
+                on_token(TokenEvent {
+                    text: new.as_deref(),
+                    step,
+                });
+            },
+        )?;
         let text = self.text.decode(&generated_ids)?;
         Ok(Generation {
             prompt_ids: prompt_ids.to_vec(),

@@ -38,7 +38,7 @@ fn sampling_is_reproducible_by_seed_and_a_tiny_nucleus_is_greedy() {
                 top_p,
                 seed,
             };
-            generate(model, &PROMPT, 16, sampling, &[], |_| {})
+            generate(model, &PROMPT, 16, sampling, &[], |_, _| {})
                 .unwrap()
                 .0
         };
@@ -69,17 +69,17 @@ fn a_stop_token_ends_the_output_without_being_emitted() {
             top_p: 1.0,
             seed: 0,
         };
-        let (full, _) = generate(model, &PROMPT, 12, greedy, &[], |_| {}).unwrap();
+        let (full, _) = generate(model, &PROMPT, 12, greedy, &[], |_, _| {}).unwrap();
         let stop = full[5];
         let first = full.iter().position(|&t| t == stop).unwrap();
         let mut seen = Vec::new();
         let (cut, figures) =
-            generate(model, &PROMPT, 12, greedy, &[stop], |t| seen.push(t)).unwrap();
+            generate(model, &PROMPT, 12, greedy, &[stop], |t, _| seen.push(t)).unwrap();
         assert_eq!(cut, full[..first]);
         assert_eq!(seen, cut, "on_token saw exactly the returned ids");
         assert_eq!(figures.stop_reason, StopReason::EndOfSequence);
         assert!(matches!(
-            generate(model, &[], 4, greedy, &[], |_| {}),
+            generate(model, &[], 4, greedy, &[], |_, _| {}),
             Err(ModelError::EmptyPrompt)
         ));
     });

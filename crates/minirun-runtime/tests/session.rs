@@ -63,7 +63,9 @@ fn a_verified_session_generates_mlx_lms_greedy_continuation_and_streams_its_text
     let model = session.model().unwrap();
     let mut streamed = String::new();
     let generation = session
-        .generate(&model, &ids, 32, GREEDY, &[], |t| streamed.push_str(t))
+        .generate(&model, &ids, 32, GREEDY, &[], |event| {
+            streamed.push_str(event.text.unwrap_or_default())
+        })
         .unwrap();
     assert_eq!(
         serde_json::json!(generation.generated_ids),

@@ -153,6 +153,20 @@ impl Root {
         }
     }
 
+    /// Opens `relative` a second time with `O_DIRECT` (reads bypass the page cache), beneath
+    /// the root without following links, when the filesystem supports it; `None` where it does
+    /// not (tmpfs, some overlays) or the kernel lacks `openat2`. The caller compares the
+    /// identity with its first open's.
+    pub fn open_direct(&self, relative: &str) -> Option<(File, FileIdentity)> {
+        let flags =
+            OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NOCTTY | OFlags::DIRECT;
+        let resolve = ResolveFlags::NO_SYMLINKS | ResolveFlags::BENEATH;
+        let fd = rustix::fs::openat2(&self.dir, relative, flags, Mode::empty(), resolve).ok()?;
+        let file = File::from(fd);
+        let identity = FileIdentity::of(&file.metadata().ok()?);
+        Some((file, identity))
+    }
+
     fn open_beneath(&self, relative: &str) -> Result<OwnedFd, OpenError> {
         let flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NOCTTY;
         let resolve = ResolveFlags::NO_SYMLINKS | ResolveFlags::BENEATH;

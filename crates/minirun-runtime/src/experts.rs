@@ -1,0 +1,320 @@
+//! Routed experts streamed from storage: where each expert's three matrices are stored, a cache
+//! of loaded experts bounded in bytes (least recently used out first), and the reads: one read
+//! per tile into a fresh 16 KiB-aligned buffer, the experts a router picked read at once on
+//! their own threads. The bytes a streamed expert computes from are the stored bytes, exactly
+//! what a resident run computes from, so its output has the same bits.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use minirun_store::{ReadPath, SLOT_ALIGN};
+
+use crate::artifact::{Artifact, ArtifactError, LoadedPart, MatrixPart, PartLayout, StackLayout};
+use crate::config::DeepSeekV3Config;
+
+/// Where one routed expert's gate, up and down projections are stored.
+#[derive(Debug, Clone)]
+pub struct ExpertParts {
+    pub gate: MatrixPart,
+    pub up: MatrixPart,
+    pub down: MatrixPart,
+}
+
+fn reads(part: &PartLayout) -> u64 {
+    match part {
+        PartLayout::Tile { .. } => 1,
+        PartLayout::Pieces { scales, biases, .. } => {
+            1 + u64::from(scales.is_some()) + u64::from(biases.is_some())
+        }
+    }
+}
+
+impl ExpertParts {
+    fn parts(&self) -> [&MatrixPart; 3] {
+        [&self.gate, &self.up, &self.down]
+    }
+
+    /// Bytes one load of this expert reads from storage.
+    pub fn read_bytes(&self) -> u64 {
+        self.parts().iter().map(|p| p.part.read_bytes()).sum()
+    }
+
+    /// Bytes one loaded copy of this expert holds in memory (each read's buffer is aligned,
+    /// which may cost up to one alignment unit more).
+    pub fn allocated_bytes(&self) -> u64 {
+        self.parts()
+            .iter()
+            .map(|p| p.part.read_bytes() + reads(&p.part) * SLOT_ALIGN as u64)
+            .sum()
+    }
+}
+
+/// The routed experts of MoE layer `layer`, in expert order, without reading them: the MLX
+/// layout's stacked `switch_mlp` containers or the Hugging Face layout's per-expert tensors.
+pub fn routed_experts(
+    artifact: &Artifact,
+    c: &DeepSeekV3Config,
+    layer: usize,
+) -> Result<Vec<ExpertParts>, ArtifactError> {
+    let (hidden, inner, n) = (c.hidden_size, c.moe_intermediate_size, c.n_routed_experts);
+    let prefix = format!("model.layers.{layer}.mlp");
+    let stacked = format!("{prefix}.switch_mlp");
+    let one = |layout: StackLayout, i: usize| {
+        layout.matrix_part(i).ok_or_else(|| ArtifactError::Tensor {
+            name: layout.name.clone(),
+            reason: format!(
+                "stacks {} experts; n_routed_experts is {n}",
+                layout.parts.len()
+            ),
+        })
+    };
+    if !artifact.has(&format!("{stacked}.gate_proj.weight")) {
+        return (0..n)
+            .map(|e| {
+                let m = |name: &str, rows, cols| {
+                    artifact.stack_layout(&format!("{prefix}.experts.{e}.{name}"), rows, cols)
+                };
+                Ok(ExpertParts {
+                    gate: one(single(m("gate_proj", inner, hidden)?)?, 0)?,
+                    up: one(single(m("up_proj", inner, hidden)?)?, 0)?,
+                    down: one(single(m("down_proj", hidden, inner)?)?, 0)?,
+                })
+            })
+            .collect();
+    }
+    let stack = |name: &str, rows, cols| -> Result<StackLayout, ArtifactError> {
+        let s = artifact.stack_layout(&format!("{stacked}.{name}"), rows, cols)?;
+        if s.parts.len() != n {
+            return Err(ArtifactError::Tensor {
+                name: s.name,
+                reason: format!("stacks {} experts; n_routed_experts is {n}", s.parts.len()),
+            });
+        }
+        Ok(s)
+    };
+    let (gate, up, down) = (
+        stack("gate_proj", inner, hidden)?,
+        stack("up_proj", inner, hidden)?,
+        stack("down_proj", hidden, inner)?,
+    );
+    (0..n)
+        .map(|e| {
+            Ok(ExpertParts {
+                gate: one(gate.clone(), e)?,
+                up: one(up.clone(), e)?,
+                down: one(down.clone(), e)?,
+            })
+        })
+        .collect()
+}
+
+fn single(layout: StackLayout) -> Result<StackLayout, ArtifactError> {
+    match layout.parts.len() {
+        1 => Ok(layout),
+        n => Err(ArtifactError::Tensor {
+            name: layout.name,
+            reason: format!("is a stack of {n} matrices where the model needs one"),
+        }),
+    }
+}
+
+/// One expert's three matrices, read.
+#[derive(Debug)]
+pub struct LoadedExpert {
+    pub gate: LoadedPart,
+    pub up: LoadedPart,
+    pub down: LoadedPart,
+}
+
+impl LoadedExpert {
+    fn allocated(&self) -> u64 {
+        (self.gate.allocated() + self.up.allocated() + self.down.allocated()) as u64
+    }
+
+    fn paths(&self) -> impl Iterator<Item = &ReadPath> {
+        self.gate
+            .paths
+            .iter()
+            .chain(&self.up.paths)
+            .chain(&self.down.paths)
+    }
+}
+
+/// What fetching one expert cost.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Fetch {
+    pub hit: bool,
+    pub read_bytes: u64,
+    pub direct_reads: u64,
+    pub buffered_reads: u64,
+}
+
+struct Entry {
+    expert: Arc<LoadedExpert>,
+    last_use: u64,
+}
+
+#[derive(Default)]
+struct CacheState {
+    entries: HashMap<(usize, usize), Entry>,
+    used: u64,
+    clock: u64,
+    /// Bytes of experts loaded for the layer in progress that the cache does not hold.
+    in_flight: u64,
+    peak: u64,
+}
+
+/// Loaded experts, at most `capacity` bytes of them, least recently used evicted first.
+pub struct ExpertCache {
+    capacity: u64,
+    state: Mutex<CacheState>,
+}
+
+impl ExpertCache {
+    pub fn new(capacity: u64) -> ExpertCache {
+        ExpertCache {
+            capacity,
+            state: Mutex::new(CacheState::default()),
+        }
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Bytes of experts held now, and the most ever held at once (cache and in-flight loads).
+    pub fn usage(&self) -> (u64, u64) {
+        self.state
+            .lock()
+            .map(|s| (s.used, s.peak))
+            .unwrap_or((0, 0))
+    }
+
+    fn get(&self, key: (usize, usize)) -> Option<Arc<LoadedExpert>> {
+        let mut s = self.state.lock().ok()?;
+        s.clock += 1;
+        let clock = s.clock;
+        let entry = s.entries.get_mut(&key)?;
+        entry.last_use = clock;
+        Some(Arc::clone(&entry.expert))
+    }
+
+    /// Keeps `expert` if it fits, evicting the least recently used first; otherwise counts it
+    /// as in flight until [`Self::layer_done`].
+    fn insert(&self, key: (usize, usize), expert: &Arc<LoadedExpert>) {
+        let Ok(mut s) = self.state.lock() else {
+            return;
+        };
+        let size = expert.allocated();
+        if size > self.capacity {
+            s.in_flight += size;
+        } else {
+            while s.used + size > self.capacity {
+                let Some(oldest) = s
+                    .entries
+                    .iter()
+                    .min_by_key(|(_, e)| e.last_use)
+                    .map(|(k, _)| *k)
+                else {
+                    break;
+                };
+                if let Some(old) = s.entries.remove(&oldest) {
+                    s.used -= old.expert.allocated();
+                }
+            }
+            s.clock += 1;
+            let last_use = s.clock;
+            s.used += size;
+            s.entries.insert(
+                key,
+                Entry {
+                    expert: Arc::clone(expert),
+                    last_use,
+                },
+            );
+        }
+        s.peak = s.peak.max(s.used + s.in_flight);
+    }
+
+    /// The layer's uncached experts are dropped: their buffers are free again.
+    pub fn layer_done(&self) {
+        if let Ok(mut s) = self.state.lock() {
+            s.in_flight = 0;
+        }
+    }
+}
+
+/// Fetched experts with what each fetch cost, and the wall time the reads took.
+pub type Fetched = (Vec<(Arc<LoadedExpert>, Fetch)>, Duration);
+
+/// The experts the router picked for one token at one layer, fetched from the cache or read
+/// from storage, each miss on its own thread so that all the reads are in flight at once.
+pub fn fetch_all(
+    artifact: &Artifact,
+    cache: &ExpertCache,
+    layer: usize,
+    experts: &[ExpertParts],
+    chosen: &[usize],
+) -> Result<Fetched, ArtifactError> {
+    let started = Instant::now();
+    let fetched: Vec<Result<(Arc<LoadedExpert>, Fetch), ArtifactError>> =
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = chosen
+                .iter()
+                .map(|&e| scope.spawn(move || fetch(artifact, cache, layer, experts, e)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(ArtifactError::Tensor {
+                            name: format!("model.layers.{layer}.mlp experts"),
+                            reason: "a read thread panicked".into(),
+                        })
+                    })
+                })
+                .collect()
+        });
+    let fetched = fetched.into_iter().collect::<Result<Vec<_>, _>>()?;
+    Ok((fetched, started.elapsed()))
+}
+
+fn fetch(
+    artifact: &Artifact,
+    cache: &ExpertCache,
+    layer: usize,
+    experts: &[ExpertParts],
+    e: usize,
+) -> Result<(Arc<LoadedExpert>, Fetch), ArtifactError> {
+    if let Some(expert) = cache.get((layer, e)) {
+        return Ok((
+            expert,
+            Fetch {
+                hit: true,
+                ..Fetch::default()
+            },
+        ));
+    }
+    let parts = experts.get(e).ok_or_else(|| ArtifactError::Tensor {
+        name: format!("model.layers.{layer}.mlp experts"),
+        reason: format!("the router chose expert {e} of {}", experts.len()),
+    })?;
+    let expert = Arc::new(LoadedExpert {
+        gate: artifact.load_part(&parts.gate.part)?,
+        up: artifact.load_part(&parts.up.part)?,
+        down: artifact.load_part(&parts.down.part)?,
+    });
+    let direct = expert.paths().filter(|p| **p == ReadPath::Direct).count() as u64;
+    let total = expert.paths().count() as u64;
+    cache.insert((layer, e), &expert);
+    Ok((
+        expert,
+        Fetch {
+            hit: false,
+            read_bytes: parts.read_bytes(),
+            direct_reads: direct,
+            buffered_reads: total - direct,
+        },
+    ))
+}

@@ -1,0 +1,149 @@
+//! Streaming under a budget: a budget below the floor is refused before a payload byte is read,
+//! naming every term; at the floor, at a middle budget and fully resident, on one thread and
+//! on two, a run gives the same tokens and the same logit bits; the floor reads exactly the
+//! bytes the plan predicts; expert memory stays within the cache and the slot pool.
+
+use std::path::Path;
+
+use minirun_pack::{PackOptions, pack};
+use minirun_runtime::artifact::{Access, Artifact};
+use minirun_runtime::budget::Budget;
+use minirun_runtime::config::DeepSeekV3Config;
+use minirun_runtime::deepseek::{DeepSeekV3, StepStats};
+use minirun_runtime::generate::argmax;
+use minirun_runtime::plan::{Mode, Plan, PlanError, expert_map};
+
+/// Stacked MLX containers, per-expert FP8 containers, per-expert bf16 blob members.
+const FIXTURES: [&str; 3] = ["mlx-mxfp4", "hf-fp8-e8m0", "hf-bf16"];
+const PROMPT: [u32; 4] = [0, 292, 354, 395];
+const STEPS: usize = 12;
+
+fn packed(name: &str) -> tempfile::TempDir {
+    let out = tempfile::tempdir().unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/deepseek-v3")
+        .join(name);
+    pack(&src, out.path(), &PackOptions::default(), &|_| {}).unwrap();
+    out
+}
+
+/// Greedy decoding: every step's logits as bits, the ids, and the storage figures summed over
+/// the steps after the prompt.
+fn run(model: &DeepSeekV3) -> (Vec<Vec<u32>>, Vec<u32>, StepStats) {
+    let mut cache = model.new_cache();
+    let mut bits = Vec::new();
+    let mut ids = Vec::new();
+    let mut decode = StepStats::default();
+    let mut logits = Vec::new();
+    for &t in &PROMPT {
+        logits = model
+            .step(t, &mut cache, &mut StepStats::default())
+            .unwrap();
+    }
+    for _ in 0..STEPS {
+        bits.push(logits.iter().map(|l| l.to_bits()).collect());
+        let next = argmax(&logits);
+        ids.push(next);
+        let mut stats = StepStats::default();
+        logits = model.step(next, &mut cache, &mut stats).unwrap();
+        decode.expert_read_bytes += stats.expert_read_bytes;
+        decode.expert_cache_misses += stats.expert_cache_misses;
+        decode.expert_cache_hits += stats.expert_cache_hits;
+    }
+    (bits, ids, decode)
+}
+
+fn on_threads<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> T {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap()
+        .install(f)
+}
+
+#[test]
+fn a_budget_below_the_floor_is_refused_before_any_payload_is_read() {
+    let dir = packed("mlx-mxfp4");
+    let artifact = Artifact::open(dir.path(), Access::Unverified).unwrap();
+    let config = DeepSeekV3Config::parse(&artifact.config_json).unwrap();
+    let experts = expert_map(&artifact, &config).unwrap();
+    let floor = Plan::new(&artifact, &config, &experts, Budget::Floor, 64)
+        .unwrap()
+        .floor;
+    let err = Plan::new(&artifact, &config, &experts, Budget::Bytes(floor - 1), 64).unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(&err, PlanError::BelowFloor(b) if b.floor == floor));
+    for term in [
+        "resident weights",
+        "slot pool",
+        "reserve",
+        "KV cache for 64 tokens",
+    ] {
+        assert!(text.contains(term), "{term}: {text}");
+    }
+    assert_eq!(artifact.payload_bytes(), 0, "nothing was read to plan");
+}
+
+#[test]
+fn streamed_runs_at_every_budget_and_thread_count_have_the_resident_bits() {
+    for fixture in FIXTURES {
+        let dir = packed(fixture);
+        let artifact = Artifact::open(dir.path(), Access::Unverified).unwrap();
+        let config = DeepSeekV3Config::parse(&artifact.config_json).unwrap();
+        let resident = DeepSeekV3::load(&artifact, config.clone()).unwrap();
+        let (reference, ids, _) = run(&resident);
+
+        let experts = expert_map(&artifact, &config).unwrap();
+        let floor = Plan::new(&artifact, &config, &experts, Budget::Floor, 64).unwrap();
+        assert_eq!(floor.mode, Mode::Streamed, "{fixture}");
+        // A middle budget: room for six experts in the cache. (These experts are tiny next to
+        // their 16 KiB-aligned buffers, so any real budget with that room would hold the whole
+        // model resident; the plan is the floor's with the cache widened.)
+        let middle = Budget::Bytes(floor.floor + 6 * floor.expert_allocated_bytes);
+        for budget in [Budget::Floor, middle, Budget::Generous] {
+            let mut plan = Plan::new(&artifact, &config, &experts, budget, 64).unwrap();
+            if budget == middle {
+                plan = Plan {
+                    cache_bytes: 6 * floor.expert_allocated_bytes,
+                    ..floor.clone()
+                };
+            }
+            for threads in [1, 2] {
+                let model =
+                    DeepSeekV3::load_planned(&artifact, config.clone(), &plan, experts.clone())
+                        .unwrap();
+                let (bits, got, decode) = on_threads(threads, || run(&model));
+                assert_eq!(got, ids, "{fixture} {budget} {threads} threads: tokens");
+                assert!(
+                    bits == reference,
+                    "{fixture} {budget} {threads} threads: logit bits differ"
+                );
+                if budget == Budget::Floor {
+                    assert_eq!(
+                        decode.expert_cache_hits, 0,
+                        "{fixture}: the floor caches nothing"
+                    );
+                    assert_eq!(
+                        decode.expert_read_bytes,
+                        plan.uncached_read_per_token * STEPS as u64,
+                        "{fixture}: the floor reads what the plan predicts"
+                    );
+                }
+                if let Some((held, peak)) = model.expert_memory() {
+                    assert!(held <= plan.cache_bytes, "{fixture}: cache over its share");
+                    assert!(
+                        peak <= plan.cache_bytes + plan.slot_pool_bytes,
+                        "{fixture} {budget}: expert memory {peak} over cache + slot pool"
+                    );
+                }
+                if budget == middle {
+                    assert_eq!(plan.mode, Mode::Streamed, "{fixture}");
+                    assert!(decode.expert_cache_hits > 0, "{fixture}: a cache that hits");
+                }
+            }
+            if budget == Budget::Generous {
+                assert_eq!(plan.mode, Mode::Resident, "{fixture}");
+            }
+        }
+    }
+}

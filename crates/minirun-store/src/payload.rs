@@ -1,0 +1,234 @@
+//! Streaming payload reads: one read of a tile (or a member) into one 16 KiB-aligned buffer,
+//! from a file opened beneath the artifact root without following links, its identity
+//! rechecked (one `fstat` of the held descriptor) before every read. Reads bypass the page
+//! cache with `O_DIRECT` where the filesystem allows it and the read is block aligned (tiles
+//! are: every tile and sub-region starts on a 16 KiB boundary); otherwise they go through the
+//! page cache and the range is dropped from it afterwards (`posix_fadvise(DONTNEED)`), so a
+//! streamed run neither pins the cache nor is flattered by it.
+
+use std::fs::File;
+use std::num::NonZeroU64;
+use std::os::unix::fs::FileExt;
+
+use crate::artifact_files::{ArtifactFiles, LayoutError};
+use crate::held::StoreError;
+use crate::identity::FileIdentity;
+
+/// The alignment of every streaming buffer: the tile container's own alignment.
+pub const SLOT_ALIGN: usize = 16384;
+
+/// `O_DIRECT` needs the file offset and length to be multiples of the device's logical block;
+/// 4 KiB covers the devices this runs on (512-byte and 4 KiB sectors).
+const DIRECT_BLOCK: u64 = 4096;
+
+/// A zeroed heap buffer whose bytes start on a [`SLOT_ALIGN`] boundary. Allocated once and
+/// reused for every read into it; safe code only (it over-allocates and starts at the first
+/// aligned byte).
+#[derive(Debug)]
+pub struct AlignedBuf {
+    raw: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    /// A buffer of `len` usable bytes.
+    pub fn new(len: usize) -> AlignedBuf {
+        let raw = vec![0u8; len + SLOT_ALIGN];
+        let start = (SLOT_ALIGN - raw.as_ptr() as usize % SLOT_ALIGN) % SLOT_ALIGN;
+        AlignedBuf { raw, start, len }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes this buffer holds in memory, alignment slack included.
+    pub fn allocated(&self) -> usize {
+        self.raw.len()
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        &self.raw[self.start..self.start + self.len]
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.raw[self.start..self.start + self.len]
+    }
+}
+
+/// How a read reached the bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReadPath {
+    /// `O_DIRECT`: the page cache was bypassed.
+    Direct,
+    /// Through the page cache, the range dropped from it afterwards.
+    BufferedDontNeed,
+}
+
+/// A payload file held open for streaming reads.
+#[derive(Debug)]
+pub struct PayloadFile {
+    path: String,
+    buffered: File,
+    direct: Option<File>,
+    identity: FileIdentity,
+}
+
+impl ArtifactFiles {
+    /// Opens a payload file for streaming: through the evidence when held (only an evidenced
+    /// file, its identity the recorded one), else beneath the root.
+    pub fn open_streamed(&self, path: &str) -> Result<PayloadFile, LayoutError> {
+        let buffered = self.open_payload(path)?;
+        let identity = FileIdentity::of(&buffered.metadata().map_err(|error| LayoutError::Io {
+            path: path.to_string(),
+            error,
+        })?);
+        let direct = self
+            .root()
+            .open_direct(path)
+            .filter(|(_, direct)| *direct == identity)
+            .map(|(file, _)| file);
+        Ok(PayloadFile {
+            path: path.to_string(),
+            buffered,
+            direct,
+            identity,
+        })
+    }
+}
+
+impl PayloadFile {
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// Whether aligned reads of this file bypass the page cache.
+    pub fn supports_direct(&self) -> bool {
+        self.direct.is_some()
+    }
+
+    /// The file's length when it was opened (its identity's size).
+    pub fn len(&self) -> u64 {
+        self.identity.size
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.identity.size == 0
+    }
+
+    /// Reads `buf.len()` bytes at `offset` in one positioned read (a short read is retried until
+    /// the range is complete), after checking that the open file is still the one that was
+    /// opened (and, when verified, evidenced): same inode, size and timestamps.
+    pub fn read_into(&self, offset: u64, buf: &mut AlignedBuf) -> Result<ReadPath, LayoutError> {
+        self.check_identity()?;
+        let len = buf.len() as u64;
+        let end = offset
+            .checked_add(len)
+            .filter(|&end| end <= self.identity.size);
+        if end.is_none() {
+            return Err(LayoutError::Io {
+                path: self.path.clone(),
+                error: std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "{len} bytes at {offset} lie past the end of a {}-byte file",
+                        self.identity.size
+                    ),
+                ),
+            });
+        }
+        let io = |error| LayoutError::Io {
+            path: self.path.clone(),
+            error,
+        };
+        let aligned = offset.is_multiple_of(DIRECT_BLOCK) && len.is_multiple_of(DIRECT_BLOCK);
+        if let (Some(direct), true) = (&self.direct, aligned) {
+            direct
+                .read_exact_at(buf.as_mut_slice(), offset)
+                .map_err(io)?;
+            return Ok(ReadPath::Direct);
+        }
+        self.buffered
+            .read_exact_at(buf.as_mut_slice(), offset)
+            .map_err(io)?;
+        if let Some(len) = NonZeroU64::new(len) {
+            // Advice only: a filesystem that ignores it costs page cache, not correctness.
+            let _ = rustix::fs::fadvise(
+                &self.buffered,
+                offset,
+                Some(len),
+                rustix::fs::Advice::DontNeed,
+            );
+        }
+        Ok(ReadPath::BufferedDontNeed)
+    }
+
+    fn check_identity(&self) -> Result<(), LayoutError> {
+        let now = FileIdentity::of(&self.buffered.metadata().map_err(|error| LayoutError::Io {
+            path: self.path.clone(),
+            error,
+        })?);
+        let changed = now.changes_from(&self.identity);
+        if changed.is_empty() {
+            return Ok(());
+        }
+        Err(StoreError::Changed {
+            path: self.path.clone(),
+            what: changed.join(", "),
+        }
+        .into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_start_on_the_slot_alignment() {
+        for len in [0, 1, 16384, 100_000] {
+            let mut b = AlignedBuf::new(len);
+            assert_eq!(b.as_slice().as_ptr() as usize % SLOT_ALIGN, 0);
+            assert_eq!(b.len(), len);
+            b.as_mut_slice().fill(7);
+            assert!(b.as_slice().iter().all(|&x| x == 7));
+        }
+    }
+
+    #[test]
+    fn reads_are_exact_and_a_changed_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let content: Vec<u8> = (0..65536u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(dir.path().join("w.tile"), &content).unwrap();
+        let files = ArtifactFiles::unverified(dir.path()).unwrap();
+        let file = files.open_streamed("w.tile").unwrap();
+        let mut buf = AlignedBuf::new(16384);
+        file.read_into(16384, &mut buf).unwrap();
+        assert_eq!(buf.as_slice(), &content[16384..32768]);
+        let mut odd = AlignedBuf::new(100);
+        assert_eq!(
+            file.read_into(3, &mut odd).unwrap(),
+            ReadPath::BufferedDontNeed
+        );
+        assert_eq!(odd.as_slice(), &content[3..103]);
+        let mut past = AlignedBuf::new(16384);
+        assert!(file.read_into(65536 - 100, &mut past).is_err());
+
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let handle = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.path().join("w.tile"))
+            .unwrap();
+        handle.write_all_at(&[1], 0).unwrap();
+        assert!(matches!(
+            file.read_into(16384, &mut buf),
+            Err(LayoutError::Evidence(StoreError::Changed { .. }))
+        ));
+    }
+}
