@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod pack;
 pub mod recognize;
 pub mod shard;
+pub mod synthetic_model;
 
 pub use check::{CheckError, CheckReport, Difference, check};
 pub use pack::{PackOptions, PackSummary, pack};

@@ -14,7 +14,7 @@ use crate::config::DeepSeekV3Config;
 use crate::experts::{ExpertParts, routed_experts};
 
 /// Activations, the tokenizer and the runtime's own heap, beside the KV cache.
-pub const FIXED_RESERVE: u64 = 64 << 20;
+pub const FIXED_RESERVE: u64 = 16 << 20;
 
 /// How the run holds its weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

@@ -147,3 +147,59 @@ fn streamed_runs_at_every_budget_and_thread_count_have_the_resident_bits() {
         }
     }
 }
+
+/// A generated DeepSeek-V3-shaped artifact several times larger than its floor: streamed at
+/// the floor, it decodes the resident run's tokens with the same logit bits, reading exactly
+/// the plan's bytes.
+#[test]
+fn an_artifact_several_times_its_budget_streams_with_the_resident_bits() {
+    use minirun_pack::synthetic_model::{SyntheticShape, write_synthetic_deepseek};
+    let checkpoint = tempfile::tempdir().unwrap();
+    let shape = SyntheticShape {
+        hidden: 512,
+        layers: 5,
+        experts: 32,
+        experts_per_token: 4,
+        moe_intermediate: 1024,
+        vocab: 512,
+        seed: 11,
+    };
+    let tokenizer =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/deepseek-v3/mlx-affine4-g64");
+    write_synthetic_deepseek(checkpoint.path(), &shape, &tokenizer).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    pack(
+        checkpoint.path(),
+        dir.path(),
+        &PackOptions::default(),
+        &|_| {},
+    )
+    .unwrap();
+    let artifact = Artifact::open(dir.path(), Access::Unverified).unwrap();
+    let config = DeepSeekV3Config::parse(&artifact.config_json).unwrap();
+    let experts = expert_map(&artifact, &config).unwrap();
+    let plan = Plan::new(&artifact, &config, &experts, Budget::Floor, 64).unwrap();
+    assert!(
+        artifact.total_payload_bytes() > 3 * plan.floor,
+        "{} bytes of weights, floor {}",
+        artifact.total_payload_bytes(),
+        plan.floor
+    );
+    let streamed = DeepSeekV3::load_planned(&artifact, config.clone(), &plan, experts).unwrap();
+    let (bits, ids, decode) = run(&streamed);
+    assert!(artifact.payload_bytes() <= plan.resident_bytes);
+    assert_eq!(
+        decode.expert_read_bytes,
+        plan.uncached_read_per_token * STEPS as u64
+    );
+    let resident = DeepSeekV3::load(&artifact, config).unwrap();
+    let (reference, reference_ids, _) = run(&resident);
+    assert_eq!(ids, reference_ids);
+    assert!(bits == reference, "logit bits differ");
+    assert!(
+        bits.iter()
+            .flatten()
+            .all(|&b| f32::from_bits(b).is_finite()),
+        "the synthetic model's logits are finite"
+    );
+}
