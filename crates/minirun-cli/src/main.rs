@@ -1,5 +1,6 @@
 //! `minirun`: inspect, pack, check, download, verify and run tile-container artifacts.
 
+mod bench_cmd;
 mod container_info;
 mod hub_cmd;
 mod info;
@@ -87,8 +88,9 @@ The token, if any, comes from $HF_TOKEN and is sent to the endpoint only.")]
 
 Exit status: 0 verified (evidence written); 1 a mismatch or an error (evidence erased).")]
     Verify(verify_cmd::VerifyArgs),
-    /// Generate text from an artifact's model (DeepSeek-V3 family), fully resident in memory,
-    /// computing straight from the stored quantized bytes.
+    /// Generate text from an artifact's model (DeepSeek-V3 family) under a memory budget,
+    /// computing straight from the stored quantized bytes: resident, or with its routed experts
+    /// streamed from storage, with the same output bits at every budget.
     #[command(
         after_help = "The artifact must carry verification evidence (run `minirun verify` first) unless
 --unverified is given; then every line of the output header says UNVERIFIED.
@@ -96,14 +98,22 @@ Exit status: 0 verified (evidence written); 1 a mismatch or an error (evidence e
 Text streams to standard output; the header and the figures (tokens/s, bytes of weights read
 per token) go to standard error. --json prints one JSON object instead.
 
+--budget sets the memory the run may use (2GiB, 500MB, or floor/balanced/generous). The plan
+(what is resident, what streams, the floor and the expert cache) is printed first; a budget
+below the floor is refused before a weight is read.
+
 Examples:
   minirun run ./tiny-minirun --prompt \"The clockmaker\" --max-tokens 32
+  minirun run ./big-minirun --prompt \"Hello\" --budget 1GiB --trace steps.jsonl
   minirun run ./tiny-minirun --prompt \"Count to three.\" --chat --temperature 0.7 --top-p 0.9 --seed 7
   minirun run ./tiny-minirun --prompt \"Hello\" --unverified --json
 
 Exit status: 0 generated; 1 an error (a refused artifact, config or prompt)."
     )]
     Run(run_cmd::RunArgs),
+    /// Benchmarks of what minirun's reads get from this machine.
+    #[command(subcommand)]
+    Bench(bench_cmd::BenchCommand),
 }
 
 impl Command {
@@ -115,7 +125,9 @@ impl Command {
             Command::Check(a) => Some(a.threads),
             Command::Verify(a) => Some(a.threads),
             Command::Run(a) => Some(a.threads),
-            Command::Synth(_) | Command::Catalog(_) | Command::Download(_) => None,
+            Command::Synth(_) | Command::Catalog(_) | Command::Download(_) | Command::Bench(_) => {
+                None
+            }
         }
     }
 }
@@ -137,6 +149,7 @@ fn main() -> ExitCode {
         Command::Download(args) => hub_cmd::download(&args),
         Command::Verify(args) => verify_cmd::run(&args),
         Command::Run(args) => run_cmd::run(&args),
+        Command::Bench(command) => bench_cmd::run(&command),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,217 @@
+//! `minirun bench storage DIR`: what the storage under an artifact delivers to the streaming
+//! reader: throughput and read latency (p50/p95/p99) at queue depths 1 to 8, through the same
+//! reads a streamed run makes (one positioned read into a 16 KiB-aligned buffer, `O_DIRECT`
+//! where supported, else dropped from the page cache afterwards).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use minirun_format::synthetic::SplitMix64;
+use minirun_runtime::budget::{Budget, human};
+use minirun_store::{AlignedBuf, ArtifactFiles, EntryKind, PayloadFile, ReadPath};
+use serde::Serialize;
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Measure the storage under a directory (an artifact, or any folder of large files) as
+    /// a streamed run reads it.
+    #[command(after_help = "Example:
+  minirun bench storage ./DeepSeek-V4-Flash-minirun --read-size 4MiB --seconds 3")]
+    Storage(StorageArgs),
+}
+
+#[derive(Args)]
+pub struct StorageArgs {
+    /// The directory whose files are read (every regular file in it and in its unit folders).
+    dir: PathBuf,
+    /// Bytes per read: a tile's size (a multiple of 16 KiB).
+    #[arg(long, default_value = "1MiB")]
+    read_size: Budget,
+    /// Seconds each queue depth runs.
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct DepthResult {
+    queue_depth: usize,
+    reads: usize,
+    bytes: u64,
+    seconds: f64,
+    gb_per_second: f64,
+    p50_ms: f64,
+    p95_ms: f64,
+    p99_ms: f64,
+}
+
+pub fn run(command: &BenchCommand) -> Result<ExitCode> {
+    let BenchCommand::Storage(args) = command;
+    let Budget::Bytes(read_size) = args.read_size else {
+        bail!("--read-size takes bytes (e.g. 1MiB), not a preset");
+    };
+    if read_size % 16384 != 0 {
+        bail!("--read-size must be a multiple of 16 KiB (a tile's alignment)");
+    }
+    if !(args.seconds > 0.0 && args.seconds.is_finite()) {
+        bail!("--seconds must be a positive number");
+    }
+    let files = ArtifactFiles::unverified(&args.dir)?;
+    let targets = large_files(&files, read_size)?;
+    if targets.is_empty() {
+        bail!(
+            "{} holds no file of at least {} to read: point it at an artifact or a folder of large files",
+            args.dir.display(),
+            human(read_size)
+        );
+    }
+    let direct = targets.iter().all(|f| f.supports_direct());
+    let total: u64 = targets.iter().map(PayloadFile::len).sum();
+    let mut warnings = Vec::new();
+    if !direct {
+        warnings.push(format!(
+            "O_DIRECT is not available here: reads go through the page cache (dropped after each read); \
+             if the {} of files are cached already, the figures describe memory, not storage",
+            human(total)
+        ));
+    }
+    let targets = Arc::new(targets);
+    let results: Vec<DepthResult> = (1..=8)
+        .map(|depth| measure(&targets, read_size, depth, args.seconds))
+        .collect::<Result<_>>()?;
+    if args.json {
+        let doc = serde_json::json!({ "dir": args.dir.display().to_string(), "files": targets.len(),
+            "bytes": total, "read_size": read_size, "direct": direct, "warnings": warnings, "depths": results });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{} files, {} in {}; {} reads of {} ({})",
+        targets.len(),
+        human(total),
+        args.dir.display(),
+        if direct { "O_DIRECT" } else { "buffered" },
+        human(read_size),
+        "random 16 KiB-aligned offsets"
+    );
+    println!("| queue depth | reads | GB/s | p50 ms | p95 ms | p99 ms |");
+    println!("|---:|---:|---:|---:|---:|---:|");
+    for r in &results {
+        println!(
+            "| {} | {} | {:.3} | {:.3} | {:.3} | {:.3} |",
+            r.queue_depth, r.reads, r.gb_per_second, r.p50_ms, r.p95_ms, r.p99_ms
+        );
+    }
+    for w in &warnings {
+        eprintln!("warning: {w}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Every regular file of the directory and its subdirectories (one level: units) at least one
+/// read long, opened for streaming.
+fn large_files(files: &ArtifactFiles, read_size: u64) -> Result<Vec<PayloadFile>> {
+    let root = files.root();
+    let mut names: Vec<String> = Vec::new();
+    let mut dirs = vec![String::new()];
+    dirs.extend(
+        root.subdirectories()?
+            .into_iter()
+            .filter(|d| !d.starts_with('.')),
+    );
+    for dir in dirs {
+        let listing = std::fs::read_dir(root.path().join(&dir))
+            .with_context(|| format!("cannot list {}", root.path().join(&dir).display()))?;
+        for entry in listing.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let path = if dir.is_empty() {
+                name
+            } else {
+                format!("{dir}/{name}")
+            };
+            if root.entry_kind(&path)? == EntryKind::File {
+                names.push(path);
+            }
+        }
+    }
+    names.sort();
+    let mut out = Vec::new();
+    for name in names {
+        let file = files.open_streamed(&name)?;
+        if file.len() >= read_size {
+            out.push(file);
+        }
+    }
+    Ok(out)
+}
+
+fn measure(
+    files: &Arc<Vec<PayloadFile>>,
+    read_size: u64,
+    depth: usize,
+    seconds: f64,
+) -> Result<DepthResult> {
+    let deadline = Duration::from_secs_f64(seconds);
+    let started = Instant::now();
+    let per_worker: Vec<Result<Vec<Duration>>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..depth)
+            .map(|worker| {
+                let files = Arc::clone(files);
+                scope.spawn(move || -> Result<Vec<Duration>> {
+                    let mut rng = SplitMix64::new(worker as u64 * 7919 + depth as u64);
+                    let mut buf = AlignedBuf::new(read_size as usize);
+                    let mut latencies = Vec::new();
+                    while started.elapsed() < deadline {
+                        let r = rng.next().unwrap_or(0);
+                        let file = &files[(r % files.len() as u64) as usize];
+                        let slots = (file.len() - read_size) / 16384 + 1;
+                        let offset = (r >> 20) % slots * 16384;
+                        let t = Instant::now();
+                        let path = file.read_into(offset, &mut buf)?;
+                        latencies.push(t.elapsed());
+                        debug_assert!(matches!(
+                            path,
+                            ReadPath::Direct | ReadPath::BufferedDontNeed
+                        ));
+                    }
+                    Ok(latencies)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| bail!("a reader thread panicked"))
+            })
+            .collect()
+    });
+    let elapsed = started.elapsed().as_secs_f64();
+    let mut latencies: Vec<Duration> = Vec::new();
+    for w in per_worker {
+        latencies.extend(w?);
+    }
+    latencies.sort();
+    let pct = |p: f64| {
+        latencies
+            .get(((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1)))
+            .map_or(0.0, |d| d.as_secs_f64() * 1e3)
+    };
+    let bytes = latencies.len() as u64 * read_size;
+    Ok(DepthResult {
+        queue_depth: depth,
+        reads: latencies.len(),
+        bytes,
+        seconds: elapsed,
+        gb_per_second: bytes as f64 / elapsed / 1e9,
+        p50_ms: pct(0.50),
+        p95_ms: pct(0.95),
+        p99_ms: pct(0.99),
+    })
+}

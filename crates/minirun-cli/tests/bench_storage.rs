@@ -1,0 +1,51 @@
+//! `minirun bench storage`: a table (or JSON) of throughput and latency percentiles at queue
+//! depths 1 to 8, through the streaming reader; refused settings and empty folders are named.
+
+use std::process::Command;
+
+fn minirun(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_minirun"))
+        .args(args)
+        .output()
+        .expect("minirun runs")
+}
+
+#[test]
+fn storage_is_measured_at_every_queue_depth() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("layer00")).unwrap();
+    std::fs::write(dir.path().join("layer00/w.tile"), vec![7u8; 1 << 20]).unwrap();
+    let path = dir.path().to_str().unwrap();
+    let out = minirun(&[
+        "bench",
+        "storage",
+        path,
+        "--read-size",
+        "64KiB",
+        "--seconds",
+        "0.05",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let depths = doc["depths"].as_array().unwrap();
+    assert_eq!(depths.len(), 8);
+    for (i, d) in depths.iter().enumerate() {
+        assert_eq!(d["queue_depth"], i + 1);
+        assert!(d["reads"].as_u64().unwrap() > 0);
+        assert!(d["p50_ms"].as_f64().unwrap() <= d["p99_ms"].as_f64().unwrap());
+    }
+    assert_eq!(doc["files"], 1);
+
+    let odd = minirun(&["bench", "storage", path, "--read-size", "1000"]);
+    assert_eq!(odd.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&odd.stderr).contains("16 KiB"));
+    let empty = tempfile::tempdir().unwrap();
+    let none = minirun(&["bench", "storage", empty.path().to_str().unwrap()]);
+    assert_eq!(none.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&none.stderr).contains("no file"));
+}
