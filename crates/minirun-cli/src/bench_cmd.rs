@@ -92,13 +92,12 @@ pub fn run(command: &BenchCommand) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "{} files, {} in {}; {} reads of {} ({})",
+        "{} files, {} in {}; {} reads of {} at random 16 KiB-aligned offsets",
         targets.len(),
         human(total),
         args.dir.display(),
         if direct { "O_DIRECT" } else { "buffered" },
         human(read_size),
-        "random 16 KiB-aligned offsets"
     );
     println!("| queue depth | reads | GB/s | p50 ms | p95 ms | p99 ms |");
     println!("|---:|---:|---:|---:|---:|---:|");
