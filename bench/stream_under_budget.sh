@@ -30,7 +30,7 @@ if [ ! -f "$WORK/artifact/index.json" ]; then
 fi
 du -sh "$WORK/artifact"
 
-big=$(find "$WORK/artifact" -name '*.affinetile' -size +100M | sort | head -1)
+big=$(find "$WORK/artifact" -name '*.affinetile' -size +50M | sort | sed -n 1p)
 echo "== dd iflag=direct on $(basename "$big") (1 MiB blocks)"
 dd if="$big" of=/dev/null bs=1M iflag=direct 2>&1 | tail -1
 dd_gbs=$(dd if="$big" of=/dev/null bs=1M iflag=direct 2>&1 | tail -1 | awk '{print $(NF-1), $NF}')
@@ -44,18 +44,25 @@ run() {
 }
 for budget in floor "$BUDGET"; do
   echo "== minirun run --budget $budget"
-  run "$budget" | python3 -c '
+  run "$budget" > "$WORK/run-$budget.json"
+  python3 - "$WORK/run-$budget.json" <<'PY'
 import json, sys
-r = json.load(sys.stdin)
+r = json.load(open(sys.argv[1]))
 p = r["plan"]
-steps = r["decode_steps"]
-per = r["decode_seconds"] / max(steps, 1)
-io = r["decode_io_seconds"] / max(steps, 1)
-compute = per - io
-print(f"budget {p[\"budget\"]/2**20:.0f} MiB, floor {p[\"floor\"]/2**20:.0f} MiB, weights {p[\"everything\"]/2**30:.2f} GiB ({p[\"everything\"]/p[\"budget\"]:.1f}x the budget), mode {p[\"mode\"]}")
-print(f"expert bytes/token {r[\"expert_read_bytes_per_token\"]/2**20:.1f} MiB; plan without cache hits {p[\"uncached_read_per_token\"]/2**20:.1f} MiB; hits {r[\"expert_cache_hits\"]} misses {r[\"expert_cache_misses\"]}")
-print(f"time/token {per*1e3:.0f} ms = I/O wait {io*1e3:.0f} ms + compute {compute*1e3:.0f} ms; ratio to max(I/O, compute) {per/max(io, compute):.2f}x; {r[\"tokens_per_second\"]:.2f} tok/s")
-print(f"read throughput while waiting {r[\"expert_read_bytes_per_token\"]/max(io,1e-9)/1e9:.2f} GB/s; peak RSS {r[\"peak_rss_bytes\"]/2**20:.0f} MiB of budget {p[\"budget\"]/2**20:.0f} MiB")
-'
+steps = max(r["decode_steps"], 1)
+per = r["decode_seconds"] / steps
+io = r["decode_io_seconds"] / steps
+compute = per - io  # compute that overlapped the reads is not counted as I/O wait
+mib, gib = 2**20, 2**30
+print(f"budget {p['budget']/mib:.0f} MiB, floor {p['floor']/mib:.0f} MiB, weights {p['everything']/gib:.2f} GiB "
+      f"({p['everything']/p['budget']:.1f}x the budget), mode {p['mode']}")
+print(f"expert bytes/token {r['expert_read_bytes_per_token']/mib:.1f} MiB; the plan without cache hits "
+      f"{p['uncached_read_per_token']/mib:.1f} MiB; cache hits {r['expert_cache_hits']} misses {r['expert_cache_misses']}")
+print(f"time/token {per*1e3:.0f} ms = I/O wait {io*1e3:.0f} ms + compute {compute*1e3:.0f} ms; "
+      f"{per/max(io, compute):.2f}x max(I/O, compute); {r['tokens_per_second']:.2f} tok/s")
+print(f"expert bytes read per second of decoding {r['expert_read_bytes_per_token']/per/1e9:.3f} GB/s; "
+      f"direct reads {r['direct_reads']}, buffered {r['buffered_reads']}; "
+      f"peak RSS {r['peak_rss_bytes']/mib:.0f} MiB of budget {p['budget']/mib:.0f} MiB")
+PY
 done
 echo "(dd iflag=direct: $dd_gbs)"

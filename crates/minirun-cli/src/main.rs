@@ -14,6 +14,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+// Streamed runs allocate and free tile buffers on many short-lived read threads; glibc's
+// per-thread arenas keep freed buffers mapped (a 1 GiB budget ran at 1.37 GiB of RSS), while
+// mimalloc returns them.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "minirun",

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::artifact::{Artifact, ArtifactError, Stack};
 use crate::config::DeepSeekV3Config;
-use crate::experts::{ExpertCache, ExpertParts, fetch_all};
+use crate::experts::{ExpertCache, ExpertParts, with_fetched};
 use crate::kernels::{Format, KernelError, QMatrix};
 use crate::plan::{ExpertMap, Mode, Plan};
 use crate::rope::{Rope, attention_scale};
@@ -396,25 +396,46 @@ impl Moe<'_> {
             }
             (RoutedExperts::Streamed { layer, parts }, Some((artifact, cache))) => {
                 let chosen: Vec<usize> = routes.iter().map(|&(e, _)| e).collect();
-                let (loaded, waited) = fetch_all(artifact, cache, *layer, parts, &chosen)?;
+                let mut shared_stats = StepStats::default();
+                let mut expert_stats = StepStats::default();
+                let (shared, waited) = with_fetched(
+                    artifact,
+                    cache,
+                    *layer,
+                    parts,
+                    &chosen,
+                    || {
+                        self.shared
+                            .as_ref()
+                            .map(|s| s.forward(x, &mut shared_stats))
+                            .transpose()
+                    },
+                    |i, expert, fetch| {
+                        let (e, w) = routes[i];
+                        let part = &parts[e];
+                        expert_stats.expert_read_bytes += fetch.read_bytes;
+                        expert_stats.direct_reads += fetch.direct_reads;
+                        expert_stats.buffered_reads += fetch.buffered_reads;
+                        match fetch.hit {
+                            true => expert_stats.expert_cache_hits += 1,
+                            false => expert_stats.expert_cache_misses += 1,
+                        }
+                        let mlp = Mlp {
+                            gate: expert.gate.matrix(&part.gate)?,
+                            up: expert.up.matrix(&part.up)?,
+                            down: expert.down.matrix(&part.down)?,
+                        };
+                        add(mlp.forward(x, &mut expert_stats)?, w);
+                        Ok(())
+                    },
+                )?;
+                crate::generate::accumulate(stats, &expert_stats);
+                stats.weight_bytes += shared_stats.weight_bytes;
                 stats.io_time += waited;
-                for (&(e, w), (expert, fetch)) in routes.iter().zip(&loaded) {
-                    let part = &parts[e];
-                    stats.expert_read_bytes += fetch.read_bytes;
-                    stats.direct_reads += fetch.direct_reads;
-                    stats.buffered_reads += fetch.buffered_reads;
-                    match fetch.hit {
-                        true => stats.expert_cache_hits += 1,
-                        false => stats.expert_cache_misses += 1,
-                    }
-                    let mlp = Mlp {
-                        gate: expert.gate.matrix(&part.gate)?,
-                        up: expert.up.matrix(&part.up)?,
-                        down: expert.down.matrix(&part.down)?,
-                    };
-                    add(mlp.forward(x, stats)?, w);
+                if let Some(out) = shared? {
+                    y.iter_mut().zip(&out).for_each(|(y, o)| *y += o);
                 }
-                cache.layer_done();
+                return Ok(y);
             }
             (RoutedExperts::Streamed { .. }, None) => {
                 return Err(ModelError::Artifact(ArtifactError::Tensor {
@@ -452,7 +473,7 @@ impl<'a> DeepSeekV3<'a> {
             Mode::Resident => DeepSeekV3::build(artifact, config, None),
             Mode::Streamed => {
                 let mut model = DeepSeekV3::build(artifact, config, Some(experts))?;
-                model.cache = Some(ExpertCache::new(plan.cache_bytes));
+                model.cache = Some(ExpertCache::new(plan.cache_bytes, plan.moe_layers));
                 Ok(model)
             }
         }

@@ -159,22 +159,29 @@ struct Entry {
 struct CacheState {
     entries: HashMap<(usize, usize), Entry>,
     used: u64,
+    /// Bytes held per layer.
+    layer_used: HashMap<usize, u64>,
     clock: u64,
     /// Bytes of experts loaded for the layer in progress that the cache does not hold.
     in_flight: u64,
     peak: u64,
 }
 
-/// Loaded experts, at most `capacity` bytes of them, least recently used evicted first.
+/// Loaded experts, at most `capacity` bytes of them, shared equally between the MoE layers,
+/// each layer's least recently used evicted first. One pool across layers would be emptied by
+/// every token: a token visits the layers in order, so with less room than one token's experts,
+/// plain LRU evicts each layer's experts just before the next token needs them.
 pub struct ExpertCache {
     capacity: u64,
+    per_layer: u64,
     state: Mutex<CacheState>,
 }
 
 impl ExpertCache {
-    pub fn new(capacity: u64) -> ExpertCache {
+    pub fn new(capacity: u64, moe_layers: usize) -> ExpertCache {
         ExpertCache {
             capacity,
+            per_layer: capacity / moe_layers.max(1) as u64,
             state: Mutex::new(CacheState::default()),
         }
     }
@@ -207,25 +214,30 @@ impl ExpertCache {
             return;
         };
         let size = expert.allocated();
-        if size > self.capacity {
+        let layer = key.0;
+        if size > self.per_layer {
             s.in_flight += size;
         } else {
-            while s.used + size > self.capacity {
+            while s.layer_used.get(&layer).copied().unwrap_or(0) + size > self.per_layer {
                 let Some(oldest) = s
                     .entries
                     .iter()
+                    .filter(|(k, _)| k.0 == layer)
                     .min_by_key(|(_, e)| e.last_use)
                     .map(|(k, _)| *k)
                 else {
                     break;
                 };
                 if let Some(old) = s.entries.remove(&oldest) {
-                    s.used -= old.expert.allocated();
+                    let freed = old.expert.allocated();
+                    s.used -= freed;
+                    *s.layer_used.entry(layer).or_default() -= freed;
                 }
             }
             s.clock += 1;
             let last_use = s.clock;
             s.used += size;
+            *s.layer_used.entry(layer).or_default() += size;
             s.entries.insert(
                 key,
                 Entry {
@@ -245,39 +257,42 @@ impl ExpertCache {
     }
 }
 
-/// Fetched experts with what each fetch cost, and the wall time the reads took.
-pub type Fetched = (Vec<(Arc<LoadedExpert>, Fetch)>, Duration);
-
 /// The experts the router picked for one token at one layer, fetched from the cache or read
-/// from storage, each miss on its own thread so that all the reads are in flight at once.
-pub fn fetch_all(
+/// from storage, each on its own thread so that all the reads are in flight at once. While they
+/// are read, `meanwhile` runs (the shared expert's products); then `each` is called for the
+/// experts in the order chosen, each as soon as its own read is done, so compute overlaps the
+/// reads still in flight. Returns `meanwhile`'s value and the time spent waiting for reads.
+pub fn with_fetched<R>(
     artifact: &Artifact,
     cache: &ExpertCache,
     layer: usize,
     experts: &[ExpertParts],
     chosen: &[usize],
-) -> Result<Fetched, ArtifactError> {
-    let started = Instant::now();
-    let fetched: Vec<Result<(Arc<LoadedExpert>, Fetch), ArtifactError>> =
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = chosen
-                .iter()
-                .map(|&e| scope.spawn(move || fetch(artifact, cache, layer, experts, e)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(ArtifactError::Tensor {
-                            name: format!("model.layers.{layer}.mlp experts"),
-                            reason: "a read thread panicked".into(),
-                        })
-                    })
+    meanwhile: impl FnOnce() -> R,
+    mut each: impl FnMut(usize, &LoadedExpert, Fetch) -> Result<(), crate::deepseek::ModelError>,
+) -> Result<(R, Duration), crate::deepseek::ModelError> {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = chosen
+            .iter()
+            .map(|&e| scope.spawn(move || fetch(artifact, cache, layer, experts, e)))
+            .collect();
+        let value = meanwhile();
+        let mut waited = Duration::ZERO;
+        for (i, handle) in handles.into_iter().enumerate() {
+            let started = Instant::now();
+            let fetched = handle.join().unwrap_or_else(|_| {
+                Err(ArtifactError::Tensor {
+                    name: format!("model.layers.{layer}.mlp experts"),
+                    reason: "a read thread panicked".into(),
                 })
-                .collect()
-        });
-    let fetched = fetched.into_iter().collect::<Result<Vec<_>, _>>()?;
-    Ok((fetched, started.elapsed()))
+            });
+            waited += started.elapsed();
+            let (expert, cost) = fetched?;
+            each(i, &expert, cost)?;
+        }
+        cache.layer_done();
+        Ok((value, waited))
+    })
 }
 
 fn fetch(
