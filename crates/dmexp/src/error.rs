@@ -192,6 +192,12 @@ pub enum Error {
     NoSuchTensor { name: String },
 }
 
+impl From<atomic_file::AtomicWriteError> for Error {
+    fn from(e: atomic_file::AtomicWriteError) -> Self {
+        Error::io(e.path, e.source)
+    }
+}
+
 impl Error {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {

@@ -3,7 +3,7 @@
 
 use std::fs::File;
 use std::io::{BufWriter, Read, Write};
-use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::decode::{Export, check_crc, check_prefix, check_statistics, decode_with_path};
@@ -70,36 +70,17 @@ pub fn encode_to_path(
     })
 }
 
-/// Creates a temporary file beside `path`, lets `fill` write it, fsyncs it, renames it
-/// over `path` and fsyncs the directory. The temporary file is removed on any failure.
+/// Lets `fill` write the new file through [`atomic_file`]: a temporary sibling, fsynced,
+/// renamed over `path`, the directory fsynced; the temporary file is removed on any failure.
 fn replace_atomically(
     path: &Path,
     fill: impl FnOnce(&File) -> std::io::Result<()>,
 ) -> Result<(), Error> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let file_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    // An export is made to be handed on: readable by others like any file `cp` makes
-    // (the process umask still applies), not the temporary file's default 0600.
-    let temp = tempfile::Builder::new()
-        .prefix(&format!(".{file_name}."))
-        .suffix(".tmp")
-        .permissions(std::fs::Permissions::from_mode(0o644))
-        .tempfile_in(&dir)
-        .map_err(|e| Error::io(&dir, e))?;
-    fill(temp.as_file())
-        .and_then(|()| temp.as_file().sync_all())
-        .map_err(|e| Error::io(temp.path(), e))?;
-    temp.persist(path).map_err(|e| Error::io(path, e.error))?;
-    // The rename is durable only once the directory entry is.
-    File::open(&dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| Error::io(&dir, e))
+    // An export is made to be handed on: readable by others like any file `cp` makes (the
+    // process umask still applies), which is atomic_file's default mode.
+    atomic_file::write_with(path, atomic_file::Options::default(), |file| {
+        fill(file).map_err(|e| Error::io(path, e))
+    })
 }
 
 /// Reads and fully decodes the export at `path`. The prefix is checked from the first

@@ -121,7 +121,7 @@ impl FileKind {
         let shown = path.map_or_else(|| "the file".to_string(), |p| p.display().to_string());
         match self {
             FileKind::Export { version } => format!(
-                "{shown} is a .dmexp export (format version {version}); read it with `export info {shown}`"
+                "{shown} is a .dmexp export (format version {version}); read it with `dormouse export info {shown}`"
             ),
             FileKind::TrainingCheckpoint => format!(
                 "{shown} is a dormouse TRAINING CHECKPOINT (model + optimizer + EMA teacher), not an \
@@ -130,12 +130,13 @@ impl FileKind {
             ),
             FileKind::EngramSidecar => format!(
                 "{shown} is the host-RAM Engram memory of an --engram-ram training run (a .ngram \
-                 sidecar), not an export; it only serves to resume that run with `train --resume`, \
+                 sidecar), not an export; it only serves to resume that run with `dormouse train --resume`, \
                  and no export carries it"
             ),
             FileKind::OriginalCheckpoint => format!(
                 "{shown} is a training checkpoint of the original burn-based dormouse (magic DMCK v2); \
-                 this repository cannot read it: train a new run with `train`, then `export run`"
+                 this repository cannot read it: train a new run with `dormouse train`, then \
+                 `dormouse export run`"
             ),
             FileKind::TileContainer => format!(
                 "{shown} is a minirun tile container (MNRNTIL1), not a dormouse export; inspect it with \
@@ -165,7 +166,8 @@ impl FileKind {
     }
 }
 
-/// `export run --ckpt-dir DIR --ckpt-name NAME --dtype bf16` for a checkpoint at `path`.
+/// `dormouse export run --ckpt-dir DIR --ckpt-name NAME --dtype bf16` for a checkpoint at
+/// `path`.
 pub fn export_command(path: Option<&Path>) -> String {
     let (dir, name) = match path {
         Some(p) => {
@@ -181,7 +183,7 @@ pub fn export_command(path: Option<&Path>) -> String {
         }
         None => ("<ckpt-dir>".to_string(), "<ckpt-name>".to_string()),
     };
-    format!("export run --ckpt-dir {dir} --ckpt-name {name} --dtype bf16")
+    format!("dormouse export run --ckpt-dir {dir} --ckpt-name {name} --dtype bf16")
 }
 
 /// Bytes shown as a quoted string with non-printable bytes escaped.
@@ -231,13 +233,14 @@ mod tests {
             FileKind::TrainingCheckpoint.advice(Some(Path::new("runs/checkpoints/latest.bin")));
         assert!(advice.contains("TRAINING CHECKPOINT"), "{advice}");
         assert!(
-            advice
-                .contains("export run --ckpt-dir runs/checkpoints --ckpt-name latest --dtype bf16"),
+            advice.contains(
+                "dormouse export run --ckpt-dir runs/checkpoints --ckpt-name latest --dtype bf16"
+            ),
             "{advice}"
         );
         assert_eq!(
             export_command(Some(Path::new("best.bin"))),
-            "export run --ckpt-dir . --ckpt-name best --dtype bf16"
+            "dormouse export run --ckpt-dir . --ckpt-name best --dtype bf16"
         );
     }
 

@@ -140,7 +140,10 @@ fn wrong_magic_names_the_file_kind_and_what_to_run() {
         "{err:?}"
     );
     assert!(err.to_string().contains("TRAINING CHECKPOINT"), "{err}");
-    assert!(err.to_string().contains("export run --ckpt-dir"), "{err}");
+    assert!(
+        err.to_string().contains("dormouse export run --ckpt-dir"),
+        "{err}"
+    );
 
     let mut tile = b"MNRNTIL1".to_vec();
     tile.resize(16384, 0);

@@ -210,7 +210,7 @@ fn a_training_checkpoint_is_refused_with_the_command_that_converts_it() {
             "{err:?}"
         );
         let expected = format!(
-            "export run --ckpt-dir {} --ckpt-name latest --dtype bf16",
+            "dormouse export run --ckpt-dir {} --ckpt-name latest --dtype bf16",
             dir.path().display()
         );
         assert!(err.to_string().contains(&expected), "{err}");

@@ -7,14 +7,15 @@
 
 use std::time::Instant;
 
-// The same allocator as the `train` binary: candle allocates a fresh buffer per op, and glibc's
+// The same allocator as `dormouse train`: candle allocates a fresh buffer per op, and glibc's
 // malloc hands large ones back to the kernel each time (page faults, zeroing).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use candle_core::Device;
 use dormouse::DormouseConfig;
-use dormouse::train::{Corpus, TrainSettings, Trainer};
+use dormouse::data::Corpus;
+use dormouse::train::{TrainSettings, Trainer};
 
 struct Args {
     preset: String,

@@ -83,6 +83,15 @@ pub enum CheckpointError {
     Missing { path: PathBuf, kind: SectionKind },
 }
 
+impl From<atomic_file::AtomicWriteError> for CheckpointError {
+    fn from(e: atomic_file::AtomicWriteError) -> Self {
+        CheckpointError::Io {
+            path: e.path,
+            error: e.source,
+        }
+    }
+}
+
 fn io(path: &Path, error: std::io::Error) -> CheckpointError {
     CheckpointError::Io {
         path: path.to_path_buf(),
@@ -99,19 +108,9 @@ pub struct SectionEntry {
     pub crc32: u32,
 }
 
-/// Writes `sections` (each kind at most once) to `path` atomically: temporary file in the
-/// same directory, fsync, rename, directory fsync. A failure leaves the old file in place.
+/// Writes `sections` (each kind at most once) to `path` through [`atomic_file`]: a kill or a
+/// failure at any point leaves the old checkpoint (or none), never half of a new one.
 pub fn write(path: &Path, sections: &[(SectionKind, &[u8])]) -> Result<(), CheckpointError> {
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let temp = tempfile::Builder::new()
-        .prefix(".dmtrain.")
-        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
-        .tempfile_in(dir)
-        .map_err(|e| io(dir, e))?;
-    let mut out = BufWriter::new(temp.as_file());
     let mut offset = TABLE_START + ENTRY_LEN * sections.len() as u64;
     let mut table = Vec::new();
     for (kind, bytes) in sections {
@@ -143,14 +142,9 @@ pub fn write(path: &Path, sections: &[(SectionKind, &[u8])]) -> Result<(), Check
         }
         out.flush()
     };
-    write_all(&mut out)
-        .and_then(|()| temp.as_file().sync_all())
-        .map_err(|e| io(path, e))?;
-    drop(out);
-    temp.persist(path).map_err(|e| io(path, e.error))?;
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| io(dir, e))
+    atomic_file::write_with(path, atomic_file::Options::default(), |file| {
+        write_all(&mut BufWriter::new(file)).map_err(|e| io(path, e))
+    })
 }
 
 /// An opened checkpoint: the table is validated; sections are read on request.

@@ -4,7 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::engram::MULXOR_V1;
+use crate::engram::MAX_ORDERS;
+use crate::engram::hash::MULXOR_V1;
 
 /// The only vocabulary: one token per byte.
 pub const VOCAB_SIZE: usize = 256;
@@ -95,10 +96,10 @@ pub enum ConfigReadError {
     NoSuchPreset { name: String, known: String },
 }
 
-/// The presets shipped in `configs/`, embedded in every binary.
+/// The presets shipped in this crate's `configs/`, embedded in every binary.
 pub const PRESETS: &[(&str, &str)] = &[
-    ("nano", include_str!("../../../configs/nano.toml")),
-    ("small", include_str!("../../../configs/small.toml")),
+    ("nano", include_str!("../configs/nano.toml")),
+    ("small", include_str!("../configs/small.toml")),
 ];
 
 fn rule(field: &'static str, rule: impl Into<String>) -> ConfigError {
@@ -290,12 +291,11 @@ impl DormouseConfig {
                 "must be 1 when engram_ram is set (the rows live in the sidecar; DormouseConfig::resolve squeezes it)",
             ));
         }
-        if self.engram_ram && self.engram_orders.len() > crate::ngram::MAX_ORDERS {
+        if self.engram_ram && self.engram_orders.len() > MAX_ORDERS {
             return Err(rule(
                 "engram_orders",
                 format!(
-                    "lists at most {} orders when engram_ram is set (the sidecar's limit)",
-                    crate::ngram::MAX_ORDERS
+                    "lists at most {MAX_ORDERS} orders when engram_ram is set (the sidecar's limit)"
                 ),
             ));
         }

@@ -1,6 +1,10 @@
-//! Training bytes: the embedded public-domain corpus, or files and folders given by the user.
+//! Training bytes: the embedded public-domain corpus or files and folders given by the user,
+//! split into a training part and a held-out tail, and the seeded stream of batches drawn
+//! from the training part.
 
 use std::path::{Path, PathBuf};
+
+use crate::rng::{purpose, stream};
 
 /// The embedded corpus: the King James Version, 4.3 MB (provenance in `data/PROVENANCE.md`).
 pub const EMBEDDED_CORPUS: &[u8] = include_bytes!("../data/kjv.txt");
@@ -65,6 +69,76 @@ fn collect(path: &Path, files: &mut Vec<PathBuf>) -> Result<(), DataError> {
         collect(&entry, files)?;
     }
     Ok(())
+}
+
+/// Why a corpus cannot be trained on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CorpusError {
+    #[error("the corpus is empty")]
+    Empty,
+    #[error("a training window needs at least one byte to read (--seq 0)")]
+    NoWindow,
+    #[error(
+        "the corpus has {len} bytes: it needs at least one training window of {window} bytes plus the {eval} held-out bytes"
+    )]
+    TooShort {
+        len: usize,
+        window: usize,
+        eval: usize,
+    },
+}
+
+/// The corpus, split into a training part and a held-out tail that is never trained on.
+#[derive(Debug, Clone)]
+pub struct Corpus {
+    bytes: Vec<u8>,
+    train_len: usize,
+}
+
+impl Corpus {
+    pub fn new(bytes: Vec<u8>, eval_bytes: usize, seq: usize) -> Result<Self, CorpusError> {
+        if bytes.is_empty() {
+            return Err(CorpusError::Empty);
+        }
+        if seq == 0 {
+            return Err(CorpusError::NoWindow);
+        }
+        let window = seq.saturating_add(1);
+        let needed = eval_bytes.checked_add(window);
+        if needed.is_none_or(|n| bytes.len() < n) || eval_bytes < window {
+            return Err(CorpusError::TooShort {
+                len: bytes.len(),
+                window,
+                eval: eval_bytes.max(window),
+            });
+        }
+        Ok(Corpus {
+            train_len: bytes.len() - eval_bytes,
+            bytes,
+        })
+    }
+
+    pub fn train(&self) -> &[u8] {
+        &self.bytes[..self.train_len]
+    }
+
+    pub fn held_out(&self) -> &[u8] {
+        &self.bytes[self.train_len..]
+    }
+
+    /// The batch of step `step`: `batch` windows of `seq + 1` bytes from the training part,
+    /// a pure function of (seed, step) so that a resumed run reads what the uninterrupted
+    /// one would have.
+    pub fn batch(&self, seed: u64, step: u64, batch: usize, seq: usize) -> Vec<&[u8]> {
+        let mut rng = stream(seed, purpose::BATCHES, step);
+        let starts = self.train_len - seq;
+        (0..batch)
+            .map(|_| {
+                let start = (rng.next_u64() % starts as u64) as usize;
+                &self.bytes[start..start + seq + 1]
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]

@@ -1,27 +1,39 @@
 //! dormouse: a small byte-level language model with an Engram hashed n-gram memory, on
 //! candle (CPU).
 //!
-//! - [`config`]: `DormouseConfig`, its validation and the embedded presets;
-//! - [`engram`]: the documented n-gram hash (`mulxor-v1`) that addresses the memory;
+//! The model and what inference needs:
+//! - [`config`]: `DormouseConfig`, its validation and the embedded presets (`configs/`);
+//! - [`engram`]: the memory's n-gram hash (`mulxor-v1`), and for `--engram-ram` runs the
+//!   host-RAM memory and its `.ngram` sidecar;
 //! - [`model`]: the model, one forward function for training and inference, with a KV cache;
+//! - [`tensor_shapes`]: the tensors a config's model has, to check a file against;
+//! - [`serving`]: loading an export for inference, refusing what cannot be served;
+//! - [`sample`]: greedy and seeded sampling, and incremental generation with the KV cache;
+//! - [`rng`]: the seeded generator behind every random choice.
+//!
+//! Training, which inference never reaches into:
+//! - [`data`]: the corpus (embedded or read from files), its held-out split and its batches;
+//! - [`init`]: a model with every parameter drawn from a seed;
+//! - [`optim`]: AdamW, the host memory's sparse Adam, gradient clipping;
+//! - [`train`]: the training loop's parts and a resumable run;
+//! - [`run_policy`]: what may start a run and what may change when it resumes;
 //! - [`checkpoint`]: the training checkpoint container (`DMTRAIN`), read section by section;
 //! - [`weights`]: named tensors to and from safetensors, checked against the model's shapes;
-//! - [`train`]: the training loop's parts (corpus split, seeded init, AdamW, schedule, EMA,
-//!   held-out BPB) and a resumable run;
-//! - [`ngram`]: the host-RAM memory of an `--engram-ram` run and its `.ngram` sidecar;
-//! - [`export`]: a run to one `.dmexp` file (`export run`);
-//! - [`serving`]: loading an export for inference, refusing what cannot be served;
-//! - [`sample`]: greedy and seeded sampling, and incremental generation with the KV cache.
+//! - [`export`]: a run to one `.dmexp` file (`dormouse export run`).
 
 pub mod checkpoint;
 pub mod config;
 pub mod data;
 pub mod engram;
 pub mod export;
+pub mod init;
 pub mod model;
-pub mod ngram;
+pub mod optim;
+pub mod rng;
+pub mod run_policy;
 pub mod sample;
 pub mod serving;
+pub mod tensor_shapes;
 pub mod train;
 pub mod weights;
 

@@ -27,7 +27,7 @@ use candle_core::{D, DType, Device, Module, Result, Tensor};
 use candle_nn::{Embedding, Init, Linear, VarBuilder, linear, linear_no_bias};
 
 use crate::config::{DormouseConfig, VOCAB_SIZE};
-use crate::engram;
+use crate::engram::hash;
 
 /// Standard deviation of the embedding and memory tables at initialisation.
 const INIT_STD: f64 = 0.02;
@@ -450,7 +450,7 @@ impl Dormouse {
             let history = cache
                 .and_then(|c| c.recent.get(s))
                 .map_or(&[][..], Vec::as_slice);
-            let rows = engram::rows_for(
+            let rows = hash::rows_for(
                 history,
                 window,
                 &self.cfg.engram_orders,

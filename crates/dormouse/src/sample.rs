@@ -6,7 +6,7 @@ use std::ops::ControlFlow;
 use candle_core::{Result, Tensor};
 
 use crate::model::{Dormouse, KvCache};
-use crate::train::SplitMix64;
+use crate::rng::SplitMix64;
 
 /// How the next byte is chosen.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -260,7 +260,7 @@ mod tests {
             max_seq_len: 16,
             ..crate::DormouseConfig::preset("nano").unwrap()
         };
-        let (_, model) = crate::train::seeded_model(&cfg, 3, &candle_core::Device::Cpu).unwrap();
+        let (_, model) = crate::init::seeded_model(&cfg, 3, &candle_core::Device::Cpu).unwrap();
         let mut bytes = Vec::new();
         let produced = generate(
             &model,

@@ -13,8 +13,8 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 
 use crate::config::{ConfigError, DormouseConfig};
-use crate::export::{expected_tensors, tensor_mismatch};
 use crate::model::Dormouse;
+use crate::tensor_shapes::{expected_tensors, tensor_mismatch};
 
 /// Why an export cannot be served.
 #[derive(Debug, thiserror::Error)]

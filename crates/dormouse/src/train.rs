@@ -1,14 +1,23 @@
-//! The training loop's parts: a held-out corpus split, seeded initialisation, AdamW whose
-//! state can be saved, warmup + cosine learning rate, gradient clipping, an EMA teacher, and
-//! held-out bits per byte. Every random choice is a pure function of (seed, step), so a
-//! resumed run draws exactly the batches the uninterrupted run would have.
+//! A run in memory and its loop: the loss of a batch, warmup + cosine learning rate, the EMA
+//! teacher, held-out bits per byte, and saving and resuming the whole run state (model,
+//! optimizer moments, teacher, step and, on an `--engram-ram` run, the host memory). The
+//! batches come from [`crate::data`], the initialisation from [`crate::init`] and the updates
+//! from [`crate::optim`]; every random choice is a pure function of (seed, step), so a resumed
+//! run is the uninterrupted run, bit for bit.
 
-use candle_core::{DType, Device, Result, Tensor, Var, backprop::GradStore};
+use std::path::Path;
+
+use candle_core::{DType, Device, Result, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
 
+use crate::checkpoint::{self, Checkpoint, SectionKind};
 use crate::config::DormouseConfig;
+use crate::data::Corpus;
+use crate::engram::memory::{HostMemory, MemoryError, MemoryShape, SparseGrad};
+use crate::engram::sidecar::{self, SidecarError, SidecarStamp};
+use crate::init::{seeded_model, sorted_vars};
 use crate::model::Dormouse;
-use crate::ngram::{self, HostMemory, MemoryShape, SidecarStamp, SparseGrad};
+use crate::optim::{AdamW, clip_factor, grad_norm_squared};
 
 /// How a run trains (the `train` flags).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -44,118 +53,6 @@ impl Default for TrainSettings {
     }
 }
 
-/// SplitMix64: the run's only source of randomness.
-#[derive(Debug, Clone)]
-pub struct SplitMix64(u64);
-
-impl SplitMix64 {
-    pub fn new(seed: u64) -> Self {
-        SplitMix64(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    pub fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// A standard normal sample (Box-Muller).
-    pub fn next_normal(&mut self) -> f64 {
-        let u1 = self.next_f64().max(f64::MIN_POSITIVE);
-        let u2 = self.next_f64();
-        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
-    }
-}
-
-/// A generator for one purpose at one step, independent of every other draw.
-pub fn stream(seed: u64, purpose: u64, step: u64) -> SplitMix64 {
-    let mut mixer = SplitMix64::new(seed ^ purpose.wrapping_mul(0xD1B5_4A32_D192_ED03));
-    let base = mixer.next_u64();
-    SplitMix64::new(base ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15))
-}
-
-const BATCH_STREAM: u64 = 1;
-const INIT_STREAM: u64 = 2;
-
-/// Why a corpus cannot be trained on.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum CorpusError {
-    #[error("the corpus is empty")]
-    Empty,
-    #[error("a training window needs at least one byte to read (--seq 0)")]
-    NoWindow,
-    #[error(
-        "the corpus has {len} bytes: it needs at least one training window of {window} bytes plus the {eval} held-out bytes"
-    )]
-    TooShort {
-        len: usize,
-        window: usize,
-        eval: usize,
-    },
-}
-
-/// The corpus, split into a training part and a held-out tail that is never trained on.
-#[derive(Debug, Clone)]
-pub struct Corpus {
-    bytes: Vec<u8>,
-    train_len: usize,
-}
-
-impl Corpus {
-    pub fn new(
-        bytes: Vec<u8>,
-        eval_bytes: usize,
-        seq: usize,
-    ) -> std::result::Result<Self, CorpusError> {
-        if bytes.is_empty() {
-            return Err(CorpusError::Empty);
-        }
-        if seq == 0 {
-            return Err(CorpusError::NoWindow);
-        }
-        let window = seq.saturating_add(1);
-        let needed = eval_bytes.checked_add(window);
-        if needed.is_none_or(|n| bytes.len() < n) || eval_bytes < window {
-            return Err(CorpusError::TooShort {
-                len: bytes.len(),
-                window,
-                eval: eval_bytes.max(window),
-            });
-        }
-        Ok(Corpus {
-            train_len: bytes.len() - eval_bytes,
-            bytes,
-        })
-    }
-
-    pub fn train(&self) -> &[u8] {
-        &self.bytes[..self.train_len]
-    }
-
-    pub fn held_out(&self) -> &[u8] {
-        &self.bytes[self.train_len..]
-    }
-
-    /// The batch of step `step`: `batch` windows of `seq + 1` bytes from the training part.
-    pub fn batch(&self, seed: u64, step: u64, batch: usize, seq: usize) -> Vec<&[u8]> {
-        let mut rng = stream(seed, BATCH_STREAM, step);
-        let starts = self.train_len - seq;
-        (0..batch)
-            .map(|_| {
-                let start = (rng.next_u64() % starts as u64) as usize;
-                &self.bytes[start..start + seq + 1]
-            })
-            .collect()
-    }
-}
-
 /// Learning rate at `step`: linear warmup to `lr`, then cosine decay to `min_lr` at `steps`.
 pub fn lr_at(s: &TrainSettings, step: u64) -> f64 {
     if step < s.warmup {
@@ -164,127 +61,6 @@ pub fn lr_at(s: &TrainSettings, step: u64) -> f64 {
     let span = s.steps.saturating_sub(s.warmup).max(1) as f64;
     let progress = ((step - s.warmup) as f64 / span).min(1.0);
     s.min_lr + 0.5 * (s.lr - s.min_lr) * (1.0 + (std::f64::consts::PI * progress).cos())
-}
-
-/// Every variable, sorted by name: the one order optimizer state and EMA follow.
-pub fn sorted_vars(varmap: &VarMap) -> Result<Vec<(String, Var)>> {
-    let data = varmap
-        .data()
-        .lock()
-        .map_err(|_| candle_core::Error::Msg("the variable map is poisoned".into()))?;
-    let mut vars: Vec<(String, Var)> = data.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-    vars.sort_by(|a, b| a.0.cmp(&b.0));
-    Ok(vars)
-}
-
-/// Builds the model with every parameter drawn from `seed` (candle's CPU generator cannot be
-/// seeded): tables and the embedding N(0, 0.02), norms 1, biases 0, other matrices uniform in
-/// +-1/sqrt(fan_in).
-pub fn seeded_model(
-    cfg: &DormouseConfig,
-    seed: u64,
-    device: &Device,
-) -> Result<(VarMap, Dormouse)> {
-    let varmap = VarMap::new();
-    let model = Dormouse::new(cfg, VarBuilder::from_varmap(&varmap, DType::F32, device))?;
-    for (i, (name, var)) in sorted_vars(&varmap)?.into_iter().enumerate() {
-        let mut rng = stream(seed, INIT_STREAM, i as u64);
-        let dims = var.dims().to_vec();
-        let n = var.elem_count();
-        let fan_in = *dims.last().unwrap_or(&1) as f64;
-        let values: Vec<f32> = if name.ends_with("norm.weight") {
-            vec![1.0; n]
-        } else if name.ends_with(".bias") {
-            vec![0.0; n]
-        } else if name.ends_with(".table") || name == "embed.weight" {
-            (0..n).map(|_| (0.02 * rng.next_normal()) as f32).collect()
-        } else {
-            let bound = 1.0 / fan_in.sqrt();
-            (0..n)
-                .map(|_| ((2.0 * rng.next_f64() - 1.0) * bound) as f32)
-                .collect()
-        };
-        var.set(&Tensor::from_vec(values, dims, device)?)?;
-    }
-    Ok((varmap, model))
-}
-
-/// AdamW with decoupled weight decay, whose moments can be saved and restored exactly.
-#[derive(Debug, Clone)]
-pub struct AdamW {
-    pub m: Vec<Tensor>,
-    pub v: Vec<Tensor>,
-    pub step: u64,
-    pub beta1: f64,
-    pub beta2: f64,
-    pub eps: f64,
-}
-
-impl AdamW {
-    pub fn new(vars: &[(String, Var)]) -> Result<Self> {
-        let zeros = |v: &Var| Ok(v.as_tensor().zeros_like()?.detach());
-        Ok(AdamW {
-            m: vars.iter().map(|(_, v)| zeros(v)).collect::<Result<_>>()?,
-            v: vars.iter().map(|(_, v)| zeros(v)).collect::<Result<_>>()?,
-            step: 0,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-        })
-    }
-
-    /// One update with gradients already scaled by `clip_scale`. Norm and bias parameters
-    /// (1-D) are not decayed.
-    pub fn update(
-        &mut self,
-        vars: &[(String, Var)],
-        grads: &GradStore,
-        lr: f64,
-        weight_decay: f64,
-        clip_scale: f64,
-    ) -> Result<()> {
-        self.step += 1;
-        let (b1, b2) = (self.beta1, self.beta2);
-        let correction1 = 1.0 - b1.powi(self.step as i32);
-        let correction2 = 1.0 - b2.powi(self.step as i32);
-        for (i, (_, var)) in vars.iter().enumerate() {
-            let Some(grad) = grads.get(var.as_tensor()) else {
-                continue;
-            };
-            // Everything kept across steps is detached: a tensor that still records the ops
-            // that made it keeps every earlier step's tensors alive (memory grows per step).
-            let grad = (grad.detach() * clip_scale)?;
-            self.m[i] = ((&self.m[i] * b1)? + (&grad * (1.0 - b1))?)?.detach();
-            self.v[i] = ((&self.v[i] * b2)? + (grad.sqr()? * (1.0 - b2))?)?.detach();
-            let m_hat = (&self.m[i] / correction1)?;
-            let v_hat = (&self.v[i] / correction2)?;
-            let step = (m_hat / (v_hat.sqrt()? + self.eps)?)?;
-            let decay = if var.rank() > 1 { weight_decay } else { 0.0 };
-            let decayed = (var.as_tensor().detach() * (1.0 - lr * decay))?;
-            var.set(&(decayed - (step * lr)?)?)?;
-        }
-        Ok(())
-    }
-}
-
-/// The sum of squares of every variable's gradient (its share of the global norm).
-pub fn grad_norm_squared(vars: &[(String, Var)], grads: &GradStore) -> Result<f64> {
-    let mut total = 0f64;
-    for (_, var) in vars {
-        if let Some(g) = grads.get(var.as_tensor()) {
-            total += f64::from(g.sqr()?.sum_all()?.to_scalar::<f32>()?);
-        }
-    }
-    Ok(total)
-}
-
-/// The factor that clips a global gradient norm to `max_norm` (0: no clipping).
-pub fn clip_factor(norm: f64, max_norm: f64) -> f64 {
-    if max_norm > 0.0 && norm > max_norm {
-        max_norm / norm
-    } else {
-        1.0
-    }
 }
 
 /// A batch's loss and, on an `--engram-ram` run, the host rows it read: a variable (so
@@ -371,11 +147,13 @@ pub enum RunError {
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
     #[error(transparent)]
-    Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    Checkpoint(#[from] checkpoint::CheckpointError),
     #[error(transparent)]
     Weights(#[from] crate::weights::WeightsError),
     #[error(transparent)]
-    Ngram(#[from] crate::ngram::NgramError),
+    Sidecar(#[from] SidecarError),
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
     #[error("the trainer section is damaged: {0}")]
     TrainerState(String),
     #[error(
@@ -507,8 +285,7 @@ impl Trainer {
     /// that records its step and CRC is then renamed into place (the commit point), and only
     /// then is the sidecar renamed: a kill at any point leaves a checkpoint and a sidecar of one
     /// step (a pending sidecar the checkpoint already records is moved into place on resume).
-    pub fn save(&self, path: &std::path::Path) -> std::result::Result<(), RunError> {
-        use crate::checkpoint::{self, SectionKind};
+    pub fn save(&self, path: &Path) -> std::result::Result<(), RunError> {
         let model = crate::weights::save_varmap(&self.varmap)?;
         let named = |prefix: &str, ts: &[Tensor]| -> Vec<(String, Tensor)> {
             self.vars
@@ -522,7 +299,11 @@ impl Trainer {
         let optim = serialize(&moments)?;
         let ema = serialize(&named("", &self.ema))?;
         let ngram = match &self.host {
-            Some(host) => Some(host.write_pending(&ngram::pending_path(path), self.step)?),
+            Some(host) => Some(sidecar::write_pending(
+                host,
+                &sidecar::pending_path(path),
+                self.step,
+            )?),
             None => None,
         };
         let state = TrainerState {
@@ -539,7 +320,7 @@ impl Trainer {
         ];
         checkpoint::write(path, &sections)?;
         if self.host.is_some() {
-            ngram::commit(path)?;
+            sidecar::commit(path)?;
         }
         Ok(())
     }
@@ -547,17 +328,16 @@ impl Trainer {
     /// Continues the run saved at `path`: the same model, moments, teacher and step.
     pub fn resume(
         cfg: &DormouseConfig,
-        path: &std::path::Path,
+        path: &Path,
         device: &Device,
     ) -> std::result::Result<Self, RunError> {
-        use crate::checkpoint::{Checkpoint, SectionKind};
         let ckpt = Checkpoint::open(path)?;
         let text = String::from_utf8(ckpt.read(SectionKind::Trainer)?)
             .map_err(|e| RunError::TrainerState(e.to_string()))?;
         let state: TrainerState =
             toml::from_str(&text).map_err(|e| RunError::TrainerState(e.to_string()))?;
         let host = match (host_shape(cfg), state.ngram) {
-            (Some(shape), Some(stamp)) => Some(ngram::open_for(path, &shape, stamp)?),
+            (Some(shape), Some(stamp)) => Some(sidecar::open_for(path, &shape, stamp)?),
             (None, None) => None,
             (Some(_), None) => {
                 return Err(RunError::TrainerState(

@@ -7,8 +7,10 @@ use std::path::Path;
 
 use candle_core::{Device, Tensor};
 use dormouse::DormouseConfig;
-use dormouse::ngram::{self, NgramError};
-use dormouse::train::{Corpus, RunError, TrainSettings, Trainer};
+use dormouse::data::Corpus;
+use dormouse::engram::memory::MemoryShape;
+use dormouse::engram::sidecar::{self, SidecarError, SidecarStamp};
+use dormouse::train::{RunError, TrainSettings, Trainer};
 
 fn corpus() -> Corpus {
     let text: Vec<u8> = b"a stitch in time saves nine; nine lives has a cat. "
@@ -135,8 +137,11 @@ fn resuming_an_engram_ram_run_is_the_same_run_sidecar_included() {
     let mut losses = train(&mut first, &corpus, 17);
     first.save(&bin).unwrap();
     drop(first);
-    assert!(ngram::sidecar_path(&bin).exists());
-    assert!(!ngram::pending_path(&bin).exists(), "nothing left pending");
+    assert!(sidecar::sidecar_path(&bin).exists());
+    assert!(
+        !sidecar::pending_path(&bin).exists(),
+        "nothing left pending"
+    );
     let mut resumed = Trainer::resume(&cfg, &bin, &device).unwrap();
     losses.extend(train(&mut resumed, &corpus, 40));
     assert_eq!(losses, straight_losses);
@@ -166,22 +171,22 @@ fn a_save_killed_between_its_two_renames_rolls_forward_and_one_killed_before_kee
     let new_bin = later.path().join("latest.bin");
 
     // Killed while writing the pending sidecar: a truncated pending file, the old pair in place.
-    let full = fs::read(ngram::sidecar_path(&new_bin)).unwrap();
-    fs::write(ngram::pending_path(&bin), &full[..full.len() / 2]).unwrap();
+    let full = fs::read(sidecar::sidecar_path(&new_bin)).unwrap();
+    fs::write(sidecar::pending_path(&bin), &full[..full.len() / 2]).unwrap();
     let old = Trainer::resume(&cfg, &bin, &Device::Cpu).unwrap();
     assert_eq!(old.step, 4);
 
     // Killed after the checkpoint was renamed into place, before the sidecar was.
     fs::copy(&new_bin, &bin).unwrap();
-    fs::write(ngram::pending_path(&bin), &full).unwrap();
+    fs::write(sidecar::pending_path(&bin), &full).unwrap();
     let resumed = Trainer::resume(&cfg, &bin, &Device::Cpu).unwrap();
     assert_eq!(resumed.step, 9);
     assert!(state(&resumed) == state(&run));
     assert!(
-        !ngram::pending_path(&bin).exists(),
+        !sidecar::pending_path(&bin).exists(),
         "the save was completed"
     );
-    assert_eq!(ngram::peek(&ngram::sidecar_path(&bin)).unwrap().step, 9);
+    assert_eq!(sidecar::peek(&sidecar::sidecar_path(&bin)).unwrap().step, 9);
 }
 
 #[test]
@@ -189,21 +194,21 @@ fn a_sidecar_of_another_step_or_damaged_or_missing_is_refused() {
     let (dir, later) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (_, cfg) = two_saves(dir.path(), later.path(), 3, 6);
     let bin = dir.path().join("latest.bin");
-    let sidecar = ngram::sidecar_path(&bin);
+    let sidecar = sidecar::sidecar_path(&bin);
     let resume_err = || match Trainer::resume(&cfg, &bin, &Device::Cpu) {
-        Err(RunError::Ngram(e)) => e,
+        Err(RunError::Sidecar(e)) => e,
         Err(e) => panic!("unexpected error {e}"),
         Ok(_) => panic!("resumed with a bad sidecar"),
     };
 
     fs::copy(
-        ngram::sidecar_path(&later.path().join("latest.bin")),
+        sidecar::sidecar_path(&later.path().join("latest.bin")),
         &sidecar,
     )
     .unwrap();
     assert!(matches!(
         resume_err(),
-        NgramError::WrongStep {
+        SidecarError::WrongStep {
             found: 6,
             expected: 3,
             ..
@@ -215,20 +220,20 @@ fn a_sidecar_of_another_step_or_damaged_or_missing_is_refused() {
     let last = bytes.len() - 1;
     bytes[last] ^= 0x40;
     fs::write(&sidecar, &bytes).unwrap();
-    assert!(matches!(resume_err(), NgramError::Checksum { .. }));
+    assert!(matches!(resume_err(), SidecarError::Checksum { .. }));
 
     bytes[last] ^= 0x40;
     bytes[20] ^= 1; // slots
     fs::write(&sidecar, &bytes).unwrap();
-    assert!(matches!(resume_err(), NgramError::BadHeader { .. }));
+    assert!(matches!(resume_err(), SidecarError::BadHeader { .. }));
 
     fs::write(&sidecar, b"DMTRAIN\0 not a sidecar at all").unwrap();
     let err = resume_err();
-    assert!(matches!(err, NgramError::NotASidecar { .. }));
+    assert!(matches!(err, SidecarError::NotASidecar { .. }));
     assert!(err.to_string().contains("TRAINING CHECKPOINT"), "{err}");
 
     fs::remove_file(&sidecar).unwrap();
-    assert!(matches!(resume_err(), NgramError::Io { .. }));
+    assert!(matches!(resume_err(), SidecarError::Io { .. }));
 }
 
 #[test]
@@ -236,17 +241,17 @@ fn a_sidecar_of_another_shape_is_refused_naming_the_field() {
     let (dir, later) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (_, _) = two_saves(dir.path(), later.path(), 2, 3);
     let bin = dir.path().join("latest.bin");
-    let shape = ngram::MemoryShape {
+    let shape = MemoryShape {
         orders: vec![2, 3],
         slots: 999,
         dim: 16,
     };
-    let stamp = ngram::SidecarStamp { step: 2, crc: 0 };
-    let err = ngram::open_for(&bin, &shape, stamp).unwrap_err();
+    let stamp = SidecarStamp { step: 2, crc: 0 };
+    let err = sidecar::open_for(&bin, &shape, stamp).unwrap_err();
     assert!(
         matches!(
             err,
-            NgramError::Shape {
+            SidecarError::Shape {
                 field: "engram_slots",
                 ..
             }

@@ -14,9 +14,11 @@ use candle_core::{Device, Tensor};
 use dmexp::Dtype;
 use dormouse::DormouseConfig;
 use dormouse::checkpoint::{Checkpoint, SectionKind};
-use dormouse::export::{ExportError, ExportRequest, expected_tensors, export_run};
+use dormouse::data::Corpus;
+use dormouse::export::{ExportError, ExportRequest, export_run};
 use dormouse::serving::{ServeError, load_export};
-use dormouse::train::{Corpus, TrainSettings, Trainer};
+use dormouse::tensor_shapes::expected_tensors;
+use dormouse::train::{TrainSettings, Trainer};
 
 const WINDOWS: [&[u8]; 3] = [
     b"In the beginning God created the heaven and the earth.",
@@ -194,7 +196,7 @@ fn a_training_checkpoint_is_refused_with_an_export_command_that_works() {
         .expect("a command")
         .trim();
     let words: Vec<&str> = command.split_whitespace().collect();
-    assert_eq!(&words[..2], ["export", "run"]);
+    assert_eq!(&words[..3], ["dormouse", "export", "run"]);
     let flag = |name: &str| {
         let at = words.iter().position(|w| *w == name).expect(name);
         words[at + 1].to_string()

@@ -119,8 +119,9 @@ fn invalid_configs_are_refused_naming_the_field() {
     ));
 }
 
-/// The gate: over a 256-byte sequence, decoding byte by byte with the KV cache gives
-/// the full forward pass's logits (max |delta| <= 1e-5) and the same argmax everywhere.
+/// The KV cache changes nothing a sampler could see: over a 256-byte sequence, decoding byte by
+/// byte with the cache gives the full forward pass's logits (max |delta| <= 1e-5) and the same
+/// argmax everywhere.
 #[test]
 fn incremental_decoding_matches_the_full_forward() {
     let cfg = DormouseConfig::preset("nano").unwrap();

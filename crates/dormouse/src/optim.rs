@@ -1,0 +1,156 @@
+//! The optimizers of a run and the gradient clipping they share: AdamW over the model's
+//! tensors, and the lazy Adam update of the host-RAM memory rows a batch read.
+//!
+//! Both use the same hyperparameters and bias correction, so an `--engram-ram` run's memory
+//! rows learn exactly as the in-model tables would. Every state kept across steps is plain
+//! data that a checkpoint saves and restores bit for bit.
+
+use candle_core::{Result, Tensor, Var, backprop::GradStore};
+
+/// Decay of the first moment.
+pub const BETA1: f64 = 0.9;
+/// Decay of the second moment.
+pub const BETA2: f64 = 0.95;
+/// Added to the second moment's root, so a parameter that never had a gradient does not divide
+/// by zero.
+pub const EPS: f64 = 1e-8;
+
+/// `1 - beta^t`: divides a moment after `t` updates (1-based) so that its zero start does not
+/// shrink the early steps.
+pub fn bias_correction(beta: f64, update: u64) -> f64 {
+    1.0 - beta.powi(update as i32)
+}
+
+/// AdamW with decoupled weight decay, whose moments can be saved and restored exactly.
+#[derive(Debug, Clone)]
+pub struct AdamW {
+    pub m: Vec<Tensor>,
+    pub v: Vec<Tensor>,
+    pub step: u64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+}
+
+impl AdamW {
+    pub fn new(vars: &[(String, Var)]) -> Result<Self> {
+        let zeros = |v: &Var| Ok(v.as_tensor().zeros_like()?.detach());
+        Ok(AdamW {
+            m: vars.iter().map(|(_, v)| zeros(v)).collect::<Result<_>>()?,
+            v: vars.iter().map(|(_, v)| zeros(v)).collect::<Result<_>>()?,
+            step: 0,
+            beta1: BETA1,
+            beta2: BETA2,
+            eps: EPS,
+        })
+    }
+
+    /// One update with gradients already scaled by `clip_scale`. Norm and bias parameters
+    /// (1-D) are not decayed.
+    pub fn update(
+        &mut self,
+        vars: &[(String, Var)],
+        grads: &GradStore,
+        lr: f64,
+        weight_decay: f64,
+        clip_scale: f64,
+    ) -> Result<()> {
+        self.step += 1;
+        let (b1, b2) = (self.beta1, self.beta2);
+        let correction1 = bias_correction(b1, self.step);
+        let correction2 = bias_correction(b2, self.step);
+        for (i, (_, var)) in vars.iter().enumerate() {
+            let Some(grad) = grads.get(var.as_tensor()) else {
+                continue;
+            };
+            // Everything kept across steps is detached: a tensor that still records the ops
+            // that made it keeps every earlier step's tensors alive (memory grows per step).
+            let grad = (grad.detach() * clip_scale)?;
+            self.m[i] = ((&self.m[i] * b1)? + (&grad * (1.0 - b1))?)?.detach();
+            self.v[i] = ((&self.v[i] * b2)? + (grad.sqr()? * (1.0 - b2))?)?.detach();
+            let m_hat = (&self.m[i] / correction1)?;
+            let v_hat = (&self.v[i] / correction2)?;
+            let step = (m_hat / (v_hat.sqrt()? + self.eps)?)?;
+            let decay = if var.rank() > 1 { weight_decay } else { 0.0 };
+            let decayed = (var.as_tensor().detach() * (1.0 - lr * decay))?;
+            var.set(&(decayed - (step * lr)?)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// One lazy-Adam update of one row (no weight decay: memory rows are looked up, not
+/// multiplied, and a row a batch did not read keeps its moments untouched). `grad` is the
+/// row's summed gradient before clipping; `corrections` are the bias corrections of this
+/// update for [`BETA1`] and [`BETA2`]. The arithmetic is f64, rounded to f32 where stored.
+pub fn adam_row(
+    param: &mut [f32],
+    first: &mut [f32],
+    second: &mut [f32],
+    grad: &[f32],
+    lr: f64,
+    clip_scale: f64,
+    (correction1, correction2): (f64, f64),
+) {
+    let moments = first.iter_mut().zip(second.iter_mut());
+    for ((p, (m1, m2)), &g) in param.iter_mut().zip(moments).zip(grad) {
+        let g = f64::from(g) * clip_scale;
+        let m = BETA1 * f64::from(*m1) + (1.0 - BETA1) * g;
+        let v = BETA2 * f64::from(*m2) + (1.0 - BETA2) * g * g;
+        *m1 = m as f32;
+        *m2 = v as f32;
+        let step = (m / correction1) / ((v / correction2).sqrt() + EPS);
+        *p = (f64::from(*p) - lr * step) as f32;
+    }
+}
+
+/// The sum of squares of every variable's gradient (its share of the global norm).
+pub fn grad_norm_squared(vars: &[(String, Var)], grads: &GradStore) -> Result<f64> {
+    let mut total = 0f64;
+    for (_, var) in vars {
+        if let Some(g) = grads.get(var.as_tensor()) {
+            total += f64::from(g.sqr()?.sum_all()?.to_scalar::<f32>()?);
+        }
+    }
+    Ok(total)
+}
+
+/// The factor that clips a global gradient norm to `max_norm` (0: no clipping).
+pub fn clip_factor(norm: f64, max_norm: f64) -> f64 {
+    if max_norm > 0.0 && norm > max_norm {
+        max_norm / norm
+    } else {
+        1.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_adam_step_moves_each_component_by_lr_against_its_gradient() {
+        // After one update m_hat = g and v_hat = g^2, so the step is sign(g) (up to EPS).
+        let (mut param, mut first, mut second) = (vec![1.0f32; 3], vec![0.0; 3], vec![0.0; 3]);
+        let corrections = (bias_correction(BETA1, 1), bias_correction(BETA2, 1));
+        adam_row(
+            &mut param,
+            &mut first,
+            &mut second,
+            &[2.0, -0.5, 0.0],
+            0.1,
+            1.0,
+            corrections,
+        );
+        assert!((param[0] - 0.9).abs() < 1e-6 && (param[1] - 1.1).abs() < 1e-6);
+        assert_eq!(param[2], 1.0, "no gradient, no move");
+        assert!((first[0] - 0.2).abs() < 1e-7 && (second[0] - 0.2).abs() < 1e-6);
+    }
+
+    #[test]
+    fn clipping_only_shrinks_norms_above_the_limit() {
+        assert_eq!(clip_factor(4.0, 1.0), 0.25);
+        assert_eq!(clip_factor(0.5, 1.0), 1.0);
+        assert_eq!(clip_factor(4.0, 0.0), 1.0, "0 turns clipping off");
+    }
+}
