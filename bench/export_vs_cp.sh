@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `export run` (bf16) vs `cp` of the same training checkpoint `.bin`, best of 5, page cache warm.
+# `dormouse export run` (bf16) vs `cp` of the same training checkpoint `.bin`, best of 5, page cache warm.
 # Goal: export <= 1.5x the copy's time. export fsyncs what it writes (atomic, durable); cp does
 # not, so cp && sync is shown too.
 # Usage: bench/export_vs_cp.sh [CKPT_DIR] [CKPT_NAME]
@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=5
 cargo build --release -q -p dormouse-cli
-bin=target/release
+dormouse=target/release/dormouse
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 if [[ $# -ge 1 ]]; then
@@ -18,7 +18,7 @@ if [[ $# -ge 1 ]]; then
 else
   ckpt_dir=$dir/ckpt
   name=latest
-  "$bin/train" --preset small --steps 3 --eval-bytes 4096 --ckpt-dir "$ckpt_dir" > /dev/null 2>&1
+  "$dormouse" train --preset small --steps 3 --eval-bytes 4096 --ckpt-dir "$ckpt_dir" > /dev/null 2>&1
 fi
 cat "$ckpt_dir/$name.bin" > /dev/null
 
@@ -38,7 +38,7 @@ best() {
 cp_s=$(best cp "$ckpt_dir/$name.bin" "$dir/out")
 cp_sync() { cp "$ckpt_dir/$name.bin" "$dir/out" && sync; }
 cpsync_s=$(best cp_sync)
-export_s=$(best "$bin/export" run --ckpt-dir "$ckpt_dir" --ckpt-name "$name" --dtype bf16 --out "$dir/out")
+export_s=$(best "$dormouse" export run --ckpt-dir "$ckpt_dir" --ckpt-name "$name" --dtype bf16 --out "$dir/out")
 bytes=$(stat -c %s "$ckpt_dir/$name.bin")
 out_bytes=$(stat -c %s "$dir/out")
 

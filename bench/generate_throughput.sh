@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Greedy generation throughput, bytes/s: dormouse's `generate` (Rust, candle, CPU) against a
+# Greedy generation throughput, bytes/s: `dormouse generate` (Rust, candle, CPU) against a
 # PyTorch reference of the same model and the same decoding loop on the same export
 # (bench/torch_generate.py: KV cache, greedy, cache rebuilt at max_seq_len as sample.rs does),
 # one after the other (never at the same time), best of --runs each; then checks that the two
@@ -12,7 +12,7 @@
 #   Steps default to 256 new bytes, the prompt to "And God said", runs to 3, threads (the
 #   reference's intra-op threads) to nproc.
 # Environment:
-#   SKIP_BUILD=1  use target/release/{train,export,generate} as they are (no cargo build)
+#   SKIP_BUILD=1  use target/release/dormouse as it is (no cargo build)
 #   PYTHON        the reference's interpreter (default: target/bench-venv, which
 #                 tools/python-venv.sh creates on first use from bench/requirements-reference.txt:
 #                 about 5.4 GiB, PyPI's torch wheel for Linux brings the CUDA libraries along)
@@ -66,7 +66,7 @@ trap 'rm -rf "$work"' EXIT
 export_file=$(make_export "$work" "${ckpt[@]}") || exit 2
 
 for i in $(seq 1 "$runs"); do
-  target/release/generate --export "$export_file" --prompt "$prompt" --steps "$steps" \
+  target/release/dormouse generate --export "$export_file" --prompt "$prompt" --steps "$steps" \
     > "$work/rust.$i.out" 2> "$work/rust.$i.err" || { cat "$work/rust.$i.err" >&2; exit 1; }
   echo "dormouse generate run $i: $(tail -n 1 "$work/rust.$i.err")" >&2
 done

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Load test of `serve`: concurrent streamed completions, latency and throughput.
+"""Load test of `dormouse serve`: concurrent streamed completions, latency and throughput.
 
 Python standard library only (http.client, threading). Every request is
 POST /v1/completions with {"prompt", "max_tokens", "temperature", "seed": its index,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Load test of `serve`: starts it on a free port with a small model's export, fires concurrent
+# Load test of `dormouse serve`: starts it on a free port with a small model's export, fires concurrent
 # streamed completions at it (bench/serve_load.py, standard-library Python), then stops it with
 # SIGTERM and checks that it exits 0 (docs/serve.md: in-flight requests finish, then exit 0).
 #
@@ -11,7 +11,7 @@
 #   serve's --max-concurrent 64), max tokens to 64, the prompt to "And God said"; temperature
 #   0.8 with seed = the request's index.
 # Environment:
-#   SKIP_BUILD=1  use target/release/{train,export,serve} as they are (no cargo build)
+#   SKIP_BUILD=1  use target/release/dormouse as it is (no cargo build)
 #   PYTHON        the interpreter for serve_load.py (default python3; it needs no packages)
 # Prints serve's start line, serve_load.py's JSON summary and table, and the server's exit.
 # Exit status: 0 when every request succeeded and serve exited 0 on SIGTERM, else 1.
@@ -54,7 +54,7 @@ if [ -z "$export_file" ]; then
   export_file=$(make_export "$work" "${ckpt[@]}") || exit 2
 fi
 
-target/release/serve --export "$export_file" --port 0 --max-concurrent "$concurrency" \
+target/release/dormouse serve --export "$export_file" --port 0 --max-concurrent "$concurrency" \
   2> "$work/serve.err" &
 server=$!
 port=

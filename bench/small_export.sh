@@ -1,7 +1,7 @@
 # Shared by bench/generate_throughput.sh and bench/serve_load.sh; source it, don't run it.
 #
 #   build_cli               cargo build --release -q -p dormouse-cli, unless SKIP_BUILD=1
-#                           (then the binaries already in target/release are used as they are)
+#                           (then target/release/dormouse is used as it is)
 #   make_export WORKDIR [CKPT_DIR CKPT_NAME]
 #                           prints the path of a bf16 export of a small model: of the run
 #                           CKPT_DIR/CKPT_NAME if given, else of a `small` run trained for 3
@@ -12,18 +12,15 @@
 
 build_cli() {
   if [ "${SKIP_BUILD:-0}" = 1 ]; then
-    echo "SKIP_BUILD=1: using the binaries in target/release as they are" >&2
+    echo "SKIP_BUILD=1: using target/release/dormouse as it is" >&2
   else
     echo "building: cargo build --release -q -p dormouse-cli" >&2
     cargo build --release -q -p dormouse-cli
   fi
-  local bin
-  for bin in train export generate serve; do
-    if [ ! -x "target/release/$bin" ]; then
-      echo "target/release/$bin is missing (build it, or run without SKIP_BUILD=1)" >&2
-      return 1
-    fi
-  done
+  if [ ! -x target/release/dormouse ]; then
+    echo "target/release/dormouse is missing (build it, or run without SKIP_BUILD=1)" >&2
+    return 1
+  fi
 }
 
 make_export() {
@@ -36,11 +33,11 @@ make_export() {
     ckpt_dir="$work/ckpt"
     ckpt_name=latest
     echo "training small for 3 steps in $ckpt_dir" >&2
-    target/release/train --preset small --steps 3 --eval-bytes 4096 --ckpt-dir "$ckpt_dir" \
+    target/release/dormouse train --preset small --steps 3 --eval-bytes 4096 --ckpt-dir "$ckpt_dir" \
       --ckpt-name "$ckpt_name" > "$work/train.log" 2>&1 \
       || { cat "$work/train.log" >&2; return 1; }
   fi
-  target/release/export run --ckpt-dir "$ckpt_dir" --ckpt-name "$ckpt_name" --dtype bf16 \
+  target/release/dormouse export run --ckpt-dir "$ckpt_dir" --ckpt-name "$ckpt_name" --dtype bf16 \
     --out "$out" >&2 || return 1
   echo "$out"
 }

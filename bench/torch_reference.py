@@ -15,13 +15,13 @@ final RMSNorm; LM head tied to the embedding. The Engram rows are hashed on the 
 with mulxor-v1 (numpy, vectorised, wrapping u64), as the Rust trainer does, and that time is
 inside the step time.
 
-The training step is the one in crates/dormouse/src/train.rs: next-byte cross-entropy, backward,
-global gradient-norm clipping, AdamW (beta1 0.9, beta2 0.95, eps 1e-8, decoupled weight decay
+The training step is the one in crates/dormouse/src/train.rs and optim.rs: next-byte
+cross-entropy, backward, global gradient-norm clipping, AdamW (beta1 0.9, beta2 0.95, eps 1e-8, decoupled weight decay
 on rank > 1 parameters only, warmup + cosine learning rate), then the EMA teacher update
-(decay 0.99). Parameters are initialised exactly as `seeded_model` does (SplitMix64 streams,
-vectorised) and the batches are the ones `Corpus::batch` draws for each step, so with the same
+(decay 0.99). Parameters are initialised exactly as `seeded_model` (init.rs) does (SplitMix64
+streams of rng.rs, vectorised) and the batches are the ones `Corpus::batch` (data.rs) draws for each step, so with the same
 seed the losses follow the Rust trainer's step for step (up to float rounding): checked against
-the `train` program on nano, whose first 8 losses and gradient norms it reproduces to about
+`dormouse train` on nano, whose first 8 losses and gradient norms it reproduces to about
 1e-6. The JSON line carries the first and last loss for that comparison. Warmup and timed steps
 are one run, steps 0 .. W+N-1; the cosine schedule ends at W+N (within the 50 warmup steps of
 the learning rate that does not matter).
@@ -86,7 +86,8 @@ INIT_STD = 0.02
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--preset", default="small", help="configs/<preset>.toml (nano, small)")
+    p.add_argument("--preset", default="small",
+                   help="crates/dormouse/configs/<preset>.toml (nano, small)")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--steps", type=int, default=20, help="timed training steps")
@@ -119,7 +120,7 @@ def note(*parts):
     print(*parts, file=sys.stderr, flush=True)
 
 
-# ---------------------------------------------------------------- SplitMix64 (train.rs)
+# ---------------------------------------------------------------- SplitMix64 (rng.rs)
 
 M64 = (1 << 64) - 1
 GAMMA = 0x9E3779B97F4A7C15
@@ -154,7 +155,7 @@ def stream_f64(state, count):
     return (stream_u64(state, count) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 
-# ---------------------------------------------------------------- mulxor-v1 (engram.rs)
+# ---------------------------------------------------------------- mulxor-v1 (engram/hash.rs)
 
 HASH_SEED = np.uint64(0x9E3779B97F4A7C15)
 ORDER_SALT = 0xD6E8FEB86659FD93
@@ -186,9 +187,9 @@ def mulxor_v1(ngram, rows):
                [0][0, -1])
 
 
-# The values engram.rs pins (tests::pinned_values_of_mulxor_v1).
-assert mulxor_v1(b"ab", 1 << 32) == 0xE786388B, "mulxor-v1 disagrees with engram.rs"
-assert mulxor_v1(b"abc", 1000) == 873, "mulxor-v1 disagrees with engram.rs"
+# The values engram/hash.rs pins (tests::pinned_values_of_mulxor_v1).
+assert mulxor_v1(b"ab", 1 << 32) == 0xE786388B, "mulxor-v1 disagrees with engram/hash.rs"
+assert mulxor_v1(b"abc", 1000) == 873, "mulxor-v1 disagrees with engram/hash.rs"
 
 
 # ---------------------------------------------------------------- the model (model.rs)
@@ -368,8 +369,8 @@ class Dormouse(nn.Module):
 
 
 def seeded_init(model, seed):
-    """train.rs `seeded_model`: the i-th variable in name order draws from
-    stream(seed, INIT_STREAM=2, i): tables and embedding N(0, 0.02) by Box-Muller, norms 1,
+    """init.rs `seeded_model`: the i-th variable in name order draws from
+    stream(seed, purpose::MODEL_INIT=2, i): tables and embedding N(0, 0.02) by Box-Muller, norms 1,
     biases 0, other matrices uniform in +-1/sqrt(fan_in) (fan_in = the last dimension)."""
     named = sorted(model.named_parameters(), key=lambda kv: kv[0].encode())
     with torch.no_grad():
@@ -401,7 +402,7 @@ def lr_at(step, steps):
 
 class Batches:
     """`Corpus::batch`: windows of seq + 1 bytes from the training part (all but the last
-    EVAL_BYTES), starts drawn from stream(seed, BATCH_STREAM=1, step)."""
+    EVAL_BYTES), starts drawn from stream(seed, purpose::BATCHES=1, step) (data.rs)."""
 
     def __init__(self, data, seq, batch, seed):
         self.data, self.seq, self.batch, self.seed = data, seq, batch, seed
@@ -422,7 +423,7 @@ def main():
         torch.set_num_interop_threads(1)
     except RuntimeError:
         pass
-    cfg = Cfg(REPO / "configs" / f"{a.preset}.toml")
+    cfg = Cfg(REPO / "crates" / "dormouse" / "configs" / f"{a.preset}.toml")
     if a.seq > cfg.max_seq_len:
         raise SystemExit(f"--seq {a.seq} is past max_seq_len {cfg.max_seq_len}")
     model = Dormouse(cfg, a.attn)

@@ -1,4 +1,4 @@
-"""Drive a running `serve` with the official `openai` Python client.
+"""Drive a running `dormouse serve` with the official `openai` Python client.
 
 Usage: python openai_client_check.py BASE_URL MODEL PROMPT MAX_TOKENS
 

@@ -1,4 +1,4 @@
-//! Both inference binaries refuse what they cannot serve honestly, before a byte is sampled:
+//! Both inference commands refuse what they cannot serve honestly, before a byte is sampled:
 //! an export whose Engram memory has one row per order (an `--engram-ram` run, or a config
 //! with `engram_rows = 1`), a training checkpoint (naming the command that converts it,
 //! without reading its optimizer or sidecar), and any other file (saying what it is).
@@ -12,14 +12,14 @@ use common::{run, stderr, trained_export};
 fn refused_by_both(dir: &std::path::Path, file: &str) -> Vec<String> {
     ["generate", "serve"]
         .iter()
-        .map(|binary| {
-            let args: Vec<&str> = match *binary {
+        .map(|command| {
+            let args: Vec<&str> = match *command {
                 "generate" => vec!["--export", file, "--prompt", "once", "--steps", "8"],
                 _ => vec!["--export", file, "--port", "0"],
             };
-            let out = run(dir, binary, &args);
-            assert_eq!(out.status.code(), Some(1), "{binary}: {}", stderr(&out));
-            assert!(out.stdout.is_empty(), "{binary} produced output");
+            let out = run(dir, command, &args);
+            assert_eq!(out.status.code(), Some(1), "{command}: {}", stderr(&out));
+            assert!(out.stdout.is_empty(), "{command} produced output");
             stderr(&out)
         })
         .collect()
@@ -67,7 +67,7 @@ fn a_one_row_memory_without_engram_ram_is_refused_too_and_no_memory_is_fine() {
 fn a_training_checkpoint_is_refused_with_the_export_command_and_its_sidecar_unread() {
     let dir = tempfile::tempdir().unwrap();
     trained_export(dir.path(), 2, &["--engram-ram", "--engram-slots", "2048"]);
-    // Replace the sidecar with a FIFO: a binary that opened it would block, not exit.
+    // Replace the sidecar with a FIFO: a command that opened it would block, not exit.
     let sidecar = dir.path().join("checkpoints/latest.ngram");
     fs::remove_file(&sidecar).unwrap();
     assert!(
@@ -80,7 +80,9 @@ fn a_training_checkpoint_is_refused_with_the_export_command_and_its_sidecar_unre
     for message in refused_by_both(dir.path(), "checkpoints/latest.bin") {
         assert!(message.contains("TRAINING CHECKPOINT"), "{message}");
         assert!(
-            message.contains("export run --ckpt-dir checkpoints --ckpt-name latest --dtype bf16"),
+            message.contains(
+                "dormouse export run --ckpt-dir checkpoints --ckpt-name latest --dtype bf16"
+            ),
             "{message}"
         );
     }

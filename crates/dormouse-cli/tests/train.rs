@@ -1,12 +1,13 @@
-//! `train`, run as the real binary: a short run, resume, and every bad input refused with a
-//! clear message and a non-zero exit.
+//! `dormouse train`, run as the real program: a short run, resume, and every bad input refused
+//! with a clear message and a non-zero exit.
 
 use std::fs;
 use std::path::Path;
 use std::process::{Command, Output};
 
 fn train(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_train"))
+    Command::new(env!("CARGO_BIN_EXE_dormouse"))
+        .arg("train")
         .args(args)
         .current_dir(dir)
         .output()

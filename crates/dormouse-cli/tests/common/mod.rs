@@ -1,19 +1,16 @@
-//! Shared by the binary tests: a trained and exported nano run in a temporary folder.
+//! Shared by the tests of the `dormouse` program: running its commands, and a trained and
+//! exported nano run in a temporary folder.
 #![allow(dead_code)]
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-pub fn bin(name: &str) -> Command {
-    let path = match name {
-        "train" => env!("CARGO_BIN_EXE_train"),
-        "export" => env!("CARGO_BIN_EXE_export"),
-        "generate" => env!("CARGO_BIN_EXE_generate"),
-        "serve" => env!("CARGO_BIN_EXE_serve"),
-        other => panic!("no binary {other}"),
-    };
-    Command::new(path)
+/// `dormouse <command>`, ready for its arguments.
+pub fn bin(command: &str) -> Command {
+    let mut dormouse = Command::new(env!("CARGO_BIN_EXE_dormouse"));
+    dormouse.arg(command);
+    dormouse
 }
 
 pub fn run(dir: &Path, name: &str, args: &[&str]) -> Output {

@@ -1,31 +1,24 @@
-//! `export`: turn a training run into one `.dmexp` inference file, and explain any file.
+//! `dormouse export`: turn a training run into one `.dmexp` inference file, and explain any file.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use clap::{Parser, Subcommand};
+use clap::Subcommand;
 use dmexp::{Dtype, FileKind};
 use dormouse::export::{ConfigSource, ExportRequest, export_run};
 
-// candle allocates a fresh buffer per tensor op; glibc malloc returns large ones to the
-// kernel each time (page faults and zeroing), mimalloc reuses them: nano trains 1.8x faster.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-#[derive(Parser)]
+#[derive(clap::Args)]
 #[command(
-    name = "export",
-    version,
     about = "Turn a dormouse training run into one self-describing, checksummed .dmexp file, and explain any file",
     after_help = "Examples:
-  export run --ckpt-dir checkpoints --ckpt-name latest            # -> checkpoints/latest.bf16.dmexp
-  export run --ckpt-dir checkpoints --ckpt-name latest --dtype f32
-  export info checkpoints/latest.bf16.dmexp                       # header, sizes, CRC check
-  export info some-file --json"
+  dormouse export run --ckpt-dir checkpoints --ckpt-name latest            # -> checkpoints/latest.bf16.dmexp
+  dormouse export run --ckpt-dir checkpoints --ckpt-name latest --dtype f32
+  dormouse export info checkpoints/latest.bf16.dmexp                       # header, sizes, CRC check
+  dormouse export info some-file --json"
 )]
-struct Args {
+pub struct Args {
     #[command(subcommand)]
     command: Command,
 }
@@ -66,8 +59,8 @@ fn parse_dtype(text: &str) -> Result<Dtype, String> {
     text.parse::<Dtype>().map_err(|e| e.to_string())
 }
 
-fn main() -> ExitCode {
-    match Args::parse().command {
+pub fn main(args: Args) -> ExitCode {
+    match args.command {
         Command::Run {
             ckpt_dir,
             ckpt_name,
@@ -128,14 +121,14 @@ fn run(req: ExportRequest) -> Result<()> {
         eprintln!("WARNING: generate and serve will refuse this export: {refusal}");
     } else {
         eprintln!(
-            "next: export info {0} | generate --export {0} --prompt \"once\" --steps 64",
+            "next: dormouse export info {0} | dormouse generate --export {0} --prompt \"once\" --steps 64",
             done.out.display()
         );
     }
     Ok(())
 }
 
-fn info(file: &std::path::Path, json: bool) -> ExitCode {
+fn info(file: &Path, json: bool) -> ExitCode {
     match dmexp::info(file) {
         Ok(info) => {
             match json {

@@ -1,4 +1,4 @@
-//! `serve`: an OpenAI-compatible HTTP server for one `.dmexp` model.
+//! `dormouse serve`: an OpenAI-compatible HTTP server for one `.dmexp` model.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -19,34 +19,27 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use candle_core::Device;
-use clap::Parser;
 use dormouse::Dormouse;
 use dormouse::sample::{Sampler, generate};
 use dormouse::serving::load_export;
-use dormouse_cli::completions::{ApiError, Finish, Job, MAX_BODY_BYTES, TextStream, parse_request};
 use serde_json::{Value, json};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 
-// candle allocates a fresh buffer per tensor op; glibc malloc returns large ones to the
-// kernel each time (page faults and zeroing), mimalloc reuses them: nano trains 1.8x faster.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+use crate::completions::{ApiError, Finish, Job, MAX_BODY_BYTES, TextStream, parse_request};
 
-#[derive(Parser)]
+#[derive(clap::Args)]
 #[command(
-    name = "serve",
-    version,
     about = "Serve a dormouse .dmexp export over an OpenAI-compatible HTTP API",
     after_help = "Routes: GET /health, GET /v1/models, POST /v1/completions (stream: true for SSE).
 One token is one byte. See docs/serve.md.
 
 Example:
-  serve --export checkpoints/latest.bf16.dmexp --port 8000
+  dormouse serve --export checkpoints/latest.bf16.dmexp --port 8000
   curl -s localhost:8000/v1/completions -H 'content-type: application/json' \\
        -d '{\"prompt\": \"once\", \"max_tokens\": 32, \"temperature\": 0}'"
 )]
-struct Args {
+pub struct Args {
     /// The .dmexp file to serve.
     #[arg(long)]
     export: PathBuf,
@@ -69,9 +62,7 @@ struct AppState {
     running: Arc<Semaphore>,
 }
 
-fn main() -> ExitCode {
-    dormouse_cli::kernel_threads::single_threaded_kernels();
-    let args = Args::parse();
+pub fn main(args: Args) -> ExitCode {
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {

@@ -1,4 +1,4 @@
-//! `quickstart`: the whole path in one command. Trains `nano` on the embedded corpus, exports
+//! `dormouse quickstart`: the whole path in one command. Trains `nano` on the embedded corpus, exports
 //! it as bf16, explains the export and generates a sample, printing where each file went and
 //! the commands to try next.
 
@@ -11,27 +11,20 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use candle_core::Device;
-use clap::Parser;
 use dmexp::Dtype;
 use dormouse::DormouseConfig;
+use dormouse::data::Corpus;
 use dormouse::export::{ExportRequest, export_run};
 use dormouse::sample::{Sampler, SamplingParams, generate};
 use dormouse::serving::load_export;
-use dormouse::train::{Corpus, TrainSettings, Trainer, bits_per_byte};
+use dormouse::train::{TrainSettings, Trainer, bits_per_byte};
 use indicatif::{ProgressBar, ProgressStyle};
 
-// candle allocates a fresh buffer per tensor op; glibc malloc returns large ones to the
-// kernel each time (page faults and zeroing), mimalloc reuses them: nano trains 1.8x faster.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-#[derive(Parser)]
+#[derive(clap::Args)]
 #[command(
-    name = "quickstart",
-    version,
     about = "Train nano on the embedded corpus, export it, explain the export and generate a sample (about 2 minutes)"
 )]
-struct Args {
+pub struct Args {
     /// Folder for the run and the export (a rerun replaces what the last one wrote there).
     #[arg(long, default_value = "quickstart")]
     dir: PathBuf,
@@ -43,8 +36,8 @@ struct Args {
     prompt: String,
 }
 
-fn main() -> ExitCode {
-    match run(Args::parse()) {
+pub fn main(args: Args) -> ExitCode {
+    match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("quickstart: {e:#}");
@@ -90,9 +83,12 @@ fn run(args: Args) -> Result<()> {
     bar.finish_and_clear();
     let bin = ckpt_dir.join("latest.bin");
     trainer.save(&bin)?;
-    fs::write(ckpt_dir.join("latest.config.toml"), cfg.to_toml())?;
+    atomic_file::write_bytes(
+        &ckpt_dir.join("latest.config.toml"),
+        cfg.to_toml().as_bytes(),
+    )?;
     let bpb = bits_per_byte(&trainer.model, None, corpus.held_out(), settings.seq)?;
-    let baselines = dormouse_cli::baselines::measure(corpus.held_out())?;
+    let baselines = crate::baselines::measure(corpus.held_out())?;
     println!(
         "    held-out bits per byte {bpb:.3} (an untrained model: 8; on the same bytes gzip -9 {:.3}, xz -9 {:.3})\n    run saved to {} (+ latest.config.toml)",
         baselines.gzip_9,
@@ -115,13 +111,13 @@ fn run(args: Args) -> Result<()> {
         fs::metadata(&bin)?.len()
     );
 
-    println!("3/4 export info {}", exported.out.display());
+    println!("3/4 dormouse export info {}", exported.out.display());
     for line in dmexp::info(&exported.out)?.render_text().lines() {
         println!("    {line}");
     }
 
     println!(
-        "4/4 generate --export {} --prompt {:?} --steps 200",
+        "4/4 dormouse generate --export {} --prompt {:?} --steps 200",
         exported.out.display(),
         args.prompt
     );
@@ -149,7 +145,7 @@ fn run(args: Args) -> Result<()> {
     writeln!(stdout)?;
     let out = exported.out.display();
     println!(
-        "\ndone in {:.0} s. Next:\n  cargo run --release --bin generate -- --export {out} --prompt \"In the beginning\" --temperature 0.8 --seed 3\n  cargo run --release --bin serve -- --export {out} --port 8000\n  cargo run --release --bin train -- --preset small --steps 300 --log run.jsonl   # a bigger model",
+        "\ndone in {:.0} s. Next:\n  cargo run --release -p dormouse-cli -- generate --export {out} --prompt \"In the beginning\" --temperature 0.8 --seed 3\n  cargo run --release -p dormouse-cli -- serve --export {out} --port 8000\n  cargo run --release -p dormouse-cli -- train --preset small --steps 300 --log run.jsonl   # a bigger model",
         started.elapsed().as_secs_f64()
     );
     Ok(())

@@ -1,4 +1,4 @@
-//! `generate`: continue a prompt with a `.dmexp` model, streaming bytes to stdout.
+//! `dormouse generate`: continue a prompt with a `.dmexp` model, streaming bytes to stdout.
 
 use std::io::Write;
 use std::ops::ControlFlow;
@@ -8,27 +8,19 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use candle_core::Device;
-use clap::Parser;
 use dormouse::sample::{Sampler, SamplingParams, generate};
 use dormouse::serving::load_export;
 
-// candle allocates a fresh buffer per tensor op; glibc malloc returns large ones to the
-// kernel each time (page faults and zeroing), mimalloc reuses them: nano trains 1.8x faster.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-#[derive(Parser)]
+#[derive(clap::Args)]
 #[command(
-    name = "generate",
-    version,
     about = "Continue a prompt with a dormouse .dmexp export, streaming the bytes to stdout",
     after_help = "Examples:
-  generate --export checkpoints/latest.bf16.dmexp --prompt \"once\" --steps 64
-  generate --export model.dmexp --prompt \"And God said\" --temperature 0.8 --top-p 0.95 --seed 7
+  dormouse generate --export checkpoints/latest.bf16.dmexp --prompt \"once\" --steps 64
+  dormouse generate --export model.dmexp --prompt \"And God said\" --temperature 0.8 --top-p 0.95 --seed 7
 
-generate takes an export and nothing else: turn a training run into one with `export run`."
+generate takes an export and nothing else: turn a training run into one with `dormouse export run`."
 )]
-struct Args {
+pub struct Args {
     /// The .dmexp file to run.
     #[arg(long)]
     export: PathBuf,
@@ -52,9 +44,8 @@ struct Args {
     seed: u64,
 }
 
-fn main() -> ExitCode {
-    dormouse_cli::kernel_threads::single_threaded_kernels();
-    match run(Args::parse()) {
+pub fn main(args: Args) -> ExitCode {
+    match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("generate: {e:#}");

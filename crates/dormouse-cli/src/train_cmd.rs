@@ -1,4 +1,4 @@
-//! `train`: train a dormouse model and keep the run in a checkpoint.
+//! `dormouse train`: train a dormouse model and keep the run in a checkpoint.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -8,37 +8,33 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use candle_core::Device;
-use clap::Parser;
 use dormouse::DormouseConfig;
-use dormouse::train::{Corpus, RunError, TrainSettings, Trainer, bits_per_byte};
-use dormouse_cli::baselines;
+use dormouse::data::Corpus;
+use dormouse::engram::sidecar;
+use dormouse::run_policy::{self, EngramFlags, SettingsOverrides};
+use dormouse::train::{RunError, Trainer, bits_per_byte};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
-// candle allocates a fresh buffer per tensor op; glibc malloc returns large ones to the
-// kernel each time (page faults and zeroing), mimalloc reuses them: nano trains 1.8x faster.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+use crate::baselines;
 
-#[derive(Parser)]
+#[derive(clap::Args)]
 #[command(
-    name = "train",
-    version,
     about = "Train a byte-level dormouse model (with its Engram memory) and save the run as a checkpoint",
     after_help = "Examples:
-  train --preset nano --steps 200                      # the embedded corpus, seconds on a laptop
-  train --preset small --steps 3000 --data ./texts/    # your own files and folders
-  train --resume --steps 6000                          # continue checkpoints/latest.bin to step 6000
+  dormouse train --preset nano --steps 200                      # the embedded corpus, seconds on a laptop
+  dormouse train --preset small --steps 3000 --data ./texts/    # your own files and folders
+  dormouse train --resume --steps 6000                          # continue checkpoints/latest.bin to step 6000
 
 A run is checkpoints/<name>.bin (model, AdamW moments, EMA teacher, trainer state) plus
 <name>.config.toml, the exact config it trains. Turn it into one inference file with
-`export run --ckpt-dir checkpoints --ckpt-name <name>`."
+`dormouse export run --ckpt-dir checkpoints --ckpt-name <name>`."
 )]
-struct Args {
+pub struct Args {
     /// A preset config: nano (< 300k params) or small (~9.2M). Default: nano.
     #[arg(long, conflicts_with = "config")]
     preset: Option<String>,
-    /// A config TOML file (see configs/*.toml).
+    /// A config TOML file (see crates/dormouse/configs/*.toml).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Training text: files and folders (walked recursively). Default: the embedded
@@ -107,9 +103,34 @@ struct Args {
     log: Option<PathBuf>,
 }
 
-fn main() -> ExitCode {
+impl Args {
+    fn engram_flags(&self) -> EngramFlags {
+        EngramFlags {
+            ram: self.engram_ram,
+            slots: self.engram_slots,
+        }
+    }
+
+    fn settings(&self) -> SettingsOverrides {
+        SettingsOverrides {
+            steps: self.steps,
+            batch: self.batch,
+            seq: self.seq,
+            lr: self.lr,
+            warmup: self.warmup,
+            min_lr: self.min_lr,
+            weight_decay: self.weight_decay,
+            grad_clip: self.grad_clip,
+            ema_decay: self.ema_decay,
+            seed: self.seed,
+            eval_bytes: self.eval_bytes,
+        }
+    }
+}
+
+pub fn main(args: Args) -> ExitCode {
     let started = Instant::now();
-    match run(Args::parse(), started) {
+    match run(args, started) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("train: {e:#}");
@@ -162,7 +183,7 @@ fn run(args: Args, started: Instant) -> Result<()> {
             shape.slots,
             shape.dim,
             shape.orders.len() * shape.slots * shape.dim,
-            dormouse::ngram::sidecar_path(&bin).display()
+            sidecar::sidecar_path(&bin).display()
         );
     }
     eprintln!(
@@ -189,70 +210,33 @@ fn probe_writable(dir: &Path) -> Result<()> {
         .with_context(|| format!("the checkpoint folder {} is not writable", dir.display()))
 }
 
-/// The config the flags ask for: the preset or file, then the Engram RAM flags through the
-/// config seam (which squeezes the in-model memory to one row per order).
-fn config_from_args(args: &Args) -> Result<DormouseConfig> {
-    with_engram_flags(base_config(args)?, args)
-}
-
-fn with_engram_flags(mut cfg: DormouseConfig, args: &Args) -> Result<DormouseConfig> {
-    if args.engram_ram || args.engram_slots.is_some() {
-        cfg.engram_ram = true;
-    }
-    if let Some(slots) = args.engram_slots {
-        cfg.engram_slots = slots;
-    }
-    Ok(cfg.resolve()?)
-}
-
-fn base_config(args: &Args) -> Result<DormouseConfig> {
+/// The config a `--config` file or `--preset` names, if either was given.
+fn asked_config(args: &Args) -> Result<Option<DormouseConfig>> {
     Ok(match (&args.config, &args.preset) {
         (Some(path), _) => {
             let text = fs::read_to_string(path)
                 .with_context(|| format!("cannot read {}", path.display()))?;
-            DormouseConfig::from_toml(&text)
-                .with_context(|| format!("{} is not a valid config", path.display()))?
+            Some(
+                DormouseConfig::from_toml(&text)
+                    .with_context(|| format!("{} is not a valid config", path.display()))?,
+            )
         }
-        (None, preset) => DormouseConfig::preset(preset.as_deref().unwrap_or("nano"))?,
+        (None, Some(preset)) => Some(DormouseConfig::preset(preset)?),
+        (None, None) => None,
     })
 }
 
-fn settings_from_args(args: &Args) -> TrainSettings {
-    let d = TrainSettings::default();
-    TrainSettings {
-        steps: args.steps.unwrap_or(d.steps),
-        batch: args.batch.unwrap_or(d.batch),
-        seq: args.seq.unwrap_or(d.seq),
-        lr: args.lr.unwrap_or(d.lr),
-        warmup: args.warmup.unwrap_or(d.warmup),
-        min_lr: args.min_lr.unwrap_or(d.min_lr),
-        weight_decay: args.weight_decay.unwrap_or(d.weight_decay),
-        grad_clip: args.grad_clip.unwrap_or(d.grad_clip),
-        ema_decay: args.ema_decay.unwrap_or(d.ema_decay),
-        seed: args.seed.unwrap_or(d.seed),
-        eval_bytes: args.eval_bytes.unwrap_or(d.eval_bytes),
-    }
-}
-
 fn start(args: &Args, bin: &Path, snapshot: &Path, device: &Device) -> Result<Trainer> {
-    if bin.exists() {
-        bail!(
-            "a run named {:?} already exists at {}: pass --resume to continue it, or --ckpt-name NAME to start another \
-             (refusing to overwrite trained state)",
-            args.ckpt_name,
-            bin.display()
-        );
-    }
-    let cfg = config_from_args(args)?;
-    let settings = settings_from_args(args);
-    if settings.seq > cfg.max_seq_len {
-        bail!(
-            "--seq {} exceeds the config's max_seq_len {}",
-            settings.seq,
-            cfg.max_seq_len
-        );
-    }
-    write_atomic(snapshot, cfg.to_toml().as_bytes())?;
+    run_policy::refuse_existing_run(bin, &args.ckpt_name)?;
+    let base = match asked_config(args)? {
+        Some(cfg) => cfg,
+        None => DormouseConfig::preset("nano")?,
+    };
+    let cfg = args.engram_flags().apply(base)?;
+    let settings = args.settings().over_defaults();
+    run_policy::check_settings_fit(&cfg, &settings)?;
+    atomic_file::write_bytes(snapshot, cfg.to_toml().as_bytes())
+        .with_context(|| format!("cannot write {}", snapshot.display()))?;
     Ok(Trainer::new(&cfg, settings, device)?)
 }
 
@@ -261,108 +245,11 @@ fn resume(args: &Args, bin: &Path, snapshot: &Path, device: &Device) -> Result<T
         .with_context(|| format!("cannot resume: {} is missing", snapshot.display()))?;
     let cfg = DormouseConfig::from_toml(&text)
         .with_context(|| format!("{} is not a valid config", snapshot.display()))?;
-    let engram_flags = args.engram_ram || args.engram_slots.is_some();
-    if args.config.is_some() || args.preset.is_some() || engram_flags {
-        let base = match args.config.is_some() || args.preset.is_some() {
-            true => base_config(args)?,
-            false => cfg.clone(),
-        };
-        let asked = with_engram_flags(base, args)?;
-        let differing = differing_fields(&cfg, &asked);
-        if !differing.is_empty() {
-            bail!(
-                "--resume with a config that differs from the run's snapshot {}: {}",
-                snapshot.display(),
-                differing.join("; ")
-            );
-        }
-    }
+    run_policy::check_resumed_config(snapshot, &cfg, asked_config(args)?, args.engram_flags())?;
     let mut trainer = Trainer::resume(&cfg, bin, device)
         .with_context(|| format!("cannot resume {}", bin.display()))?;
-    let asked = settings_from_args(args);
-    let saved = trainer.settings.clone();
-    let mut changed = Vec::new();
-    let mut check = |flag: &str, given: bool, same: bool| {
-        if given && !same {
-            changed.push(flag.to_string());
-        }
-    };
-    check("--batch", args.batch.is_some(), asked.batch == saved.batch);
-    check("--seq", args.seq.is_some(), asked.seq == saved.seq);
-    check("--lr", args.lr.is_some(), asked.lr == saved.lr);
-    check(
-        "--warmup",
-        args.warmup.is_some(),
-        asked.warmup == saved.warmup,
-    );
-    check(
-        "--min-lr",
-        args.min_lr.is_some(),
-        asked.min_lr == saved.min_lr,
-    );
-    check(
-        "--weight-decay",
-        args.weight_decay.is_some(),
-        asked.weight_decay == saved.weight_decay,
-    );
-    check(
-        "--grad-clip",
-        args.grad_clip.is_some(),
-        asked.grad_clip == saved.grad_clip,
-    );
-    check(
-        "--ema-decay",
-        args.ema_decay.is_some(),
-        asked.ema_decay == saved.ema_decay,
-    );
-    check("--seed", args.seed.is_some(), asked.seed == saved.seed);
-    check(
-        "--eval-bytes",
-        args.eval_bytes.is_some(),
-        asked.eval_bytes == saved.eval_bytes,
-    );
-    if !changed.is_empty() {
-        bail!(
-            "a resumed run is the same run: {} cannot change on --resume (only --steps can)",
-            changed.join(", ")
-        );
-    }
-    if let Some(steps) = args.steps {
-        trainer.settings.steps = steps;
-    }
+    trainer.settings = run_policy::resumed_settings(&trainer.settings, &args.settings())?;
     Ok(trainer)
-}
-
-/// `field: snapshot -> asked` for every field that differs.
-fn differing_fields(snapshot: &DormouseConfig, asked: &DormouseConfig) -> Vec<String> {
-    let (a, b) = (
-        toml::Value::try_from(snapshot),
-        toml::Value::try_from(asked),
-    );
-    let (Ok(toml::Value::Table(a)), Ok(toml::Value::Table(b))) = (a, b) else {
-        return vec!["the configs cannot be compared".to_string()];
-    };
-    a.iter()
-        .filter(|(k, v)| b.get(*k) != Some(v))
-        .map(|(k, v)| {
-            format!(
-                "{k}: {v} in the snapshot, {} asked",
-                b.get(k).map_or("nothing".to_string(), |x| x.to_string())
-            )
-        })
-        .collect()
-}
-
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let mut temp = tempfile::Builder::new()
-        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
-        .tempfile_in(dir)?;
-    temp.write_all(bytes)?;
-    temp.as_file().sync_all()?;
-    temp.persist(path)
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
 }
 
 fn log_line(log: &mut Option<File>, value: serde_json::Value) -> Result<()> {
@@ -461,17 +348,17 @@ fn train_loop(
     trainer.save(bin)?;
     if trainer.host.is_some() {
         eprintln!(
-            "saved step {} to {} and its host-RAM memory to {}; resume it with `train --resume`. \
-             An export of this run has one memory row per order and `generate` refuses it: train \
-             without --engram-ram for a servable model",
+            "saved step {} to {} and its host-RAM memory to {}; resume it with `dormouse train --resume`. \
+             An export of this run has one memory row per order and `dormouse generate` refuses it: \
+             train without --engram-ram for a servable model",
             trainer.step,
             bin.display(),
-            dormouse::ngram::sidecar_path(bin).display()
+            sidecar::sidecar_path(bin).display()
         );
         return Ok(());
     }
     eprintln!(
-        "saved step {} to {}; export it with: export run --ckpt-dir {} --ckpt-name {}",
+        "saved step {} to {}; export it with: dormouse export run --ckpt-dir {} --ckpt-name {}",
         trainer.step,
         bin.display(),
         args.ckpt_dir.display(),
