@@ -241,7 +241,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     );
     if plan.mode == Mode::Streamed {
         eprintln!(
-            "streamed: {} of routed experts read per token (the plan's {} without cache hits); {:.2} s of {:.2} s decoding waited for reads; cache {} hits / {} misses; {} direct (O_DIRECT) and {} buffered (then dropped from the page cache) reads; resident {} + experts peak {} within budget {}; process peak RSS {}",
+            "streamed: {} of routed experts read per token (the plan's {} without cache hits); {:.2} s of {:.2} s decoding waited for reads; cache (held layers included) {} hits / {} misses; {} direct (O_DIRECT) and {} buffered (then dropped from the page cache) reads; resident {} + experts peak {} within budget {}; process peak RSS {}",
             human(figures.expert_read_bytes_per_token()),
             human(plan.uncached_read_per_token),
             io.io_time.as_secs_f64(),

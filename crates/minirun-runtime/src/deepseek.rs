@@ -11,10 +11,13 @@ use std::time::Duration;
 
 use crate::artifact::{Artifact, ArtifactError, Stack};
 use crate::config::DeepSeekV3Config;
-use crate::experts::{ExpertCache, ExpertParts, with_fetched};
+use crate::experts::{ExpertCache, ExpertParts, hold_layer, with_fetched};
 use crate::kernels::{Format, KernelError, QMatrix};
 use crate::plan::{ExpertMap, Mode, Plan};
 use crate::rope::{Rope, attention_scale};
+
+/// Reads in flight while the held layers are read at load.
+const HOLD_READS_IN_FLIGHT: usize = 8;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -461,8 +464,8 @@ impl<'a> DeepSeekV3<'a> {
         DeepSeekV3::build(artifact, config, None)
     }
 
-    /// The model as `plan` says: fully resident, or its routed experts streamed through a
-    /// cache of `plan.cache_bytes`.
+    /// The model as `plan` says: fully resident, or the routed experts of `plan.held_layers`
+    /// read now and held, and the others' streamed through a cache of `plan.cache_bytes`.
     pub fn load_planned(
         artifact: &'a Artifact,
         config: DeepSeekV3Config,
@@ -472,8 +475,29 @@ impl<'a> DeepSeekV3<'a> {
         match plan.mode {
             Mode::Resident => DeepSeekV3::build(artifact, config, None),
             Mode::Streamed => {
+                let held: Vec<(usize, u64)> = plan
+                    .held_layers
+                    .iter()
+                    .map(|&layer| {
+                        let bytes = experts
+                            .get(layer)
+                            .and_then(Option::as_ref)
+                            .map_or(0, |e| e.iter().map(ExpertParts::allocated_bytes).sum());
+                        (layer, bytes)
+                    })
+                    .collect();
+                let cache = ExpertCache::new(
+                    plan.cache_bytes,
+                    plan.moe_layers - plan.held_layers.len(),
+                    &held,
+                );
+                for &(layer, _) in &held {
+                    if let Some(Some(parts)) = experts.get(layer) {
+                        hold_layer(artifact, &cache, layer, parts, HOLD_READS_IN_FLIGHT)?;
+                    }
+                }
                 let mut model = DeepSeekV3::build(artifact, config, Some(experts))?;
-                model.cache = Some(ExpertCache::new(plan.cache_bytes, plan.moe_layers));
+                model.cache = Some(cache);
                 Ok(model)
             }
         }
@@ -502,8 +526,8 @@ impl<'a> DeepSeekV3<'a> {
         })
     }
 
-    /// Bytes of routed experts the cache holds now, and the most it held at once with the
-    /// experts of a layer in flight; `None` for a resident run.
+    /// Bytes of routed experts held now (held layers and the cache), and the most held at once
+    /// with the experts of a layer in flight; `None` for a resident run.
     pub fn expert_memory(&self) -> Option<(u64, u64)> {
         self.cache.as_ref().map(ExpertCache::usage)
     }

@@ -1,7 +1,14 @@
 //! The memory plan of a run: what stays resident, what streams, and whether the budget pays for
 //! it. Resident always: the embeddings, attention, norms, routers, dense MLPs and shared experts
-//! (the weights every token reads). Routed experts stream from storage through a cache that the
-//! rest of the budget pays for; a budget that holds everything runs fully resident.
+//! (the weights every token reads). What the budget pays for beyond the floor goes, in this
+//! order, to whole MoE layers (every routed expert of the layer held, read once when the model
+//! is loaded; first layers first) and then to a cache of routed experts for the other layers.
+//! Routed experts of the layers not held stream from storage; a budget that holds everything
+//! runs fully resident.
+//!
+//! Whole layers come before the cache because they make a token's reads exact: a held layer
+//! reads nothing per token, a streamed layer reads its chosen experts unless the cache has
+//! them, so with no cache left over a step reads exactly `uncached_read_per_token`.
 //!
 //! The floor is the least a run can work in: the resident weights, the slot pool (one layer's
 //! chosen experts, loaded at once), and a stated reserve (the KV cache for the run's context plus
@@ -73,9 +80,14 @@ pub struct Plan {
     pub floor: u64,
     /// What a fully resident run needs: every payload byte and the reserve.
     pub everything: u64,
-    /// Bytes of experts the cache may hold.
+    /// MoE layers whose routed experts are all held, read once when the model is loaded.
+    pub held_layers: Vec<usize>,
+    /// What the held layers' experts take in aligned buffers.
+    pub held_bytes: u64,
+    /// Bytes of experts of the other layers the cache may hold.
     pub cache_bytes: u64,
-    /// Routed-expert bytes a decode step reads when no expert is cached (the floor's figure).
+    /// Routed-expert bytes a decode step reads when the cache holds none of the experts it
+    /// needs: the chosen experts of every MoE layer not held.
     pub uncached_read_per_token: u64,
 }
 
@@ -104,12 +116,19 @@ impl Plan {
     ) -> Result<Plan, PlanError> {
         let mut container_files = std::collections::BTreeSet::new();
         let mut pieces = 0u64;
-        let (mut routed_bytes, mut uncached, mut read_max, mut alloc_max) = (0u64, 0, 0, 0);
+        let (mut routed_bytes, mut read_max, mut alloc_max) = (0u64, 0, 0);
         let mut moe_layers = 0;
-        for layer in experts.iter().flatten() {
+        // Per MoE layer: its index, what a token reads there uncached, what holding it takes.
+        let mut layer_costs: Vec<(usize, u64, u64)> = Vec::new();
+        for (index, layer) in experts.iter().enumerate() {
+            let Some(layer) = layer else { continue };
             moe_layers += 1;
             let largest = layer.iter().map(ExpertParts::read_bytes).max().unwrap_or(0);
-            uncached += largest * c.num_experts_per_tok as u64;
+            layer_costs.push((
+                index,
+                largest * c.num_experts_per_tok as u64,
+                layer.iter().map(ExpertParts::allocated_bytes).sum(),
+            ));
             read_max = read_max.max(largest);
             alloc_max = alloc_max.max(
                 layer
@@ -164,6 +183,21 @@ impl Plan {
             true => Mode::Streamed,
             false => Mode::Resident,
         };
+        let mut spare = budget_bytes - floor;
+        let (mut held_layers, mut held_bytes, mut uncached) = (Vec::new(), 0u64, 0u64);
+        let mut holding = mode == Mode::Streamed;
+        for &(index, per_token, hold) in &layer_costs {
+            // Held while the spare budget pays for the whole layer, in layer order: the first
+            // layer that does not fit, and every one after it, streams.
+            holding &= hold <= spare;
+            if holding {
+                spare -= hold;
+                held_bytes += hold;
+                held_layers.push(index);
+            } else {
+                uncached += per_token;
+            }
+        }
         Ok(Plan {
             mode,
             budget: budget_bytes,
@@ -178,7 +212,9 @@ impl Plan {
             context_tokens,
             floor,
             everything,
-            cache_bytes: budget_bytes - floor,
+            held_layers,
+            held_bytes,
+            cache_bytes: spare,
             uncached_read_per_token: uncached,
         })
     }
@@ -200,14 +236,58 @@ impl Plan {
             human(self.reserve_bytes),
         )];
         if self.mode == Mode::Streamed {
+            if !self.held_layers.is_empty() {
+                lines.push(format!(
+                    "held whole: {} of {} MoE layers ({}), {}, read once at load",
+                    self.held_layers.len(),
+                    self.moe_layers,
+                    layer_list(&self.held_layers),
+                    human(self.held_bytes),
+                ));
+            }
             lines.push(format!(
-                "streamed: {} of routed experts over {} MoE layers; expert cache {}; without cache hits a token reads {}",
+                "streamed: the routed experts of {} MoE layers ({} in all); expert cache {}; without cache hits a token reads {}",
+                self.moe_layers - self.held_layers.len(),
                 human(self.routed_bytes),
-                self.moe_layers,
                 human(self.cache_bytes),
                 human(self.uncached_read_per_token),
             ));
         }
         lines
+    }
+}
+
+/// `3-5, 9` for layers 3, 4, 5 and 9.
+fn layer_list(layers: &[usize]) -> String {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for &layer in layers {
+        match runs.last_mut() {
+            Some((_, end)) if *end + 1 == layer => *end = layer,
+            _ => runs.push((layer, layer)),
+        }
+    }
+    let shown: Vec<String> = runs
+        .iter()
+        .map(|&(a, b)| match a == b {
+            true => a.to_string(),
+            false => format!("{a}-{b}"),
+        })
+        .collect();
+    format!(
+        "layer{} {}",
+        if layers.len() == 1 { "" } else { "s" },
+        shown.join(", ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::layer_list;
+
+    #[test]
+    fn held_layers_are_listed_as_runs() {
+        assert_eq!(layer_list(&[3]), "layer 3");
+        assert_eq!(layer_list(&[1, 2, 3, 7]), "layers 1-3, 7");
+        assert_eq!(layer_list(&[1, 3]), "layers 1, 3");
     }
 }

@@ -130,9 +130,12 @@ fn streamed_runs_at_every_budget_and_thread_count_have_the_resident_bits() {
                     );
                 }
                 if let Some((held, peak)) = model.expert_memory() {
-                    assert!(held <= plan.cache_bytes, "{fixture}: cache over its share");
                     assert!(
-                        peak <= plan.cache_bytes + plan.slot_pool_bytes,
+                        held <= plan.held_bytes + plan.cache_bytes,
+                        "{fixture}: cache over its share"
+                    );
+                    assert!(
+                        peak <= plan.held_bytes + plan.cache_bytes + plan.slot_pool_bytes,
                         "{fixture} {budget}: expert memory {peak} over cache + slot pool"
                     );
                 }
@@ -149,8 +152,8 @@ fn streamed_runs_at_every_budget_and_thread_count_have_the_resident_bits() {
 }
 
 /// A generated DeepSeek-V3-shaped artifact several times larger than its floor: streamed at
-/// the floor, it decodes the resident run's tokens with the same logit bits, reading exactly
-/// the plan's bytes.
+/// the floor, and with two whole layers held, it decodes the resident run's tokens with the
+/// same logit bits, reading exactly the plan's bytes.
 #[test]
 fn an_artifact_several_times_its_budget_streams_with_the_resident_bits() {
     use minirun_pack::synthetic_model::{SyntheticShape, write_synthetic_deepseek};
@@ -185,17 +188,54 @@ fn an_artifact_several_times_its_budget_streams_with_the_resident_bits() {
         artifact.total_payload_bytes(),
         plan.floor
     );
-    let streamed = DeepSeekV3::load_planned(&artifact, config.clone(), &plan, experts).unwrap();
+    let streamed =
+        DeepSeekV3::load_planned(&artifact, config.clone(), &plan, experts.clone()).unwrap();
     let (bits, ids, decode) = run(&streamed);
     assert!(artifact.payload_bytes() <= plan.resident_bytes);
     assert_eq!(
         decode.expert_read_bytes,
         plan.uncached_read_per_token * STEPS as u64
     );
+    drop(streamed);
+
+    // Room for exactly the first two MoE layers beyond the floor: those are held whole, read
+    // once at load, and a token reads only the chosen experts of the others.
+    let moe: Vec<usize> = (0..experts.len())
+        .filter(|&l| experts[l].is_some())
+        .collect();
+    let layer_bytes = |l: usize| -> u64 {
+        experts[l]
+            .iter()
+            .flatten()
+            .map(|e| e.allocated_bytes())
+            .sum()
+    };
+    let two_layers = layer_bytes(moe[0]) + layer_bytes(moe[1]);
+    let budget = Budget::Bytes(plan.floor + two_layers);
+    let held = Plan::new(&artifact, &config, &experts, budget, 64).unwrap();
+    assert_eq!(held.held_layers, moe[..2], "the first MoE layers are held");
+    assert_eq!((held.held_bytes, held.cache_bytes), (two_layers, 0));
+    let per_layer = plan.uncached_read_per_token / moe.len() as u64;
+    assert_eq!(
+        held.uncached_read_per_token,
+        per_layer * (moe.len() - 2) as u64
+    );
+    let model = DeepSeekV3::load_planned(&artifact, config.clone(), &held, experts).unwrap();
+    let (held_bits, held_ids, held_decode) = run(&model);
+    assert_eq!(
+        held_decode.expert_read_bytes,
+        held.uncached_read_per_token * STEPS as u64,
+        "a step reads exactly the chosen experts of the layers not held"
+    );
+    assert_eq!(model.expert_memory().unwrap().0, two_layers);
+    drop(model);
+
     let resident = DeepSeekV3::load(&artifact, config).unwrap();
     let (reference, reference_ids, _) = run(&resident);
     assert_eq!(ids, reference_ids);
     assert!(bits == reference, "logit bits differ");
+    assert_eq!(held_ids, reference_ids);
+    assert!(held_bits == reference, "logit bits differ with layers held");
     assert!(
         bits.iter()
             .flatten()
