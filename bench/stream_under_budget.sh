@@ -2,23 +2,39 @@
 # minirun streaming under a memory budget, on a generated DeepSeek-V3-shaped affine-4-bit
 # artifact larger than the budget (default about 8 GB: hidden 2048, 64 experts of 3.5 MB, top 8,
 # 37 layers), measured side by side in one run:
-#   - read throughput of the streaming reader (minirun bench storage, O_DIRECT) against
-#     `dd iflag=direct` on the same container file;
-#   - minirun run at --budget floor and at --budget 1GiB: expert bytes read per token against
-#     the plan's prediction, time per token against max(I/O wait, compute), peak RSS vs budget.
-# Everything lives under target/stream-bench (about 2x the artifact size on disk).
+#   - read throughput of the streaming reader (minirun bench storage, O_DIRECT, tile-sized reads)
+#     against `dd iflag=direct` on the same container file;
+#   - the compute a token needs: minirun run fully resident (outside any cgroup, which needs
+#     the whole artifact in memory: skipped when MemAvailable is smaller);
+#   - minirun run at --budget floor and at --budget BUDGET, each inside a memory cgroup of its
+#     budget + 64 MiB (docs/runtime.md: the process overhead): expert bytes read per token
+#     against the plan's prediction, time per token against max(I/O, compute) where I/O is the
+#     bytes read at the reader's measured throughput, peak RSS against the budget;
+#   - the mmap baseline (crates/minirun-mmap-baseline: the same model and kernels, every
+#     container mapped, the page cache deciding what stays) inside a cgroup of the same limit,
+#     which is how mmap-based runtimes run a model that does not fit; its tokens must equal
+#     minirun's.
+# Before each run the artifact's pages are dropped from the page cache (posix_fadvise
+# DONTNEED on every file), so no run reads what an earlier one left cached.
+# Everything lives under target/stream-bench (about 2x the artifact size on disk while it is
+# made). The cgroups need root and a writable cgroup v1 memory controller or cgroup v2
+# memory.max; without them the script says so and runs without a limit.
 #
-#   bench/stream_under_budget.sh [GB] [BUDGET]
+#   bench/stream_under_budget.sh [GB] [BUDGET] [TOKENS]
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 GB="${1:-8.2}"
 BUDGET="${2:-1GiB}"
+TOKENS="${3:-16}"
 WORK="$ROOT/target/stream-bench"
 MINIRUN="$ROOT/target/release/minirun"
+BASELINE="$ROOT/target/release/mmap-baseline"
 SYNTH="$ROOT/target/release/examples/synth_deepseek"
+PROMPT="The clockmaker opened the"
+OVERHEAD=$((64 << 20))
 
 cd "$ROOT"
-cargo build --release -q -p minirun-cli
+cargo build --release -q -p minirun-cli -p minirun-mmap-baseline
 cargo build --release -q -p minirun-pack --example synth_deepseek
 mkdir -p "$WORK"
 if [ ! -f "$WORK/artifact/index.json" ]; then
@@ -30,39 +46,119 @@ if [ ! -f "$WORK/artifact/index.json" ]; then
 fi
 du -sh "$WORK/artifact"
 
+drop_cache() {
+  python3 - "$WORK/artifact" <<'PY'
+import os, sys
+for d, _, files in os.walk(sys.argv[1]):
+    for f in files:
+        fd = os.open(os.path.join(d, f), os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+PY
+}
+
+# A fresh memory cgroup limited to $1 bytes; prints its folder, or nothing if none can be made.
+make_cgroup() {
+  local name="minirun-bench-$$-$2" dir
+  if grep -qs memory /sys/fs/cgroup/cgroup.controllers; then
+    dir="/sys/fs/cgroup/$name"
+    mkdir "$dir" 2>/dev/null && echo "$1" > "$dir/memory.max" 2>/dev/null && echo 0 > "$dir/memory.swap.max" 2>/dev/null || true
+    [ -f "$dir/memory.max" ] && echo "$dir"
+  else
+    dir="/sys/fs/cgroup/memory/$name"
+    if mkdir "$dir" 2>/dev/null && echo "$1" > "$dir/memory.limit_in_bytes" 2>/dev/null; then
+      echo "$1" > "$dir/memory.memsw.limit_in_bytes" 2>/dev/null || true
+      echo "$dir"
+    fi
+  fi
+}
+
+# Runs "$@" inside a cgroup of $1 bytes (or unlimited, saying so), stdout to $2.
+in_cgroup() {
+  local limit="$1" out="$2" dir
+  shift 2
+  dir=$(make_cgroup "$limit" "$(basename "$out" .json)")
+  drop_cache
+  if [ -n "$dir" ]; then
+    sh -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$dir" "$@" > "$out"
+    for f in memory.peak memory.max_usage_in_bytes; do
+      [ -f "$dir/$f" ] && echo "  cgroup limit $((limit >> 20)) MiB, cgroup peak $(( $(cat "$dir/$f") >> 20 )) MiB (page cache included)"
+    done
+    rmdir "$dir" 2>/dev/null || true
+  else
+    echo "  (no memory cgroup could be made here: run without a limit)"
+    "$@" > "$out"
+  fi
+}
+
 big=$(find "$WORK/artifact" -name '*.affinetile' -size +50M | sort | sed -n 1p)
 echo "== dd iflag=direct on $(basename "$big") (1 MiB blocks)"
 dd if="$big" of=/dev/null bs=1M iflag=direct 2>&1 | tail -1
-dd_gbs=$(dd if="$big" of=/dev/null bs=1M iflag=direct 2>&1 | tail -1 | awk '{print $(NF-1), $NF}')
+dd_line=$(dd if="$big" of=/dev/null bs=1M iflag=direct 2>&1 | tail -1)
+echo "$dd_line"
 
 echo "== minirun bench storage (tile-sized reads, 1.1 MiB)"
+"$MINIRUN" bench storage "$WORK/artifact" --read-size 1136KiB --seconds 2 --json > "$WORK/storage.json"
 "$MINIRUN" bench storage "$WORK/artifact" --read-size 1136KiB --seconds 2
 
 run() {
-  "$MINIRUN" run "$WORK/artifact" --prompt "The clockmaker opened the" --max-tokens 16 \
-    --ignore-eos --budget "$1" --json
+  "$MINIRUN" run "$WORK/artifact" --prompt "$PROMPT" --max-tokens "$TOKENS" --ignore-eos --json "$@"
 }
-for budget in floor "$BUDGET"; do
-  echo "== minirun run --budget $budget"
-  run "$budget" > "$WORK/run-$budget.json"
-  python3 - "$WORK/run-$budget.json" <<'PY'
+
+available=$(awk '/MemAvailable/ {print $2 * 1024}' /proc/meminfo)
+artifact_bytes=$(du -sb "$WORK/artifact" | cut -f1)
+if [ "$available" -gt $((artifact_bytes + (2 << 30))) ]; then
+  echo "== minirun run fully resident (the compute a token needs; no cgroup)"
+  drop_cache
+  run --budget generous > "$WORK/run-resident.json"
+else
+  echo "== (skipping the resident run: MemAvailable $((available >> 20)) MiB < the artifact)"
+  echo '{}' > "$WORK/run-resident.json"
+fi
+
+floor=$(run --budget floor --max-tokens 1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["plan"]["floor"])')
+budget_bytes=$(run --budget "$BUDGET" --max-tokens 1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["plan"]["budget"])')
+echo "== minirun run --budget floor"
+in_cgroup $((floor + OVERHEAD)) "$WORK/run-floor.json" run --budget floor
+echo "== minirun run --budget $BUDGET"
+in_cgroup $((budget_bytes + OVERHEAD)) "$WORK/run-budget.json" run --budget "$BUDGET"
+echo "== mmap baseline"
+in_cgroup $((budget_bytes + OVERHEAD)) "$WORK/run-mmap.json" \
+  "$BASELINE" "$WORK/artifact" --prompt "$PROMPT" --max-tokens "$TOKENS"
+
+python3 - "$WORK" "$BUDGET" "$dd_line" <<'PY'
 import json, sys
-r = json.load(open(sys.argv[1]))
-p = r["plan"]
-steps = max(r["decode_steps"], 1)
-per = r["decode_seconds"] / steps
-io = r["decode_io_seconds"] / steps
-compute = per - io  # compute that overlapped the reads is not counted as I/O wait
+work, budget_name, dd_line = sys.argv[1], sys.argv[2], sys.argv[3]
+load = lambda n: json.load(open(f"{work}/{n}.json"))
+storage, resident, mmap = load("storage"), load("run-resident"), load("run-mmap")
 mib, gib = 2**20, 2**30
-print(f"budget {p['budget']/mib:.0f} MiB, floor {p['floor']/mib:.0f} MiB, weights {p['everything']/gib:.2f} GiB "
-      f"({p['everything']/p['budget']:.1f}x the budget), mode {p['mode']}")
-print(f"expert bytes/token {r['expert_read_bytes_per_token']/mib:.1f} MiB; the plan without cache hits "
-      f"{p['uncached_read_per_token']/mib:.1f} MiB; cache hits {r['expert_cache_hits']} misses {r['expert_cache_misses']}")
-print(f"time/token {per*1e3:.0f} ms = I/O wait {io*1e3:.0f} ms + compute {compute*1e3:.0f} ms; "
-      f"{per/max(io, compute):.2f}x max(I/O, compute); {r['tokens_per_second']:.2f} tok/s")
-print(f"expert bytes read per second of decoding {r['expert_read_bytes_per_token']/per/1e9:.3f} GB/s; "
-      f"direct reads {r['direct_reads']}, buffered {r['buffered_reads']}; "
-      f"peak RSS {r['peak_rss_bytes']/mib:.0f} MiB of budget {p['budget']/mib:.0f} MiB")
+# The reader's best throughput over queue depths 1-8, bytes/s.
+depths = storage["depths"]
+best = max(depths, key=lambda d: d["gb_per_second"])
+read_bps = best["gb_per_second"] * 1e9
+print(f"\nreader: {read_bps/1e9:.2f} GB/s at queue depth {best['queue_depth']} (dd iflag=direct: {dd_line.split(',')[-1].strip()})")
+compute = 1 / resident["tokens_per_second"] if resident.get("tokens_per_second") else None
+if compute:
+    print(f"compute: {compute*1e3:.0f} ms/token fully resident ({resident['tokens_per_second']:.2f} tok/s)")
+print(f"\n| run | budget | weights / budget | expert bytes/token | plan (no cache hits) | I/O-bound ms | compute ms | ms/token | vs max(I/O, compute) | tok/s | peak RSS |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+for name, label in [("run-floor", "minirun --budget floor"), ("run-budget", f"minirun --budget {budget_name}")]:
+    r = load(name)
+    p = r["plan"]
+    per = 1 / r["tokens_per_second"]
+    io = r["expert_read_bytes_per_token"] / read_bps
+    bound = max(io, compute or 0)
+    print(f"| {label} | {p['budget']/mib:.0f} MiB | {p['everything']/p['budget']:.1f}x | "
+          f"{r['expert_read_bytes_per_token']/mib:.1f} MiB | {p['uncached_read_per_token']/mib:.1f} MiB "
+          f"(held layers {len(p['held_layers'])}) | {io*1e3:.0f} | {compute*1e3 if compute else float('nan'):.0f} | "
+          f"{per*1e3:.0f} | {per/bound:.2f}x | {r['tokens_per_second']:.2f} | {r['peak_rss_bytes']/mib:.0f} MiB |")
+    if r["generated_token_ids"] != mmap["generated_token_ids"]:
+        print(f"  !! {label} and the mmap baseline generated different tokens")
+budget_run = load("run-budget")
+print(f"| mmap baseline | same cgroup | | | | | | {1e3/mmap['tokens_per_second']:.0f} | | {mmap['tokens_per_second']:.2f} | {mmap['peak_rss_bytes']/mib:.0f} MiB |")
+print(f"\nminirun --budget {budget_name} vs the mmap baseline under the same limit: "
+      f"{budget_run['tokens_per_second']/mmap['tokens_per_second']:.2f}x tokens/s; same tokens: "
+      f"{budget_run['generated_token_ids'] == mmap['generated_token_ids']}")
+if resident.get("generated_token_ids"):
+    print(f"same tokens as the resident run: {budget_run['generated_token_ids'] == resident['generated_token_ids']}")
 PY
-done
-echo "(dd iflag=direct: $dd_gbs)"

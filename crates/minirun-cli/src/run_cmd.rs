@@ -89,14 +89,6 @@ fn plan(
     Ok((plan, experts))
 }
 
-/// The process's peak resident set (`VmHWM`), in bytes, where the system says.
-fn peak_rss() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
-}
-
 /// One line, rewritten in place, while a streamed run decodes on a terminal.
 fn live_line(step: &StepRecord, expert_memory: Option<(u64, u64)>, budget: u64) {
     let (held, peak) = expert_memory.unwrap_or((0, 0));
@@ -208,7 +200,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             "buffered_reads": io.buffered_reads,
             "expert_bytes_held": experts_held,
             "expert_bytes_peak": experts_peak,
-            "peak_rss_bytes": peak_rss(),
+            "peak_rss_bytes": minirun_runtime::budget::peak_rss(),
             "stop_reason": figures.stop_reason,
             "read_outside_evidence": session.artifact.outside_evidence,
         });
@@ -253,7 +245,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             human(session.artifact.payload_bytes()),
             human(experts_peak),
             human(plan.budget),
-            peak_rss().map_or("unknown".to_string(), human)
+            minirun_runtime::budget::peak_rss().map_or("unknown".to_string(), human)
         );
     }
     Ok(ExitCode::SUCCESS)

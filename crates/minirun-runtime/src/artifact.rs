@@ -55,8 +55,29 @@ struct PayloadEntry {
     /// The open file, for reads.
     handle: OnceLock<PayloadFile>,
     /// The whole file, once a resident matrix of a container asked for it.
-    resident: OnceLock<Vec<u8>>,
+    resident: OnceLock<HeldFile>,
 }
+
+/// A container file's bytes for resident matrices: read into memory, or mapped by a baseline
+/// that lets the kernel's page cache decide what stays in memory.
+enum HeldFile {
+    Read(Vec<u8>),
+    Mapped(Box<dyn AsRef<[u8]> + Send + Sync>),
+}
+
+impl HeldFile {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            HeldFile::Read(bytes) => bytes,
+            HeldFile::Mapped(map) => (**map).as_ref(),
+        }
+    }
+}
+
+/// Maps one whole payload file (given its path) into memory; see
+/// [`Artifact::map_containers_unverified`].
+pub type FileMapper =
+    dyn Fn(&Path) -> std::io::Result<Box<dyn AsRef<[u8]> + Send + Sync>> + Send + Sync;
 
 /// Where one tensor's bytes are: a whole blob member, or the packed tensor of a tile container
 /// (one tile per leading-dimension slice).
@@ -89,6 +110,8 @@ pub struct Artifact {
     check_tile_digests: bool,
     payload: Vec<PayloadEntry>,
     tensors: BTreeMap<String, Location>,
+    /// Set only by [`Artifact::map_containers_unverified`].
+    mapper: Option<Box<FileMapper>>,
 }
 
 /// A matrix, or a stack of equally shaped matrices (experts, attention heads), as stored.
@@ -346,6 +369,7 @@ impl Artifact {
             check_tile_digests,
             payload: Vec::new(),
             tensors: BTreeMap::new(),
+            mapper: None,
         };
         for manifest in &manifests {
             for entry in &manifest.files {
@@ -460,13 +484,52 @@ impl Artifact {
         Ok(())
     }
 
-    /// Bytes of payload held resident (read by the model, and kept).
+    /// Resident matrices of tile containers come from `mapper`'s map of each whole file instead
+    /// of a read into memory, for a baseline that measures what the kernel's page cache does with
+    /// a model larger than memory (as mmap-based runtimes run one). The mapped bytes are not
+    /// checked against any evidence, and may change under the run if the file does: so this is
+    /// refused for a verified artifact. Nothing in minirun's own commands calls it.
+    pub fn map_containers_unverified(
+        &mut self,
+        mapper: Box<FileMapper>,
+    ) -> Result<(), ArtifactError> {
+        if self.files.held().is_some() {
+            return Err(invalid(
+                &self.root.display().to_string(),
+                "is opened through its evidence; mapped files bypass it, so only an artifact opened unverified can be mapped",
+            ));
+        }
+        self.mapper = Some(mapper);
+        Ok(())
+    }
+
+    /// Container file `file`, whole, for resident matrices: read, or mapped.
+    fn held_file(&self, file: usize) -> Result<HeldFile, ArtifactError> {
+        let entry = &self.payload[file];
+        let Some(mapper) = &self.mapper else {
+            return Ok(HeldFile::Read(self.read_vec(file, 0, entry.bytes)?));
+        };
+        let map = mapper(&self.root.join(&entry.path))
+            .map_err(|e| invalid(&entry.path, format!("cannot be mapped: {e}")))?;
+        let len = (*map).as_ref().len() as u64;
+        if len != entry.bytes {
+            return Err(invalid(
+                &entry.path,
+                format!("maps {len} bytes, its manifest says {}", entry.bytes),
+            ));
+        }
+        Ok(HeldFile::Mapped(map))
+    }
+
+    /// Bytes of payload held resident (read by the model, and kept; mapped files do not count).
     pub fn payload_bytes(&self) -> u64 {
         let files: u64 = self
             .payload
             .iter()
-            .filter_map(|p| p.resident.get())
-            .map(|b| b.len() as u64)
+            .filter_map(|p| match p.resident.get() {
+                Some(HeldFile::Read(bytes)) => Some(bytes.len() as u64),
+                _ => None,
+            })
             .sum();
         let members: u64 = self
             .tensors
@@ -596,7 +659,13 @@ impl Artifact {
                 ..
             } => {
                 let entry = &self.payload[*file];
-                let bytes = once(&entry.resident, || self.read_vec(*file, 0, entry.bytes))?;
+                let bytes = match entry.resident.get() {
+                    Some(held) => held.bytes(),
+                    None => {
+                        let held = self.held_file(*file)?;
+                        entry.resident.get_or_init(|| held).bytes()
+                    }
+                };
                 let at = |r: &Range<u64>| {
                     &bytes[(tile.start + r.start) as usize..(tile.start + r.end) as usize]
                 };

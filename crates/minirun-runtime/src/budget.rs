@@ -99,6 +99,15 @@ pub fn human(bytes: u64) -> String {
     format!("{value:.2} {}", STEPS[unit])
 }
 
+/// The process's peak resident set (`VmHWM`: mapped file pages count), in bytes, where the
+/// system says.
+pub fn peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -98,3 +98,101 @@ fn incremental_text_hands_out_only_extensions() {
     }
     assert_eq!(out, session.text.decode(&ids).unwrap());
 }
+
+/// A file's bytes as a mapper would hand them over (the mmap baseline maps; this copies).
+fn copied(path: &Path) -> std::io::Result<Box<dyn AsRef<[u8]> + Send + Sync>> {
+    Ok(Box::new(std::fs::read(path)?))
+}
+
+/// A generated checkpoint large enough that its weights pack into tile containers.
+fn packed_synthetic() -> tempfile::TempDir {
+    use minirun_pack::synthetic_model::{SyntheticShape, write_synthetic_deepseek};
+    let checkpoint = tempfile::tempdir().unwrap();
+    let shape = SyntheticShape {
+        hidden: 512,
+        layers: 2,
+        experts: 4,
+        experts_per_token: 2,
+        moe_intermediate: 1024,
+        vocab: 512,
+        seed: 3,
+    };
+    write_synthetic_deepseek(checkpoint.path(), &shape, &fixture()).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    pack(
+        checkpoint.path(),
+        out.path(),
+        &PackOptions::default(),
+        &|_| {},
+    )
+    .unwrap();
+    out
+}
+
+#[test]
+fn mapped_containers_compute_the_read_models_tokens_and_need_an_unverified_artifact() {
+    let dir = packed_synthetic();
+    let session = Session::open(dir.path(), Trust::Unverified).unwrap();
+    let ids = session.prompt_ids("The clockmaker", false).unwrap();
+    let read = session.model().unwrap();
+    let expected = session
+        .generate(&read, &ids, 8, GREEDY, &[], |_| {})
+        .unwrap();
+    drop(read);
+
+    let mut mapped = Session::open(dir.path(), Trust::Unverified).unwrap();
+    mapped
+        .artifact
+        .map_containers_unverified(Box::new(copied))
+        .unwrap();
+    let model = mapped.model().unwrap();
+    let got = mapped
+        .generate(&model, &ids, 8, GREEDY, &[], |_| {})
+        .unwrap();
+    assert_eq!(got.generated_ids, expected.generated_ids);
+    assert!(
+        mapped.artifact.payload_bytes() < session.artifact.total_payload_bytes(),
+        "mapped containers are not counted as read: {} of {}",
+        mapped.artifact.payload_bytes(),
+        session.artifact.total_payload_bytes()
+    );
+
+    // A map of the wrong length is refused, naming the file.
+    let mut short = Session::open(dir.path(), Trust::Unverified).unwrap();
+    short
+        .artifact
+        .map_containers_unverified(Box::new(|path: &Path| {
+            let mut bytes = std::fs::read(path)?;
+            bytes.pop();
+            Ok(Box::new(bytes) as Box<dyn AsRef<[u8]> + Send + Sync>)
+        }))
+        .unwrap();
+    let err = short
+        .model()
+        .err()
+        .expect("a short map is refused")
+        .to_string();
+    assert!(
+        err.contains("maps") && err.contains("its manifest says"),
+        "{err}"
+    );
+
+    // Through evidence, mapping is refused: maps are not rechecked against it.
+    let tree = minirun_store::own_manifest_tree(dir.path()).unwrap();
+    minirun_store::verify_with(
+        dir.path(),
+        &tree,
+        Authority::OwnManifests,
+        Selection::Full,
+        &|_| {},
+        &AtomicBool::new(false),
+    )
+    .unwrap();
+    let mut verified = Session::open(dir.path(), Trust::Verified).unwrap();
+    let err = verified
+        .artifact
+        .map_containers_unverified(Box::new(copied))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("only an artifact opened unverified"), "{err}");
+}

@@ -1,0 +1,83 @@
+//! The baseline is only a baseline if it computes what minirun computes: on a packed fixture,
+//! `mmap-baseline` prints the greedy tokens of minirun's own resident run.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use minirun_pack::synthetic_model::{SyntheticShape, write_synthetic_deepseek};
+use minirun_pack::{PackOptions, pack};
+use minirun_runtime::generate::Sampling;
+use minirun_runtime::session::{Session, Trust};
+
+#[test]
+fn the_mapped_run_gives_the_read_runs_tokens() {
+    // Large enough that the weights pack into tile containers, which the baseline maps.
+    let tokenizer = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../minirun-runtime/tests/data/deepseek-v3/mlx-affine4-g64");
+    let checkpoint = tempfile::tempdir().unwrap();
+    let shape = SyntheticShape {
+        hidden: 512,
+        layers: 2,
+        experts: 4,
+        experts_per_token: 2,
+        moe_intermediate: 1024,
+        vocab: 512,
+        seed: 4,
+    };
+    write_synthetic_deepseek(checkpoint.path(), &shape, &tokenizer).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    pack(
+        checkpoint.path(),
+        dir.path(),
+        &PackOptions::default(),
+        &|_| {},
+    )
+    .unwrap();
+    let containers = walk(dir.path())
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "affinetile"))
+        .count();
+    assert!(containers > 0, "the artifact has tile containers to map");
+
+    let session = Session::open(dir.path(), Trust::Unverified).unwrap();
+    let ids = session.prompt_ids("The clockmaker", false).unwrap();
+    let model = session.model().unwrap();
+    let greedy = Sampling {
+        temperature: 0.0,
+        top_p: 1.0,
+        seed: 0,
+    };
+    let expected = session
+        .generate(&model, &ids, 12, greedy, &[], |_| {})
+        .unwrap();
+
+    let out = Command::new(env!("CARGO_BIN_EXE_mmap-baseline"))
+        .arg(dir.path())
+        .args(["--prompt", "The clockmaker", "--max-tokens", "12"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["prompt_token_ids"], serde_json::json!(ids));
+    assert_eq!(
+        report["generated_token_ids"],
+        serde_json::json!(expected.generated_ids)
+    );
+    assert!(report["tokens_per_second"].as_f64().unwrap() > 0.0);
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        match path.is_dir() {
+            true => files.extend(walk(&path)),
+            false => files.push(path),
+        }
+    }
+    files
+}
