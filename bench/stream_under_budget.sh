@@ -104,8 +104,13 @@ echo "== minirun bench storage (tile-sized reads, 1.1 MiB)"
 run() {
   "$MINIRUN" run "$WORK/artifact" --prompt "$PROMPT" --max-tokens "$TOKENS" --ignore-eos --json "$@"
 }
+# The plan's figure at a budget, from a one-token run.
+plan_field() {
+  "$MINIRUN" run "$WORK/artifact" --prompt "$PROMPT" --max-tokens 1 --json --budget "$1" \
+    | python3 -c "import json, sys; print(json.load(sys.stdin)['plan']['$2'])"
+}
 
-available=$(awk '/MemAvailable/ {print $2 * 1024}' /proc/meminfo)
+available=$(awk '/MemAvailable/ {printf "%d", $2 * 1024}' /proc/meminfo)
 artifact_bytes=$(du -sb "$WORK/artifact" | cut -f1)
 if [ "$available" -gt $((artifact_bytes + (2 << 30))) ]; then
   echo "== minirun run fully resident (the compute a token needs; no cgroup)"
@@ -116,8 +121,8 @@ else
   echo '{}' > "$WORK/run-resident.json"
 fi
 
-floor=$(run --budget floor --max-tokens 1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["plan"]["floor"])')
-budget_bytes=$(run --budget "$BUDGET" --max-tokens 1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["plan"]["budget"])')
+floor=$(plan_field floor floor)
+budget_bytes=$(plan_field "$BUDGET" budget)
 echo "== minirun run --budget floor"
 in_cgroup $((floor + OVERHEAD)) "$WORK/run-floor.json" run --budget floor
 echo "== minirun run --budget $BUDGET"

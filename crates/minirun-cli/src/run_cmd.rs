@@ -78,7 +78,7 @@ fn plan(
         && plan.budget > available
     {
         bail!(
-            "holding {} resident needs {} and {} is available: give --budget (e.g. --budget {} or --budget floor, at least {}) to stream its routed experts",
+            "holding {} resident needs {} and {} is available: give --budget (e.g. --budget {} or --budget floor, at least {}) to stream what does not fit",
             args.artifact.display(),
             human(plan.budget),
             human(available),
@@ -97,7 +97,7 @@ fn live_line(step: &StepRecord, expert_memory: Option<(u64, u64)>, budget: u64) 
         step.position,
         step.seconds * 1e3,
         step.io_seconds * 1e3,
-        human(step.expert_read_bytes),
+        human(step.expert_read_bytes + step.layer_read_bytes),
         step.expert_cache_hits,
         step.expert_cache_misses,
         human(held),
@@ -193,6 +193,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             "resident_bytes": session.artifact.payload_bytes(),
             "plan": plan,
             "expert_read_bytes_per_token": figures.expert_read_bytes_per_token(),
+            "layer_read_bytes_per_token": figures.layer_read_bytes_per_token(),
             "decode_io_seconds": io.io_time.as_secs_f64(),
             "expert_cache_hits": io.expert_cache_hits,
             "expert_cache_misses": io.expert_cache_misses,
@@ -233,9 +234,11 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     );
     if plan.mode == Mode::Streamed {
         eprintln!(
-            "streamed: {} of routed experts read per token (the plan's {} without cache hits); {:.2} s of {:.2} s decoding waited for reads; cache (held layers included) {} hits / {} misses; {} direct (O_DIRECT) and {} buffered (then dropped from the page cache) reads; resident {} + experts peak {} within budget {}; process peak RSS {}",
+            "streamed: {} of routed experts read per token (the plan's {} without cache hits), {} of streamed layers' attention, routers and shared experts (the plan's {}); {:.2} s of {:.2} s decoding waited for reads; cache (held layers included) {} hits / {} misses; {} direct (O_DIRECT) and {} buffered (then dropped from the page cache) reads; resident {} + experts peak {} within budget {}; process peak RSS {}",
             human(figures.expert_read_bytes_per_token()),
             human(plan.uncached_read_per_token),
+            human(figures.layer_read_bytes_per_token()),
+            human(plan.layer_read_per_token),
             io.io_time.as_secs_f64(),
             figures.decode_time.as_secs_f64(),
             io.expert_cache_hits,

@@ -124,6 +124,20 @@ pub struct Stack<'a> {
 }
 
 impl<'a> Stack<'a> {
+    pub(crate) fn new(
+        format: Format,
+        rows: usize,
+        cols: usize,
+        matrices: Vec<QMatrix<'a>>,
+    ) -> Stack<'a> {
+        Stack {
+            format,
+            rows,
+            cols,
+            matrices,
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.matrices.len()
     }
@@ -184,6 +198,18 @@ pub enum PartLayout {
 }
 
 impl PartLayout {
+    /// Bytes this part takes read into aligned buffers: each read's buffer may cost up to one
+    /// alignment unit more than its bytes.
+    pub fn allocated_bytes(&self) -> u64 {
+        let reads = match self {
+            PartLayout::Tile { .. } => 1,
+            PartLayout::Pieces { scales, biases, .. } => {
+                1 + u64::from(scales.is_some()) + u64::from(biases.is_some())
+            }
+        };
+        self.read_bytes() + reads * minirun_store::SLOT_ALIGN as u64
+    }
+
     /// Bytes a read of this part moves from storage.
     pub fn read_bytes(&self) -> u64 {
         match self {

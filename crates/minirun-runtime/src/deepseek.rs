@@ -7,12 +7,13 @@
 //! Both stored layouts run: MLX (`embed_q` / `unembed_out`, stacked `switch_mlp` experts) and
 //! Hugging Face / DeepSeek (`kv_b_proj` whole, per-expert tensors).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crate::artifact::{Artifact, ArtifactError, Stack};
+use crate::artifact::{Artifact, ArtifactError, Stack, StackLayout};
 use crate::config::DeepSeekV3Config;
 use crate::experts::{ExpertCache, ExpertParts, hold_layer, with_fetched};
 use crate::kernels::{Format, KernelError, QMatrix};
+use crate::layer_stream::{self, LoadedLayer};
 use crate::plan::{ExpertMap, Mode, Plan};
 use crate::rope::{Rope, attention_scale};
 
@@ -87,13 +88,24 @@ struct Layer<'a> {
     ffn: FeedForward<'a>,
 }
 
+/// A layer's weights: held for the run, or its deterministic matrices read for each step (the
+/// layer is built from them, computes, and they are dropped).
+enum LayerWeights<'a> {
+    Held(Box<Layer<'a>>),
+    Streamed(Vec<StackLayout>),
+}
+
 pub struct DeepSeekV3<'a> {
     pub config: DeepSeekV3Config,
     artifact: &'a Artifact,
     /// Streamed runs' loaded experts.
     cache: Option<ExpertCache>,
     embed: QMatrix<'a>,
-    layers: Vec<Layer<'a>>,
+    layers: Vec<LayerWeights<'a>>,
+    /// Where the routed experts are, for streamed runs (streamed layers are rebuilt each step).
+    experts: Option<ExpertMap>,
+    /// Whether a streamed layer's matrices are read while the layer before it computes.
+    read_ahead: bool,
     norm: Vec<f32>,
     lm_head: QMatrix<'a>,
     rope: Rope,
@@ -116,6 +128,8 @@ pub struct StepStats {
     pub expert_read_bytes: u64,
     pub expert_cache_hits: u64,
     pub expert_cache_misses: u64,
+    /// Deterministic weights of streamed layers read from storage.
+    pub layer_read_bytes: u64,
     /// Reads that bypassed the page cache (`O_DIRECT`) and reads that went through it.
     pub direct_reads: u64,
     pub buffered_reads: u64,
@@ -137,15 +151,35 @@ fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
 
-struct Loader<'a> {
-    artifact: &'a Artifact,
-    /// Where each MoE layer's routed experts are, for a streamed run.
-    streamed: Option<ExpertMap>,
+/// Where a layer's matrices come from: the artifact's resident bytes, or a streamed layer's
+/// bytes read for this step.
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    Resident(&'a Artifact),
+    Streamed(&'a LoadedLayer),
 }
 
-impl<'a> Loader<'a> {
+impl<'a> Source<'a> {
+    fn matrix(&self, module: &str, rows: usize, cols: usize) -> Result<Stack<'a>, ArtifactError> {
+        match self {
+            Source::Resident(artifact) => artifact.matrix(module, rows, cols),
+            Source::Streamed(layer) => layer.stack(module, rows, cols),
+        }
+    }
+}
+
+struct Loader<'a, 'm> {
+    /// Names, norm vectors and routed experts (resident runs) come from the artifact; the
+    /// deterministic matrices from `source`.
+    artifact: &'a Artifact,
+    source: Source<'a>,
+    /// Where each MoE layer's routed experts are, for a streamed run.
+    streamed: Option<&'m ExpertMap>,
+}
+
+impl<'a> Loader<'a, '_> {
     fn one(&self, module: &str, rows: usize, cols: usize) -> Result<QMatrix<'a>, ArtifactError> {
-        self.artifact
+        self.source
             .matrix(module, rows, cols)?
             .single(&format!("{module}.weight"))
     }
@@ -217,12 +251,12 @@ impl<'a> Loader<'a> {
         let latent = if self.artifact.has(&format!("{prefix}.kv_b_proj.weight")) {
             LatentProjections::Whole(self.kv_b_proj(prefix, c)?)
         } else {
-            let embed_q = self.artifact.matrix(
+            let embed_q = self.source.matrix(
                 &format!("{prefix}.embed_q"),
                 c.kv_lora_rank,
                 c.qk_nope_head_dim,
             )?;
-            let unembed_out = self.artifact.matrix(
+            let unembed_out = self.source.matrix(
                 &format!("{prefix}.unembed_out"),
                 c.v_head_dim,
                 c.kv_lora_rank,
@@ -276,7 +310,7 @@ impl<'a> Loader<'a> {
         let prefix = format!("model.layers.{i}");
         let ffn = if c.is_moe(i) {
             let mlp = format!("{prefix}.mlp");
-            let experts = match self.streamed.as_ref().and_then(|m| m.get(i)?.clone()) {
+            let experts = match self.streamed.and_then(|m| m.get(i)?.clone()) {
                 Some(parts) => RoutedExperts::Streamed { layer: i, parts },
                 None => RoutedExperts::Resident(self.experts(&mlp, c)?),
             };
@@ -461,7 +495,7 @@ impl<'a> DeepSeekV3<'a> {
         artifact: &'a Artifact,
         config: DeepSeekV3Config,
     ) -> Result<DeepSeekV3<'a>, ModelError> {
-        DeepSeekV3::build(artifact, config, None)
+        DeepSeekV3::build(artifact, config, None, &[])
     }
 
     /// The model as `plan` says: fully resident, or the routed experts of `plan.held_layers`
@@ -473,7 +507,7 @@ impl<'a> DeepSeekV3<'a> {
         experts: ExpertMap,
     ) -> Result<DeepSeekV3<'a>, ModelError> {
         match plan.mode {
-            Mode::Resident => DeepSeekV3::build(artifact, config, None),
+            Mode::Resident => DeepSeekV3::build(artifact, config, None, &[]),
             Mode::Streamed => {
                 let held: Vec<(usize, u64)> = plan
                     .held_layers
@@ -496,8 +530,10 @@ impl<'a> DeepSeekV3<'a> {
                         hold_layer(artifact, &cache, layer, parts, HOLD_READS_IN_FLIGHT)?;
                     }
                 }
-                let mut model = DeepSeekV3::build(artifact, config, Some(experts))?;
+                let mut model =
+                    DeepSeekV3::build(artifact, config, Some(experts), &plan.streamed_layers)?;
                 model.cache = Some(cache);
+                model.read_ahead = plan.read_ahead;
                 Ok(model)
             }
         }
@@ -507,23 +543,49 @@ impl<'a> DeepSeekV3<'a> {
         artifact: &'a Artifact,
         config: DeepSeekV3Config,
         streamed: Option<ExpertMap>,
+        streamed_layers: &[usize],
     ) -> Result<DeepSeekV3<'a>, ModelError> {
-        let loader = Loader { artifact, streamed };
         let c = &config;
+        let loader = Loader {
+            artifact,
+            source: Source::Resident(artifact),
+            streamed: streamed.as_ref(),
+        };
         let layers = (0..c.num_hidden_layers)
-            .map(|i| loader.layer(i, c))
+            .map(|i| match streamed_layers.contains(&i) {
+                true => layer_stream::layer_matrices(artifact, c, i).map(LayerWeights::Streamed),
+                false => loader.layer(i, c).map(|l| LayerWeights::Held(Box::new(l))),
+            })
             .collect::<Result<Vec<_>, _>>()?;
+        let embed = loader.one("model.embed_tokens", c.vocab_size, c.hidden_size)?;
+        let lm_head = loader.one("lm_head", c.vocab_size, c.hidden_size)?;
         Ok(DeepSeekV3 {
-            embed: loader.one("model.embed_tokens", c.vocab_size, c.hidden_size)?,
+            embed,
             norm: artifact.vector("model.norm.weight", c.hidden_size)?,
-            lm_head: loader.one("lm_head", c.vocab_size, c.hidden_size)?,
+            lm_head,
             rope: Rope::new(c.qk_rope_head_dim, c.rope_theta, c.rope_scaling.as_ref()),
             scale: attention_scale(c.q_head_dim(), c.rope_scaling.as_ref()),
             layers,
+            experts: streamed,
+            read_ahead: true,
             artifact,
             cache: None,
             config,
         })
+    }
+
+    /// Layer `i` built from its deterministic matrices read for this step.
+    fn streamed_layer<'l>(
+        &'l self,
+        i: usize,
+        loaded: &'l LoadedLayer,
+    ) -> Result<Layer<'l>, ModelError> {
+        let loader = Loader {
+            artifact: self.artifact,
+            source: Source::Streamed(loaded),
+            streamed: self.experts.as_ref(),
+        };
+        Ok(loader.layer(i, &self.config)?)
     }
 
     /// Bytes of routed experts held now (held layers and the cache), and the most held at once
@@ -582,23 +644,93 @@ impl<'a> DeepSeekV3<'a> {
         let mut h = vec![0f32; c.hidden_size];
         self.embed.dequantize_row(token as usize, &mut h)?;
         stats.weight_bytes += (self.embed.stored_bytes() / self.embed.rows) as u64;
-        for (i, layer) in self.layers.iter().enumerate() {
-            let x = rms_norm(&h, &layer.input_norm, c.rms_norm_eps);
-            let attn = self.attend(&layer.attention, &x, i, cache, stats)?;
-            h.iter_mut().zip(&attn).for_each(|(h, a)| *h += a);
-            let x = rms_norm(&h, &layer.post_norm, c.rms_norm_eps);
-            let out = match &layer.ffn {
-                FeedForward::Dense(mlp) => mlp.forward(&x, stats)?,
-                FeedForward::Moe(moe) => {
-                    let streaming = self.cache.as_ref().map(|cache| (self.artifact, cache));
-                    moe.forward(&x, c, streaming, stats)?
-                }
-            };
-            h.iter_mut().zip(&out).for_each(|(h, o)| *h += o);
-        }
+        self.run_layers(&mut h, cache, stats)?;
         cache.len += 1;
         let x = rms_norm(&h, &self.norm, c.rms_norm_eps);
         Ok(apply(&self.lm_head, &x, stats)?)
+    }
+
+    /// Every layer in order. A streamed layer's matrices are read when it is reached, or, with
+    /// read-ahead, while the layer before it computes (on a thread of their own, so at most two
+    /// streamed layers are in memory); the time spent waiting for them is I/O time.
+    fn run_layers(
+        &self,
+        h: &mut [f32],
+        cache: &mut Cache,
+        stats: &mut StepStats,
+    ) -> Result<(), ModelError> {
+        let read = |i: usize| -> Result<LoadedLayer, ArtifactError> {
+            match &self.layers[i] {
+                LayerWeights::Streamed(matrices) => LoadedLayer::read(self.artifact, matrices),
+                LayerWeights::Held(_) => Err(ArtifactError::Tensor {
+                    name: format!("model.layers.{i}"),
+                    reason: "is held, not streamed".into(),
+                }),
+            }
+        };
+        let next_streamed = |after: Option<usize>| {
+            (after.map_or(0, |i| i + 1)..self.layers.len())
+                .find(|&j| matches!(self.layers[j], LayerWeights::Streamed(_)))
+        };
+        std::thread::scope(|scope| {
+            let mut ahead = match self.read_ahead {
+                true => next_streamed(None).map(|j| (j, scope.spawn(move || read(j)))),
+                false => None,
+            };
+            for (i, weights) in self.layers.iter().enumerate() {
+                let loaded;
+                let layer = match weights {
+                    LayerWeights::Held(layer) => layer,
+                    LayerWeights::Streamed(_) => {
+                        let started = Instant::now();
+                        loaded = match ahead.take() {
+                            Some((j, handle)) if j == i => handle.join().unwrap_or_else(|_| {
+                                Err(ArtifactError::Tensor {
+                                    name: format!("model.layers.{i}"),
+                                    reason: "a read thread panicked".into(),
+                                })
+                            })?,
+                            _ => read(i)?,
+                        };
+                        stats.io_time += started.elapsed();
+                        stats.layer_read_bytes += loaded.read_bytes;
+                        stats.direct_reads += loaded.direct_reads;
+                        stats.buffered_reads += loaded.buffered_reads;
+                        if self.read_ahead {
+                            ahead =
+                                next_streamed(Some(i)).map(|j| (j, scope.spawn(move || read(j))));
+                        }
+                        &self.streamed_layer(i, &loaded)?
+                    }
+                };
+                self.run_layer(layer, i, h, cache, stats)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn run_layer(
+        &self,
+        layer: &Layer,
+        i: usize,
+        h: &mut [f32],
+        cache: &mut Cache,
+        stats: &mut StepStats,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let x = rms_norm(h, &layer.input_norm, c.rms_norm_eps);
+        let attn = self.attend(&layer.attention, &x, i, cache, stats)?;
+        h.iter_mut().zip(&attn).for_each(|(h, a)| *h += a);
+        let x = rms_norm(h, &layer.post_norm, c.rms_norm_eps);
+        let out = match &layer.ffn {
+            FeedForward::Dense(mlp) => mlp.forward(&x, stats)?,
+            FeedForward::Moe(moe) => {
+                let streaming = self.cache.as_ref().map(|cache| (self.artifact, cache));
+                moe.forward(&x, c, streaming, stats)?
+            }
+        };
+        h.iter_mut().zip(&out).for_each(|(h, o)| *h += o);
+        Ok(())
     }
 
     fn attend(

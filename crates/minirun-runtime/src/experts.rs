@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use minirun_store::{ReadPath, SLOT_ALIGN};
+use minirun_store::ReadPath;
 
-use crate::artifact::{Artifact, ArtifactError, LoadedPart, MatrixPart, PartLayout, StackLayout};
+use crate::artifact::{Artifact, ArtifactError, LoadedPart, MatrixPart, StackLayout};
 use crate::config::DeepSeekV3Config;
 
 /// Where one routed expert's gate, up and down projections are stored.
@@ -20,15 +20,6 @@ pub struct ExpertParts {
     pub gate: MatrixPart,
     pub up: MatrixPart,
     pub down: MatrixPart,
-}
-
-fn reads(part: &PartLayout) -> u64 {
-    match part {
-        PartLayout::Tile { .. } => 1,
-        PartLayout::Pieces { scales, biases, .. } => {
-            1 + u64::from(scales.is_some()) + u64::from(biases.is_some())
-        }
-    }
 }
 
 impl ExpertParts {
@@ -44,10 +35,7 @@ impl ExpertParts {
     /// Bytes one loaded copy of this expert holds in memory (each read's buffer is aligned,
     /// which may cost up to one alignment unit more).
     pub fn allocated_bytes(&self) -> u64 {
-        self.parts()
-            .iter()
-            .map(|p| p.part.read_bytes() + reads(&p.part) * SLOT_ALIGN as u64)
-            .sum()
+        self.parts().iter().map(|p| p.part.allocated_bytes()).sum()
     }
 }
 

@@ -77,9 +77,11 @@ pub struct StepRecord {
     /// Position of the token the step ran.
     pub position: usize,
     pub seconds: f64,
-    /// Of which waiting for expert reads.
+    /// Of which waiting for reads (experts and streamed layers).
     pub io_seconds: f64,
     pub expert_read_bytes: u64,
+    /// Deterministic weights of streamed layers read.
+    pub layer_read_bytes: u64,
     pub expert_cache_hits: u64,
     pub expert_cache_misses: u64,
     pub weight_bytes: u64,
@@ -118,12 +120,18 @@ impl Figures {
     pub fn expert_read_bytes_per_token(&self) -> u64 {
         self.decode_io.expert_read_bytes / (self.decode_steps as u64).max(1)
     }
+
+    /// Deterministic bytes of streamed layers read from storage per decode step.
+    pub fn layer_read_bytes_per_token(&self) -> u64 {
+        self.decode_io.layer_read_bytes / (self.decode_steps as u64).max(1)
+    }
 }
 
 /// Adds `step`'s storage figures to `total`.
 pub fn accumulate(total: &mut StepStats, step: &StepStats) {
     total.weight_bytes += step.weight_bytes;
     total.expert_read_bytes += step.expert_read_bytes;
+    total.layer_read_bytes += step.layer_read_bytes;
     total.expert_cache_hits += step.expert_cache_hits;
     total.expert_cache_misses += step.expert_cache_misses;
     total.direct_reads += step.direct_reads;
@@ -204,6 +212,7 @@ pub fn generate(
             seconds: seconds.as_secs_f64(),
             io_seconds: stats.io_time.as_secs_f64(),
             expert_read_bytes: stats.expert_read_bytes,
+            layer_read_bytes: stats.layer_read_bytes,
             expert_cache_hits: stats.expert_cache_hits,
             expert_cache_misses: stats.expert_cache_misses,
             weight_bytes: stats.weight_bytes,

@@ -1,24 +1,37 @@
 //! The memory plan of a run: what stays resident, what streams, and whether the budget pays for
-//! it. Resident always: the embeddings, attention, norms, routers, dense MLPs and shared experts
-//! (the weights every token reads). What the budget pays for beyond the floor goes, in this
-//! order, to whole MoE layers (every routed expert of the layer held, read once when the model
-//! is loaded; first layers first) and then to a cache of routed experts for the other layers.
-//! Routed experts of the layers not held stream from storage; a budget that holds everything
-//! runs fully resident.
+//! it, decided before a payload byte is read.
 //!
-//! Whole layers come before the cache because they make a token's reads exact: a held layer
-//! reads nothing per token, a streamed layer reads its chosen experts unless the cache has
-//! them, so with no cache left over a step reads exactly `uncached_read_per_token`.
+//! What the budget pays for, in this order:
+//! 1. the weights outside the layers (embeddings, the LM head, the final norm) and every norm
+//!    vector, always resident;
+//! 2. each layer's deterministic weights (attention, the router, shared experts or the dense
+//!    MLP: what every token reads), in layer order, each layer the rest of the budget still
+//!    pays for; the layers that do not fit stream them,
+//!    read for each step into buffers for two layers (the one computing and the next, read
+//!    ahead while the current one computes);
+//! 3. once every deterministic weight is resident: whole MoE layers (every routed expert of the
+//!    layer held, read once when the model is loaded), in layer order, each one the rest of the
+//!    budget still pays for;
+//! 4. a cache of routed experts for the other MoE layers.
 //!
-//! The floor is the least a run can work in: the resident weights, the slot pool (one layer's
-//! chosen experts, loaded at once), and a stated reserve (the KV cache for the run's context plus
-//! a fixed allowance for activations, the tokenizer and the runtime). A budget below the floor is
-//! refused before a payload byte is read, naming every term.
+//! Routed experts of the layers not held stream from storage when the router picks them; a
+//! budget that holds everything runs fully resident. Whole layers come before the cache because
+//! they make a token's reads exact: a held layer reads nothing per token, a streamed layer reads
+//! its chosen experts unless the cache has them, so with no cache left over a step reads exactly
+//! `uncached_read_per_token` (+ `layer_read_per_token` of streamed deterministic weights).
+//!
+//! The floor is the least a run can work in: the resident weights of (1), the largest working
+//! set (two layers' deterministic weights, when streaming them is what lowers the floor; else
+//! every deterministic weight resident), the slot pool (one layer's chosen experts, loaded at
+//! once), and a stated reserve (the KV cache for the run's context plus a fixed allowance for
+//! activations, the tokenizer and the runtime). A budget below the floor is refused before a
+//! payload byte is read, naming every term.
 
-use crate::artifact::{Artifact, ArtifactError, PartLayout};
+use crate::artifact::{Artifact, ArtifactError, PartLayout, StackLayout};
 use crate::budget::{Budget, human};
 use crate::config::DeepSeekV3Config;
 use crate::experts::{ExpertParts, routed_experts};
+use crate::layer_stream;
 
 /// Activations, the tokenizer and the runtime's own heap, beside the KV cache.
 pub const FIXED_RESERVE: u64 = 16 << 20;
@@ -29,7 +42,8 @@ pub const FIXED_RESERVE: u64 = 16 << 20;
 pub enum Mode {
     /// Every weight read once and held.
     Resident,
-    /// Routed experts read from storage when the router picks them, cached within the budget.
+    /// Routed experts (and maybe some layers' deterministic weights) read from storage when a
+    /// step needs them, cached within the budget.
     Streamed,
 }
 
@@ -45,13 +59,17 @@ pub enum PlanError {
 /// A budget below the floor, with every term of the floor.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error(
-    "--budget {budget} is below this run's floor of {}: resident weights {} + slot pool {} ({experts_per_token} experts of {}) + reserve {} (KV cache for {context_tokens} tokens + {} fixed). Give --budget {floor} or more, or --budget floor",
-    human(*floor), human(*resident), human(*slot_pool), human(*expert), human(*reserve), human(FIXED_RESERVE)
+    "--budget {budget} is below this run's floor of {}: resident weights {} + layer buffers {} ({}) + slot pool {} ({experts_per_token} experts of {}) + reserve {} (KV cache for {context_tokens} tokens + {} fixed). Give --budget {floor} or more, or --budget floor",
+    human(*floor), human(*resident), human(*layer_pool), layer_pool_terms(*layer_pool, *layer), human(*slot_pool), human(*expert), human(*reserve), human(FIXED_RESERVE)
 )]
 pub struct BelowFloor {
     pub budget: String,
     pub floor: u64,
     pub resident: u64,
+    /// Buffers for streamed deterministic weights (0 when the floor holds them all).
+    pub layer_pool: u64,
+    /// The largest layer's deterministic weights, read.
+    pub layer: u64,
     pub slot_pool: u64,
     pub experts_per_token: usize,
     pub expert: u64,
@@ -59,12 +77,22 @@ pub struct BelowFloor {
     pub context_tokens: usize,
 }
 
+fn layer_pool_terms(pool: u64, layer: u64) -> String {
+    match pool {
+        0 => "every layer's attention, router and shared experts resident".to_string(),
+        _ => format!(
+            "2 x {}: the layer computing and the next, read ahead",
+            human(layer)
+        ),
+    }
+}
+
 /// What the run keeps resident, what it streams, and what the budget leaves for the cache.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Plan {
     pub mode: Mode,
     pub budget: u64,
-    /// Weights every token reads, held resident.
+    /// Weights held resident at this budget (payload bytes as stored).
     pub resident_bytes: u64,
     /// Every routed expert, as stored.
     pub routed_bytes: u64,
@@ -77,9 +105,27 @@ pub struct Plan {
     pub reserve_bytes: u64,
     /// Tokens of context the reserve's KV cache is sized for.
     pub context_tokens: usize,
+    /// The least budget this run works in, and its terms: `floor_resident_bytes` +
+    /// `floor_layer_pool_bytes` + `slot_pool_bytes` + `reserve_bytes`.
     pub floor: u64,
+    pub floor_resident_bytes: u64,
+    pub floor_layer_pool_bytes: u64,
+    /// The least budget that holds every deterministic weight resident (streaming routed
+    /// experts only).
+    pub deterministic_floor: u64,
     /// What a fully resident run needs: every payload byte and the reserve.
     pub everything: u64,
+    /// Layers whose deterministic weights stream (read each step), and whether the next one is
+    /// read while the current one computes.
+    pub streamed_layers: Vec<usize>,
+    pub layer_count: usize,
+    pub read_ahead: bool,
+    /// Buffers for the streamed deterministic weights (two layers' with read-ahead, else one).
+    pub layer_pool_bytes: u64,
+    /// The largest layer's deterministic weights in aligned buffers.
+    pub layer_allocated_bytes: u64,
+    /// Deterministic bytes a step reads: the streamed layers'.
+    pub layer_read_per_token: u64,
     /// MoE layers whose routed experts are all held, read once when the model is loaded.
     pub held_layers: Vec<usize>,
     /// What the held layers' experts take in aligned buffers.
@@ -105,6 +151,95 @@ pub fn expert_map(artifact: &Artifact, c: &DeepSeekV3Config) -> Result<ExpertMap
         .collect()
 }
 
+/// One MoE layer's routed experts: what a token reads there uncached, what holding them takes.
+struct ExpertLayer {
+    index: usize,
+    per_token: u64,
+    hold: u64,
+}
+
+/// One layer's deterministic weights: resident (as stored), read, and in aligned buffers.
+struct DeterministicLayer {
+    resident: u64,
+    read: u64,
+    allocated: u64,
+}
+
+/// What the artifact holds, by the plan's terms.
+struct Sizes {
+    routed_bytes: u64,
+    expert_read_max: u64,
+    expert_alloc_max: u64,
+    expert_layers: Vec<ExpertLayer>,
+    /// Every payload byte but the routed experts'.
+    resident_all: u64,
+    layers: Vec<DeterministicLayer>,
+    total: u64,
+}
+
+fn sizes(
+    artifact: &Artifact,
+    c: &DeepSeekV3Config,
+    experts: &ExpertMap,
+) -> Result<Sizes, ArtifactError> {
+    let mut container_files = std::collections::BTreeSet::new();
+    let mut pieces = 0u64;
+    let (mut routed_bytes, mut read_max, mut alloc_max) = (0u64, 0, 0);
+    let mut expert_layers = Vec::new();
+    for (index, layer) in experts.iter().enumerate() {
+        let Some(layer) = layer else { continue };
+        let largest = layer.iter().map(ExpertParts::read_bytes).max().unwrap_or(0);
+        read_max = read_max.max(largest);
+        alloc_max = alloc_max.max(
+            layer
+                .iter()
+                .map(ExpertParts::allocated_bytes)
+                .max()
+                .unwrap_or(0),
+        );
+        expert_layers.push(ExpertLayer {
+            index,
+            per_token: largest * c.num_experts_per_tok as u64,
+            hold: layer.iter().map(ExpertParts::allocated_bytes).sum(),
+        });
+        for expert in layer {
+            routed_bytes += expert.read_bytes();
+            for part in [&expert.gate, &expert.up, &expert.down] {
+                match &part.part {
+                    PartLayout::Tile { file, .. } => {
+                        container_files.insert(*file);
+                    }
+                    p @ PartLayout::Pieces { .. } => pieces += p.read_bytes(),
+                }
+            }
+        }
+    }
+    let streamed_files: u64 = container_files
+        .iter()
+        .map(|&f| artifact.payload_file_bytes(f))
+        .sum();
+    let total = artifact.total_payload_bytes();
+    let layers = (0..c.num_hidden_layers)
+        .map(|i| {
+            let m: Vec<StackLayout> = layer_stream::layer_matrices(artifact, c, i)?;
+            Ok(DeterministicLayer {
+                resident: layer_stream::resident_bytes(artifact, &m),
+                read: layer_stream::read_bytes(&m),
+                allocated: layer_stream::allocated_bytes(&m),
+            })
+        })
+        .collect::<Result<Vec<_>, ArtifactError>>()?;
+    Ok(Sizes {
+        routed_bytes,
+        expert_read_max: read_max,
+        expert_alloc_max: alloc_max,
+        expert_layers,
+        resident_all: total.saturating_sub(streamed_files + pieces),
+        layers,
+        total,
+    })
+}
+
 impl Plan {
     /// Plans a run of at most `context_tokens` positions under `budget`.
     pub fn new(
@@ -114,53 +249,21 @@ impl Plan {
         budget: Budget,
         context_tokens: usize,
     ) -> Result<Plan, PlanError> {
-        let mut container_files = std::collections::BTreeSet::new();
-        let mut pieces = 0u64;
-        let (mut routed_bytes, mut read_max, mut alloc_max) = (0u64, 0, 0);
-        let mut moe_layers = 0;
-        // Per MoE layer: its index, what a token reads there uncached, what holding it takes.
-        let mut layer_costs: Vec<(usize, u64, u64)> = Vec::new();
-        for (index, layer) in experts.iter().enumerate() {
-            let Some(layer) = layer else { continue };
-            moe_layers += 1;
-            let largest = layer.iter().map(ExpertParts::read_bytes).max().unwrap_or(0);
-            layer_costs.push((
-                index,
-                largest * c.num_experts_per_tok as u64,
-                layer.iter().map(ExpertParts::allocated_bytes).sum(),
-            ));
-            read_max = read_max.max(largest);
-            alloc_max = alloc_max.max(
-                layer
-                    .iter()
-                    .map(ExpertParts::allocated_bytes)
-                    .max()
-                    .unwrap_or(0),
-            );
-            for expert in layer {
-                routed_bytes += expert.read_bytes();
-                for part in [&expert.gate, &expert.up, &expert.down] {
-                    match &part.part {
-                        PartLayout::Tile { file, .. } => {
-                            container_files.insert(*file);
-                        }
-                        p @ PartLayout::Pieces { .. } => pieces += p.read_bytes(),
-                    }
-                }
-            }
-        }
-        let streamed_files: u64 = container_files
-            .iter()
-            .map(|&f| artifact.payload_file_bytes(f))
-            .sum();
-        let total = artifact.total_payload_bytes();
-        let resident_bytes = total.saturating_sub(streamed_files + pieces);
+        let s = sizes(artifact, c, experts)?;
         let kv_per_token =
             (c.kv_lora_rank + c.qk_rope_head_dim) as u64 * 4 * c.num_hidden_layers as u64;
         let reserve_bytes = FIXED_RESERVE + kv_per_token * context_tokens as u64;
-        let slot_pool_bytes = alloc_max * c.num_experts_per_tok as u64;
-        let floor = resident_bytes + slot_pool_bytes + reserve_bytes;
-        let everything = total + reserve_bytes;
+        let slot_pool_bytes = s.expert_alloc_max * c.num_experts_per_tok as u64;
+        let deterministic_floor = s.resident_all + slot_pool_bytes + reserve_bytes;
+        let layer_resident: u64 = s.layers.iter().map(|l| l.resident).sum();
+        let base = s.resident_all.saturating_sub(layer_resident);
+        let layer_alloc_max = s.layers.iter().map(|l| l.allocated).max().unwrap_or(0);
+        let streaming_floor = base + 2 * layer_alloc_max + slot_pool_bytes + reserve_bytes;
+        let (floor, floor_resident, floor_pool) = match streaming_floor < deterministic_floor {
+            true => (streaming_floor, base, 2 * layer_alloc_max),
+            false => (deterministic_floor, s.resident_all, 0),
+        };
+        let everything = s.total + reserve_bytes;
         let budget_bytes = match budget {
             Budget::Bytes(b) => b,
             Budget::Floor => floor,
@@ -171,70 +274,128 @@ impl Plan {
             return Err(PlanError::BelowFloor(Box::new(BelowFloor {
                 budget: budget.to_string(),
                 floor,
-                resident: resident_bytes,
+                resident: floor_resident,
+                layer_pool: floor_pool,
+                layer: layer_alloc_max,
                 slot_pool: slot_pool_bytes,
                 experts_per_token: c.num_experts_per_tok,
-                expert: alloc_max,
+                expert: s.expert_alloc_max,
                 reserve: reserve_bytes,
                 context_tokens,
             })));
         }
-        let mode = match moe_layers > 0 && budget_bytes < everything {
+        let moe_layers = s.expert_layers.len();
+        let mode = match budget_bytes < everything
+            && (moe_layers > 0 || budget_bytes < deterministic_floor)
+        {
             true => Mode::Streamed,
             false => Mode::Resident,
         };
-        let mut spare = budget_bytes - floor;
-        let (mut held_layers, mut held_bytes, mut uncached) = (Vec::new(), 0u64, 0u64);
-        let mut holding = mode == Mode::Streamed;
-        for &(index, per_token, hold) in &layer_costs {
-            // Held while the spare budget pays for the whole layer, in layer order: the first
-            // layer that does not fit, and every one after it, streams.
-            holding &= hold <= spare;
-            if holding {
-                spare -= hold;
-                held_bytes += hold;
-                held_layers.push(index);
-            } else {
-                uncached += per_token;
-            }
-        }
-        Ok(Plan {
+        let mut plan = Plan {
             mode,
             budget: budget_bytes,
-            resident_bytes,
-            routed_bytes,
-            expert_read_bytes: read_max,
-            expert_allocated_bytes: alloc_max,
+            resident_bytes: s.resident_all,
+            routed_bytes: s.routed_bytes,
+            expert_read_bytes: s.expert_read_max,
+            expert_allocated_bytes: s.expert_alloc_max,
             experts_per_token: c.num_experts_per_tok,
             moe_layers,
             slot_pool_bytes,
             reserve_bytes,
             context_tokens,
             floor,
+            floor_resident_bytes: floor_resident,
+            floor_layer_pool_bytes: floor_pool,
+            deterministic_floor,
             everything,
-            held_layers,
-            held_bytes,
-            cache_bytes: spare,
-            uncached_read_per_token: uncached,
-        })
+            streamed_layers: Vec::new(),
+            layer_count: c.num_hidden_layers,
+            read_ahead: true,
+            layer_pool_bytes: 0,
+            layer_allocated_bytes: layer_alloc_max,
+            layer_read_per_token: 0,
+            held_layers: Vec::new(),
+            held_bytes: 0,
+            cache_bytes: 0,
+            uncached_read_per_token: 0,
+        };
+        let mut spare = if budget_bytes >= deterministic_floor {
+            budget_bytes - deterministic_floor
+        } else {
+            plan.stream_layers(&s, base, budget_bytes - streaming_floor)
+        };
+        let holding = mode == Mode::Streamed && plan.streamed_layers.is_empty();
+        for layer in &s.expert_layers {
+            // In layer order, each layer the spare budget still pays for whole is held.
+            if holding && layer.hold <= spare {
+                spare -= layer.hold;
+                plan.held_bytes += layer.hold;
+                plan.held_layers.push(layer.index);
+            } else {
+                plan.uncached_read_per_token += layer.per_token;
+            }
+        }
+        plan.cache_bytes = spare;
+        Ok(plan)
+    }
+
+    /// Below the deterministic floor: holds, in layer order, each layer's deterministic weights
+    /// that `spare` still pays for and streams the others through the layer pool. Returns what
+    /// is left.
+    fn stream_layers(&mut self, s: &Sizes, base: u64, mut spare: u64) -> u64 {
+        self.resident_bytes = base;
+        self.layer_pool_bytes = 2 * self.layer_allocated_bytes;
+        for (index, layer) in s.layers.iter().enumerate() {
+            if layer.resident <= spare {
+                spare -= layer.resident;
+                self.resident_bytes += layer.resident;
+            } else {
+                self.streamed_layers.push(index);
+                self.layer_read_per_token += layer.read;
+            }
+        }
+        spare
     }
 
     /// The plan in lines, for the run's header.
     pub fn describe(&self) -> Vec<String> {
+        let pool = match self.floor_layer_pool_bytes {
+            0 => String::new(),
+            p => format!(
+                " + layer buffers {} (2 x {})",
+                human(p),
+                human(self.layer_allocated_bytes)
+            ),
+        };
         let mut lines = vec![format!(
-            "budget {} ({}): floor {} = resident {} + slot pool {} ({} x {}) + reserve {}",
+            "budget {} ({}): floor {} = resident {}{pool} + slot pool {} ({} x {}) + reserve {}",
             human(self.budget),
-            match self.mode {
-                Mode::Resident => "fully resident",
-                Mode::Streamed => "routed experts streamed",
+            match (self.mode, self.streamed_layers.is_empty()) {
+                (Mode::Resident, _) => "fully resident",
+                (Mode::Streamed, true) => "routed experts streamed",
+                (Mode::Streamed, false) => "routed experts and some layers streamed",
             },
             human(self.floor),
-            human(self.resident_bytes),
+            human(self.floor_resident_bytes),
             human(self.slot_pool_bytes),
             self.experts_per_token,
             human(self.expert_allocated_bytes),
             human(self.reserve_bytes),
         )];
+        if !self.streamed_layers.is_empty() {
+            lines.push(format!(
+                "streamed each step: the attention, router and shared experts of {} of {} layers ({}), {} a token, {}; resident {}",
+                self.streamed_layers.len(),
+                self.layer_count,
+                layer_list(&self.streamed_layers),
+                human(self.layer_read_per_token),
+                match self.read_ahead {
+                    true => "the next layer read while the current one computes",
+                    false => "no read-ahead",
+                },
+                human(self.resident_bytes),
+            ));
+        }
         if self.mode == Mode::Streamed {
             if !self.held_layers.is_empty() {
                 lines.push(format!(

@@ -49,6 +49,7 @@ fn run(model: &DeepSeekV3) -> (Vec<Vec<u32>>, Vec<u32>, StepStats) {
         decode.expert_read_bytes += stats.expert_read_bytes;
         decode.expert_cache_misses += stats.expert_cache_misses;
         decode.expert_cache_hits += stats.expert_cache_hits;
+        decode.layer_read_bytes += stats.layer_read_bytes;
     }
     (bits, ids, decode)
 }
@@ -75,6 +76,7 @@ fn a_budget_below_the_floor_is_refused_before_any_payload_is_read() {
     assert!(matches!(&err, PlanError::BelowFloor(b) if b.floor == floor));
     for term in [
         "resident weights",
+        "layer buffers",
         "slot pool",
         "reserve",
         "KV cache for 64 tokens",
@@ -152,8 +154,9 @@ fn streamed_runs_at_every_budget_and_thread_count_have_the_resident_bits() {
 }
 
 /// A generated DeepSeek-V3-shaped artifact several times larger than its floor: streamed at
-/// the floor, and with two whole layers held, it decodes the resident run's tokens with the
-/// same logit bits, reading exactly the plan's bytes.
+/// the floor (every layer's deterministic weights too, with read-ahead on and off), with some
+/// layers' deterministic weights held, and with two whole MoE layers held, it decodes the
+/// resident run's tokens with the same logit bits, reading exactly the plan's bytes.
 #[test]
 fn an_artifact_several_times_its_budget_streams_with_the_resident_bits() {
     use minirun_pack::synthetic_model::{SyntheticShape, write_synthetic_deepseek};
@@ -188,15 +191,68 @@ fn an_artifact_several_times_its_budget_streams_with_the_resident_bits() {
         artifact.total_payload_bytes(),
         plan.floor
     );
-    let streamed =
-        DeepSeekV3::load_planned(&artifact, config.clone(), &plan, experts.clone()).unwrap();
-    let (bits, ids, decode) = run(&streamed);
-    assert!(artifact.payload_bytes() <= plan.resident_bytes);
+    // At the floor every layer's attention, router and shared expert streams too, the next
+    // layer read while the current one computes; with read-ahead off, each when it is reached.
     assert_eq!(
-        decode.expert_read_bytes,
-        plan.uncached_read_per_token * STEPS as u64
+        plan.streamed_layers,
+        (0..config.num_hidden_layers).collect::<Vec<_>>()
     );
-    drop(streamed);
+    assert!(plan.floor < plan.deterministic_floor);
+    let mut streamed_runs = Vec::new();
+    for read_ahead in [true, false] {
+        let plan = Plan {
+            read_ahead,
+            ..plan.clone()
+        };
+        let streamed =
+            DeepSeekV3::load_planned(&artifact, config.clone(), &plan, experts.clone()).unwrap();
+        let (bits, ids, decode) = run(&streamed);
+        assert!(artifact.payload_bytes() <= plan.resident_bytes);
+        assert_eq!(
+            decode.expert_read_bytes,
+            plan.uncached_read_per_token * STEPS as u64
+        );
+        assert_eq!(
+            decode.layer_read_bytes,
+            plan.layer_read_per_token * STEPS as u64,
+            "a step reads every streamed layer's deterministic weights once"
+        );
+        streamed_runs.push((bits, ids));
+    }
+    let (bits, ids) = streamed_runs.remove(0);
+    assert!(
+        streamed_runs[0].0 == bits,
+        "read-ahead on and off give the same bits"
+    );
+
+    // Just short of every deterministic weight resident: the layers the rest pays for are held.
+    let partial = Plan::new(
+        &artifact,
+        &config,
+        &experts,
+        Budget::Bytes(plan.deterministic_floor - 1),
+        64,
+    )
+    .unwrap();
+    assert!(
+        !partial.streamed_layers.is_empty()
+            && partial.streamed_layers.len() < config.num_hidden_layers,
+        "{:?} {}",
+        partial.streamed_layers,
+        serde_json::to_string(&partial).unwrap()
+    );
+    let model =
+        DeepSeekV3::load_planned(&artifact, config.clone(), &partial, experts.clone()).unwrap();
+    let (partial_bits, _, partial_decode) = run(&model);
+    assert!(
+        partial_bits == bits,
+        "partly streamed layers give the same bits"
+    );
+    assert_eq!(
+        partial_decode.layer_read_bytes,
+        partial.layer_read_per_token * STEPS as u64
+    );
+    drop(model);
 
     // Room for exactly the first two MoE layers beyond the floor: those are held whole, read
     // once at load, and a token reads only the chosen experts of the others.
@@ -211,10 +267,11 @@ fn an_artifact_several_times_its_budget_streams_with_the_resident_bits() {
             .sum()
     };
     let two_layers = layer_bytes(moe[0]) + layer_bytes(moe[1]);
-    let budget = Budget::Bytes(plan.floor + two_layers);
+    let budget = Budget::Bytes(plan.deterministic_floor + two_layers);
     let held = Plan::new(&artifact, &config, &experts, budget, 64).unwrap();
     assert_eq!(held.held_layers, moe[..2], "the first MoE layers are held");
     assert_eq!((held.held_bytes, held.cache_bytes), (two_layers, 0));
+    assert!(held.streamed_layers.is_empty());
     let per_layer = plan.uncached_read_per_token / moe.len() as u64;
     assert_eq!(
         held.uncached_read_per_token,
