@@ -25,6 +25,12 @@ pub enum SessionError {
     NoEvidence(String),
     #[error("the verification evidence does not hold: {0}")]
     Evidence(StoreError),
+    #[error(
+        "{0} was only spot-checked (a sample of its tiles hashed), which does not vouch for the bytes a run reads.\n\
+         Verify it in full: `minirun verify {0} --repo OWNER/NAME --revision SHA` (against the publisher) or \
+         `minirun verify {0}` (offline, against its own manifests); or run it anyway with --unverified."
+    )]
+    SpotCheckOnly(String),
     #[error(transparent)]
     Artifact(#[from] ArtifactError),
     #[error(transparent)]
@@ -36,6 +42,10 @@ pub enum SessionError {
     #[error(transparent)]
     Plan(#[from] PlanError),
 }
+
+/// The evidence mode of a spot check (`minirun verify --spot-check`), which never authorizes a
+/// run.
+const SPOT_CHECK: &str = "spot-check";
 
 /// What the caller hears after each generated token.
 #[derive(Debug, Clone, Copy)]
@@ -84,6 +94,9 @@ impl Session {
         let access = match trust {
             Trust::Unverified => Access::Unverified,
             Trust::Verified => match HeldEvidence::load(path) {
+                Ok(held) if held.evidence().mode == SPOT_CHECK => {
+                    return Err(SessionError::SpotCheckOnly(path.display().to_string()));
+                }
                 Ok(held) => Access::Verified(Box::new(held)),
                 Err(StoreError::NoEvidence { .. }) => {
                     return Err(SessionError::NoEvidence(path.display().to_string()));

@@ -196,3 +196,26 @@ fn mapped_containers_compute_the_read_models_tokens_and_need_an_unverified_artif
         .to_string();
     assert!(err.contains("only an artifact opened unverified"), "{err}");
 }
+
+#[test]
+fn spot_check_evidence_never_authorizes_a_run() {
+    let dir = packed();
+    let tree = minirun_store::own_manifest_tree(dir.path()).unwrap();
+    minirun_store::verify_with(
+        dir.path(),
+        &tree,
+        Authority::OwnManifests,
+        Selection::SpotCheck { budget: 1 << 20 },
+        &|_| {},
+        &AtomicBool::new(false),
+    )
+    .unwrap();
+    let refused = Session::open(dir.path(), Trust::Verified);
+    let Err(SessionError::SpotCheckOnly(path)) = refused else {
+        panic!("spot-check evidence opened a run: {:?}", refused.err());
+    };
+    assert_eq!(path, dir.path().display().to_string());
+    let message = SessionError::SpotCheckOnly(path).to_string();
+    assert!(message.contains("minirun verify"), "{message}");
+    assert!(Session::open(dir.path(), Trust::Unverified).is_ok());
+}

@@ -154,9 +154,10 @@ fn streamed_runs_at_every_budget_and_thread_count_have_the_resident_bits() {
 }
 
 /// A generated DeepSeek-V3-shaped artifact several times larger than its floor: streamed at
-/// the floor (every layer's deterministic weights too, with read-ahead on and off), with some
-/// layers' deterministic weights held, and with two whole MoE layers held, it decodes the
-/// resident run's tokens with the same logit bits, reading exactly the plan's bytes.
+/// the floor (every layer's deterministic weights too, with read-ahead on and off, on 1 and 2
+/// threads), with some layers' deterministic weights held, and with two whole MoE layers held,
+/// it decodes the resident run's tokens with the same logit bits, reading exactly the plan's
+/// bytes.
 #[test]
 fn an_artifact_several_times_its_budget_streams_with_the_resident_bits() {
     use minirun_pack::synthetic_model::{SyntheticShape, write_synthetic_deepseek};
@@ -199,14 +200,14 @@ fn an_artifact_several_times_its_budget_streams_with_the_resident_bits() {
     );
     assert!(plan.floor < plan.deterministic_floor);
     let mut streamed_runs = Vec::new();
-    for read_ahead in [true, false] {
+    for (read_ahead, threads) in [(true, 1), (true, 2), (false, 2)] {
         let plan = Plan {
             read_ahead,
             ..plan.clone()
         };
         let streamed =
             DeepSeekV3::load_planned(&artifact, config.clone(), &plan, experts.clone()).unwrap();
-        let (bits, ids, decode) = run(&streamed);
+        let (bits, ids, decode) = on_threads(threads, || run(&streamed));
         assert!(artifact.payload_bytes() <= plan.resident_bytes);
         assert_eq!(
             decode.expert_read_bytes,
@@ -220,10 +221,12 @@ fn an_artifact_several_times_its_budget_streams_with_the_resident_bits() {
         streamed_runs.push((bits, ids));
     }
     let (bits, ids) = streamed_runs.remove(0);
-    assert!(
-        streamed_runs[0].0 == bits,
-        "read-ahead on and off give the same bits"
-    );
+    for (other, _) in &streamed_runs {
+        assert!(
+            *other == bits,
+            "1 and 2 threads, read-ahead on and off: the same bits"
+        );
+    }
 
     // Just short of every deterministic weight resident: the layers the rest pays for are held.
     let partial = Plan::new(
