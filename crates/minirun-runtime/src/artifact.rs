@@ -61,14 +61,14 @@ struct PayloadEntry {
 /// A container file's bytes for resident matrices: read into memory, or mapped by a baseline
 /// that lets the kernel's page cache decide what stays in memory.
 enum HeldFile {
-    Read(Vec<u8>),
+    Read(AlignedBuf),
     Mapped(Box<dyn AsRef<[u8]> + Send + Sync>),
 }
 
 impl HeldFile {
     fn bytes(&self) -> &[u8] {
         match self {
-            HeldFile::Read(bytes) => bytes,
+            HeldFile::Read(buf) => buf.as_slice(),
             HeldFile::Mapped(map) => (**map).as_ref(),
         }
     }
@@ -430,9 +430,20 @@ impl Artifact {
 
     /// `len` bytes at `offset` of payload file `file`, read now.
     fn read_vec(&self, file: usize, offset: u64, len: u64) -> Result<Vec<u8>, ArtifactError> {
+        Ok(self.read_aligned(file, offset, len)?.as_slice().to_vec())
+    }
+
+    /// `len` bytes at `offset` of payload file `file`, read now into an aligned buffer (kept as
+    /// it is: a copy would double a large file's memory while it is made).
+    fn read_aligned(
+        &self,
+        file: usize,
+        offset: u64,
+        len: u64,
+    ) -> Result<AlignedBuf, ArtifactError> {
         let mut buf = AlignedBuf::new(len as usize);
         self.handle(file)?.read_into(offset, &mut buf)?;
-        Ok(buf.as_slice().to_vec())
+        Ok(buf)
     }
 
     fn add_file(&mut self, unit: &str, entry: &FileEntry) -> Result<(), ArtifactError> {
@@ -533,7 +544,7 @@ impl Artifact {
     fn held_file(&self, file: usize) -> Result<HeldFile, ArtifactError> {
         let entry = &self.payload[file];
         let Some(mapper) = &self.mapper else {
-            return Ok(HeldFile::Read(self.read_vec(file, 0, entry.bytes)?));
+            return Ok(HeldFile::Read(self.read_aligned(file, 0, entry.bytes)?));
         };
         let map = mapper(&self.root.join(&entry.path))
             .map_err(|e| invalid(&entry.path, format!("cannot be mapped: {e}")))?;
@@ -553,7 +564,7 @@ impl Artifact {
             .payload
             .iter()
             .filter_map(|p| match p.resident.get() {
-                Some(HeldFile::Read(bytes)) => Some(bytes.len() as u64),
+                Some(HeldFile::Read(buf)) => Some(buf.len() as u64),
                 _ => None,
             })
             .sum();

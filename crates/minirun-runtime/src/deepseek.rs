@@ -11,14 +11,11 @@ use std::time::{Duration, Instant};
 
 use crate::artifact::{Artifact, ArtifactError, Stack, StackLayout};
 use crate::config::DeepSeekV3Config;
-use crate::experts::{ExpertCache, ExpertParts, hold_layer, with_fetched};
+use crate::experts::{ExpertCache, ExpertParts, with_fetched};
 use crate::kernels::{Format, KernelError, QMatrix};
 use crate::layer_stream::{self, LoadedLayer};
 use crate::plan::{ExpertMap, Mode, Plan};
 use crate::rope::{Rope, attention_scale};
-
-/// Reads in flight while the held layers are read at load.
-const HOLD_READS_IN_FLIGHT: usize = 8;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -499,7 +496,8 @@ impl<'a> DeepSeekV3<'a> {
     }
 
     /// The model as `plan` says: fully resident, or the routed experts of `plan.held_layers`
-    /// read now and held, and the others' streamed through a cache of `plan.cache_bytes`.
+    /// read now and held resident, the others' streamed through a cache of `plan.cache_bytes`,
+    /// and the deterministic weights of `plan.streamed_layers` read for each step.
     pub fn load_planned(
         artifact: &'a Artifact,
         config: DeepSeekV3Config,
@@ -509,27 +507,16 @@ impl<'a> DeepSeekV3<'a> {
         match plan.mode {
             Mode::Resident => DeepSeekV3::build(artifact, config, None, &[]),
             Mode::Streamed => {
-                let held: Vec<(usize, u64)> = plan
-                    .held_layers
-                    .iter()
-                    .map(|&layer| {
-                        let bytes = experts
-                            .get(layer)
-                            .and_then(Option::as_ref)
-                            .map_or(0, |e| e.iter().map(ExpertParts::allocated_bytes).sum());
-                        (layer, bytes)
-                    })
-                    .collect();
-                let cache = ExpertCache::new(
-                    plan.cache_bytes,
-                    plan.moe_layers - plan.held_layers.len(),
-                    &held,
-                );
-                for &(layer, _) in &held {
-                    if let Some(Some(parts)) = experts.get(layer) {
-                        hold_layer(artifact, &cache, layer, parts, HOLD_READS_IN_FLIGHT)?;
+                // A held layer's experts are resident, read with the model (its entry in the
+                // map goes, so the builder holds them as a resident run does).
+                let mut experts = experts;
+                for &layer in &plan.held_layers {
+                    if let Some(entry) = experts.get_mut(layer) {
+                        *entry = None;
                     }
                 }
+                let cache =
+                    ExpertCache::new(plan.cache_bytes, plan.moe_layers - plan.held_layers.len());
                 let mut model =
                     DeepSeekV3::build(artifact, config, Some(experts), &plan.streamed_layers)?;
                 model.cache = Some(cache);
@@ -588,8 +575,8 @@ impl<'a> DeepSeekV3<'a> {
         Ok(loader.layer(i, &self.config)?)
     }
 
-    /// Bytes of routed experts held now (held layers and the cache), and the most held at once
-    /// with the experts of a layer in flight; `None` for a resident run.
+    /// Bytes of routed experts the cache holds now, and the most it held at once with the
+    /// experts of a layer in flight; `None` for a resident run (held layers are resident).
     pub fn expert_memory(&self) -> Option<(u64, u64)> {
         self.cache.as_ref().map(ExpertCache::usage)
     }

@@ -5,7 +5,6 @@
 //! what a resident run computes from, so its output has the same bits.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -156,33 +155,24 @@ struct CacheState {
     peak: u64,
 }
 
-/// Loaded experts: every expert of the held layers, and for the other layers at most
-/// `capacity` bytes, shared equally between them, each layer's least recently used evicted
-/// first. One pool across layers would be emptied by every token: a token visits the layers in
-/// order, so with less room than one token's experts, plain LRU evicts each layer's experts just
-/// before the next token needs them.
+/// Loaded experts, at most `capacity` bytes of them, shared equally between the streamed MoE
+/// layers, each layer's least recently used evicted first. One pool across layers would be
+/// emptied by every token: a token visits the layers in order, so with less room than one
+/// token's experts, plain LRU evicts each layer's experts just before the next token needs them.
 pub struct ExpertCache {
     capacity: u64,
     per_layer: u64,
-    /// Held layers and the room each one's experts take; they are never evicted.
-    held: HashMap<usize, u64>,
     state: Mutex<CacheState>,
 }
 
 impl ExpertCache {
-    /// A cache of `capacity` bytes shared by `streamed_layers` layers, beside the `held`
-    /// layers (layer, bytes of all its experts).
-    pub fn new(capacity: u64, streamed_layers: usize, held: &[(usize, u64)]) -> ExpertCache {
+    /// A cache of `capacity` bytes shared by `streamed_layers` layers.
+    pub fn new(capacity: u64, streamed_layers: usize) -> ExpertCache {
         ExpertCache {
             capacity,
             per_layer: capacity / streamed_layers.max(1) as u64,
-            held: held.iter().copied().collect(),
             state: Mutex::new(CacheState::default()),
         }
-    }
-
-    fn room(&self, layer: usize) -> u64 {
-        self.held.get(&layer).copied().unwrap_or(self.per_layer)
     }
 
     pub fn capacity(&self) -> u64 {
@@ -214,11 +204,10 @@ impl ExpertCache {
         };
         let size = expert.allocated();
         let layer = key.0;
-        let room = self.room(layer);
-        if size > room {
+        if size > self.per_layer {
             s.in_flight += size;
         } else {
-            while s.layer_used.get(&layer).copied().unwrap_or(0) + size > room {
+            while s.layer_used.get(&layer).copied().unwrap_or(0) + size > self.per_layer {
                 let Some(oldest) = s
                     .entries
                     .iter()
@@ -255,45 +244,6 @@ impl ExpertCache {
             s.in_flight = 0;
         }
     }
-}
-
-/// Reads every expert of a held layer into `cache`, `threads` reads in flight; returns the
-/// bytes read.
-pub fn hold_layer(
-    artifact: &Artifact,
-    cache: &ExpertCache,
-    layer: usize,
-    experts: &[ExpertParts],
-    threads: usize,
-) -> Result<u64, ArtifactError> {
-    let next = AtomicUsize::new(0);
-    std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..threads.clamp(1, experts.len().max(1)))
-            .map(|_| {
-                scope.spawn(|| -> Result<u64, ArtifactError> {
-                    let mut read = 0;
-                    loop {
-                        let e = next.fetch_add(1, Ordering::Relaxed);
-                        if e >= experts.len() {
-                            return Ok(read);
-                        }
-                        read += fetch(artifact, cache, layer, experts, e)?.1.read_bytes;
-                    }
-                })
-            })
-            .collect();
-        let mut read = 0;
-        for worker in workers {
-            read += worker.join().unwrap_or_else(|_| {
-                Err(ArtifactError::Tensor {
-                    name: format!("model.layers.{layer}.mlp experts"),
-                    reason: "a read thread panicked".into(),
-                })
-            })?;
-        }
-        cache.layer_done();
-        Ok(read)
-    })
 }
 
 /// The experts the router picked for one token at one layer, fetched from the cache or read

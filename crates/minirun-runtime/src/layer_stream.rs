@@ -79,12 +79,12 @@ pub fn allocated_bytes(matrices: &[StackLayout]) -> u64 {
     parts(matrices).map(PartLayout::allocated_bytes).sum()
 }
 
-/// Bytes these matrices take held resident: a container's whole file (its header and padding
+/// Bytes these parts take held resident: a container's whole file (its header and padding
 /// included, as a resident matrix reads it), a blob member's slice.
-pub fn resident_bytes(artifact: &Artifact, matrices: &[StackLayout]) -> u64 {
+pub fn resident_bytes<'p>(artifact: &Artifact, parts: impl Iterator<Item = &'p PartLayout>) -> u64 {
     let mut files = std::collections::BTreeSet::new();
     let mut pieces = 0;
-    for part in parts(matrices) {
+    for part in parts {
         match part {
             PartLayout::Tile { file, .. } => {
                 files.insert(*file);
@@ -99,7 +99,8 @@ pub fn resident_bytes(artifact: &Artifact, matrices: &[StackLayout]) -> u64 {
             .sum::<u64>()
 }
 
-fn parts(matrices: &[StackLayout]) -> impl Iterator<Item = &PartLayout> {
+/// Every part of these matrices.
+pub fn parts(matrices: &[StackLayout]) -> impl Iterator<Item = &PartLayout> {
     matrices.iter().flat_map(|m| m.parts.iter())
 }
 

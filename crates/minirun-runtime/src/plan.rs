@@ -10,8 +10,8 @@
 //!    read for each step into buffers for two layers (the one computing and the next, read
 //!    ahead while the current one computes);
 //! 3. once every deterministic weight is resident: whole MoE layers (every routed expert of the
-//!    layer held, read once when the model is loaded), in layer order, each one the rest of the
-//!    budget still pays for;
+//!    layer held resident, read when the model is loaded), in layer order, each one the rest of
+//!    the budget still pays for;
 //! 4. a cache of routed experts for the other MoE layers.
 //!
 //! Routed experts of the layers not held stream from storage when the router picks them; a
@@ -126,9 +126,9 @@ pub struct Plan {
     pub layer_allocated_bytes: u64,
     /// Deterministic bytes a step reads: the streamed layers'.
     pub layer_read_per_token: u64,
-    /// MoE layers whose routed experts are all held, read once when the model is loaded.
+    /// MoE layers whose routed experts are all held resident, read when the model is loaded.
     pub held_layers: Vec<usize>,
-    /// What the held layers' experts take in aligned buffers.
+    /// What the held layers' experts take resident (as stored).
     pub held_bytes: u64,
     /// Bytes of experts of the other layers the cache may hold.
     pub cache_bytes: u64,
@@ -151,7 +151,8 @@ pub fn expert_map(artifact: &Artifact, c: &DeepSeekV3Config) -> Result<ExpertMap
         .collect()
 }
 
-/// One MoE layer's routed experts: what a token reads there uncached, what holding them takes.
+/// One MoE layer's routed experts: what a token reads there uncached, what holding them
+/// resident takes.
 struct ExpertLayer {
     index: usize,
     per_token: u64,
@@ -197,10 +198,13 @@ fn sizes(
                 .max()
                 .unwrap_or(0),
         );
+        let parts = layer
+            .iter()
+            .flat_map(|e| [&e.gate.part, &e.up.part, &e.down.part]);
         expert_layers.push(ExpertLayer {
             index,
             per_token: largest * c.num_experts_per_tok as u64,
-            hold: layer.iter().map(ExpertParts::allocated_bytes).sum(),
+            hold: layer_stream::resident_bytes(artifact, parts),
         });
         for expert in layer {
             routed_bytes += expert.read_bytes();
@@ -223,7 +227,7 @@ fn sizes(
         .map(|i| {
             let m: Vec<StackLayout> = layer_stream::layer_matrices(artifact, c, i)?;
             Ok(DeterministicLayer {
-                resident: layer_stream::resident_bytes(artifact, &m),
+                resident: layer_stream::resident_bytes(artifact, layer_stream::parts(&m)),
                 read: layer_stream::read_bytes(&m),
                 allocated: layer_stream::allocated_bytes(&m),
             })

@@ -263,11 +263,11 @@ fn an_artifact_several_times_its_budget_streams_with_the_resident_bits() {
         .filter(|&l| experts[l].is_some())
         .collect();
     let layer_bytes = |l: usize| -> u64 {
-        experts[l]
+        let parts = experts[l]
             .iter()
             .flatten()
-            .map(|e| e.allocated_bytes())
-            .sum()
+            .flat_map(|e| [&e.gate.part, &e.up.part, &e.down.part]);
+        minirun_runtime::layer_stream::resident_bytes(&artifact, parts)
     };
     let two_layers = layer_bytes(moe[0]) + layer_bytes(moe[1]);
     let budget = Budget::Bytes(plan.deterministic_floor + two_layers);
@@ -280,14 +280,21 @@ fn an_artifact_several_times_its_budget_streams_with_the_resident_bits() {
         held.uncached_read_per_token,
         per_layer * (moe.len() - 2) as u64
     );
-    let model = DeepSeekV3::load_planned(&artifact, config.clone(), &held, experts).unwrap();
+    // A fresh artifact, so that what it holds after loading is this model's alone.
+    let fresh = Artifact::open(dir.path(), Access::Unverified).unwrap();
+    let model = DeepSeekV3::load_planned(&fresh, config.clone(), &held, experts).unwrap();
+    assert_eq!(
+        fresh.payload_bytes(),
+        held.resident_bytes + two_layers,
+        "the resident weights and the held layers, read at load, as the plan counts them"
+    );
     let (held_bits, held_ids, held_decode) = run(&model);
     assert_eq!(
         held_decode.expert_read_bytes,
         held.uncached_read_per_token * STEPS as u64,
         "a step reads exactly the chosen experts of the layers not held"
     );
-    assert_eq!(model.expert_memory().unwrap().0, two_layers);
+    assert_eq!(model.expert_memory().unwrap().0, 0, "no cache left over");
     drop(model);
 
     let resident = DeepSeekV3::load(&artifact, config).unwrap();
