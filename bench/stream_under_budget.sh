@@ -153,22 +153,22 @@ print(f"\nreader: {read_bps/1e9:.2f} GB/s at queue depth {best['queue_depth']}; 
 compute = 1 / resident["tokens_per_second"] if resident.get("tokens_per_second") else None
 if compute:
     print(f"compute: {compute*1e3:.0f} ms/token fully resident ({resident['tokens_per_second']:.2f} tok/s)")
-print(f"\n| run | budget | weights / budget | expert bytes/token | plan (no cache hits) | I/O-bound ms | compute ms | ms/token | vs max(I/O, compute) | tok/s | peak RSS |")
-print("|---|---|---|---|---|---|---|---|---|---|---|")
+print(f"\n| run | budget | weights / budget | expert bytes/token | plan (no cache hits) | layer bytes/token (plan) | I/O-bound ms | compute ms | ms/token | vs max(I/O, compute) | tok/s | peak RSS |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for name, label in [("run-floor", "minirun --budget floor"), ("run-budget", f"minirun --budget {budget_name}")]:
     r = load(name)
     p = r["plan"]
     per = 1 / r["tokens_per_second"]
-    io = r["expert_read_bytes_per_token"] / read_bps
+    io = (r["expert_read_bytes_per_token"] + r["layer_read_bytes_per_token"]) / read_bps
     bound = max(io, compute or 0)
     print(f"| {label} | {p['budget']/mib:.0f} MiB | {p['everything']/p['budget']:.1f}x | "
           f"{r['expert_read_bytes_per_token']/mib:.1f} MiB | {p['uncached_read_per_token']/mib:.1f} MiB "
-          f"(held layers {len(p['held_layers'])}) | {io*1e3:.0f} | {compute*1e3 if compute else float('nan'):.0f} | "
+          f"(held layers {len(p['held_layers'])}) | {r['layer_read_bytes_per_token']/mib:.1f} MiB ({p['layer_read_per_token']/mib:.1f}) | {io*1e3:.0f} | {compute*1e3 if compute else float('nan'):.0f} | "
           f"{per*1e3:.0f} | {per/bound:.2f}x | {r['tokens_per_second']:.2f} | {r['peak_rss_bytes']/mib:.0f} MiB |")
     if r["generated_token_ids"] != mmap["generated_token_ids"]:
         print(f"  !! {label} and the mmap baseline generated different tokens")
 budget_run = load("run-budget")
-print(f"| mmap baseline | same cgroup | | | | | | {1e3/mmap['tokens_per_second']:.0f} | | {mmap['tokens_per_second']:.2f} | {mmap['peak_rss_bytes']/mib:.0f} MiB |")
+print(f"| mmap baseline | same cgroup | | | | | | | {1e3/mmap['tokens_per_second']:.0f} | | {mmap['tokens_per_second']:.2f} | {mmap['peak_rss_bytes']/mib:.0f} MiB |")
 print(f"\nminirun --budget {budget_name} vs the mmap baseline under the same limit: "
       f"{budget_run['tokens_per_second']/mmap['tokens_per_second']:.2f}x tokens/s; same tokens: "
       f"{budget_run['generated_token_ids'] == mmap['generated_token_ids']}")

@@ -46,6 +46,11 @@ pub struct RunArgs {
     /// Default: generous, refused if that is more than the memory available.
     #[arg(long, value_name = "BYTES|PRESET")]
     budget: Option<Budget>,
+    /// Expert reads in flight at once in a streamed run (1-64). `minirun bench storage DIR`
+    /// shows the queue depth where the storage is fastest.
+    #[arg(long, value_name = "N", default_value_t = minirun_runtime::plan::DEFAULT_READS_IN_FLIGHT as u16,
+          value_parser = clap::value_parser!(u16).range(1..=64))]
+    reads_in_flight: u16,
     /// Write one JSON line per decode step (wall and I/O seconds, expert bytes read, cache hits
     /// and misses) to FILE.
     #[arg(long, value_name = "FILE")]
@@ -72,7 +77,8 @@ fn plan(
     prompt_tokens: usize,
 ) -> Result<(Plan, minirun_runtime::plan::ExpertMap)> {
     let context = prompt_tokens + args.max_tokens;
-    let (plan, experts) = session.plan(args.budget.unwrap_or(Budget::Generous), context)?;
+    let (mut plan, experts) = session.plan(args.budget.unwrap_or(Budget::Generous), context)?;
+    plan.reads_in_flight = usize::from(args.reads_in_flight);
     if args.budget.is_none()
         && let Some(available) = available_memory()
         && plan.budget > available

@@ -14,7 +14,7 @@ use crate::config::DeepSeekV3Config;
 use crate::experts::{ExpertCache, ExpertParts, with_fetched};
 use crate::kernels::{Format, KernelError, QMatrix};
 use crate::layer_stream::{self, LoadedLayer};
-use crate::plan::{ExpertMap, Mode, Plan};
+use crate::plan::{DEFAULT_READS_IN_FLIGHT, ExpertMap, Mode, Plan};
 use crate::rope::{Rope, attention_scale};
 
 #[derive(Debug, thiserror::Error)]
@@ -103,6 +103,8 @@ pub struct DeepSeekV3<'a> {
     experts: Option<ExpertMap>,
     /// Whether a streamed layer's matrices are read while the layer before it computes.
     read_ahead: bool,
+    /// Threads reading a layer's chosen experts.
+    reads_in_flight: usize,
     norm: Vec<f32>,
     lm_head: QMatrix<'a>,
     rope: Rope,
@@ -411,7 +413,7 @@ impl Moe<'_> {
         &self,
         x: &[f32],
         c: &DeepSeekV3Config,
-        streaming: Option<(&Artifact, &ExpertCache)>,
+        streaming: Option<(&Artifact, &ExpertCache, usize)>,
         stats: &mut StepStats,
     ) -> Result<Vec<f32>, ModelError> {
         let logits = apply(&self.router, x, stats)?;
@@ -428,7 +430,10 @@ impl Moe<'_> {
                     add(experts[e].forward(x, stats)?, w);
                 }
             }
-            (RoutedExperts::Streamed { layer, parts }, Some((artifact, cache))) => {
+            (
+                RoutedExperts::Streamed { layer, parts },
+                Some((artifact, cache, reads_in_flight)),
+            ) => {
                 let chosen: Vec<usize> = routes.iter().map(|&(e, _)| e).collect();
                 let mut shared_stats = StepStats::default();
                 let mut expert_stats = StepStats::default();
@@ -438,6 +443,7 @@ impl Moe<'_> {
                     *layer,
                     parts,
                     &chosen,
+                    reads_in_flight,
                     || {
                         self.shared
                             .as_ref()
@@ -521,6 +527,7 @@ impl<'a> DeepSeekV3<'a> {
                     DeepSeekV3::build(artifact, config, Some(experts), &plan.streamed_layers)?;
                 model.cache = Some(cache);
                 model.read_ahead = plan.read_ahead;
+                model.reads_in_flight = plan.reads_in_flight;
                 Ok(model)
             }
         }
@@ -555,6 +562,7 @@ impl<'a> DeepSeekV3<'a> {
             layers,
             experts: streamed,
             read_ahead: true,
+            reads_in_flight: DEFAULT_READS_IN_FLIGHT,
             artifact,
             cache: None,
             config,
@@ -712,7 +720,10 @@ impl<'a> DeepSeekV3<'a> {
         let out = match &layer.ffn {
             FeedForward::Dense(mlp) => mlp.forward(&x, stats)?,
             FeedForward::Moe(moe) => {
-                let streaming = self.cache.as_ref().map(|cache| (self.artifact, cache));
+                let streaming = self
+                    .cache
+                    .as_ref()
+                    .map(|cache| (self.artifact, cache, self.reads_in_flight));
                 moe.forward(&x, c, streaming, stats)?
             }
         };

@@ -5,7 +5,8 @@
 //! what a resident run computes from, so its output has the same bits.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use minirun_store::ReadPath;
@@ -247,29 +248,44 @@ impl ExpertCache {
 }
 
 /// The experts the router picked for one token at one layer, fetched from the cache or read
-/// from storage, each on its own thread so that all the reads are in flight at once. While they
-/// are read, `meanwhile` runs (the shared expert's products); then `each` is called for the
+/// from storage by `reads_in_flight` threads, which take the experts in the order chosen. While
+/// they are read, `meanwhile` runs (the shared expert's products); then `each` is called for the
 /// experts in the order chosen, each as soon as its own read is done, so compute overlaps the
 /// reads still in flight. Returns `meanwhile`'s value and the time spent waiting for reads.
+#[allow(clippy::too_many_arguments)]
 pub fn with_fetched<R>(
     artifact: &Artifact,
     cache: &ExpertCache,
     layer: usize,
     experts: &[ExpertParts],
     chosen: &[usize],
+    reads_in_flight: usize,
     meanwhile: impl FnOnce() -> R,
     mut each: impl FnMut(usize, &LoadedExpert, Fetch) -> Result<(), crate::deepseek::ModelError>,
 ) -> Result<(R, Duration), crate::deepseek::ModelError> {
+    type Fetched = Result<(Arc<LoadedExpert>, Fetch), ArtifactError>;
+    let (senders, receivers): (Vec<_>, Vec<_>) =
+        chosen.iter().map(|_| mpsc::channel::<Fetched>()).unzip();
+    let next = AtomicUsize::new(0);
     std::thread::scope(|scope| {
-        let handles: Vec<_> = chosen
-            .iter()
-            .map(|&e| scope.spawn(move || fetch(artifact, cache, layer, experts, e)))
-            .collect();
+        for _ in 0..reads_in_flight.clamp(1, chosen.len().max(1)) {
+            let (next, senders) = (&next, &senders);
+            scope.spawn(move || {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let (Some(&e), Some(sender)) = (chosen.get(i), senders.get(i)) else {
+                        return;
+                    };
+                    // The receiver is gone only when the layer already failed.
+                    let _ = sender.send(fetch(artifact, cache, layer, experts, e));
+                }
+            });
+        }
         let value = meanwhile();
         let mut waited = Duration::ZERO;
-        for (i, handle) in handles.into_iter().enumerate() {
+        for (i, receiver) in receivers.into_iter().enumerate() {
             let started = Instant::now();
-            let fetched = handle.join().unwrap_or_else(|_| {
+            let fetched = receiver.recv().unwrap_or_else(|_| {
                 Err(ArtifactError::Tensor {
                     name: format!("model.layers.{layer}.mlp experts"),
                     reason: "a read thread panicked".into(),

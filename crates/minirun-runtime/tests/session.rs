@@ -20,6 +20,20 @@ fn packed() -> tempfile::TempDir {
     out
 }
 
+/// Offline verification against the artifact's own manifests, writing its evidence.
+fn verify(dir: &Path, selection: Selection) {
+    let tree = minirun_store::own_manifest_tree(dir).unwrap();
+    minirun_store::verify_with(
+        dir,
+        &tree,
+        Authority::OwnManifests,
+        selection,
+        &|_| {},
+        &AtomicBool::new(false),
+    )
+    .unwrap();
+}
+
 const GREEDY: Sampling = Sampling {
     temperature: 0.0,
     top_p: 1.0,
@@ -42,16 +56,7 @@ fn a_session_without_evidence_is_refused_unless_unverified() {
 #[test]
 fn a_verified_session_generates_mlx_lms_greedy_continuation_and_streams_its_text() {
     let dir = packed();
-    let tree = minirun_store::own_manifest_tree(dir.path()).unwrap();
-    minirun_store::verify_with(
-        dir.path(),
-        &tree,
-        Authority::OwnManifests,
-        Selection::Full,
-        &|_| {},
-        &AtomicBool::new(false),
-    )
-    .unwrap();
+    verify(dir.path(), Selection::Full);
     let session = Session::open(dir.path(), Trust::Verified).unwrap();
     let oracle: serde_json::Value =
         serde_json::from_slice(&std::fs::read(fixture().join("oracle.json")).unwrap()).unwrap();
@@ -178,16 +183,7 @@ fn mapped_containers_compute_the_read_models_tokens_and_need_an_unverified_artif
     );
 
     // Through evidence, mapping is refused: maps are not rechecked against it.
-    let tree = minirun_store::own_manifest_tree(dir.path()).unwrap();
-    minirun_store::verify_with(
-        dir.path(),
-        &tree,
-        Authority::OwnManifests,
-        Selection::Full,
-        &|_| {},
-        &AtomicBool::new(false),
-    )
-    .unwrap();
+    verify(dir.path(), Selection::Full);
     let mut verified = Session::open(dir.path(), Trust::Verified).unwrap();
     let err = verified
         .artifact
@@ -200,16 +196,7 @@ fn mapped_containers_compute_the_read_models_tokens_and_need_an_unverified_artif
 #[test]
 fn spot_check_evidence_never_authorizes_a_run() {
     let dir = packed();
-    let tree = minirun_store::own_manifest_tree(dir.path()).unwrap();
-    minirun_store::verify_with(
-        dir.path(),
-        &tree,
-        Authority::OwnManifests,
-        Selection::SpotCheck { budget: 1 << 20 },
-        &|_| {},
-        &AtomicBool::new(false),
-    )
-    .unwrap();
+    verify(dir.path(), Selection::SpotCheck { budget: 1 << 20 });
     let refused = Session::open(dir.path(), Trust::Verified);
     let Err(SessionError::SpotCheckOnly(path)) = refused else {
         panic!("spot-check evidence opened a run: {:?}", refused.err());

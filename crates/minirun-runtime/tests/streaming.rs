@@ -105,8 +105,10 @@ fn streamed_runs_at_every_budget_and_thread_count_have_the_resident_bits() {
         for budget in [Budget::Floor, middle, Budget::Generous] {
             let mut plan = Plan::new(&artifact, &config, &experts, budget, 64).unwrap();
             if budget == middle {
+                // ... and one read in flight instead of one per chosen expert.
                 plan = Plan {
                     cache_bytes: 6 * floor.expert_allocated_bytes,
+                    reads_in_flight: 1,
                     ..floor.clone()
                 };
             }
