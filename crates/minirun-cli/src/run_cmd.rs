@@ -240,7 +240,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     );
     if plan.mode == Mode::Streamed {
         eprintln!(
-            "streamed: {} of routed experts read per token (the plan's {} without cache hits), {} of streamed layers' attention, routers and shared experts (the plan's {}); {:.2} s of {:.2} s decoding waited for reads; cache (held layers included) {} hits / {} misses; {} direct (O_DIRECT) and {} buffered (then dropped from the page cache) reads; resident {} + experts peak {} within budget {}; process peak RSS {}",
+            "streamed: {} of routed experts read per token (the plan's {} without cache hits), {} of streamed layers' attention, routers and shared experts (the plan's {}); {:.2} s of {:.2} s decoding waited for reads; expert cache {} hits / {} misses; {} direct (O_DIRECT) and {} buffered (then dropped from the page cache) reads; resident {} + experts peak {} within budget {}; process peak RSS {}",
             human(figures.expert_read_bytes_per_token()),
             human(plan.uncached_read_per_token),
             human(figures.layer_read_bytes_per_token()),
