@@ -14,7 +14,9 @@ use std::sync::OnceLock;
 
 use minirun_format::artifact::{FileEntry, Member, Quantization};
 use minirun_format::tile::{HEADER_BYTES, QuantMode, ScaleDtype, TileContainer};
-use minirun_store::{AlignedBuf, ArtifactFiles, HeldEvidence, LayoutError, PayloadFile, ReadPath};
+use minirun_store::{
+    AlignedBuf, ArtifactFiles, BufferPool, HeldEvidence, LayoutError, PayloadFile, ReadPath,
+};
 
 use crate::kernels::{BlockScale, FloatType, Format, QMatrix};
 
@@ -112,6 +114,8 @@ pub struct Artifact {
     tensors: BTreeMap<String, Location>,
     /// Set only by [`Artifact::map_containers_unverified`].
     mapper: Option<Box<FileMapper>>,
+    /// Buffers of streamed reads, reused for the next read of the same length.
+    read_buffers: BufferPool,
 }
 
 /// A matrix, or a stack of equally shaped matrices (experts, attention heads), as stored.
@@ -396,6 +400,7 @@ impl Artifact {
             payload: Vec::new(),
             tensors: BTreeMap::new(),
             mapper: None,
+            read_buffers: BufferPool::new(),
         };
         for manifest in &manifests {
             for entry in &manifest.files {
@@ -732,8 +737,15 @@ impl Artifact {
         .map_err(|e| tensor_err(&layout.name, e.to_string()))
     }
 
-    /// Reads one part now (one read per contiguous range: one for a tile) into fresh aligned
-    /// buffers, checking the tile's recorded SHA-256 unless the evidence is a full verification.
+    /// Keeps up to `limit` bytes of dropped read buffers for the next read of the same length
+    /// (a streamed run gives what its plan sets aside for reads in flight).
+    pub fn keep_read_buffers(&self, limit: u64) {
+        self.read_buffers.set_limit(limit);
+    }
+
+    /// Reads one part now (one read per contiguous range: one for a tile) into aligned buffers
+    /// (reused ones where [`Artifact::keep_read_buffers`] allows), checking the tile's recorded
+    /// SHA-256 unless the evidence is a full verification.
     pub fn load_part(&self, part: &PartLayout) -> Result<LoadedPart, ArtifactError> {
         match part {
             PartLayout::Tile {
@@ -744,7 +756,7 @@ impl Artifact {
                 scales,
                 biases,
             } => {
-                let mut buf = AlignedBuf::new((tile.end - tile.start) as usize);
+                let mut buf = self.read_buffers.buffer((tile.end - tile.start) as usize);
                 let path = self.handle(*file)?.read_into(tile.start, &mut buf)?;
                 if self.check_tile_digests
                     && let Some(c) = &self.payload[*file].container
@@ -770,7 +782,7 @@ impl Artifact {
                 let mut reads = Vec::new();
                 let mut paths = Vec::new();
                 let mut read = |p: &Piece| -> Result<(usize, Range<usize>), ArtifactError> {
-                    let mut buf = AlignedBuf::new(p.len as usize);
+                    let mut buf = self.read_buffers.buffer(p.len as usize);
                     paths.push(self.handle(p.file)?.read_into(p.offset, &mut buf)?);
                     reads.push(buf);
                     Ok((reads.len() - 1, 0..p.len as usize))

@@ -527,6 +527,9 @@ impl<'a> DeepSeekV3<'a> {
                     DeepSeekV3::build(artifact, config, Some(experts), &plan.streamed_layers)?;
                 model.cache = Some(cache);
                 model.read_ahead = plan.read_ahead;
+                // What a step frees (its uncached experts, its streamed layers) the next one
+                // reads into again; the plan set that much aside for reads in flight.
+                artifact.keep_read_buffers(plan.slot_pool_bytes + plan.layer_pool_bytes);
                 model.reads_in_flight = plan.reads_in_flight;
                 Ok(model)
             }

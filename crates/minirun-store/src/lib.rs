@@ -20,7 +20,7 @@ pub use artifact_files::{ArtifactFiles, LayoutError, Metadata, own_manifest_tree
 pub use evidence::{Evidence, EvidenceFile, tree_identity};
 pub use held::{HeldEvidence, StoreError};
 pub use identity::FileIdentity;
-pub use payload::{AlignedBuf, PayloadFile, ReadPath, SLOT_ALIGN};
+pub use payload::{AlignedBuf, BufferPool, PayloadFile, ReadPath, SLOT_ALIGN};
 pub use root::{EntryKind, OpenError, Root};
 pub use tiles::{LoadedTile, TileReadError, TileRequest};
 pub use verify::{Authority, Selection, Verified, VerifyError, verify, verify_with};

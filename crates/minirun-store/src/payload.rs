@@ -6,9 +6,11 @@
 //! page cache and the range is dropped from it afterwards (`posix_fadvise(DONTNEED)`), so a
 //! streamed run neither pins the cache nor is flattered by it.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::num::NonZeroU64;
 use std::os::unix::fs::FileExt;
+use std::sync::{Arc, Mutex};
 
 use crate::artifact_files::{ArtifactFiles, LayoutError};
 use crate::held::StoreError;
@@ -21,14 +23,16 @@ pub const SLOT_ALIGN: usize = 16384;
 /// 4 KiB covers the devices this runs on (512-byte and 4 KiB sectors).
 const DIRECT_BLOCK: u64 = 4096;
 
-/// A zeroed heap buffer whose bytes start on a [`SLOT_ALIGN`] boundary. Allocated once and
-/// reused for every read into it; safe code only (it over-allocates and starts at the first
-/// aligned byte).
+/// A heap buffer whose bytes start on a [`SLOT_ALIGN`] boundary: zeroed when new, or handed
+/// back by a [`BufferPool`] with the bytes of its last read (which the next read overwrites
+/// whole). Safe code only (it over-allocates and starts at the first aligned byte).
 #[derive(Debug)]
 pub struct AlignedBuf {
     raw: Vec<u8>,
     start: usize,
     len: usize,
+    /// Where the buffer goes back when dropped.
+    pool: Option<Arc<Mutex<FreeList>>>,
 }
 
 impl AlignedBuf {
@@ -36,7 +40,12 @@ impl AlignedBuf {
     pub fn new(len: usize) -> AlignedBuf {
         let raw = vec![0u8; len + SLOT_ALIGN];
         let start = (SLOT_ALIGN - raw.as_ptr() as usize % SLOT_ALIGN) % SLOT_ALIGN;
-        AlignedBuf { raw, start, len }
+        AlignedBuf {
+            raw,
+            start,
+            len,
+            pool: None,
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -58,6 +67,91 @@ impl AlignedBuf {
 
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         &mut self.raw[self.start..self.start + self.len]
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take()
+            && let Ok(mut free) = pool.lock()
+        {
+            free.keep(self.len, std::mem::take(&mut self.raw), self.start);
+        }
+    }
+}
+
+/// Buffers kept for the next read of the same length.
+#[derive(Debug, Default)]
+struct FreeList {
+    by_len: HashMap<usize, Vec<(Vec<u8>, usize)>>,
+    bytes: u64,
+    limit: u64,
+}
+
+impl FreeList {
+    fn keep(&mut self, len: usize, raw: Vec<u8>, start: usize) {
+        let size = raw.len() as u64;
+        if self.bytes + size <= self.limit {
+            self.bytes += size;
+            self.by_len.entry(len).or_default().push((raw, start));
+        }
+    }
+
+    fn take(&mut self, len: usize) -> Option<(Vec<u8>, usize)> {
+        let (raw, start) = self.by_len.get_mut(&len)?.pop()?;
+        self.bytes -= raw.len() as u64;
+        Some((raw, start))
+    }
+}
+
+/// Aligned buffers that go back to the pool when dropped and are handed out again for a read
+/// of the same length, up to `limit` bytes kept: a streamed run reads the same tile sizes over
+/// and over, and a fresh buffer per read costs zeroing it and, once the allocator has returned
+/// the memory to the system, a page fault per 4 KiB. The kept buffers are memory the run used
+/// for reads a moment ago, so the limit is what its plan set aside for reads in flight.
+#[derive(Debug, Clone, Default)]
+pub struct BufferPool(Arc<Mutex<FreeList>>);
+
+impl BufferPool {
+    /// A pool that keeps nothing until [`BufferPool::set_limit`].
+    pub fn new() -> BufferPool {
+        BufferPool::default()
+    }
+
+    /// Keeps at most `limit` bytes of free buffers (dropping what is over it now).
+    pub fn set_limit(&self, limit: u64) {
+        if let Ok(mut free) = self.0.lock() {
+            free.limit = limit;
+            while free.bytes > limit {
+                let Some(&len) = free.by_len.keys().next() else {
+                    break;
+                };
+                if free.take(len).is_none() {
+                    free.by_len.remove(&len);
+                }
+            }
+        }
+    }
+
+    /// Bytes of free buffers kept now.
+    pub fn kept_bytes(&self) -> u64 {
+        self.0.lock().map_or(0, |free| free.bytes)
+    }
+
+    /// A buffer of `len` usable bytes: a kept one of that length if there is one.
+    pub fn buffer(&self, len: usize) -> AlignedBuf {
+        let kept = self.0.lock().ok().and_then(|mut free| free.take(len));
+        let mut buf = match kept {
+            Some((raw, start)) => AlignedBuf {
+                raw,
+                start,
+                len,
+                pool: None,
+            },
+            None => AlignedBuf::new(len),
+        };
+        buf.pool = Some(Arc::clone(&self.0));
+        buf
     }
 }
 
@@ -199,6 +293,42 @@ mod tests {
             b.as_mut_slice().fill(7);
             assert!(b.as_slice().iter().all(|&x| x == 7));
         }
+    }
+
+    #[test]
+    fn a_pool_hands_back_a_dropped_buffer_of_the_same_length_within_its_limit() {
+        let pool = BufferPool::new();
+        drop(pool.buffer(40_000));
+        assert_eq!(
+            pool.kept_bytes(),
+            0,
+            "nothing is kept before a limit is set"
+        );
+
+        pool.set_limit(100_000);
+        let buf = pool.buffer(40_000);
+        let at = buf.as_slice().as_ptr();
+        drop(buf);
+        assert_eq!(pool.kept_bytes(), (40_000 + SLOT_ALIGN) as u64);
+        let again = pool.buffer(40_000);
+        assert_eq!(again.as_slice().as_ptr(), at, "the kept buffer is reused");
+        assert_eq!(again.as_slice().as_ptr() as usize % SLOT_ALIGN, 0);
+        assert_eq!(pool.kept_bytes(), 0);
+        let other = pool.buffer(20_000);
+        assert_eq!(
+            other.len(),
+            20_000,
+            "another length gets a buffer of its own"
+        );
+        drop((again, other));
+        assert_eq!(pool.kept_bytes(), (60_000 + 2 * SLOT_ALIGN) as u64);
+
+        // Over the limit, a dropped buffer is freed, not kept; a lower limit drops kept ones.
+        let big = pool.buffer(90_000);
+        drop(big);
+        assert_eq!(pool.kept_bytes(), (60_000 + 2 * SLOT_ALIGN) as u64);
+        pool.set_limit(50_000);
+        assert!(pool.kept_bytes() <= 50_000);
     }
 
     #[test]
