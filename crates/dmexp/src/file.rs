@@ -98,7 +98,7 @@ pub fn read(path: &Path) -> Result<Export, Error> {
 
 /// Opens `path` and reads up to the first 24 bytes (fewer if the file is shorter).
 fn open_prefix(path: &Path) -> Result<(File, u64, Vec<u8>), Error> {
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let file = regular_file::open(path).map_err(|e| Error::io(path, e))?;
     let file_len = file.metadata().map_err(|e| Error::io(path, e))?.len();
     let mut first = Vec::with_capacity(PREFIX_LEN);
     (&file)

@@ -101,3 +101,23 @@ fn a_training_checkpoint_is_refused_with_the_export_command_and_its_sidecar_unre
     );
     assert_eq!(info.status.code(), Some(1));
 }
+
+#[test]
+fn a_fifo_is_refused_at_once_not_waited_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(dir.path().join("pipe.dmexp"))
+        .status()
+        .unwrap();
+    assert!(made.success());
+    for message in refused_by_both(dir.path(), "pipe.dmexp") {
+        assert!(message.contains("a FIFO (named pipe)"), "{message}");
+    }
+    let out = run(dir.path(), "export", &["info", "pipe.dmexp"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("a FIFO (named pipe)"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -158,7 +158,7 @@ pub struct Checkpoint {
 impl Checkpoint {
     /// Opens `path` and validates the header and the section table (no section is read).
     pub fn open(path: &Path) -> Result<Checkpoint, CheckpointError> {
-        let file = File::open(path).map_err(|e| io(path, e))?;
+        let file = regular_file::open(path).map_err(|e| io(path, e))?;
         let file_len = file.metadata().map_err(|e| io(path, e))?.len();
         let mut head = Vec::with_capacity(TABLE_START as usize);
         (&file)

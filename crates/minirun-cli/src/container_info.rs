@@ -17,7 +17,7 @@ use crate::info::InfoArgs;
 use crate::shown;
 
 pub fn run(path: &Path, args: &InfoArgs) -> Result<ExitCode> {
-    let file = File::open(path).with_context(|| format!("cannot open {}", shown(path)))?;
+    let file = regular_file::open(path).with_context(|| format!("cannot open {}", shown(path)))?;
     let file_len = file.metadata()?.len();
     let mut header = vec![0u8; HEADER_BYTES.min(file_len) as usize];
     file.read_exact_at(&mut header, 0)?;

@@ -1,6 +1,5 @@
 //! `minirun info PATH`: dispatch on what PATH is.
 
-use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -62,7 +61,7 @@ pub fn run(args: &InfoArgs) -> Result<ExitCode> {
 }
 
 fn read_prefix(path: &Path, len: usize) -> Result<Vec<u8>> {
-    let file = File::open(path).with_context(|| format!("cannot open {}", shown(path)))?;
+    let file = regular_file::open(path).with_context(|| format!("cannot open {}", shown(path)))?;
     let mut first = Vec::with_capacity(len);
     file.take(len as u64)
         .read_to_end(&mut first)

@@ -232,3 +232,71 @@ fn other_files_are_named_with_what_reads_them() {
         stdout(&out)
     );
 }
+
+/// Runs minirun, failing the test if it has not exited within 30 s (a blocked open).
+fn minirun_within_30s(args: &[&str]) -> Output {
+    use std::time::{Duration, Instant};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_minirun"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run minirun");
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("minirun {args:?} blocked");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn mkfifo(path: &Path) {
+    let made = Command::new("mkfifo").arg(path).status().unwrap();
+    assert!(made.success());
+}
+
+#[test]
+fn a_fifo_is_refused_at_once_by_info_verify_and_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("pipe");
+    mkfifo(&fifo);
+    let out = minirun_within_30s(&["info", fifo.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("FIFO"), "{}", stderr(&out));
+
+    let source = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../minirun-runtime/tests/data/deepseek-v3/mlx-affine4-g64");
+    let artifact = dir.path().join("artifact");
+    let (src, art) = (source.to_str().unwrap(), artifact.to_str().unwrap());
+    assert!(
+        minirun_within_30s(&["pack", "--source", src, "--out", art])
+            .status
+            .success()
+    );
+    let blob = artifact.join("layer01/layer01-plain.blob");
+    fs::remove_file(&blob).unwrap();
+    mkfifo(&blob);
+    for args in [
+        vec!["verify", art],
+        vec![
+            "run",
+            art,
+            "--unverified",
+            "--prompt",
+            "hi",
+            "--max-tokens",
+            "2",
+        ],
+    ] {
+        let out = minirun_within_30s(&args);
+        assert!(!out.status.success(), "{args:?} accepted a FIFO");
+        assert!(
+            stderr(&out).contains("layer01-plain.blob"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+}

@@ -267,7 +267,7 @@ fn resume_partial(partial: &Path, file: &RepoFile) -> Result<(StreamHasher, u64)
 }
 
 fn hash_file(path: &Path, hasher: &mut StreamHasher) -> Result<u64, HubError> {
-    let mut f = File::open(path).map_err(io(path))?;
+    let mut f = regular_file::open(path).map_err(io(path))?;
     let mut buf = vec![0u8; CHUNK];
     let mut total = 0;
     loop {

@@ -233,7 +233,7 @@ impl Ctx<'_> {
 
     fn open(&self) -> Result<(File, u64), CheckError> {
         let path = self.dir.join(self.file);
-        let file = File::open(&path).map_err(|e| PackError::io(&path, e))?;
+        let file = regular_file::open(&path).map_err(|e| PackError::io(&path, e))?;
         let len = file.metadata().map_err(|e| PackError::io(&path, e))?.len();
         Ok((file, len))
     }
@@ -252,7 +252,7 @@ impl Ctx<'_> {
                 "the manifest's source tensor (dtype, shape, shard, offset) is not in this checkpoint".to_string()));
         }
         let path = self.ckpt.dir.join(&r.shard);
-        Ok(File::open(&path).map_err(|e| PackError::io(&path, e))?)
+        Ok(regular_file::open(&path).map_err(|e| PackError::io(&path, e))?)
     }
 
     fn container(&self, entry: &FileEntry) -> Result<u64, CheckError> {

@@ -454,7 +454,7 @@ fn write_blob(
 }
 
 fn copy_verbatim(from: &Path, to: &Path) -> Result<(), PackError> {
-    let mut src = File::open(from).map_err(|e| PackError::io(from, e))?;
+    let mut src = regular_file::open(from).map_err(|e| PackError::io(from, e))?;
     write_atomic(to, |mut file| io::copy(&mut src, &mut file).map(|_| ()))
 }
 

@@ -3,7 +3,6 @@
 //! contiguous from 0, sizes = shape x dtype, data ending exactly at the end of the file);
 //! tensor bytes are then read by range.
 
-use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -42,7 +41,7 @@ impl Shard {
             path: path.to_path_buf(),
             reason,
         };
-        let mut file = File::open(path).map_err(|e| PackError::io(path, e))?;
+        let mut file = regular_file::open(path).map_err(|e| PackError::io(path, e))?;
         let file_len = file.metadata().map_err(|e| PackError::io(path, e))?.len();
         let mut len_bytes = [0u8; 8];
         file.read_exact(&mut len_bytes).map_err(|_| {
@@ -145,7 +144,7 @@ pub fn read_slice_into(
             reason: format!("read past the end of tensor {:?}", source.name),
         });
     }
-    let file = File::open(&path).map_err(|e| PackError::io(&path, e))?;
+    let file = regular_file::open(&path).map_err(|e| PackError::io(&path, e))?;
     buf.resize(len as usize, 0);
     file.read_exact_at(buf, source.start + offset)
         .map_err(|e| PackError::io(&path, e))

@@ -153,7 +153,7 @@ pub fn load(
     shape: &MemoryShape,
     expected: SidecarStamp,
 ) -> Result<HostMemory, SidecarError> {
-    let mut file = File::open(path).map_err(io_error(path))?;
+    let mut file = regular_file::open(path).map_err(io_error(path))?;
     let header = read_header(&mut file, path)?;
     check_shape(&header, shape, path)?;
     if header.step != expected.step {
@@ -251,7 +251,7 @@ pub fn parse_header(h: &[u8], path: &Path) -> Result<SidecarHeader, SidecarError
 
 /// Reads only the header of the sidecar at `path`.
 pub fn peek(path: &Path) -> Result<SidecarHeader, SidecarError> {
-    let mut file = File::open(path).map_err(io_error(path))?;
+    let mut file = regular_file::open(path).map_err(io_error(path))?;
     read_header(&mut file, path)
 }
 
