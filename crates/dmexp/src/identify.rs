@@ -1,6 +1,7 @@
 //! Recognising what a file is from its first bytes, so that a refusal can name the
 //! file and the command that handles it instead of saying only "bad magic".
 
+use std::borrow::Cow;
 use std::fmt;
 use std::path::Path;
 
@@ -118,7 +119,10 @@ impl FileKind {
     /// One sentence for a person: what the file is and what to run instead. `path`,
     /// when known, is used to spell out the exact command.
     pub fn advice(&self, path: Option<&Path>) -> String {
-        let shown = path.map_or_else(|| "the file".to_string(), |p| p.display().to_string());
+        let shown = path.map_or_else(
+            || "the file".to_string(),
+            |p| printable(&p.display().to_string()).into_owned(),
+        );
         match self {
             FileKind::Export { version } => format!(
                 "{shown} is a .dmexp export (format version {version}); read it with `dormouse export info {shown}`"
@@ -186,6 +190,35 @@ pub fn export_command(path: Option<&Path>) -> String {
     format!("dormouse export run --ckpt-dir {dir} --ckpt-name {name} --dtype bf16")
 }
 
+/// `text` with every control character (C0, DEL, C1: the escape sequences a terminal obeys,
+/// carriage returns, newlines) written as its Rust escape (`\u{1b}`, `\n`), for printing a
+/// name or a path that came from a file or a server: it cannot move the cursor, recolour the
+/// terminal or forge a line.
+pub fn printable(text: &str) -> Cow<'_, str> {
+    escape_controls(text, false)
+}
+
+/// [`printable`] for text of several lines: newlines are kept, every other control character
+/// is escaped.
+pub fn printable_lines(text: &str) -> Cow<'_, str> {
+    escape_controls(text, true)
+}
+
+fn escape_controls(text: &str, keep_newlines: bool) -> Cow<'_, str> {
+    let escaped = |c: char| c.is_control() && !(keep_newlines && c == '\n');
+    if !text.chars().any(escaped) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match escaped(c) {
+            true => out.extend(c.escape_default()),
+            false => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
+
 /// Bytes shown as a quoted string with non-printable bytes escaped.
 struct ShownBytes<'a>(&'a [u8]);
 
@@ -249,5 +282,16 @@ mod tests {
         let kind = identify(b"\x00\x01hello!!");
         let advice = kind.advice(None);
         assert!(advice.contains(r#""\x00\x01hello!""#), "{advice}");
+    }
+
+    #[test]
+    fn control_characters_in_names_are_escaped_for_the_terminal() {
+        assert_eq!(printable("blk.0.weight"), "blk.0.weight");
+        assert_eq!(
+            printable("a\u{1b}[2Jb\nc\rd\u{9b}e"),
+            "a\\u{1b}[2Jb\\nc\\rd\\u{9b}e"
+        );
+        assert_eq!(printable_lines("one\ntwo\u{7}"), "one\ntwo\\u{7}");
+        assert!(matches!(printable("plain"), Cow::Borrowed(_)));
     }
 }

@@ -1,6 +1,7 @@
 //! `export info`: everything the header says, for a person or a script, with the payload
 //! checksum verified and no tensor materialised.
 
+use crate::identify::printable;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -104,16 +105,22 @@ impl Info {
         writeln!(
             s,
             "file        {} ({} bytes)",
-            self.path,
+            printable(&self.path),
             grouped(self.file_bytes)
         )?;
-        writeln!(s, "format      {} v{}", self.magic, self.format_version)?;
+        writeln!(
+            s,
+            "format      {} v{}",
+            printable(&self.magic),
+            self.format_version
+        )?;
         writeln!(
             s,
             "dtype       {} ({} bytes per value; loads as f32)",
-            self.dtype, self.bytes_per_value
+            printable(&self.dtype),
+            self.bytes_per_value
         )?;
-        writeln!(s, "source      {}", self.source)?;
+        writeln!(s, "source      {}", printable(&self.source))?;
         writeln!(s, "step        {}", self.step)?;
         writeln!(
             s,
@@ -146,14 +153,14 @@ impl Info {
         )?;
         writeln!(s, "config")?;
         for line in toml::to_string(&self.config).unwrap_or_default().lines() {
-            writeln!(s, "  {line}")?;
+            writeln!(s, "  {}", printable(line))?;
         }
         writeln!(s, "tensors     (name, dims, payload offset, bytes)")?;
         for t in &self.tensors {
             writeln!(
                 s,
                 "  {:<40} {:<16} {:>12} {:>12}",
-                t.name,
+                printable(&t.name),
                 format!("{:?}", t.dims),
                 t.payload_offset,
                 t.bytes

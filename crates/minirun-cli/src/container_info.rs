@@ -1,5 +1,6 @@
 //! `minirun info CONTAINER [--verify-tiles]`: the header, and optionally every tile checked.
 
+use dmexp::identify::printable_lines;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -33,9 +34,9 @@ pub fn run(path: &Path, args: &InfoArgs) -> Result<ExitCode> {
                           "container": container, "verification": report });
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
-        print!("{}", describe(path, file_len, &container));
+        print!("{}", printable_lines(&describe(path, file_len, &container)));
         if let Some(r) = &report {
-            print!("{}", r.describe());
+            print!("{}", printable_lines(&r.describe()));
         }
     }
     Ok(match report {

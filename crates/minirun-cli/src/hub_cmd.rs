@@ -1,5 +1,6 @@
 //! `minirun catalog` and `minirun download`: the Hugging Face side.
 
+use dmexp::identify::printable;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -59,7 +60,12 @@ pub fn catalog(args: &CatalogArgs) -> Result<ExitCode> {
         println!("{} has no repositories named <name>-minirun", args.author);
     }
     for e in &entries {
-        println!("{:<40} {}  {}", e.name, e.sha, e.repo);
+        println!(
+            "{:<40} {}  {}",
+            printable(&e.name),
+            printable(&e.sha),
+            printable(&e.repo)
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -1,5 +1,6 @@
 //! `minirun info PATH`: dispatch on what PATH is.
 
+use dmexp::identify::printable_lines;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -88,7 +89,7 @@ fn index_info(path: &Path, as_json: bool) -> Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         println!("index       {} ({len} bytes)", shown(path));
-        println!("{}", index.describe());
+        println!("{}", printable_lines(&index.describe()));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -105,7 +106,7 @@ fn other_file(path: &Path, first: &[u8], as_json: bool) -> Result<ExitCode> {
         let doc = json!({ "kind": kind.label(), "path": shown(path), "recognised": recognised, "description": advice });
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
-        println!("{advice}");
+        println!("{}", printable_lines(&advice));
         println!("(not a minirun tile container or artifact index)");
     }
     Ok(if recognised {

@@ -168,5 +168,5 @@ fn main() -> ExitCode {
 
 /// A path argument, for messages.
 pub(crate) fn shown(path: &std::path::Path) -> String {
-    path.display().to_string()
+    dmexp::identify::printable(&path.display().to_string()).into_owned()
 }

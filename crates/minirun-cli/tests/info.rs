@@ -300,3 +300,22 @@ fn a_fifo_is_refused_at_once_by_info_verify_and_run() {
         );
     }
 }
+
+#[test]
+fn control_characters_in_a_name_reach_the_terminal_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let name = "evil\u{1b}]0;owned\u{7}\u{1b}[2J.bin";
+    fs::write(dir.path().join(name), b"not a container at all").unwrap();
+    let out = minirun(&["info", name], dir.path());
+    let printed = [out.stdout.as_slice(), out.stderr.as_slice()].concat();
+    assert!(
+        !printed.contains(&0x1b),
+        "{}",
+        String::from_utf8_lossy(&printed)
+    );
+    assert!(
+        String::from_utf8_lossy(&printed).contains("evil\\u{1b}]0;owned\\u{7}"),
+        "{}",
+        String::from_utf8_lossy(&printed)
+    );
+}
