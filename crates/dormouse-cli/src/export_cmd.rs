@@ -37,7 +37,8 @@ enum Command {
         /// Storage type of the weights: f32 (exact), f16 or bf16 (half the size; loaded as f32).
         #[arg(long, default_value = "bf16", value_parser = parse_dtype)]
         dtype: Dtype,
-        /// Output file. Default <ckpt-dir>/<ckpt-name>.<dtype>.dmexp.
+        /// Output file. Default <ckpt-dir>/<ckpt-name>.<dtype>.dmexp. Refused when it is one of
+        /// the run's own files (by any name) or exists as anything but a regular file.
         #[arg(long)]
         out: Option<PathBuf>,
         /// Only when <ckpt-name>.config.toml is absent: the preset whose shape to assume

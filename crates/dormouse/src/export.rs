@@ -104,6 +104,20 @@ pub enum ExportError {
     Mismatch { config: String, mismatch: String },
     #[error("building the model for the config failed: {0}")]
     Model(#[from] candle_core::Error),
+    #[error(
+        "--out {} is the run's own {} ({}): the export would replace the run it is made from. Give another --out (default <ckpt-dir>/<ckpt-name>.<dtype>.dmexp)",
+        out.display(), what, file.display()
+    )]
+    OutIsTheRun {
+        out: PathBuf,
+        what: &'static str,
+        file: PathBuf,
+    },
+    #[error(
+        "--out {} is {kind}, not a regular file: an export replaces only a regular file or writes a new one. Give another --out",
+        out.display()
+    )]
+    OutNotRegular { out: PathBuf, kind: &'static str },
 }
 
 fn resolve_config(req: &ExportRequest) -> Result<(DormouseConfig, ConfigSource), ExportError> {
@@ -138,7 +152,38 @@ struct TrainerStep {
 }
 
 /// Exports the run `req` names. Nothing is created on any failure.
+/// Refuses an `--out` that is one of the run's own files (through any name: a hard or
+/// symbolic link too) or anything but a regular file, before a byte is read.
+fn check_out(req: &ExportRequest) -> Result<(), ExportError> {
+    use std::os::unix::fs::MetadataExt;
+    let out = req.out_path();
+    let Ok(meta) = std::fs::symlink_metadata(&out) else {
+        return Ok(());
+    };
+    if !meta.file_type().is_file() {
+        return Err(ExportError::OutNotRegular {
+            kind: regular_file::describe(meta.file_type()),
+            out,
+        });
+    }
+    let bin = req.checkpoint_path();
+    let run_files = [
+        ("checkpoint", bin.clone()),
+        ("config snapshot", req.snapshot_path()),
+        ("Engram sidecar", crate::engram::sidecar::sidecar_path(&bin)),
+    ];
+    for (what, file) in run_files {
+        if let Ok(theirs) = std::fs::metadata(&file)
+            && (theirs.dev(), theirs.ino()) == (meta.dev(), meta.ino())
+        {
+            return Err(ExportError::OutIsTheRun { out, what, file });
+        }
+    }
+    Ok(())
+}
+
 pub fn export_run(req: &ExportRequest) -> Result<Exported, ExportError> {
+    check_out(req)?;
     let bin = req.checkpoint_path();
     let ckpt = Checkpoint::open(&bin)?;
     let (config, config_source) = resolve_config(req)?;

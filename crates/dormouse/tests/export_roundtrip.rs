@@ -352,3 +352,60 @@ fn the_config_comes_from_the_snapshot_and_a_preset_only_as_a_declared_guess() {
     let err = export_run(&wrong_guess).unwrap_err();
     assert!(matches!(err, ExportError::Mismatch { .. }), "{err}");
 }
+
+#[test]
+fn an_out_that_is_the_run_itself_or_not_a_regular_file_is_refused_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    trained_run(dir.path(), &DormouseConfig::preset("nano").unwrap(), 2);
+    let bin = dir.path().join("latest.bin");
+    let snapshot = dir.path().join("latest.config.toml");
+    let linked = dir.path().join("another-name.dmexp");
+    std::fs::hard_link(&bin, &linked).unwrap();
+    let before = std::fs::read(&bin).unwrap();
+    for (out, what) in [
+        (bin.clone(), "checkpoint"),
+        (snapshot.clone(), "config snapshot"),
+        (linked, "checkpoint"),
+    ] {
+        let req = ExportRequest {
+            out: Some(out.clone()),
+            ..request(dir.path(), Dtype::Bf16)
+        };
+        let err = export_run(&req).unwrap_err().to_string();
+        assert!(err.contains(&format!("the run's own {what}")), "{err}");
+    }
+    assert_eq!(std::fs::read(&bin).unwrap(), before, "the run is untouched");
+    assert!(
+        std::fs::read_to_string(&snapshot)
+            .unwrap()
+            .contains("d_model")
+    );
+
+    let fifo = dir.path().join("pipe");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    for (out, kind) in [
+        (fifo.clone(), "a FIFO"),
+        (dir.path().join("."), "a directory"),
+    ] {
+        let req = ExportRequest {
+            out: Some(out),
+            ..request(dir.path(), Dtype::Bf16)
+        };
+        let err = export_run(&req).unwrap_err().to_string();
+        assert!(
+            err.contains(kind) && err.contains("not a regular file"),
+            "{err}"
+        );
+    }
+    use std::os::unix::fs::FileTypeExt;
+    assert!(
+        std::fs::symlink_metadata(&fifo)
+            .unwrap()
+            .file_type()
+            .is_fifo()
+    );
+}
