@@ -105,8 +105,12 @@ pub enum Error {
     )]
     InvalidDims { name: String, dims: Vec<u64> },
 
-    /// The product of a tensor's dims (times the value size) overflows a u64.
-    #[error("tensor {name:?} has dims {dims:?} whose product overflows: the header is damaged")]
+    /// The product of a tensor's dims (times the value size) overflows a u64, or adding the
+    /// tensor to the running value count or byte offset does (the tensor's own dims may then be
+    /// fine: the message says both).
+    #[error(
+        "tensor {name:?} (dims {dims:?}): its size, or the running total of values or bytes up to and including it, overflows a u64: the header is damaged"
+    )]
     DimsOverflow { name: String, dims: Vec<u64> },
 
     /// A tensor entry records overflowed values; an encoder never writes such a file.

@@ -60,6 +60,11 @@ impl Shard {
             .map_err(|e| PackError::io(path, e))?;
         let text =
             std::str::from_utf8(&header).map_err(|e| bad(format!("header is not UTF-8: {e}")))?;
+        if let Some(name) = repeated_key(text) {
+            return Err(bad(format!(
+                "the header names tensor {name:?} twice; a reader keeps one of the two at random, so the file has no single meaning"
+            )));
+        }
         let metadata: Metadata = serde_json::from_str(text)
             .map_err(|e| bad(format!("header is not a safetensors header: {e}")))?;
         let file_name = path
@@ -74,6 +79,38 @@ impl Shard {
             tensors,
         })
     }
+}
+
+/// The first top-level key the header's JSON object repeats, if any: a JSON map keeps the last
+/// of two equal keys, which would silently drop a tensor's first entry.
+fn repeated_key(header: &str) -> Option<String> {
+    struct Keys(Option<String>);
+    impl<'de> serde::Deserialize<'de> for Keys {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct Visit;
+            impl<'de> serde::de::Visitor<'de> for Visit {
+                type Value = Keys;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("a JSON object")
+                }
+                fn visit_map<A: serde::de::MapAccess<'de>>(
+                    self,
+                    mut map: A,
+                ) -> Result<Keys, A::Error> {
+                    let mut seen = std::collections::HashSet::new();
+                    while let Some(key) = map.next_key::<String>()? {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                        if !seen.insert(key.clone()) {
+                            return Ok(Keys(Some(key)));
+                        }
+                    }
+                    Ok(Keys(None))
+                }
+            }
+            d.deserialize_map(Visit)
+        }
+    }
+    serde_json::from_str::<Keys>(header).ok()?.0
 }
 
 /// The checks `SafeTensors::deserialize` makes, applied to a header read on its own.
@@ -148,4 +185,30 @@ pub fn read_slice_into(
     buf.resize(len as usize, 0);
     file.read_exact_at(buf, source.start + offset)
         .map_err(|e| PackError::io(&path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shard_with_header(dir: &Path, header: &str, data: usize) -> PathBuf {
+        let path = dir.join("model.safetensors");
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        bytes.resize(bytes.len() + data, 0);
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    #[test]
+    fn a_tensor_named_twice_in_the_header_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let one = r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#;
+        assert!(Shard::open(&shard_with_header(dir.path(), one, 4)).is_ok());
+        let twice = r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#;
+        let err = Shard::open(&shard_with_header(dir.path(), twice, 8))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("names tensor \"a\" twice"), "{err}");
+    }
 }
