@@ -63,16 +63,29 @@ impl Checkpoint {
     }
 }
 
-/// Shards (`*.safetensors`) and other regular root files, each sorted by name.
+/// Shards (`*.safetensors`) and other regular root files, each sorted by name. A root file
+/// that is a symbolic link must lead inside the checkpoint folder, or, for a Hugging Face cache
+/// snapshot (`<repo>/snapshots/<revision>`, which is all links), inside that repository's
+/// cache folder: a link out of the source would copy any file of this machine into an artifact
+/// that may be published.
 fn list_root(dir: &Path) -> Result<(Vec<String>, Vec<String>), PackError> {
     let mut shards = Vec::new();
     let mut others = Vec::new();
+    let allowed = link_roots(dir)?;
     for entry in std::fs::read_dir(dir).map_err(|e| PackError::io(dir, e))? {
         let entry = entry.map_err(|e| PackError::io(dir, e))?;
-        // metadata() follows symbolic links: a Hugging Face cache snapshot is all links.
-        let kind = std::fs::metadata(entry.path()).map_err(|e| PackError::io(entry.path(), e))?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        if !kind.is_file() || name.starts_with('.') {
+        if name.starts_with('.') {
+            continue;
+        }
+        let path = entry.path();
+        let own = std::fs::symlink_metadata(&path).map_err(|e| PackError::io(&path, e))?;
+        if own.file_type().is_symlink() {
+            check_link(&path, &allowed)?;
+        }
+        // metadata() follows the (checked) link.
+        let kind = std::fs::metadata(&path).map_err(|e| PackError::io(&path, e))?;
+        if !kind.is_file() {
             continue;
         }
         if name.ends_with(".safetensors") {
@@ -84,6 +97,34 @@ fn list_root(dir: &Path) -> Result<(Vec<String>, Vec<String>), PackError> {
     shards.sort();
     others.sort();
     Ok((shards, others))
+}
+
+/// Where a root link may lead: the checkpoint folder, and for a Hugging Face cache snapshot,
+/// its repository's cache folder (whose `blobs/` the snapshot's links point into).
+fn link_roots(dir: &Path) -> Result<Vec<PathBuf>, PackError> {
+    let own = std::fs::canonicalize(dir).map_err(|e| PackError::io(dir, e))?;
+    let mut roots = vec![own.clone()];
+    if let Some(snapshots) = own.parent()
+        && snapshots.file_name().is_some_and(|n| n == "snapshots")
+        && let Some(repo) = snapshots.parent()
+    {
+        roots.push(repo.to_path_buf());
+    }
+    Ok(roots)
+}
+
+fn check_link(path: &Path, allowed: &[PathBuf]) -> Result<(), PackError> {
+    let target = std::fs::canonicalize(path).map_err(|e| PackError::io(path, e))?;
+    if allowed.iter().any(|root| target.starts_with(root)) {
+        return Ok(());
+    }
+    Err(PackError::Refused {
+        what: path.display().to_string(),
+        reason: format!(
+            "is a symbolic link to {}, outside the checkpoint folder: packing it would copy a file from elsewhere on this machine into the artifact. Copy the file into the folder, or remove the link",
+            target.display()
+        ),
+    })
 }
 
 /// When a shard index exists, every tensor it maps must be in the shard it names, and
@@ -117,4 +158,42 @@ fn check_shard_index(
         return Err(refuse(format!("does not map tensor {unmapped:?}")));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    #[test]
+    fn root_links_must_stay_in_the_checkpoint_or_its_hugging_face_cache() {
+        let tmp = tempfile::tempdir().unwrap();
+        let secret = tmp.path().join("secret.txt");
+        std::fs::write(&secret, "private").unwrap();
+        let dir = tmp.path().join("checkpoint");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("README.md"), "model card").unwrap();
+        symlink(dir.join("README.md"), dir.join("card.md")).unwrap();
+        let (_, others) = list_root(&dir).unwrap();
+        assert_eq!(others, ["README.md", "card.md"]);
+
+        symlink(&secret, dir.join("notes.txt")).unwrap();
+        let err = list_root(&dir).unwrap_err().to_string();
+        assert!(
+            err.contains("notes.txt") && err.contains("outside the checkpoint folder"),
+            "{err}"
+        );
+
+        // A Hugging Face cache snapshot: links into the repository's blobs/ are the layout.
+        let repo = tmp.path().join("models--org--name");
+        let snapshot = repo.join("snapshots/0123abc");
+        std::fs::create_dir_all(&snapshot).unwrap();
+        std::fs::create_dir_all(repo.join("blobs")).unwrap();
+        std::fs::write(repo.join("blobs/f00d"), "{}").unwrap();
+        symlink("../../blobs/f00d", snapshot.join("config.json")).unwrap();
+        let (_, others) = list_root(&snapshot).unwrap();
+        assert_eq!(others, ["config.json"]);
+        symlink(&secret, snapshot.join("notes.txt")).unwrap();
+        assert!(list_root(&snapshot).is_err());
+    }
 }

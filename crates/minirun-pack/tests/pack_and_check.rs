@@ -431,13 +431,37 @@ fn walk(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
 
 #[test]
 fn a_checkpoint_of_symbolic_links_is_followed() {
-    // A Hugging Face cache snapshot holds links into its blob store.
-    let linked = tempfile::tempdir().unwrap();
-    for e in fs::read_dir(fixture("mlx-affine4")).unwrap().flatten() {
-        std::os::unix::fs::symlink(e.path(), linked.path().join(e.file_name())).unwrap();
+    // A Hugging Face cache snapshot holds links into its repository's blob store:
+    // models--org--name/snapshots/<revision>/<file> -> ../../blobs/<hash>.
+    let cache = tempfile::tempdir().unwrap();
+    let repo = cache.path().join("models--org--name");
+    let snapshot = repo.join("snapshots/0123abc");
+    fs::create_dir_all(&snapshot).unwrap();
+    fs::create_dir_all(repo.join("blobs")).unwrap();
+    for (i, e) in fs::read_dir(fixture("mlx-affine4"))
+        .unwrap()
+        .flatten()
+        .enumerate()
+    {
+        let blob = format!("blob{i}");
+        fs::copy(e.path(), repo.join("blobs").join(&blob)).unwrap();
+        std::os::unix::fs::symlink(format!("../../blobs/{blob}"), snapshot.join(e.file_name()))
+            .unwrap();
     }
     let out = tempfile::tempdir().unwrap();
-    let summary = pack_into(linked.path(), out.path());
+    let summary = pack_into(&snapshot, out.path());
     assert!(summary.tile_containers > 0);
     check(out.path(), &fixture("mlx-affine4"), &|_| {}).unwrap();
+
+    // A link that leaves the cache is refused: it would copy a file from elsewhere.
+    std::os::unix::fs::symlink(
+        fixture("mlx-affine4").join("config.json"),
+        snapshot.join("notes.txt"),
+    )
+    .unwrap();
+    let refused = tempfile::tempdir().unwrap();
+    let err = minirun_pack::pack(&snapshot, refused.path(), &PackOptions::default(), &|_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("outside the checkpoint folder"), "{err}");
 }
