@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 use axum::body::Bytes;
@@ -27,6 +27,7 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::completions::{ApiError, Finish, Job, MAX_BODY_BYTES, TextStream, parse_request};
+use crate::http_serve::{self, Limits};
 
 #[derive(clap::Args)]
 #[command(
@@ -52,6 +53,24 @@ pub struct Args {
     /// Completions generated at once; more wait their turn.
     #[arg(long, default_value_t = 64)]
     max_concurrent: usize,
+    /// Seconds a client has to send its request line and headers; a connection still sending
+    /// them after that is closed (a client holding connections open half-sent is cut off).
+    #[arg(long, default_value_t = 10.0, value_parser = positive_seconds)]
+    header_timeout: f64,
+    /// Seconds a client has to send its request body; after that the request gets 408.
+    #[arg(long, default_value_t = 30.0, value_parser = positive_seconds)]
+    body_timeout: f64,
+    /// Seconds requests in flight may take to finish after SIGTERM or Ctrl-C; then the server
+    /// exits anyway (status 0; it says how many connections it cut off).
+    #[arg(long, default_value_t = 30.0, value_parser = positive_seconds)]
+    shutdown_grace: f64,
+}
+
+fn positive_seconds(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(s) if s > 0.0 && s.is_finite() && s <= 86_400.0 => Ok(s),
+        _ => Err(format!("{text:?} is not a number of seconds in (0, 86400]")),
+    }
 }
 
 struct AppState {
@@ -113,11 +132,20 @@ async fn run(args: Args) -> Result<()> {
         served.header.num_params,
         served.header.dtype.name()
     );
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .context("the server failed")?;
-    eprintln!("serve: stopped");
+    let limits = Limits {
+        header_timeout: Duration::from_secs_f64(args.header_timeout),
+        body_timeout: Duration::from_secs_f64(args.body_timeout),
+        grace: Duration::from_secs_f64(args.shutdown_grace),
+        max_body: MAX_BODY_BYTES,
+    };
+    let cut_off = http_serve::serve(listener, app, limits, shutdown_signal()).await?;
+    match cut_off {
+        0 => eprintln!("serve: stopped"),
+        n => eprintln!(
+            "serve: stopped after the {} s grace; {n} connection(s) still open were cut off",
+            args.shutdown_grace
+        ),
+    }
     Ok(())
 }
 

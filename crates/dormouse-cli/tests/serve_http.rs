@@ -215,3 +215,111 @@ fn serve_answers_like_generate_streams_refuses_bad_requests_and_shuts_down_grace
     let log: Vec<String> = server.log.try_iter().collect();
     assert!(log.iter().any(|l| l.contains("stopped")), "{log:?}");
 }
+
+/// Seconds until the server closes `stream` (reads return 0), or `None` within `limit`.
+fn closed_within(stream: &mut std::net::TcpStream, limit: Duration) -> Option<f64> {
+    use std::io::Read;
+    let started = Instant::now();
+    stream.set_read_timeout(Some(limit)).unwrap();
+    let mut buf = [0u8; 4096];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return Some(started.elapsed().as_secs_f64()),
+            Ok(_) => continue,
+            Err(_) => return None,
+        }
+    }
+}
+
+#[test]
+fn half_sent_requests_are_cut_off_and_a_shutdown_waits_for_them_only_so_long() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let export = trained_export(dir.path(), 2, &[]);
+    let limits = [
+        "--header-timeout",
+        "1",
+        "--body-timeout",
+        "1",
+        "--shutdown-grace",
+        "2",
+    ];
+    let mut server = Server::start(dir.path(), &export, &limits);
+    let address = server.base.trim_start_matches("http://").to_string();
+
+    // Headers that never end: the connection is closed after the header timeout.
+    let mut slow = std::net::TcpStream::connect(&address).unwrap();
+    slow.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let closed = closed_within(&mut slow, Duration::from_secs(10));
+    assert!(closed.is_some_and(|s| s < 5.0), "closed after {closed:?} s");
+
+    // A body that never arrives: 408 after the body timeout.
+    let mut trickle = std::net::TcpStream::connect(&address).unwrap();
+    trickle
+        .write_all(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"prompt\"",
+        )
+        .unwrap();
+    trickle
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut answer = vec![0u8; 512];
+    let n = trickle.read(&mut answer).unwrap();
+    let answer = String::from_utf8_lossy(&answer[..n]).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+
+    // /health still answers beside a held connection.
+    let _held = {
+        let mut held = std::net::TcpStream::connect(&address).unwrap();
+        held.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+            .unwrap();
+        held
+    };
+    let health: Value = http_get(&server.url("/health"));
+    assert_eq!(health["status"], "ok");
+
+    // SIGTERM with a client holding a half-sent request: the server exits within its grace.
+    let mut partial = std::net::TcpStream::connect(&address).unwrap();
+    partial
+        .write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-length: 50\r\n\r\n{")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let pid = server.child.id().to_string();
+    let stopped = Instant::now();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            stopped.elapsed() < Duration::from_secs(15),
+            "serve did not exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+    assert!(stopped.elapsed() < Duration::from_secs(8));
+}
+
+fn http_get(url: &str) -> Value {
+    let address = url.trim_start_matches("http://");
+    let (host, path) = address.split_once('/').unwrap();
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(host).unwrap();
+    write!(
+        stream,
+        "GET /{path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or_default();
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {text}"))
+}

@@ -1,0 +1,113 @@
+//! Serving a router over HTTP/1.1 with the limits a server facing untrusted clients needs:
+//! a client has `header_timeout` to send its request line and headers and `body_timeout` to
+//! send its body (a client trickling bytes, or sending half a request and waiting, is cut off
+//! instead of holding a connection and a file descriptor forever), and a shutdown lets requests
+//! in flight finish for at most `grace` before the process exits anyway.
+
+use std::future::Future;
+use std::time::Duration;
+
+use anyhow::Result;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use serde_json::json;
+use tokio::net::TcpListener;
+
+/// How long clients may take, and how long a shutdown waits.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub header_timeout: Duration,
+    pub body_timeout: Duration,
+    pub grace: Duration,
+    /// Bytes a request body may have.
+    pub max_body: usize,
+}
+
+/// Serves `app` on `listener` until `shutdown` completes, then waits for the connections in
+/// flight for at most `limits.grace`. Returns how many connections were still open when the
+/// grace ran out (0 after a clean shutdown).
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: Limits,
+    shutdown: impl Future<Output = ()>,
+) -> Result<usize> {
+    let app = app.layer(axum::middleware::from_fn(move |req, next| {
+        read_body_within(req, next, limits)
+    }));
+    let graceful = GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    // Out of file descriptors, a connection reset before accept: the listener
+                    // is fine, so keep serving (after a pause, so as not to spin).
+                    Err(_) => {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let mut http = hyper::server::conn::http1::Builder::new();
+                http.timer(TokioTimer::new())
+                    .header_read_timeout(limits.header_timeout);
+                let service = TowerToHyperService::new(app.clone());
+                let connection = http.serve_connection(TokioIo::new(stream), service);
+                let watched = graceful.watch(connection);
+                tokio::spawn(async move {
+                    // A client that timed out or went away ends only its own connection.
+                    let _ = watched.await;
+                });
+            }
+            () = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    let open = graceful.count();
+    Ok(
+        match tokio::time::timeout(limits.grace, graceful.shutdown()).await {
+            Ok(()) => 0,
+            Err(_) => open,
+        },
+    )
+}
+
+/// Reads the whole request body within `body_timeout` (and `max_body`) before the handler
+/// runs, so that a handler never waits on a client that stopped sending.
+async fn read_body_within(req: Request, next: Next, limits: Limits) -> Response {
+    let (parts, body) = req.into_parts();
+    let read = axum::body::to_bytes(body, limits.max_body);
+    match tokio::time::timeout(limits.body_timeout, read).await {
+        Ok(Ok(bytes)) => {
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
+        Ok(Err(_)) => error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the request body is over {} bytes, or could not be read",
+                limits.max_body
+            ),
+        ),
+        Err(_) => error(
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "the request body did not arrive within {} s",
+                limits.body_timeout.as_secs_f64()
+            ),
+        ),
+    }
+}
+
+fn error(status: StatusCode, message: String) -> Response {
+    let body = json!({"error": {"message": message, "type": "invalid_request_error"}});
+    (status, axum::Json(body)).into_response()
+}
