@@ -133,6 +133,54 @@ pub fn sync_dir(dir: &Path) -> Result<(), AtomicWriteError> {
         .map_err(AtomicWriteError::at(dir))
 }
 
+/// Creates the folders `relative` names beneath `root` (each one that is missing), refusing to
+/// go through a component that exists as a symbolic link or as anything but a folder: a link
+/// planted inside an output folder would otherwise send the writes that follow somewhere else.
+/// `root` itself is the caller's choice and may be a link.
+pub fn create_dirs_beneath(root: &Path, relative: &Path) -> std::io::Result<()> {
+    let mut at = root.to_path_buf();
+    for part in relative.components() {
+        let std::path::Component::Normal(name) = part else {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{} is not a plain relative folder", relative.display()),
+            ));
+        };
+        at.push(name);
+        match std::fs::symlink_metadata(&at) {
+            Ok(meta) if meta.file_type().is_dir() => {}
+            Ok(meta) => {
+                let what = match meta.file_type().is_symlink() {
+                    true => "a symbolic link",
+                    false => "not a folder",
+                };
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("{} is {what}: refusing to write through it", at.display()),
+                ));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => match std::fs::create_dir(&at) {
+                Ok(()) => {}
+                // Another writer made it meanwhile: check it as if it had been there.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    if !std::fs::symlink_metadata(&at)?.file_type().is_dir() {
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::InvalidInput,
+                            format!(
+                                "{} is not a folder: refusing to write through it",
+                                at.display()
+                            ),
+                        ));
+                    }
+                }
+                Err(e) => return Err(e),
+            },
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use std::io::Write;
@@ -211,5 +259,25 @@ mod tests {
         place(&from, &to).unwrap();
         assert_eq!(names(dir.path()), ["a"]);
         assert_eq!(std::fs::read(&to).unwrap(), b"done");
+    }
+
+    #[test]
+    fn folders_are_made_beneath_the_root_but_never_through_a_link() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("out");
+        std::fs::create_dir(&root).unwrap();
+        create_dirs_beneath(&root, Path::new("a/b/c")).unwrap();
+        assert!(root.join("a/b/c").is_dir());
+        create_dirs_beneath(&root, Path::new("a/b")).unwrap();
+
+        let elsewhere = tmp.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, root.join("planted")).unwrap();
+        let err = create_dirs_beneath(&root, Path::new("planted/x")).unwrap_err();
+        assert!(err.to_string().contains("a symbolic link"), "{err}");
+        assert!(!elsewhere.join("x").exists());
+        std::fs::write(root.join("file"), b"").unwrap();
+        assert!(create_dirs_beneath(&root, Path::new("file/x")).is_err());
+        assert!(create_dirs_beneath(&root, Path::new("../x")).is_err());
     }
 }

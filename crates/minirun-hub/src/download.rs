@@ -4,6 +4,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -140,16 +141,19 @@ impl Hub {
             progress(file.size);
             return Ok(Outcome::Present);
         }
-        let partial = dest.join(PARTIAL_DIR).join(format!("{}.part", file.path));
-        if let Some(parent) = partial.parent() {
-            fs::create_dir_all(parent).map_err(io(parent))?;
-        }
+        let relative = Path::new(PARTIAL_DIR).join(format!("{}.part", file.path));
+        let partial = dest.join(&relative);
+        // Every folder on the way is made here or checked: a link planted in the output
+        // folder would send the download somewhere else.
+        let folders = relative.parent().unwrap_or(Path::new(""));
+        atomic_file::create_dirs_beneath(dest, folders).map_err(io(&partial))?;
         let (mut hasher, mut have) = resume_partial(&partial, file)?;
         let resumed = have > 0;
         progress(have);
         let mut out = OpenOptions::new()
             .create(true)
             .append(true)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
             .open(&partial)
             .map_err(io(&partial))?;
         let url = self.resolve_url(tree, &file.path)?;
@@ -221,7 +225,7 @@ impl Hub {
                 got: got.to_string(),
             });
         }
-        place(&partial, &target)?;
+        place(&partial, dest, &file.path)?;
         Ok(Outcome::Fetched { resumed, received })
     }
 }
@@ -324,8 +328,9 @@ fn copy_body(
 
 /// Renames `partial` (written and fsynced) over `target`, creating its folders, and makes the
 /// rename durable.
-fn place(partial: &Path, target: &Path) -> Result<(), HubError> {
-    let parent = atomic_file::parent_dir(target);
-    fs::create_dir_all(&parent).map_err(io(&parent))?;
-    atomic_file::place(partial, target).map_err(|e| io(&e.path)(e.source))
+fn place(partial: &Path, dest: &Path, relative: &str) -> Result<(), HubError> {
+    let target = dest.join(relative);
+    let folders = Path::new(relative).parent().unwrap_or(Path::new(""));
+    atomic_file::create_dirs_beneath(dest, folders).map_err(io(&target))?;
+    atomic_file::place(partial, &target).map_err(|e| io(&e.path)(e.source))
 }

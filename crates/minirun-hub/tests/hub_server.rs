@@ -469,6 +469,28 @@ fn a_partial_file_from_an_earlier_run_is_continued() {
 }
 
 #[test]
+fn a_link_planted_in_the_output_folder_is_not_written_through() {
+    let server = TestServer::start();
+    let hub = server.hub();
+    let tree = hub.tree(REPO, PIN).unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    for planted in ["layer01", ".minirun-partial"] {
+        let dest = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), dest.path().join(planted)).unwrap();
+        let err = hub
+            .download(&tree, dest.path(), &DownloadOptions::default(), &|_| {})
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("a symbolic link"), "{planted}: {err}");
+        let written: Vec<_> = std::fs::read_dir(elsewhere.path()).unwrap().collect();
+        assert!(
+            written.is_empty(),
+            "{planted}: wrote through the link: {written:?}"
+        );
+    }
+}
+
+#[test]
 fn a_wrong_digest_or_commit_deletes_the_partial_file_and_places_nothing() {
     let server = TestServer::start();
     let hub = server.hub();

@@ -81,7 +81,10 @@ impl Checkpoint {
             files: done.values().cloned().collect(),
         };
         let dir = self.path.parent().unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir)?;
+        match (dir.parent(), dir.file_name()) {
+            (Some(root), Some(name)) => atomic_file::create_dirs_beneath(root, Path::new(name))?,
+            _ => std::fs::create_dir_all(dir)?,
+        }
         let text = serde_json::to_string(&saved).map_err(std::io::Error::other)?;
         atomic_file::write_bytes_with(&self.path, atomic_file::Options::private(), text.as_bytes())
             .map_err(|e| e.source)

@@ -84,7 +84,7 @@ pub fn evidence_path(root: &Path) -> PathBuf {
 /// Writes `evidence` to `<root>/.minirun/evidence.json` atomically (temp file, fsync, rename).
 pub fn write(root: &Path, evidence: &Evidence) -> std::io::Result<PathBuf> {
     let dir = root.join(EVIDENCE_DIR);
-    std::fs::create_dir_all(&dir)?;
+    atomic_file::create_dirs_beneath(root, Path::new(EVIDENCE_DIR))?;
     let text = serde_json::to_string_pretty(evidence).map_err(std::io::Error::other)?;
     let path = dir.join(EVIDENCE_FILE);
     atomic_file::write_bytes_with(&path, atomic_file::Options::private(), text.as_bytes())

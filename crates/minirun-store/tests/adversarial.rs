@@ -355,3 +355,18 @@ fn a_new_revision_carries_forward_unchanged_files_and_re_verifying_one_hashes_ev
     let fresh = verify(dir.path(), &other, &|_| {}, &AtomicBool::new(false)).unwrap();
     assert_eq!(fresh.carried, 0);
 }
+
+#[test]
+fn a_planted_evidence_folder_link_is_not_written_through() {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = artifact(dir.path());
+    let elsewhere = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(elsewhere.path(), dir.path().join(".minirun")).unwrap();
+    let err = verify(dir.path(), &tree, &|_| {}, &AtomicBool::new(false))
+        .err()
+        .expect("verify wrote evidence through a planted link")
+        .to_string();
+    assert!(err.contains("a symbolic link"), "{err}");
+    let written: Vec<_> = fs::read_dir(elsewhere.path()).unwrap().collect();
+    assert!(written.is_empty(), "{written:?}");
+}
