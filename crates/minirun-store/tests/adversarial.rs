@@ -363,8 +363,7 @@ fn a_planted_evidence_folder_link_is_not_written_through() {
     let elsewhere = tempfile::tempdir().unwrap();
     std::os::unix::fs::symlink(elsewhere.path(), dir.path().join(".minirun")).unwrap();
     let err = verify(dir.path(), &tree, &|_| {}, &AtomicBool::new(false))
-        .err()
-        .expect("verify wrote evidence through a planted link")
+        .expect_err("verify wrote evidence through a planted link")
         .to_string();
     assert!(err.contains("a symbolic link"), "{err}");
     let written: Vec<_> = fs::read_dir(elsewhere.path()).unwrap().collect();
