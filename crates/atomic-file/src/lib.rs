@@ -1,10 +1,12 @@
 //! Atomic, durable file writes: every writer in the workspace goes through here.
 //!
-//! A file is written to a temporary sibling (`.<name>.<random>.tmp`, same directory, so the
-//! rename cannot cross a filesystem), flushed to disk with `fsync`, renamed over the target,
+//! A file is written to a temporary sibling (`.<name>.<pid>-<random>.tmp`, same directory, so
+//! the rename cannot cross a filesystem), flushed to disk with `fsync`, renamed over the target,
 //! and the directory is `fsync`ed so the rename itself survives a power cut. A failure or a
 //! kill before the rename leaves the old file (or no file) in place; the temporary file is
-//! removed on failure and on drop.
+//! removed on failure and on drop. A `kill -9` cannot run that removal, so the next write of
+//! the same file removes the temporary files of writers that are no longer running (their
+//! process id is in the name).
 //!
 //! ```
 //! let dir = tempfile::tempdir().unwrap();
@@ -86,8 +88,9 @@ where
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
+    remove_stale_temps(&dir, &name);
     let temp = tempfile::Builder::new()
-        .prefix(&format!(".{name}."))
+        .prefix(&format!(".{name}.{}-", std::process::id()))
         .suffix(TEMP_SUFFIX)
         .permissions(std::fs::Permissions::from_mode(options.mode))
         .tempfile_in(&dir)
@@ -100,6 +103,32 @@ where
         .map_err(|e| AtomicWriteError::at(path)(e.error))?;
     sync_dir(&dir)?;
     Ok(value)
+}
+
+/// Removes `.<name>.<pid>-<random>.tmp` siblings whose writer (`pid`) is no longer running: a
+/// writer killed before its rename leaves one, as large as what it had written. Best effort: a
+/// file that cannot be listed or removed is left for the next write.
+fn remove_stale_temps(dir: &Path, name: &str) {
+    let prefix = format!(".{name}.");
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(middle) = file_name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(|n| n.strip_suffix(TEMP_SUFFIX))
+        else {
+            continue;
+        };
+        let Some(pid) = middle.split_once('-').and_then(|(p, _)| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
 }
 
 /// [`write_with`] for content already in memory, with the default permissions.
@@ -279,5 +308,25 @@ mod tests {
         std::fs::write(root.join("file"), b"").unwrap();
         assert!(create_dirs_beneath(&root, Path::new("file/x")).is_err());
         assert!(create_dirs_beneath(&root, Path::new("../x")).is_err());
+    }
+
+    #[test]
+    fn a_killed_writers_temporary_file_is_removed_by_the_next_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("big.bin");
+        // No process has this id (Linux ids stay below 2^22), so its writer is gone.
+        let stale = dir.path().join(".big.bin.4294967294-abc123.tmp");
+        let live = dir
+            .path()
+            .join(format!(".big.bin.{}-def456.tmp", std::process::id()));
+        let other = dir.path().join(".other.bin.4294967294-abc123.tmp");
+        for f in [&stale, &live, &other] {
+            std::fs::write(f, b"half of something").unwrap();
+        }
+        write_bytes(&path, b"whole").unwrap();
+        assert!(!stale.exists(), "a dead writer's temporary file is removed");
+        assert!(live.exists(), "a running writer's is kept");
+        assert!(other.exists(), "another file's is left to its own next write");
+        assert_eq!(std::fs::read(&path).unwrap(), b"whole");
     }
 }
