@@ -122,7 +122,10 @@ fn remove_stale_temps(dir: &Path, name: &str) {
         else {
             continue;
         };
-        let Some(pid) = middle.split_once('-').and_then(|(p, _)| p.parse::<u32>().ok()) else {
+        let Some(pid) = middle
+            .split_once('-')
+            .and_then(|(p, _)| p.parse::<u32>().ok())
+        else {
             continue;
         };
         if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
@@ -326,7 +329,10 @@ mod tests {
         write_bytes(&path, b"whole").unwrap();
         assert!(!stale.exists(), "a dead writer's temporary file is removed");
         assert!(live.exists(), "a running writer's is kept");
-        assert!(other.exists(), "another file's is left to its own next write");
+        assert!(
+            other.exists(),
+            "another file's is left to its own next write"
+        );
         assert_eq!(std::fs::read(&path).unwrap(), b"whole");
     }
 }
