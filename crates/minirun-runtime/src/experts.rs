@@ -5,11 +5,8 @@
 //! what a resident run computes from, so its output has the same bits.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
-
-use minirun_store::ReadPath;
 
 use crate::artifact::{Artifact, ArtifactError, LoadedPart, MatrixPart, StackLayout};
 use crate::config::DeepSeekV3Config;
@@ -121,12 +118,11 @@ impl LoadedExpert {
         (self.gate.allocated() + self.up.allocated() + self.down.allocated()) as u64
     }
 
-    fn paths(&self) -> impl Iterator<Item = &ReadPath> {
-        self.gate
-            .paths
+    fn read_kinds(&self) -> (u64, u64) {
+        [&self.gate, &self.up, &self.down]
+            .map(LoadedPart::read_kinds)
             .iter()
-            .chain(&self.up.paths)
-            .chain(&self.down.paths)
+            .fold((0, 0), |(d, b), (dd, bb)| (d + dd, b + bb))
     }
 }
 
@@ -161,7 +157,6 @@ struct CacheState {
 /// emptied by every token: a token visits the layers in order, so with less room than one
 /// token's experts, plain LRU evicts each layer's experts just before the next token needs them.
 pub struct ExpertCache {
-    capacity: u64,
     per_layer: u64,
     state: Mutex<CacheState>,
 }
@@ -170,14 +165,9 @@ impl ExpertCache {
     /// A cache of `capacity` bytes shared by `streamed_layers` layers.
     pub fn new(capacity: u64, streamed_layers: usize) -> ExpertCache {
         ExpertCache {
-            capacity,
             per_layer: capacity / streamed_layers.max(1) as u64,
             state: Mutex::new(CacheState::default()),
         }
-    }
-
-    pub fn capacity(&self) -> u64 {
-        self.capacity
     }
 
     /// Bytes of experts held now, and the most ever held at once (cache and in-flight loads).
@@ -248,7 +238,7 @@ impl ExpertCache {
 }
 
 /// The experts the router picked for one token at one layer, fetched from the cache or read
-/// from storage by `reads_in_flight` threads, which take the experts in the order chosen. While
+/// from storage by `reads_in_flight` threads, which take the experts in turn in the order chosen. While
 /// they are read, `meanwhile` runs (the shared expert's products); then `each` is called for the
 /// experts in the order chosen, each as soon as its own read is done, so compute overlaps the
 /// reads still in flight. Returns `meanwhile`'s value and the time spent waiting for reads.
@@ -264,18 +254,21 @@ pub fn with_fetched<R>(
     mut each: impl FnMut(usize, &LoadedExpert, Fetch) -> Result<(), crate::deepseek::ModelError>,
 ) -> Result<(R, Duration), crate::deepseek::ModelError> {
     type Fetched = Result<(Arc<LoadedExpert>, Fetch), ArtifactError>;
-    let (senders, receivers): (Vec<_>, Vec<_>) =
-        chosen.iter().map(|_| mpsc::channel::<Fetched>()).unzip();
-    let next = AtomicUsize::new(0);
+    let threads = reads_in_flight.clamp(1, chosen.len().max(1));
+    // Reader t takes the chosen experts t, t + threads, ... in order, and owns their senders:
+    // if it panics they are dropped, so waiting on its experts ends instead of hanging.
+    let mut work: Vec<Vec<(usize, mpsc::Sender<Fetched>)>> =
+        (0..threads).map(|_| Vec::new()).collect();
+    let mut receivers = Vec::with_capacity(chosen.len());
+    for (i, &e) in chosen.iter().enumerate() {
+        let (sender, receiver) = mpsc::channel::<Fetched>();
+        work[i % threads].push((e, sender));
+        receivers.push(receiver);
+    }
     std::thread::scope(|scope| {
-        for _ in 0..reads_in_flight.clamp(1, chosen.len().max(1)) {
-            let (next, senders) = (&next, &senders);
+        for share in work {
             scope.spawn(move || {
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let (Some(&e), Some(sender)) = (chosen.get(i), senders.get(i)) else {
-                        return;
-                    };
+                for (e, sender) in share {
                     // The receiver is gone only when the layer already failed.
                     let _ = sender.send(fetch(artifact, cache, layer, experts, e));
                 }
@@ -325,8 +318,7 @@ fn fetch(
         up: artifact.load_part(&parts.up.part)?,
         down: artifact.load_part(&parts.down.part)?,
     });
-    let direct = expert.paths().filter(|p| **p == ReadPath::Direct).count() as u64;
-    let total = expert.paths().count() as u64;
+    let (direct, buffered) = expert.read_kinds();
     cache.insert((layer, e), &expert);
     Ok((
         expert,
@@ -334,7 +326,7 @@ fn fetch(
             hit: false,
             read_bytes: parts.read_bytes(),
             direct_reads: direct,
-            buffered_reads: total - direct,
+            buffered_reads: buffered,
         },
     ))
 }

@@ -6,8 +6,6 @@
 
 use std::collections::HashMap;
 
-use minirun_store::ReadPath;
-
 use crate::artifact::{Artifact, ArtifactError, LoadedPart, PartLayout, Stack, StackLayout};
 use crate::config::DeepSeekV3Config;
 
@@ -127,14 +125,9 @@ impl LoadedLayer {
                 .iter()
                 .map(|p| artifact.load_part(p))
                 .collect::<Result<Vec<_>, _>>()?;
-            for part in &parts {
-                let direct = part
-                    .paths
-                    .iter()
-                    .filter(|p| **p == ReadPath::Direct)
-                    .count();
-                loaded.direct_reads += direct as u64;
-                loaded.buffered_reads += (part.paths.len() - direct) as u64;
+            for (direct, buffered) in parts.iter().map(LoadedPart::read_kinds) {
+                loaded.direct_reads += direct;
+                loaded.buffered_reads += buffered;
             }
             loaded.read_bytes += read_bytes(std::slice::from_ref(layout));
             let module = layout.name.trim_end_matches(".weight").to_string();
