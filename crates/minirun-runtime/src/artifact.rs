@@ -254,6 +254,17 @@ pub struct LoadedPart {
 }
 
 impl LoadedPart {
+    /// Reads of this part that bypassed the page cache (`O_DIRECT`), and reads that went
+    /// through it.
+    pub fn read_kinds(&self) -> (u64, u64) {
+        let direct = self
+            .paths
+            .iter()
+            .filter(|p| **p == ReadPath::Direct)
+            .count() as u64;
+        (direct, self.paths.len() as u64 - direct)
+    }
+
     /// Bytes held in memory for this part.
     pub fn allocated(&self) -> usize {
         self.reads.iter().map(AlignedBuf::allocated).sum()
@@ -305,6 +316,9 @@ fn invalid(path: &str, reason: impl Into<String>) -> ArtifactError {
     }
 }
 
+/// The most payload an artifact's manifests may list (4 EiB): thousands of times any model.
+const MAX_ARTIFACT_BYTES: u64 = 1 << 62;
+
 /// The largest metadata file read (config, tokenizer): far above any real one, and a bound on
 /// what a hostile directory can make this process allocate.
 const METADATA_LIMIT: u64 = 256 << 20;
@@ -354,15 +368,15 @@ fn text(path: &str, bytes: Vec<u8>) -> Result<String, ArtifactError> {
 }
 
 /// The cell's value, loading it first if no one has.
-fn once(
-    cell: &OnceLock<Vec<u8>>,
-    load: impl FnOnce() -> Result<Vec<u8>, ArtifactError>,
-) -> Result<&[u8], ArtifactError> {
-    if let Some(bytes) = cell.get() {
-        return Ok(bytes);
+fn once<T>(
+    cell: &OnceLock<T>,
+    load: impl FnOnce() -> Result<T, ArtifactError>,
+) -> Result<&T, ArtifactError> {
+    if let Some(value) = cell.get() {
+        return Ok(value);
     }
-    let bytes = load()?;
-    Ok(cell.get_or_init(|| bytes))
+    let value = load()?;
+    Ok(cell.get_or_init(|| value))
 }
 
 impl Artifact {
@@ -410,6 +424,20 @@ impl Artifact {
         if artifact.payload.is_empty() {
             return Err(ArtifactError::Incomplete(shown, "it has no unit manifests"));
         }
+        // Blob sizes are the manifests' word until a blob is opened; bounding their sum keeps
+        // every size the plan adds up (all of them parts of it) far from overflowing.
+        let total = artifact
+            .payload
+            .iter()
+            .try_fold(0u64, |sum, p| sum.checked_add(p.bytes));
+        if total.is_none_or(|t| t > MAX_ARTIFACT_BYTES) {
+            return Err(invalid(
+                &shown,
+                format!(
+                    "its manifests list more than {MAX_ARTIFACT_BYTES} bytes of payload; no artifact is that large"
+                ),
+            ));
+        }
         Ok(artifact)
     }
 
@@ -446,8 +474,11 @@ impl Artifact {
         offset: u64,
         len: u64,
     ) -> Result<AlignedBuf, ArtifactError> {
+        // The open checks the file's length against its manifest: only then is a buffer of a
+        // length the manifest names allocated.
+        let handle = self.handle(file)?;
         let mut buf = AlignedBuf::new(len as usize);
-        self.handle(file)?.read_into(offset, &mut buf)?;
+        handle.read_into(offset, &mut buf)?;
         Ok(buf)
     }
 
@@ -701,13 +732,7 @@ impl Artifact {
                 ..
             } => {
                 let entry = &self.payload[*file];
-                let bytes = match entry.resident.get() {
-                    Some(held) => held.bytes(),
-                    None => {
-                        let held = self.held_file(*file)?;
-                        entry.resident.get_or_init(|| held).bytes()
-                    }
-                };
+                let bytes = once(&entry.resident, || self.held_file(*file))?.bytes();
                 let at = |r: &Range<u64>| {
                     &bytes[(tile.start + r.start) as usize..(tile.start + r.end) as usize]
                 };
@@ -756,8 +781,9 @@ impl Artifact {
                 scales,
                 biases,
             } => {
+                let handle = self.handle(*file)?;
                 let mut buf = self.read_buffers.buffer((tile.end - tile.start) as usize);
-                let path = self.handle(*file)?.read_into(tile.start, &mut buf)?;
+                let path = handle.read_into(tile.start, &mut buf)?;
                 if self.check_tile_digests
                     && let Some(c) = &self.payload[*file].container
                     && c.digests.is_some()
@@ -782,8 +808,9 @@ impl Artifact {
                 let mut reads = Vec::new();
                 let mut paths = Vec::new();
                 let mut read = |p: &Piece| -> Result<(usize, Range<usize>), ArtifactError> {
+                    let handle = self.handle(p.file)?;
                     let mut buf = self.read_buffers.buffer(p.len as usize);
-                    paths.push(self.handle(p.file)?.read_into(p.offset, &mut buf)?);
+                    paths.push(handle.read_into(p.offset, &mut buf)?);
                     reads.push(buf);
                     Ok((reads.len() - 1, 0..p.len as usize))
                 };

@@ -37,9 +37,9 @@ use crate::layer_stream;
 pub const FIXED_RESERVE: u64 = 16 << 20;
 
 /// Expert reads in flight at once unless the caller says otherwise (`--reads-in-flight`): a
-/// DeepSeek-V3 token's eight experts of a layer all at once. Measured on this project's 2-core
-/// VM's virtual disk, 1, 2 and 4 reads in flight decoded 0.68 to 0.84x as fast as 8
-/// (bench/stream_under_budget.sh's artifact, `minirun run --reads-in-flight N`).
+/// DeepSeek-V3 token's eight experts of a layer all at once. On this project's 2-core VM, 1, 2
+/// and 4 reads in flight decoded 0.68 to 0.90x as fast as 8 (docs/runtime.md §6 has the
+/// command).
 pub const DEFAULT_READS_IN_FLIGHT: usize = 8;
 
 /// How the run holds its weights.
@@ -129,7 +129,8 @@ pub struct Plan {
     /// Threads reading a layer's chosen experts at once (they never hold more than the slot
     /// pool: every chosen expert is held until its layer is done).
     pub reads_in_flight: usize,
-    /// Buffers for the streamed deterministic weights (two layers' with read-ahead, else one).
+    /// Buffers for the streamed deterministic weights: two layers' (the one computing and the
+    /// next, read ahead; set aside even with read-ahead off), 0 when no layer streams.
     pub layer_pool_bytes: u64,
     /// The largest layer's deterministic weights in aligned buffers.
     pub layer_allocated_bytes: u64,
@@ -263,20 +264,30 @@ impl Plan {
         context_tokens: usize,
     ) -> Result<Plan, PlanError> {
         let s = sizes(artifact, c, experts)?;
-        let kv_per_token =
-            (c.kv_lora_rank + c.qk_rope_head_dim) as u64 * 4 * c.num_hidden_layers as u64;
-        let reserve_bytes = FIXED_RESERVE + kv_per_token * context_tokens as u64;
-        let slot_pool_bytes = s.expert_alloc_max * c.num_experts_per_tok as u64;
-        let deterministic_floor = s.resident_all + slot_pool_bytes + reserve_bytes;
+        // Payload sizes are bounded by Artifact::open; the config's counts are not, so the
+        // products saturate (a saturated floor is refused like any other too-large one).
+        let kv_per_token = ((c.kv_lora_rank + c.qk_rope_head_dim) as u64)
+            .saturating_mul(4 * c.num_hidden_layers as u64);
+        let reserve_bytes =
+            FIXED_RESERVE.saturating_add(kv_per_token.saturating_mul(context_tokens as u64));
+        let slot_pool_bytes = s
+            .expert_alloc_max
+            .saturating_mul(c.num_experts_per_tok as u64);
+        let deterministic_floor = s
+            .resident_all
+            .saturating_add(slot_pool_bytes)
+            .saturating_add(reserve_bytes);
         let layer_resident: u64 = s.layers.iter().map(|l| l.resident).sum();
         let base = s.resident_all.saturating_sub(layer_resident);
         let layer_alloc_max = s.layers.iter().map(|l| l.allocated).max().unwrap_or(0);
-        let streaming_floor = base + 2 * layer_alloc_max + slot_pool_bytes + reserve_bytes;
+        let streaming_floor = (base + 2 * layer_alloc_max)
+            .saturating_add(slot_pool_bytes)
+            .saturating_add(reserve_bytes);
         let (floor, floor_resident, floor_pool) = match streaming_floor < deterministic_floor {
             true => (streaming_floor, base, 2 * layer_alloc_max),
             false => (deterministic_floor, s.resident_all, 0),
         };
-        let everything = s.total + reserve_bytes;
+        let everything = s.total.saturating_add(reserve_bytes);
         let budget_bytes = match budget {
             Budget::Bytes(b) => b,
             Budget::Floor => floor,

@@ -193,3 +193,29 @@ fn a_float_member_shorter_than_its_shape_is_refused() {
         "{err}"
     );
 }
+
+/// Blob sizes are the manifests' word until a blob is opened: manifests that list more payload
+/// than any artifact holds are refused at open, before a plan adds the sizes up.
+#[test]
+fn manifests_listing_an_impossible_payload_are_refused_at_open() {
+    let out = packed("mlx-affine4");
+    let manifest = out.path().join("layer00/manifest.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&manifest).unwrap()).unwrap();
+    let blob = v["files"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|f| f["kind"] == "blob")
+        .unwrap();
+    blob["bytes"] = serde_json::json!(u64::MAX - 1);
+    std::fs::write(&manifest, v.to_string()).unwrap();
+    let err = Artifact::open(out.path(), Access::Unverified)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        err.contains("more than") && err.contains("bytes of payload"),
+        "{err}"
+    );
+}
