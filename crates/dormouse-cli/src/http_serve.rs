@@ -13,11 +13,10 @@ use axum::body::Body;
 use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use serde_json::json;
 use tokio::net::TcpListener;
 
 /// How long clients may take, and how long a shutdown waits.
@@ -28,6 +27,9 @@ pub struct Limits {
     pub grace: Duration,
     /// Bytes a request body may have.
     pub max_body: usize,
+    /// The server's own error response for a body refused here (status, message), so that
+    /// clients see one error shape.
+    pub refuse: fn(StatusCode, String) -> Response,
 }
 
 /// Serves `app` on `listener` until `shutdown` completes, then waits for the connections in
@@ -90,14 +92,14 @@ async fn read_body_within(req: Request, next: Next, limits: Limits) -> Response 
             next.run(Request::from_parts(parts, Body::from(bytes)))
                 .await
         }
-        Ok(Err(_)) => error(
+        Ok(Err(_)) => (limits.refuse)(
             StatusCode::PAYLOAD_TOO_LARGE,
             format!(
-                "the request body is over {} bytes, or could not be read",
+                "Failed to buffer the request body: length limit exceeded (bodies are limited to {} bytes)",
                 limits.max_body
             ),
         ),
-        Err(_) => error(
+        Err(_) => (limits.refuse)(
             StatusCode::REQUEST_TIMEOUT,
             format!(
                 "the request body did not arrive within {} s",
@@ -105,9 +107,4 @@ async fn read_body_within(req: Request, next: Next, limits: Limits) -> Response 
             ),
         ),
     }
-}
-
-fn error(status: StatusCode, message: String) -> Response {
-    let body = json!({"error": {"message": message, "type": "invalid_request_error"}});
-    (status, axum::Json(body)).into_response()
 }

@@ -137,6 +137,7 @@ async fn run(args: Args) -> Result<()> {
         body_timeout: Duration::from_secs_f64(args.body_timeout),
         grace: Duration::from_secs_f64(args.shutdown_grace),
         max_body: MAX_BODY_BYTES,
+        refuse: body_refused,
     };
     let cut_off = http_serve::serve(listener, app, limits, shutdown_signal()).await?;
     match cut_off {
@@ -173,6 +174,17 @@ fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+/// A request body refused before its handler ran (too large, or too slow to arrive).
+fn body_refused(status: StatusCode, message: String) -> Response {
+    error_response(&ApiError {
+        status: status.as_u16(),
+        message,
+        kind: "invalid_request_error",
+        param: None,
+        code: "invalid_body",
+    })
 }
 
 fn error_response(error: &ApiError) -> Response {
@@ -220,16 +232,13 @@ async fn completions(
     let body = match body {
         Ok(body) => body,
         Err(rejection) => {
-            return error_response(&ApiError {
-                status: rejection.status().as_u16(),
-                message: format!(
+            return body_refused(
+                rejection.status(),
+                format!(
                     "{} (bodies are limited to {MAX_BODY_BYTES} bytes)",
                     rejection.body_text()
                 ),
-                kind: "invalid_request_error",
-                param: None,
-                code: "invalid_body",
-            });
+            );
         }
     };
     let number = state.requests.fetch_add(1, Ordering::Relaxed);

@@ -150,7 +150,15 @@ fn serve_answers_like_generate_streams_refuses_bad_requests_and_shuts_down_grace
         assert!(error["error"]["type"].is_string() && error["error"]["code"].is_string());
     }
     let huge = format!(r#"{{"prompt":"{}"}}"#, "a".repeat(100_000));
-    assert_eq!(post(&server, &huge).unwrap_err().0, 413);
+    let (status, error) = post(&server, &huge).unwrap_err();
+    assert_eq!(status, 413);
+    assert_eq!(error["error"]["code"], "invalid_body");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("limited to")),
+        "{error}"
+    );
     match ureq::get(&server.url("/v2/nothing")).call() {
         Err(ureq::Error::Status(404, r)) => {
             assert_eq!(
@@ -199,13 +207,7 @@ fn serve_answers_like_generate_streams_refuses_bad_requests_and_shuts_down_grace
     // SIGTERM: requests in flight are finished, then the server exits 0.
     let mut server = server;
     let pid = server.child.id().to_string();
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    sigterm(&pid);
     assert!(
         long.join().unwrap() > 10,
         "the stream in flight was finished"
@@ -268,6 +270,7 @@ fn half_sent_requests_are_cut_off_and_a_shutdown_waits_for_them_only_so_long() {
     let n = trickle.read(&mut answer).unwrap();
     let answer = String::from_utf8_lossy(&answer[..n]).into_owned();
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains(r#""code":"invalid_body""#), "{answer}");
 
     // /health still answers beside a held connection.
     let _held = {
@@ -276,7 +279,11 @@ fn half_sent_requests_are_cut_off_and_a_shutdown_waits_for_them_only_so_long() {
             .unwrap();
         held
     };
-    let health: Value = http_get(&server.url("/health"));
+    let health: Value = ureq::get(&server.url("/health"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
     assert_eq!(health["status"], "ok");
 
     // SIGTERM with a client holding a half-sent request: the server exits within its grace.
@@ -287,13 +294,7 @@ fn half_sent_requests_are_cut_off_and_a_shutdown_waits_for_them_only_so_long() {
     std::thread::sleep(Duration::from_millis(200));
     let pid = server.child.id().to_string();
     let stopped = Instant::now();
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    sigterm(&pid);
     let status = loop {
         if let Some(status) = server.child.try_wait().unwrap() {
             break status;
@@ -308,18 +309,10 @@ fn half_sent_requests_are_cut_off_and_a_shutdown_waits_for_them_only_so_long() {
     assert!(stopped.elapsed() < Duration::from_secs(8));
 }
 
-fn http_get(url: &str) -> Value {
-    let address = url.trim_start_matches("http://");
-    let (host, path) = address.split_once('/').unwrap();
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(host).unwrap();
-    write!(
-        stream,
-        "GET /{path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).unwrap();
-    let body = text.split("\r\n\r\n").nth(1).unwrap_or_default();
-    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {text}"))
+fn sigterm(pid: &str) {
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", pid])
+        .status()
+        .unwrap();
+    assert!(sent.success());
 }
