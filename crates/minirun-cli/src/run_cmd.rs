@@ -136,7 +136,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     check_sampling(args)?;
     let trust = match args.unverified {
         true => Trust::Unverified,
-        false => Trust::Verified,
+        false => Trust::Verified(minirun_store::SealKey::for_user()?),
     };
     let session = Session::open(&args.artifact, trust)?;
     let prompt = session.prompt_ids(&args.prompt, args.chat)?;

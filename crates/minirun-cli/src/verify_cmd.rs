@@ -82,13 +82,17 @@ pub fn run(args: &VerifyArgs) -> Result<ExitCode> {
     let started = Instant::now();
     // A kill keeps the per-file checkpoint; the next run continues from it.
     let never = std::sync::atomic::AtomicBool::new(false);
+    let key = minirun_store::SealKey::for_user()?;
     let result = minirun_store::verify_with(
         &args.dir,
         &tree,
         authority,
         selection,
-        &|n| bar.inc(n),
-        &never,
+        minirun_store::Sealing {
+            key: &key,
+            progress: &|n| bar.inc(n),
+            stop: &never,
+        },
     );
     bar.finish_and_clear();
     let verified =

@@ -7,6 +7,11 @@ use std::process::{Command, Output};
 
 fn minirun(args: &[&str], dir: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_minirun"))
+        // This test binary's evidence key: the user's own stays untouched.
+        .env(
+            "MINIRUN_EVIDENCE_KEY",
+            std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-tests.key"),
+        )
         .args(args)
         .current_dir(dir)
         .output()
@@ -237,6 +242,11 @@ fn other_files_are_named_with_what_reads_them() {
 fn minirun_within_30s(args: &[&str]) -> Output {
     use std::time::{Duration, Instant};
     let mut child = Command::new(env!("CARGO_BIN_EXE_minirun"))
+        // This test binary's evidence key: the user's own stays untouched.
+        .env(
+            "MINIRUN_EVIDENCE_KEY",
+            std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-tests.key"),
+        )
         .args(args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

@@ -7,6 +7,11 @@ use std::process::{Command, Output};
 
 fn minirun(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_minirun"))
+        // This test binary's evidence key: the user's own stays untouched.
+        .env(
+            "MINIRUN_EVIDENCE_KEY",
+            std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-tests.key"),
+        )
         .args(args)
         .output()
         .expect("minirun runs")

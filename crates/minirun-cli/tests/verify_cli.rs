@@ -10,6 +10,11 @@ const PIN: &str = "0123456789abcdef0123456789abcdef01234567";
 
 fn minirun(args: &[&str]) -> (Option<i32>, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_minirun"))
+        // This test binary's evidence key: the user's own stays untouched.
+        .env(
+            "MINIRUN_EVIDENCE_KEY",
+            std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-tests.key"),
+        )
         .args(args)
         .output()
         .unwrap();
@@ -55,8 +60,9 @@ fn verify_writes_evidence_and_a_damaged_file_erases_it() {
     let evidence: serde_json::Value =
         serde_json::from_str(&fs::read_to_string(art.join(".minirun/evidence.json")).unwrap())
             .unwrap();
-    assert_eq!(evidence["schema"], "minirun-evidence/1");
-    assert_eq!(evidence["files"][0]["digest"]["hex"], sha);
+    assert_eq!(evidence["sealed"]["schema"], "minirun-evidence/2");
+    assert_eq!(evidence["sealed"]["files"][0]["digest"]["hex"], sha);
+    assert_eq!(evidence["seal"].as_str().map(str::len), Some(64));
 
     let mut damaged = payload.clone();
     damaged[99] ^= 1;
@@ -94,7 +100,7 @@ fn a_packed_artifact_verifies_offline_against_its_own_manifests() {
     let evidence: serde_json::Value =
         serde_json::from_str(&fs::read_to_string(out.join(".minirun/evidence.json")).unwrap())
             .unwrap();
-    assert_eq!(evidence["mode"], "own-manifests");
+    assert_eq!(evidence["sealed"]["mode"], "own-manifests");
 
     let container = fs::read_dir(out.join("layer00"))
         .unwrap()
@@ -150,6 +156,11 @@ fn a_verify_killed_midway_resumes_from_its_checkpoint() {
         "1",
     ];
     let mut child = Command::new(env!("CARGO_BIN_EXE_minirun"))
+        // This test binary's evidence key: the user's own stays untouched.
+        .env(
+            "MINIRUN_EVIDENCE_KEY",
+            std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-tests.key"),
+        )
         .args(args)
         .stderr(std::process::Stdio::null())
         .spawn()

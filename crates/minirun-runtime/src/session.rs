@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use minirun_store::{HeldEvidence, StoreError};
+use minirun_store::{HeldEvidence, SealKey, StoreError};
 
 use crate::artifact::{Access, Artifact, ArtifactError};
 use crate::budget::Budget;
@@ -57,10 +57,11 @@ pub struct TokenEvent<'e> {
 }
 
 /// Whether a run must be vouched for by verification evidence.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Trust {
-    /// Payload opens only through held evidence; an artifact without any is refused.
-    Verified,
+    /// Payload opens only through held evidence sealed under this key (the user's, see
+    /// [`SealKey::for_user`]); an artifact without any is refused.
+    Verified(SealKey),
     /// The caller said so (`--unverified`); every report says it too.
     Unverified,
 }
@@ -68,7 +69,8 @@ pub enum Trust {
 /// An opened artifact, ready to build its model and generate.
 pub struct Session {
     pub path: PathBuf,
-    pub trust: Trust,
+    /// Whether payload opens only through held evidence.
+    pub verified: bool,
     pub artifact: Artifact,
     pub config: DeepSeekV3Config,
     pub text: Text,
@@ -91,9 +93,10 @@ impl Session {
     /// Opens the artifact at `path` (refusing one without evidence unless `trust` is
     /// [`Trust::Unverified`]), reads its config fail-closed and its tokenizer.
     pub fn open(path: &Path, trust: Trust) -> Result<Session, SessionError> {
+        let verified = matches!(trust, Trust::Verified(_));
         let access = match trust {
             Trust::Unverified => Access::Unverified,
-            Trust::Verified => match HeldEvidence::load(path) {
+            Trust::Verified(key) => match HeldEvidence::load(path, &key) {
                 Ok(held) if held.evidence().mode == SPOT_CHECK => {
                     return Err(SessionError::SpotCheckOnly(path.display().to_string()));
                 }
@@ -112,7 +115,7 @@ impl Session {
         )?;
         Ok(Session {
             path: path.to_path_buf(),
-            trust,
+            verified,
             artifact,
             config,
             text,

@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 use minirun_pack::{PackOptions, pack};
 use minirun_runtime::generate::Sampling;
 use minirun_runtime::session::{IncrementalText, Session, SessionError, Trust};
-use minirun_store::{Authority, Selection};
+use minirun_store::{Authority, SealKey, Selection};
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/deepseek-v3/mlx-affine4-g64")
@@ -28,10 +28,19 @@ fn verify(dir: &Path, selection: Selection) {
         &tree,
         Authority::OwnManifests,
         selection,
-        &|_| {},
-        &AtomicBool::new(false),
+        minirun_store::Sealing {
+            key: &key(),
+            progress: &|_| {},
+            stop: &AtomicBool::new(false),
+        },
     )
     .unwrap();
+}
+
+/// This test binary's evidence key (the user's own stays untouched).
+fn key() -> SealKey {
+    SealKey::load_or_create(&Path::new(env!("CARGO_TARGET_TMPDIR")).join("session-tests.key"))
+        .unwrap()
 }
 
 const GREEDY: Sampling = Sampling {
@@ -43,7 +52,7 @@ const GREEDY: Sampling = Sampling {
 #[test]
 fn a_session_without_evidence_is_refused_unless_unverified() {
     let dir = packed();
-    let refused = Session::open(dir.path(), Trust::Verified);
+    let refused = Session::open(dir.path(), Trust::Verified(key()));
     assert!(
         matches!(refused, Err(SessionError::NoEvidence(_))),
         "{:?}",
@@ -57,7 +66,7 @@ fn a_session_without_evidence_is_refused_unless_unverified() {
 fn a_verified_session_generates_mlx_lms_greedy_continuation_and_streams_its_text() {
     let dir = packed();
     verify(dir.path(), Selection::Full);
-    let session = Session::open(dir.path(), Trust::Verified).unwrap();
+    let session = Session::open(dir.path(), Trust::Verified(key())).unwrap();
     let oracle: serde_json::Value =
         serde_json::from_slice(&std::fs::read(fixture().join("oracle.json")).unwrap()).unwrap();
     let prompt = &oracle["prompts"][0];
@@ -184,7 +193,7 @@ fn mapped_containers_compute_the_read_models_tokens_and_need_an_unverified_artif
 
     // Through evidence, mapping is refused: maps are not rechecked against it.
     verify(dir.path(), Selection::Full);
-    let mut verified = Session::open(dir.path(), Trust::Verified).unwrap();
+    let mut verified = Session::open(dir.path(), Trust::Verified(key())).unwrap();
     let err = verified
         .artifact
         .map_containers_unverified(Box::new(copied))
@@ -197,7 +206,7 @@ fn mapped_containers_compute_the_read_models_tokens_and_need_an_unverified_artif
 fn spot_check_evidence_never_authorizes_a_run() {
     let dir = packed();
     verify(dir.path(), Selection::SpotCheck { budget: 1 << 20 });
-    let refused = Session::open(dir.path(), Trust::Verified);
+    let refused = Session::open(dir.path(), Trust::Verified(key()));
     let Err(SessionError::SpotCheckOnly(path)) = refused else {
         panic!("spot-check evidence opened a run: {:?}", refused.err());
     };

@@ -1,15 +1,20 @@
 //! The checkpoint of a verification in progress (`DIR/.minirun/verify-checkpoint.json`),
 //! rewritten atomically after every file that matched, so that a killed pass resumes and
-//! re-hashes only what it had not finished, and only files whose identity is unchanged.
+//! re-hashes only what it had not finished, and only files whose identity is unchanged. It is
+//! sealed like the evidence: a checkpoint whose seal does not open under the user's key is
+//! ignored, and every file is hashed.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use crate::evidence::{EVIDENCE_DIR, EvidenceFile};
+use crate::evidence::{self, EVIDENCE_DIR, EvidenceFile};
+use crate::root::Root;
+use crate::seal::SealKey;
 
 pub const CHECKPOINT_FILE: &str = "verify-checkpoint.json";
-const SCHEMA: &str = "minirun-verify-checkpoint/1";
+const SCHEMA: &str = "minirun-verify-checkpoint/2";
+const SEAL_DOMAIN: &str = "minirun-verify-checkpoint-seal/2";
 
 /// What a checkpoint is valid for: the same publication, plan and directory.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -32,6 +37,7 @@ struct Saved {
 pub struct Checkpoint {
     path: PathBuf,
     key: CheckpointKey,
+    seal_key: SealKey,
     done: Mutex<BTreeMap<String, EvidenceFile>>,
 }
 
@@ -40,13 +46,14 @@ pub fn checkpoint_path(root: &Path) -> PathBuf {
 }
 
 impl Checkpoint {
-    /// The checkpoint for `key`: an earlier one with the same key is taken over; anything
-    /// else (another publication, another directory, unreadable) starts empty.
-    pub fn open(root: &Path, key: CheckpointKey) -> Checkpoint {
-        let path = checkpoint_path(root);
-        let done = std::fs::read_to_string(&path)
+    /// The checkpoint for `key`: an earlier one with the same key and a seal that opens under
+    /// `seal_key` is taken over; anything else (another publication, another directory,
+    /// unreadable, unsealed) starts empty.
+    pub fn open(root: &Root, key: CheckpointKey, seal_key: &SealKey) -> Checkpoint {
+        let path = checkpoint_path(root.path());
+        let relative = format!("{EVIDENCE_DIR}/{CHECKPOINT_FILE}");
+        let done = evidence::read_sealed::<Saved>(root, &relative, SEAL_DOMAIN, seal_key)
             .ok()
-            .and_then(|text| serde_json::from_str::<Saved>(&text).ok())
             .filter(|saved| saved.schema == SCHEMA && saved.key == key)
             .map(|saved| {
                 saved
@@ -59,6 +66,7 @@ impl Checkpoint {
         Checkpoint {
             path,
             key,
+            seal_key: seal_key.clone(),
             done: Mutex::new(done),
         }
     }
@@ -85,8 +93,8 @@ impl Checkpoint {
             (Some(root), Some(name)) => atomic_file::create_dirs_beneath(root, Path::new(name))?,
             _ => std::fs::create_dir_all(dir)?,
         }
-        let text = serde_json::to_string(&saved).map_err(std::io::Error::other)?;
-        atomic_file::write_bytes_with(&self.path, atomic_file::Options::private(), text.as_bytes())
+        let bytes = evidence::seal(&saved, SEAL_DOMAIN, &self.seal_key)?;
+        atomic_file::write_bytes_with(&self.path, atomic_file::Options::private(), &bytes)
             .map_err(|e| e.source)
     }
 

@@ -7,9 +7,15 @@ use minirun_format::tree::{FileDigest, Tree};
 use sha2::{Digest as _, Sha256};
 
 use crate::identity::FileIdentity;
+use crate::root::Root;
+use crate::seal::SealKey;
 
 /// The schema this build writes and reads.
-pub const SCHEMA: &str = "minirun-evidence/1";
+pub const SCHEMA: &str = "minirun-evidence/2";
+/// What the seal of an evidence file is computed under (see `docs/formats/evidence.md`).
+const SEAL_DOMAIN: &str = "minirun-evidence-seal/2";
+/// Far above the evidence of any published artifact (about 300 bytes per file).
+pub const MAX_EVIDENCE_BYTES: u64 = 64 << 20;
 /// Where evidence lives, relative to the artifact root (never part of the publication).
 pub const EVIDENCE_DIR: &str = ".minirun";
 pub const EVIDENCE_FILE: &str = "evidence.json";
@@ -36,6 +42,9 @@ pub struct RootRecord {
     pub inode: u64,
     /// `statvfs.f_fsid` of the filesystem.
     pub fsid: u64,
+    /// The volume's own identity, where the filesystem has one that survives an unmount and
+    /// a remount (see [`Root::volume`]); `None` where it has not.
+    pub volume: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -81,13 +90,88 @@ pub fn evidence_path(root: &Path) -> PathBuf {
     root.join(EVIDENCE_DIR).join(EVIDENCE_FILE)
 }
 
-/// Writes `evidence` to `<root>/.minirun/evidence.json` atomically (temp file, fsync, rename).
-pub fn write(root: &Path, evidence: &Evidence) -> std::io::Result<PathBuf> {
+/// A record and the user's seal over it, as stored on disk: `{"sealed": {...}, "seal": hex}`.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Stored<T> {
+    sealed: T,
+    seal: String,
+}
+
+/// Why stored sealed JSON could not be taken.
+#[derive(Debug, thiserror::Error)]
+pub enum SealedReadError {
+    #[error("absent")]
+    Absent,
+    #[error("{0}")]
+    Unreadable(String),
+    #[error(
+        "its seal does not open with this user's evidence key {key}: it was not written by `minirun verify` run as this user (edited, copied from elsewhere, or planted)"
+    )]
+    NotSealed { key: String },
+}
+
+/// Serializes `record` sealed under `domain`.
+pub(crate) fn seal<T: serde::Serialize>(
+    record: &T,
+    domain: &str,
+    key: &SealKey,
+) -> std::io::Result<Vec<u8>> {
+    let body = serde_json::to_vec(record).map_err(std::io::Error::other)?;
+    let stored = Stored {
+        sealed: record,
+        seal: key.seal(domain, &body),
+    };
+    serde_json::to_vec_pretty(&stored).map_err(std::io::Error::other)
+}
+
+/// Reads `relative` beneath `root` (rooted, no-follow, bounded) and returns its record if the
+/// seal over the record's compact serialization opens under `key`.
+pub(crate) fn read_sealed<T>(
+    root: &Root,
+    relative: &str,
+    domain: &str,
+    key: &SealKey,
+) -> Result<T, SealedReadError>
+where
+    T: serde::Serialize + serde::de::DeserializeOwned,
+{
+    match root.entry_kind(relative) {
+        Ok(crate::root::EntryKind::Absent) => return Err(SealedReadError::Absent),
+        Ok(_) => {}
+        Err(e) => return Err(SealedReadError::Unreadable(e.to_string())),
+    }
+    let unreadable = |e: &dyn std::fmt::Display| SealedReadError::Unreadable(e.to_string());
+    let (file, _) = root.open_file(relative).map_err(|e| unreadable(&e))?;
+    let bytes = crate::artifact_files::read_bounded(file, relative, MAX_EVIDENCE_BYTES)
+        .map_err(|e| unreadable(&e))?;
+    let stored: Stored<T> = serde_json::from_slice(&bytes).map_err(|e| unreadable(&e))?;
+    let body = serde_json::to_vec(&stored.sealed).map_err(|e| unreadable(&e))?;
+    if !key.opens(domain, &body, &stored.seal) {
+        return Err(SealedReadError::NotSealed {
+            key: key.path().display().to_string(),
+        });
+    }
+    Ok(stored.sealed)
+}
+
+/// The held evidence under `root`, if its seal opens under `key`.
+pub fn read(root: &Root, key: &SealKey) -> Result<Evidence, SealedReadError> {
+    read_sealed(
+        root,
+        &format!("{EVIDENCE_DIR}/{EVIDENCE_FILE}"),
+        SEAL_DOMAIN,
+        key,
+    )
+}
+
+/// Writes `evidence` sealed under `key` to `<root>/.minirun/evidence.json` atomically (temp
+/// file, fsync, rename).
+pub fn write(root: &Path, evidence: &Evidence, key: &SealKey) -> std::io::Result<PathBuf> {
     let dir = root.join(EVIDENCE_DIR);
     atomic_file::create_dirs_beneath(root, Path::new(EVIDENCE_DIR))?;
-    let text = serde_json::to_string_pretty(evidence).map_err(std::io::Error::other)?;
+    let bytes = seal(evidence, SEAL_DOMAIN, key)?;
     let path = dir.join(EVIDENCE_FILE);
-    atomic_file::write_bytes_with(&path, atomic_file::Options::private(), text.as_bytes())
+    atomic_file::write_bytes_with(&path, atomic_file::Options::private(), &bytes)
         .map_err(|e| e.source)?;
     Ok(path)
 }

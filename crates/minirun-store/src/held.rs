@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::Path;
 
-use crate::evidence::{self, Evidence, EvidenceFile};
+use crate::evidence::{self, Evidence, EvidenceFile, SealedReadError};
 use crate::root::{OpenError, Root};
+use crate::seal::SealKey;
 
 /// Why held evidence cannot vouch for a file any more.
 #[derive(Debug, thiserror::Error)]
@@ -15,10 +16,12 @@ pub enum StoreError {
     NoEvidence { path: String },
     #[error("{path}: unreadable evidence: {reason}")]
     BadEvidence { path: String, reason: String },
+    #[error("{path}: {reason}; run `minirun verify` again")]
+    UnsealedEvidence { path: String, reason: String },
     #[error("cannot open the artifact root {path}: {error}")]
     Root { path: String, error: std::io::Error },
     #[error(
-        "{path} is no longer the directory that was verified (device, inode or filesystem id changed): run `minirun verify` again"
+        "{path} is no longer the directory that was verified (its inode, or its device and filesystem id on a volume without a stable identity, changed): run `minirun verify` again"
     )]
     RootChanged { path: String },
     #[error("{path} is not in the evidence: only verified files are opened")]
@@ -37,22 +40,34 @@ pub struct HeldEvidence {
     root: Root,
     evidence: Evidence,
     files: BTreeMap<String, EvidenceFile>,
+    /// The volume came back under another device number (same volume identity): files are
+    /// matched on everything but the device number.
+    remounted: bool,
 }
 
 impl HeldEvidence {
-    /// Loads `<root>/.minirun/evidence.json`, checks the root is the verified directory, and
-    /// re-identifies every evidenced file (opening each, reading nothing).
-    pub fn load(root_path: &Path) -> Result<HeldEvidence, StoreError> {
-        let path = evidence::evidence_path(root_path);
-        let shown = path.display().to_string();
-        let text = std::fs::read_to_string(&path).map_err(|_| StoreError::NoEvidence {
-            path: shown.clone(),
+    /// Loads `<root>/.minirun/evidence.json` (rooted, no-follow, bounded), checks its seal
+    /// under `key`, checks the root is the verified directory, and re-identifies every
+    /// evidenced file (opening each, reading nothing).
+    pub fn load(root_path: &Path, key: &SealKey) -> Result<HeldEvidence, StoreError> {
+        let shown = evidence::evidence_path(root_path).display().to_string();
+        let root = Root::open(root_path).map_err(|error| StoreError::Root {
+            path: root_path.display().to_string(),
+            error,
         })?;
-        let evidence: Evidence =
-            serde_json::from_str(&text).map_err(|e| StoreError::BadEvidence {
+        let evidence = evidence::read(&root, key).map_err(|e| match e {
+            SealedReadError::Absent => StoreError::NoEvidence {
+                path: shown.clone(),
+            },
+            SealedReadError::Unreadable(reason) => StoreError::BadEvidence {
+                path: shown.clone(),
+                reason,
+            },
+            SealedReadError::NotSealed { .. } => StoreError::UnsealedEvidence {
                 path: shown.clone(),
                 reason: e.to_string(),
-            })?;
+            },
+        })?;
         if evidence.schema != evidence::SCHEMA {
             return Err(StoreError::BadEvidence {
                 path: shown,
@@ -63,22 +78,14 @@ impl HeldEvidence {
                 ),
             });
         }
-        let root = Root::open(root_path).map_err(|error| StoreError::Root {
-            path: root_path.display().to_string(),
-            error,
-        })?;
-        let now = (root.device(), root.inode(), root.fsid());
-        if now
-            != (
-                evidence.root.device,
-                evidence.root.inode,
-                evidence.root.fsid,
-            )
-        {
-            return Err(StoreError::RootChanged {
-                path: root_path.display().to_string(),
-            });
-        }
+        let remounted = match same_root(&evidence.root, &root) {
+            Some(remounted) => remounted,
+            None => {
+                return Err(StoreError::RootChanged {
+                    path: root_path.display().to_string(),
+                });
+            }
+        };
         let files = evidence
             .files
             .iter()
@@ -88,6 +95,7 @@ impl HeldEvidence {
             root,
             evidence,
             files,
+            remounted,
         };
         for path in held.files.keys() {
             held.open(path)?;
@@ -118,7 +126,10 @@ impl HeldEvidence {
                 path: path.to_string(),
             })?;
         let (file, now) = self.root.open_file(path)?;
-        let changed = now.changes_from(&record.identity);
+        let changed = match self.remounted {
+            true => now.changes_on_remounted_volume(&record.identity),
+            false => now.changes_from(&record.identity),
+        };
         if !changed.is_empty() {
             return Err(StoreError::Changed {
                 path: path.to_string(),
@@ -136,4 +147,19 @@ impl HeldEvidence {
             && self.evidence.repo == repo
             && self.evidence.revision == revision
     }
+}
+
+/// Whether `root` is the directory `recorded` names: `Some(false)` when device, inode and
+/// filesystem id are all unchanged; `Some(true)` when only the device number (and with it the
+/// fsid of filesystems that derive it from the device) moved but the inode and a recorded
+/// volume identity are the same (the remount rule); `None` otherwise.
+fn same_root(recorded: &evidence::RootRecord, root: &Root) -> Option<bool> {
+    if recorded.inode != root.inode() {
+        return None;
+    }
+    if (recorded.device, recorded.fsid) == (root.device(), root.fsid()) {
+        return Some(false);
+    }
+    let stable = recorded.volume.is_some() && recorded.volume == root.volume();
+    stable.then_some(true)
 }

@@ -1,5 +1,6 @@
-//! What names one filesystem object at one moment: device, inode, size and both nanosecond
-//! timestamps. A replaced, appended-to, truncated or touched file changes at least one.
+//! What names one filesystem object at one moment: device, inode, birth time, size and both
+//! nanosecond timestamps. A replaced, appended-to, truncated or touched file changes at least
+//! one.
 
 use std::fs::Metadata;
 use std::os::unix::fs::MetadataExt;
@@ -12,6 +13,10 @@ pub struct FileIdentity {
     pub size: u64,
     pub mtime_ns: i128,
     pub ctime_ns: i128,
+    /// When the inode was made (`statx` birth time), where the filesystem records one: tells a
+    /// file apart from a later one that reuses its inode number (the inode generation would
+    /// too, but Linux exposes it only through an ioctl).
+    pub birth_ns: Option<i128>,
 }
 
 impl FileIdentity {
@@ -22,7 +27,18 @@ impl FileIdentity {
             size: meta.size(),
             mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
             ctime_ns: i128::from(meta.ctime()) * 1_000_000_000 + i128::from(meta.ctime_nsec()),
+            birth_ns: meta.created().ok().map(nanos_since_epoch),
         }
+    }
+
+    /// The fields that differ from `recorded`, the device number aside: what a file on a
+    /// remounted volume (see [`crate::Root::volume`]) must still match.
+    pub fn changes_on_remounted_volume(&self, recorded: &FileIdentity) -> Vec<&'static str> {
+        FileIdentity {
+            device: recorded.device,
+            ..*self
+        }
+        .changes_from(recorded)
     }
 
     /// The fields that differ from `recorded`, for a message ("inode, size").
@@ -34,6 +50,9 @@ impl FileIdentity {
         if self.inode != recorded.inode {
             changed.push("inode (the file was replaced)");
         }
+        if self.birth_ns != recorded.birth_ns {
+            changed.push("birth time (another file under the same inode number)");
+        }
         if self.size != recorded.size {
             changed.push("size");
         }
@@ -44,5 +63,12 @@ impl FileIdentity {
             changed.push("status-change time (written or touched, even with its mtime restored)");
         }
         changed
+    }
+}
+
+fn nanos_since_epoch(time: std::time::SystemTime) -> i128 {
+    match time.duration_since(std::time::UNIX_EPOCH) {
+        Ok(after) => after.as_nanos() as i128,
+        Err(before) => -(before.duration().as_nanos() as i128),
     }
 }

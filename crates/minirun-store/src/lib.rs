@@ -13,6 +13,7 @@ mod held;
 mod identity;
 mod payload;
 mod root;
+pub mod seal;
 mod tiles;
 mod verify;
 
@@ -22,5 +23,6 @@ pub use held::{HeldEvidence, StoreError};
 pub use identity::FileIdentity;
 pub use payload::{AlignedBuf, BufferPool, PayloadFile, ReadPath, SLOT_ALIGN};
 pub use root::{EntryKind, OpenError, Root};
+pub use seal::{KeyError, SealKey};
 pub use tiles::{LoadedTile, TileReadError, TileRequest};
-pub use verify::{Authority, Selection, Verified, VerifyError, verify, verify_with};
+pub use verify::{Authority, Sealing, Selection, Verified, VerifyError, verify, verify_with};

@@ -2,7 +2,7 @@
 
 use std::fs::File;
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use rustix::fs::{Mode, OFlags, ResolveFlags};
@@ -35,6 +35,23 @@ pub enum EntryKind {
     SymbolicLink,
     /// A FIFO, socket or device node.
     Other,
+}
+
+const BY_UUID: &str = "/dev/disk/by-uuid";
+/// `statfs.f_type` of filesystems whose `f_fsid` is derived from the superblock UUID: ext2/3/4,
+/// XFS, Btrfs.
+const UUID_DERIVED_FSID: [u64; 3] = [0xEF53, 0x5846_5342, 0x9123_683E];
+
+/// The name of the `by_uuid` entry (a link to a block device node) whose device is `device`.
+pub(crate) fn volume_by_uuid(by_uuid: &Path, device: u64) -> Option<String> {
+    std::fs::read_dir(by_uuid)
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let meta = std::fs::metadata(entry.path()).ok()?;
+            let name = entry.file_name().into_string().ok()?;
+            (meta.file_type().is_block_device() && meta.rdev() == device).then_some(name)
+        })
 }
 
 /// An artifact directory held open; every file is opened relative to it.
@@ -82,6 +99,23 @@ impl Root {
     /// The filesystem id (`statvfs.f_fsid`) the root lives on.
     pub fn fsid(&self) -> u64 {
         self.fsid
+    }
+
+    /// The identity of the volume the root lives on, where it survives an unmount and a
+    /// remount (the device number does not: a replugged disk can come back as another one):
+    /// `uuid:<UUID>` when a `/dev/disk/by-uuid` link names the root's block device; otherwise
+    /// `fsid:<type>:<fsid>` on ext2/3/4, XFS and Btrfs, whose `f_fsid` is derived from the
+    /// superblock's UUID; `None` on any other filesystem (tmpfs, overlays, network mounts),
+    /// whose evidence then stays bound to the device number.
+    pub fn volume(&self) -> Option<String> {
+        volume_by_uuid(Path::new(BY_UUID), self.device)
+            .map(|uuid| format!("uuid:{uuid}"))
+            .or_else(|| {
+                let kind = rustix::fs::fstatfs(&self.dir).ok()?.f_type as u64;
+                UUID_DERIVED_FSID
+                    .contains(&kind)
+                    .then(|| format!("fsid:{kind:x}:{:016x}", self.fsid))
+            })
     }
 
     /// Opens the regular file `relative` beneath the root: no component may be a symbolic link

@@ -5,12 +5,14 @@ use std::io::Read;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+use minirun_format::artifact::INCOMPLETE_MARKER;
 use minirun_format::tree::{RepoFile, StreamHasher, Tree};
 use rayon::prelude::*;
 
 use crate::checkpoint::{Checkpoint, CheckpointKey};
 use crate::evidence::{self, DigestRecord, EVIDENCE_DIR, Evidence, EvidenceFile, RootRecord};
-use crate::root::{OpenError, Root};
+use crate::root::{EntryKind, OpenError, Root};
+use crate::seal::SealKey;
 
 const READ_CHUNK: usize = 4 << 20;
 
@@ -52,6 +54,10 @@ pub enum VerifyError {
         "verification stopped before it finished; {done} file(s) are checkpointed and the next run continues from them"
     )]
     Stopped { done: usize },
+    #[error(
+        "{path} holds {marker}: a pack into it was interrupted, so it is not a complete artifact; pack it again with `minirun pack`"
+    )]
+    Incomplete { path: String, marker: &'static str },
 }
 
 /// What the digests being checked come from.
@@ -127,6 +133,7 @@ pub struct Verified {
 pub fn verify(
     root_path: &Path,
     tree: &Tree,
+    key: &SealKey,
     progress: &(dyn Fn(u64) + Sync),
     stop: &AtomicBool,
 ) -> Result<Verified, VerifyError> {
@@ -135,9 +142,24 @@ pub fn verify(
         tree,
         Authority::Publication,
         Selection::Full,
-        progress,
-        stop,
+        Sealing {
+            key,
+            progress,
+            stop,
+        },
     )
+}
+
+/// What a pass seals its evidence and checkpoints with, reports progress to and stops on.
+#[derive(Clone, Copy)]
+pub struct Sealing<'a> {
+    /// The user's key: evidence and checkpoints are sealed with it, and only records it opens
+    /// are reused.
+    pub key: &'a SealKey,
+    /// Called with the number of bytes hashed (or reused) as the pass goes.
+    pub progress: &'a (dyn Fn(u64) + Sync),
+    /// Set to end the pass after the files in progress.
+    pub stop: &'a AtomicBool,
 }
 
 /// [`verify`] with the digests' authority and the selection stated.
@@ -146,10 +168,9 @@ pub fn verify_with(
     tree: &Tree,
     authority: Authority,
     selection: Selection,
-    progress: &(dyn Fn(u64) + Sync),
-    stop: &AtomicBool,
+    sealing: Sealing<'_>,
 ) -> Result<Verified, VerifyError> {
-    let result = verify_inner(root_path, tree, authority, selection, progress, stop);
+    let result = verify_inner(root_path, tree, authority, selection, sealing);
     if result.is_err() {
         evidence::erase(root_path);
     }
@@ -161,19 +182,29 @@ fn verify_inner(
     tree: &Tree,
     authority: Authority,
     selection: Selection,
-    progress: &(dyn Fn(u64) + Sync),
-    stop: &AtomicBool,
+    sealing: Sealing<'_>,
 ) -> Result<Verified, VerifyError> {
+    let Sealing {
+        key,
+        progress,
+        stop,
+    } = sealing;
     let root = Root::open(root_path).map_err(|error| VerifyError::Root {
         path: root_path.display().to_string(),
         error,
     })?;
+    if root.entry_kind(INCOMPLETE_MARKER)? != EntryKind::Absent {
+        return Err(VerifyError::Incomplete {
+            path: root_path.display().to_string(),
+            marker: INCOMPLETE_MARKER,
+        });
+    }
     if authority == Authority::Publication {
         check_file_set(root_path, tree)?;
     }
     let tree_identity = evidence::tree_identity(tree);
     let checkpoint = Checkpoint::open(
-        root_path,
+        &root,
         CheckpointKey {
             repo: tree.repo.clone(),
             revision: tree.revision.clone(),
@@ -181,9 +212,10 @@ fn verify_inner(
             root_device: root.device(),
             root_inode: root.inode(),
         },
+        key,
     );
     let files = select(tree, selection);
-    let donor = earlier_revision(root_path, &root, tree);
+    let donor = earlier_revision(&root, tree, key);
     let reused = AtomicUsize::new(0);
     let carried = AtomicUsize::new(0);
     let outcomes: Vec<Result<Option<EvidenceFile>, VerifyError>> = files
@@ -249,10 +281,11 @@ fn verify_inner(
             device: root.device(),
             inode: root.inode(),
             fsid: root.fsid(),
+            volume: root.volume(),
         },
         files: records,
     };
-    evidence::write(root_path, &evidence).map_err(VerifyError::Write)?;
+    evidence::write(root_path, &evidence, key).map_err(VerifyError::Write)?;
     checkpoint.remove();
     Ok(Verified {
         evidence,
@@ -263,12 +296,9 @@ fn verify_inner(
 
 /// The files of held evidence for an *earlier revision* of the same repository in this same
 /// directory (a re-verification of the same revision hashes everything again: that is what
-/// catches silent corruption).
-fn earlier_revision(root_path: &Path, root: &Root, tree: &Tree) -> BTreeMap<String, EvidenceFile> {
-    let Ok(text) = std::fs::read_to_string(evidence::evidence_path(root_path)) else {
-        return BTreeMap::new();
-    };
-    let Ok(held) = serde_json::from_str::<Evidence>(&text) else {
+/// catches silent corruption). Only evidence sealed under the user's key donates.
+fn earlier_revision(root: &Root, tree: &Tree, key: &SealKey) -> BTreeMap<String, EvidenceFile> {
+    let Ok(held) = evidence::read(root, key) else {
         return BTreeMap::new();
     };
     let same_place = (held.root.device, held.root.inode, held.root.fsid)

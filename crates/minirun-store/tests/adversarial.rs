@@ -8,9 +8,15 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use minirun_format::tree::{FileDigest, RepoFile, Tree};
-use minirun_store::{HeldEvidence, OpenError, StoreError, VerifyError, verify};
+use minirun_store::{HeldEvidence, OpenError, SealKey, StoreError, VerifyError, verify};
 
 const PIN: &str = "0123456789abcdef0123456789abcdef01234567";
+
+/// This test binary's evidence key (the user's own stays untouched).
+fn key() -> SealKey {
+    SealKey::load_or_create(&Path::new(env!("CARGO_TARGET_TMPDIR")).join("store-tests.key"))
+        .unwrap()
+}
 
 /// Writes a small artifact and returns the tree that publishes it.
 fn artifact(dir: &Path) -> Tree {
@@ -73,7 +79,7 @@ fn digest_of(content: &[u8], lfs: bool) -> FileDigest {
 fn verified() -> (tempfile::TempDir, Tree) {
     let dir = tempfile::tempdir().unwrap();
     let tree = artifact(dir.path());
-    verify(dir.path(), &tree, &|_| {}, &AtomicBool::new(false)).unwrap();
+    verify(dir.path(), &tree, &key(), &|_| {}, &AtomicBool::new(false)).unwrap();
     (dir, tree)
 }
 
@@ -82,7 +88,7 @@ const W1: &str = "layer00/layer00-w1.mxfp4tile";
 #[test]
 fn a_clean_artifact_gives_evidence_that_opens_every_file() {
     let (dir, tree) = verified();
-    let held = HeldEvidence::load(dir.path()).unwrap();
+    let held = HeldEvidence::load(dir.path(), &key()).unwrap();
     let e = held.evidence();
     assert_eq!(
         (e.repo.as_str(), e.revision.as_str(), e.mode.as_str()),
@@ -112,7 +118,7 @@ fn symbolic_link_components_are_refused_for_files_and_directories() {
     let copy = dir.path().join("elsewhere.bin");
     fs::rename(dir.path().join(W1), &copy).unwrap();
     std::os::unix::fs::symlink(&copy, dir.path().join(W1)).unwrap();
-    let err = verify(dir.path(), &tree, &|_| {}, &AtomicBool::new(false)).unwrap_err();
+    let err = verify(dir.path(), &tree, &key(), &|_| {}, &AtomicBool::new(false)).unwrap_err();
     assert!(
         matches!(err, VerifyError::Open(OpenError::SymbolicLink { .. })),
         "{err}"
@@ -133,7 +139,7 @@ fn symbolic_link_components_are_refused_for_files_and_directories() {
         root.open_file("layer01/layer01-w1.mxfp4tile"),
         Err(OpenError::SymbolicLink { .. })
     ));
-    assert!(verify(dir.path(), &tree, &|_| {}, &AtomicBool::new(false)).is_err());
+    assert!(verify(dir.path(), &tree, &key(), &|_| {}, &AtomicBool::new(false)).is_err());
     assert!(
         !dir.path().join(".minirun/evidence.json").exists(),
         "no evidence on failure"
@@ -148,7 +154,7 @@ fn a_file_swapped_after_verification_is_caught_at_open_naming_the_inode() {
     let temp = dir.path().join("swap.tmp");
     fs::write(&temp, &same).unwrap();
     fs::rename(&temp, &path).unwrap();
-    let err = HeldEvidence::load(dir.path()).unwrap_err();
+    let err = HeldEvidence::load(dir.path(), &key()).unwrap_err();
     assert!(
         matches!(&err, StoreError::Changed { path, .. } if path == W1),
         "{err}"
@@ -159,7 +165,7 @@ fn a_file_swapped_after_verification_is_caught_at_open_naming_the_inode() {
 #[test]
 fn a_file_modified_with_its_mtime_restored_is_caught_by_its_ctime() {
     let (dir, _) = verified();
-    let held = HeldEvidence::load(dir.path()).unwrap();
+    let held = HeldEvidence::load(dir.path(), &key()).unwrap();
     let path = dir.path().join(W1);
     let mtime = fs::metadata(&path).unwrap().modified().unwrap();
     std::thread::sleep(std::time::Duration::from_millis(20));
@@ -184,7 +190,7 @@ fn truncated_wrong_extra_missing_and_hard_linked_files_fail_verification() {
         let dir = tempfile::tempdir().unwrap();
         let tree = artifact(dir.path());
         damage(dir.path());
-        let err = verify(dir.path(), &tree, &|_| {}, &AtomicBool::new(false)).unwrap_err();
+        let err = verify(dir.path(), &tree, &key(), &|_| {}, &AtomicBool::new(false)).unwrap_err();
         assert!(expect(&err), "{err}");
     };
     check(
@@ -226,7 +232,7 @@ fn truncated_wrong_extra_missing_and_hard_linked_files_fail_verification() {
 #[test]
 fn a_truncated_or_appended_file_after_verification_is_caught_naming_the_size() {
     let (dir, _) = verified();
-    let held = HeldEvidence::load(dir.path()).unwrap();
+    let held = HeldEvidence::load(dir.path(), &key()).unwrap();
     let mut f = fs::OpenOptions::new()
         .append(true)
         .open(dir.path().join(W1))
@@ -252,6 +258,7 @@ fn verify_stopping_after(
         verify(
             dir,
             tree,
+            &key(),
             &|n| {
                 if seen.fetch_add(n, Ordering::Relaxed) + n >= after {
                     stop.store(true, Ordering::Relaxed);
@@ -272,7 +279,7 @@ fn an_interrupted_pass_resumes_reusing_only_files_whose_identity_is_unchanged() 
     assert!(dir.path().join(".minirun/verify-checkpoint.json").exists());
     assert!(!dir.path().join(".minirun/evidence.json").exists());
 
-    let resumed = verify(dir.path(), &tree, &|_| {}, &AtomicBool::new(false)).unwrap();
+    let resumed = verify(dir.path(), &tree, &key(), &|_| {}, &AtomicBool::new(false)).unwrap();
     assert_eq!(
         resumed.reused, 1,
         "the checkpointed file was not hashed again"
@@ -290,7 +297,7 @@ fn an_interrupted_pass_resumes_reusing_only_files_whose_identity_is_unchanged() 
     let content = fs::read(dir.path().join(W1)).unwrap();
     fs::remove_file(dir.path().join(W1)).unwrap();
     fs::write(dir.path().join(W1), content).unwrap();
-    let resumed = verify(dir.path(), &tree, &|_| {}, &AtomicBool::new(false)).unwrap();
+    let resumed = verify(dir.path(), &tree, &key(), &|_| {}, &AtomicBool::new(false)).unwrap();
     assert_eq!(resumed.reused, 0);
 }
 
@@ -303,8 +310,11 @@ fn a_spot_check_hashes_the_largest_payloads_that_fit_and_is_labelled_as_such() {
         &tree,
         minirun_store::Authority::Publication,
         minirun_store::Selection::SpotCheck { budget: 250_000 },
-        &|_| {},
-        &AtomicBool::new(false),
+        minirun_store::Sealing {
+            key: &key(),
+            progress: &|_| {},
+            stop: &AtomicBool::new(false),
+        },
     )
     .unwrap();
     let e = &verified.evidence;
@@ -315,7 +325,7 @@ fn a_spot_check_hashes_the_largest_payloads_that_fit_and_is_labelled_as_such() {
         ["layer01/layer01-w1.mxfp4tile"],
         "300,000 bytes overflow the budget"
     );
-    let held = HeldEvidence::load(dir.path()).unwrap();
+    let held = HeldEvidence::load(dir.path(), &key()).unwrap();
     assert!(matches!(
         held.open(W1),
         Err(StoreError::NotEvidenced { .. })
@@ -329,7 +339,7 @@ fn a_spot_check_hashes_the_largest_payloads_that_fit_and_is_labelled_as_such() {
 #[test]
 fn a_new_revision_carries_forward_unchanged_files_and_re_verifying_one_hashes_everything() {
     let (dir, tree) = verified();
-    let again = verify(dir.path(), &tree, &|_| {}, &AtomicBool::new(false)).unwrap();
+    let again = verify(dir.path(), &tree, &key(), &|_| {}, &AtomicBool::new(false)).unwrap();
     assert_eq!(
         (again.reused, again.carried),
         (0, 0),
@@ -344,7 +354,7 @@ fn a_new_revision_carries_forward_unchanged_files_and_re_verifying_one_hashes_ev
     let entry = next.files.get_mut("index.json").unwrap();
     entry.size = new_content.len() as u64;
     entry.digest = digest_of(&new_content, false);
-    let bumped = verify(dir.path(), &next, &|_| {}, &AtomicBool::new(false)).unwrap();
+    let bumped = verify(dir.path(), &next, &key(), &|_| {}, &AtomicBool::new(false)).unwrap();
     assert_eq!(bumped.carried, 3, "the three unchanged files");
     assert_eq!(bumped.evidence.revision, "f".repeat(40));
 
@@ -352,7 +362,7 @@ fn a_new_revision_carries_forward_unchanged_files_and_re_verifying_one_hashes_ev
     let mut other = next.clone();
     other.repo = "someone/else-minirun".into();
     other.revision = "e".repeat(40);
-    let fresh = verify(dir.path(), &other, &|_| {}, &AtomicBool::new(false)).unwrap();
+    let fresh = verify(dir.path(), &other, &key(), &|_| {}, &AtomicBool::new(false)).unwrap();
     assert_eq!(fresh.carried, 0);
 }
 
@@ -362,10 +372,138 @@ fn a_planted_evidence_folder_link_is_not_written_through() {
     let tree = artifact(dir.path());
     let elsewhere = tempfile::tempdir().unwrap();
     std::os::unix::fs::symlink(elsewhere.path(), dir.path().join(".minirun")).unwrap();
-    let err = verify(dir.path(), &tree, &|_| {}, &AtomicBool::new(false))
+    let err = verify(dir.path(), &tree, &key(), &|_| {}, &AtomicBool::new(false))
         .expect_err("verify wrote evidence through a planted link")
         .to_string();
     assert!(err.contains("a symbolic link"), "{err}");
     let written: Vec<_> = fs::read_dir(elsewhere.path()).unwrap().collect();
     assert!(written.is_empty(), "{written:?}");
+}
+
+/// The stored evidence's record, as a reader would take it if it did not check the seal.
+fn stored_evidence(dir: &Path) -> minirun_store::Evidence {
+    let text = fs::read_to_string(dir.join(".minirun/evidence.json")).unwrap();
+    let stored: serde_json::Value = serde_json::from_str(&text).unwrap();
+    serde_json::from_value(stored["sealed"].clone()).unwrap()
+}
+
+/// Rewrites W1 in place with other bytes of the same length (what an attacker with write
+/// access to the folder does), returning its identity now.
+fn tamper_with_w1(dir: &Path) -> minirun_store::FileIdentity {
+    let mut content = fs::read(dir.join(W1)).unwrap();
+    content[1000] ^= 0xff;
+    fs::write(dir.join(W1), &content).unwrap();
+    minirun_store::FileIdentity::of(&fs::metadata(dir.join(W1)).unwrap())
+}
+
+/// Rewrites `relative` (sealed JSON) with `edit` applied to its record and sealed under
+/// `forger`'s key, as someone without the user's key would.
+fn forge(dir: &Path, relative: &str, forger: &SealKey, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = dir.join(relative);
+    let mut stored: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut stored["sealed"]);
+    let body = serde_json::to_vec(&stored["sealed"]).unwrap();
+    stored["seal"] = forger.seal("minirun-evidence-seal/2", &body).into();
+    fs::write(&path, serde_json::to_vec(&stored).unwrap()).unwrap();
+}
+
+/// Tampers with W1, then rewrites the sealed file `relative` to vouch for its new identity,
+/// sealed with a key of the attacker's own.
+fn tamper_and_forge(dir: &Path, relative: &str) {
+    let now = tamper_with_w1(dir);
+    let home = tempfile::tempdir().unwrap();
+    let forger = SealKey::load_or_create(&home.path().join("forger.key")).unwrap();
+    forge(dir, relative, &forger, |record| {
+        set_identity(record, W1, now)
+    });
+}
+
+/// The verification error when W1 was hashed (and found tampered with) instead of vouched for.
+fn assert_w1_was_hashed(err: &VerifyError, what: &str) {
+    assert!(
+        matches!(err, VerifyError::WrongDigest { path, .. } if path == W1),
+        "{what} vouched for the tampered file: {err}"
+    );
+}
+
+fn set_identity(record: &mut serde_json::Value, path: &str, identity: minirun_store::FileIdentity) {
+    let files = record["files"].as_array_mut().unwrap();
+    let file = files.iter_mut().find(|f| f["path"] == path).unwrap();
+    file["identity"] = serde_json::to_value(identity).unwrap();
+}
+
+#[test]
+fn evidence_forged_for_a_tampered_file_is_refused_by_readers() {
+    let (dir, _) = verified();
+    tamper_and_forge(dir.path(), ".minirun/evidence.json");
+    let err = HeldEvidence::load(dir.path(), &key()).unwrap_err();
+    assert!(
+        matches!(err, StoreError::UnsealedEvidence { .. }),
+        "forged evidence was taken: {err}"
+    );
+    assert!(err.to_string().contains("minirun verify"), "{err}");
+}
+
+#[test]
+fn a_checkpoint_forged_for_a_tampered_file_is_ignored_and_the_file_hashed() {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = artifact(dir.path());
+    verify_stopping_after(dir.path(), &tree, 300_000).unwrap_err();
+    tamper_and_forge(dir.path(), ".minirun/verify-checkpoint.json");
+    let err = verify(dir.path(), &tree, &key(), &|_| {}, &AtomicBool::new(false)).unwrap_err();
+    assert_w1_was_hashed(&err, "the forged checkpoint");
+}
+
+#[test]
+fn forged_evidence_of_an_earlier_revision_carries_nothing_forward() {
+    let (dir, tree) = verified();
+    tamper_and_forge(dir.path(), ".minirun/evidence.json");
+    let mut next = tree.clone();
+    next.revision = "f".repeat(40);
+    let err = verify(dir.path(), &next, &key(), &|_| {}, &AtomicBool::new(false)).unwrap_err();
+    assert_w1_was_hashed(&err, "forged evidence of an earlier revision");
+}
+
+#[test]
+fn evidence_survives_a_new_device_number_only_on_a_volume_with_a_stable_identity() {
+    let (dir, _) = verified();
+    let mut moved = stored_evidence(dir.path());
+    let volume = minirun_store::Root::open(dir.path()).unwrap().volume();
+    assert_eq!(moved.root.volume, volume);
+    // What a replugged disk looks like: every device number moves, nothing else does.
+    moved.root.device ^= 0x10;
+    moved.root.fsid ^= 0x10;
+    for file in &mut moved.files {
+        file.identity.device ^= 0x10;
+    }
+    minirun_store::evidence::write(dir.path(), &moved, &key()).unwrap();
+    let loaded = HeldEvidence::load(dir.path(), &key());
+    match &volume {
+        Some(_) => {
+            let held = loaded.expect("the remount rule refused a remounted volume");
+            held.open(W1).unwrap();
+            tamper_with_w1(dir.path());
+            assert!(matches!(held.open(W1), Err(StoreError::Changed { .. })));
+        }
+        None => assert!(matches!(loaded, Err(StoreError::RootChanged { .. }))),
+    }
+
+    let mut elsewhere = moved.clone();
+    elsewhere.root.volume = Some("uuid:another-volume".into());
+    minirun_store::evidence::write(dir.path(), &elsewhere, &key()).unwrap();
+    assert!(matches!(
+        HeldEvidence::load(dir.path(), &key()),
+        Err(StoreError::RootChanged { .. })
+    ));
+}
+
+#[test]
+fn an_interrupted_pack_is_refused_by_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = artifact(dir.path());
+    fs::write(dir.path().join(".minirun-pack-incomplete"), b"").unwrap();
+    let err = verify(dir.path(), &tree, &key(), &|_| {}, &AtomicBool::new(false)).unwrap_err();
+    assert!(matches!(err, VerifyError::Incomplete { .. }), "{err}");
+    assert!(err.to_string().contains("minirun pack"), "{err}");
 }

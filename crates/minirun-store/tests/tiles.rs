@@ -6,7 +6,13 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
 use minirun_format::tree::{FileDigest, RepoFile, Tree};
-use minirun_store::{HeldEvidence, StoreError, TileReadError, TileRequest, verify};
+use minirun_store::{HeldEvidence, SealKey, StoreError, TileReadError, TileRequest, verify};
+
+/// This test binary's evidence key (the user's own stays untouched).
+fn key() -> SealKey {
+    SealKey::load_or_create(&Path::new(env!("CARGO_TARGET_TMPDIR")).join("tiles-tests.key"))
+        .unwrap()
+}
 use sha2::Digest as _;
 
 const PIN: &str = "0123456789abcdef0123456789abcdef01234567";
@@ -41,8 +47,8 @@ fn artifact(dir: &Path) -> (Tree, minirun_format::tile::TileContainer) {
 fn the_digest_is_skipped_only_under_held_authority_and_lengths_and_geometry_always_count() {
     let dir = tempfile::tempdir().unwrap();
     let (tree, container) = artifact(dir.path());
-    verify(dir.path(), &tree, &|_| {}, &AtomicBool::new(false)).unwrap();
-    let held = HeldEvidence::load(dir.path()).unwrap();
+    verify(dir.path(), &tree, &key(), &|_| {}, &AtomicBool::new(false)).unwrap();
+    let held = HeldEvidence::load(dir.path(), &key()).unwrap();
     let size = tree.files[PATH].size;
     let request = TileRequest {
         path: PATH,

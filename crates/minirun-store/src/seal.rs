@@ -1,0 +1,301 @@
+//! The per-user key that seals evidence and checkpoints. Anyone who can write an artifact
+//! folder can write `.minirun/evidence.json`; only someone who can read this key (kept outside
+//! every artifact folder, owned by the user, mode 0600) can write one that a reader accepts.
+//! Specified in `docs/formats/evidence.md` ("The seal").
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+/// Names the key file explicitly (a path), overriding the default location.
+pub const KEY_ENV: &str = "MINIRUN_EVIDENCE_KEY";
+const KEY_FILE: &str = "evidence.key";
+const KEY_BYTES: usize = 32;
+/// Hex digits and an optional newline: anything longer is not a key file.
+const MAX_KEY_FILE: u64 = 2 * KEY_BYTES as u64 + 1;
+
+/// Why the key could not be loaded or made.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    #[error(
+        "no place for the evidence key: set {KEY_ENV}=FILE, or XDG_CONFIG_HOME or HOME (the key lives in $XDG_CONFIG_HOME/minirun/{KEY_FILE})"
+    )]
+    NoHome,
+    #[error("evidence key {path}: {error}")]
+    Io { path: String, error: std::io::Error },
+    #[error(
+        "evidence key {path} is readable or writable by others (mode {mode:o}): whoever can read it can forge evidence. Run `chmod 600 {path}`, or remove it to make a new one (existing evidence must then be verified again)"
+    )]
+    Exposed { path: String, mode: u32 },
+    #[error(
+        "evidence key {path} belongs to user {owner}, not to this user ({me}): use your own key (set {KEY_ENV}=FILE or remove it)"
+    )]
+    NotOwned { path: String, owner: u32, me: u32 },
+    #[error(
+        "evidence key {path} is not a key ({reason}): remove it to make a new one (existing evidence must then be verified again)"
+    )]
+    Malformed { path: String, reason: String },
+}
+
+/// The user's HMAC-SHA256 key for sealing evidence.
+#[derive(Clone)]
+pub struct SealKey {
+    key: [u8; KEY_BYTES],
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for SealKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SealKey")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SealKey {
+    /// The user's key: `$MINIRUN_EVIDENCE_KEY`, else `$XDG_CONFIG_HOME/minirun/evidence.key`,
+    /// else `$HOME/.config/minirun/evidence.key`; made (random, 0600) the first time.
+    pub fn for_user() -> Result<SealKey, KeyError> {
+        SealKey::load_or_create(&default_path()?)
+    }
+
+    /// The key at `path`, made there first if there is none. The file must be regular (not a
+    /// link), owned by this user and closed to everyone else.
+    pub fn load_or_create(path: &Path) -> Result<SealKey, KeyError> {
+        match load(path) {
+            Err(KeyError::Io { error, .. }) if error.kind() == std::io::ErrorKind::NotFound => {
+                create(path)?;
+                load(path)
+            }
+            other => other,
+        }
+    }
+
+    /// Where the key lives.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The seal of `bytes` under `domain` (lowercase hex of the HMAC-SHA256).
+    pub fn seal(&self, domain: &str, bytes: &[u8]) -> String {
+        minirun_format::tile::hex(&self.mac(domain, bytes).finalize().into_bytes())
+    }
+
+    /// Whether `seal` is the seal of `bytes` under `domain` (compared in constant time).
+    pub fn opens(&self, domain: &str, bytes: &[u8], seal: &str) -> bool {
+        let Some(tag) = unhex(seal) else {
+            return false;
+        };
+        self.mac(domain, bytes).verify_slice(&tag).is_ok()
+    }
+
+    fn mac(&self, domain: &str, bytes: &[u8]) -> Hmac<Sha256> {
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.key)
+            .expect("HMAC takes a key of any length");
+        mac.update(domain.as_bytes());
+        mac.update(b"\n");
+        mac.update(bytes);
+        mac
+    }
+}
+
+fn default_path() -> Result<PathBuf, KeyError> {
+    let set = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    if let Some(path) = set(KEY_ENV) {
+        return Ok(PathBuf::from(path));
+    }
+    let config = set("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .or_else(|| set("HOME").map(|home| PathBuf::from(home).join(".config")))
+        .ok_or(KeyError::NoHome)?;
+    Ok(config.join("minirun").join(KEY_FILE))
+}
+
+fn io_error(path: &Path) -> impl Fn(std::io::Error) -> KeyError + '_ {
+    move |error| KeyError::Io {
+        path: path.display().to_string(),
+        error,
+    }
+}
+
+fn load(path: &Path) -> Result<SealKey, KeyError> {
+    let shown = path.display().to_string();
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags((rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK).bits() as i32)
+        .open(path)
+        .map_err(io_error(path))?;
+    let meta = file.metadata().map_err(io_error(path))?;
+    if !meta.file_type().is_file() {
+        return Err(KeyError::Malformed {
+            path: shown,
+            reason: regular_file::describe(meta.file_type()).to_string(),
+        });
+    }
+    let me = rustix::process::geteuid().as_raw();
+    if meta.uid() != me {
+        return Err(KeyError::NotOwned {
+            path: shown,
+            owner: meta.uid(),
+            me,
+        });
+    }
+    if meta.mode() & 0o077 != 0 {
+        return Err(KeyError::Exposed {
+            path: shown,
+            mode: meta.mode() & 0o7777,
+        });
+    }
+    let mut text = String::new();
+    file.take(MAX_KEY_FILE + 1)
+        .read_to_string(&mut text)
+        .map_err(io_error(path))?;
+    let malformed = |reason: &str| KeyError::Malformed {
+        path: shown.clone(),
+        reason: reason.to_string(),
+    };
+    let hex = text.strip_suffix('\n').unwrap_or(&text);
+    let bytes = unhex(hex).ok_or_else(|| malformed("not lowercase hex"))?;
+    let key: [u8; KEY_BYTES] = bytes
+        .try_into()
+        .map_err(|_| malformed("not 64 hex digits"))?;
+    Ok(SealKey {
+        key,
+        path: path.to_path_buf(),
+    })
+}
+
+/// Writes a new random key beside `path` and moves it into place only if no key is there: two
+/// processes making the first key at once end up sharing one of them.
+fn create(path: &Path) -> Result<(), KeyError> {
+    let dir = atomic_file::parent_dir(path);
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .map_err(io_error(&dir))?;
+    let mut key = [0u8; KEY_BYTES];
+    getrandom::fill(&mut key).map_err(|e| KeyError::Io {
+        path: path.display().to_string(),
+        error: std::io::Error::other(format!("no randomness for a key: {e}")),
+    })?;
+    let temp = dir.join(format!(".{KEY_FILE}.{}.tmp", std::process::id()));
+    let written = write_key(&temp, &key).and_then(|()| {
+        rustix::fs::renameat_with(
+            rustix::fs::CWD,
+            &temp,
+            rustix::fs::CWD,
+            path,
+            rustix::fs::RenameFlags::NOREPLACE,
+        )
+        .map_err(std::io::Error::from)
+    });
+    let _ = std::fs::remove_file(&temp);
+    match written {
+        Ok(()) => File::open(&dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io_error(&dir)),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(io_error(path)(e)),
+    }
+}
+
+fn write_key(temp: &Path, key: &[u8]) -> std::io::Result<()> {
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(temp)?;
+    writeln!(file, "{}", minirun_format::tile::hex(key))?;
+    file.sync_all()
+}
+
+fn unhex(hex: &str) -> Option<Vec<u8>> {
+    if !hex.len().is_multiple_of(2) || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    {
+        return None;
+    }
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// The test vector of `docs/formats/evidence.md`, computed with Python's `hmac` module.
+    #[test]
+    fn the_seal_is_hmac_sha256_over_domain_newline_body() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k");
+        std::fs::write(
+            &path,
+            "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let key = SealKey::load_or_create(&path).unwrap();
+        assert_eq!(
+            key.seal("minirun-evidence-seal/2", br#"{"schema":"example"}"#),
+            "61aecfbaed27ab372ab1af0edfc3d70c873a9ce401cf8817dd3893369717dccb"
+        );
+    }
+
+    #[test]
+    fn a_key_is_made_once_and_reloaded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nested/evidence.key");
+        let first = SealKey::load_or_create(&path).unwrap();
+        let again = SealKey::load_or_create(&path).unwrap();
+        assert_eq!(first.key, again.key);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let dir_mode = std::fs::metadata(path.parent().unwrap()).unwrap().mode();
+        assert_eq!(dir_mode & 0o777, 0o700);
+    }
+
+    #[test]
+    fn seals_open_only_under_the_same_key_domain_and_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = SealKey::load_or_create(&dir.path().join("a")).unwrap();
+        let b = SealKey::load_or_create(&dir.path().join("b")).unwrap();
+        let seal = a.seal("d", b"bytes");
+        assert!(a.opens("d", b"bytes", &seal));
+        assert!(!b.opens("d", b"bytes", &seal));
+        assert!(!a.opens("e", b"bytes", &seal));
+        assert!(!a.opens("d", b"bytez", &seal));
+        assert!(!a.opens("d", b"bytes", "not hex"));
+    }
+
+    #[test]
+    fn an_exposed_linked_or_malformed_key_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k");
+        SealKey::load_or_create(&path).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        assert!(matches!(
+            SealKey::load_or_create(&path),
+            Err(KeyError::Exposed { mode: 0o640, .. })
+        ));
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        assert!(matches!(
+            SealKey::load_or_create(&link),
+            Err(KeyError::Io { .. })
+        ));
+        let short = dir.path().join("short");
+        std::fs::write(&short, "abcd\n").unwrap();
+        std::fs::set_permissions(&short, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(matches!(
+            SealKey::load_or_create(&short),
+            Err(KeyError::Malformed { .. })
+        ));
+    }
+}
