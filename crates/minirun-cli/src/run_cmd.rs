@@ -209,7 +209,6 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             "expert_bytes_peak": experts_peak,
             "peak_rss_bytes": minirun_runtime::budget::peak_rss(),
             "stop_reason": figures.stop_reason,
-            "read_outside_evidence": session.artifact.outside_evidence,
         });
         let _ = writeln!(stdout, "{report}");
         return Ok(ExitCode::SUCCESS);

@@ -195,7 +195,7 @@ fn manifests(artifact: &Path) -> Result<Vec<(PathBuf, UnitManifest)>, PackError>
         reason: e.to_string(),
     };
     let manifests = ArtifactFiles::unverified(artifact)
-        .and_then(|files| files.unit_manifests(&mut Vec::new()))
+        .and_then(|files| files.unit_manifests())
         .map_err(refused)?;
     Ok(manifests
         .into_iter()

@@ -103,9 +103,6 @@ pub struct Artifact {
     pub tokenizer_config_json: Option<String>,
     /// What vouched for the bytes, in words for the run's header.
     pub provenance: String,
-    /// Metadata files a verified run read outside the evidence (offline evidence covers
-    /// payload only): the run's header names them.
-    pub outside_evidence: Vec<String>,
     files: ArtifactFiles,
     /// Whether a streamed tile's recorded SHA-256 is checked when it is read: always, unless
     /// the evidence is a full verification against the publisher (ADR 0013).
@@ -348,19 +345,11 @@ impl Access {
     }
 }
 
-/// A root metadata file; named in `outside` when a verified run read it outside the evidence.
-fn read_metadata(
-    files: &ArtifactFiles,
-    path: &str,
-    outside: &mut Vec<String>,
-) -> Result<Option<Vec<u8>>, ArtifactError> {
-    let Some(read) = files.read_metadata(path, METADATA_LIMIT)? else {
-        return Ok(None);
-    };
-    if !read.evidenced && files.held().is_some() {
-        outside.push(path.to_string());
-    }
-    Ok(Some(read.bytes))
+/// A root metadata file (a verified run refuses one the evidence does not cover).
+fn read_metadata(files: &ArtifactFiles, path: &str) -> Result<Option<Vec<u8>>, ArtifactError> {
+    Ok(files
+        .read_metadata(path, METADATA_LIMIT)?
+        .map(|read| read.bytes))
 }
 
 fn text(path: &str, bytes: Vec<u8>) -> Result<String, ArtifactError> {
@@ -391,24 +380,22 @@ impl Artifact {
         };
         let files = access.files(root)?;
         files.check_complete()?;
-        let mut outside = Vec::new();
-        let config_json = read_metadata(&files, "config.json", &mut outside)?
+        let config_json = read_metadata(&files, "config.json")?
             .ok_or_else(|| ArtifactError::Incomplete(shown.clone(), "it has no config.json"))?;
         let config_json = text("config.json", config_json)?;
-        let tokenizer_json = read_metadata(&files, "tokenizer.json", &mut outside)?
+        let tokenizer_json = read_metadata(&files, "tokenizer.json")?
             .map(|b| text("tokenizer.json", b))
             .transpose()?;
-        let tokenizer_config_json = read_metadata(&files, "tokenizer_config.json", &mut outside)?
+        let tokenizer_config_json = read_metadata(&files, "tokenizer_config.json")?
             .map(|b| text("tokenizer_config.json", b))
             .transpose()?;
-        let manifests = files.unit_manifests(&mut outside)?;
+        let manifests = files.unit_manifests()?;
         let mut artifact = Artifact {
             root: root.to_path_buf(),
             config_json,
             tokenizer_json,
             tokenizer_config_json,
             provenance,
-            outside_evidence: outside,
             files,
             check_tile_digests,
             payload: Vec::new(),
@@ -592,6 +579,11 @@ impl Artifact {
             ));
         }
         Ok(HeldFile::Mapped(map))
+    }
+
+    /// The evidence the artifact was opened through, if it was.
+    pub fn evidence(&self) -> Option<&minirun_store::Evidence> {
+        self.files.held().map(|held| held.evidence())
     }
 
     /// Bytes of payload held resident (read by the model, and kept; mapped files do not count).

@@ -125,7 +125,7 @@ impl Session {
     /// What the run is, line by line, for the report's header.
     pub fn header(&self) -> Vec<String> {
         let c = &self.config;
-        let mut header = vec![
+        vec![
             format!("artifact {}", self.path.display()),
             format!(
                 "deepseek_v3: {} layers, {} routed experts ({} per token), vocab {}",
@@ -136,14 +136,7 @@ impl Session {
                 self.artifact.payload_bytes()
             ),
             self.artifact.provenance.clone(),
-        ];
-        if !self.artifact.outside_evidence.is_empty() {
-            header.push(format!(
-                "read outside the evidence (not verified): {}",
-                self.artifact.outside_evidence.join(", ")
-            ));
-        }
-        header
+        ]
     }
 
     /// The prompt's token ids: a raw prompt gets the tokenizer's BOS; `chat` renders it as one

@@ -215,3 +215,95 @@ fn spot_check_evidence_never_authorizes_a_run() {
     assert!(message.contains("minirun verify"), "{message}");
     assert!(Session::open(dir.path(), Trust::Unverified).is_ok());
 }
+
+#[test]
+fn offline_evidence_covers_the_metadata_a_run_reads() {
+    let dir = packed();
+    verify(dir.path(), Selection::Full);
+    let held = Session::open(dir.path(), Trust::Verified(key())).unwrap();
+    let evidenced: Vec<&str> = held
+        .artifact
+        .evidence()
+        .unwrap()
+        .files
+        .iter()
+        .map(|f| f.path.as_str())
+        .collect();
+    for metadata in [
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "index.json",
+        "layer00/manifest.json",
+    ] {
+        assert!(evidenced.contains(&metadata), "{metadata}: {evidenced:?}");
+    }
+    drop(held);
+
+    // A changed configuration (say, another rope scaling) no longer opens a verified run.
+    let config = dir.path().join("config.json");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, text.replacen('{', "{\"note\": 1, ", 1)).unwrap();
+    let err = Session::open(dir.path(), Trust::Verified(key()))
+        .err()
+        .expect("a changed config.json opened a verified run")
+        .to_string();
+    assert!(
+        err.contains("config.json") && err.contains("changed"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_unit_added_after_verification_is_refused_not_read() {
+    let dir = packed();
+    verify(dir.path(), Selection::Full);
+    std::fs::create_dir(dir.path().join("layer09")).unwrap();
+    std::fs::copy(
+        dir.path().join("layer02/manifest.json"),
+        dir.path().join("layer09/manifest.json"),
+    )
+    .unwrap();
+    let err = Session::open(dir.path(), Trust::Verified(key()))
+        .err()
+        .expect("an unverified manifest was read")
+        .to_string();
+    assert!(
+        err.contains("layer09/manifest.json") && err.contains("minirun verify"),
+        "{err}"
+    );
+}
+
+#[test]
+fn verification_checks_the_configuration_index_json_pins() {
+    let out = tempfile::tempdir().unwrap();
+    let options = PackOptions {
+        source_repo: Some("team/tiny-deepseek".into()),
+        source_revision: Some("0123456789abcdef0123456789abcdef01234567".into()),
+    };
+    pack(&fixture(), out.path(), &options, &|_| {}).unwrap();
+    let index = std::fs::read_to_string(out.path().join("index.json")).unwrap();
+    assert!(index.contains("\"configuration\""), "{index}");
+    let config = out.path().join("config.json");
+    let mut bytes = std::fs::read(&config).unwrap();
+    bytes.push(b'\n');
+    std::fs::write(&config, bytes).unwrap();
+    let tree = minirun_store::own_manifest_tree(out.path()).unwrap();
+    let err = minirun_store::verify_with(
+        out.path(),
+        &tree,
+        Authority::OwnManifests,
+        Selection::Full,
+        minirun_store::Sealing {
+            key: &key(),
+            progress: &|_| {},
+            stop: &AtomicBool::new(false),
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("config.json") && err.contains("index.json says"),
+        "{err}"
+    );
+}

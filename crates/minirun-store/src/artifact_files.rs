@@ -11,6 +11,7 @@ use minirun_format::artifact::{
     self, INCOMPLETE_MARKER, INDEX_FILE, MAX_MANIFEST_BYTES, ManifestError, UnitManifest,
 };
 use minirun_format::tree::{FileDigest, RepoFile, Tree};
+use sha2::{Digest as _, Sha256};
 
 use crate::held::{HeldEvidence, StoreError};
 use crate::root::{EntryKind, OpenError, Root};
@@ -38,7 +39,14 @@ pub enum LayoutError {
         "{path} carries no per-file digests this build can check ({reason}); published artifacts' manifests have none: verify against the publisher with --repo ID --revision SHA"
     )]
     NoOwnDigests { path: String, reason: String },
+    #[error(
+        "{path} is not in the verification evidence (it was added after the artifact was verified), and a verified run reads nothing the evidence does not cover: run `minirun verify` again"
+    )]
+    NotEvidenced { path: String },
 }
+
+/// The most a root file may hold to be hashed into offline evidence: metadata, never weights.
+pub const MAX_ROOT_FILE_BYTES: u64 = 256 << 20;
 
 /// A root file's bytes, and whether held evidence vouched for them.
 #[derive(Debug, Clone)]
@@ -107,8 +115,8 @@ impl ArtifactFiles {
     }
 
     /// A root or unit metadata file, at most `limit` bytes, or `None` when it does not exist.
-    /// Through the evidence when the evidence covers it; otherwise read beneath the root and
-    /// marked not evidenced.
+    /// Through the evidence when held: a file the evidence does not cover is refused, not read
+    /// ([`LayoutError::NotEvidenced`]). Unverified, it is read beneath the root.
     pub fn read_metadata(&self, path: &str, limit: u64) -> Result<Option<Metadata>, LayoutError> {
         if let Some(held) = self.held()
             && held.covers(path)
@@ -121,6 +129,9 @@ impl ArtifactFiles {
         }
         match self.root().entry_kind(path)? {
             EntryKind::Absent => Ok(None),
+            _ if self.held().is_some() => Err(LayoutError::NotEvidenced {
+                path: path.to_string(),
+            }),
             _ => {
                 let (file, _) = self.root().open_file(path)?;
                 let bytes = read_bounded(file, path, limit)?;
@@ -133,12 +144,9 @@ impl ArtifactFiles {
     }
 
     /// Every unit's manifest, by unit name: a unit is a directory of the root (never a link)
-    /// with a visible plain name that holds a `manifest.json`. Each manifest is read bounded and
-    /// checked ([`artifact::parse_manifest`]); `outside` receives the paths no evidence covered.
-    pub fn unit_manifests(
-        &self,
-        outside: &mut Vec<String>,
-    ) -> Result<Vec<UnitManifest>, LayoutError> {
+    /// with a visible plain name that holds a `manifest.json`. Each manifest is read bounded
+    /// (through the evidence when held) and checked ([`artifact::parse_manifest`]).
+    pub fn unit_manifests(&self) -> Result<Vec<UnitManifest>, LayoutError> {
         let mut manifests = Vec::new();
         for unit in self.root().subdirectories()? {
             if !artifact::is_unit_name(&unit) {
@@ -148,24 +156,25 @@ impl ArtifactFiles {
             let Some(read) = self.read_metadata(&path, MAX_MANIFEST_BYTES)? else {
                 continue;
             };
-            if !read.evidenced && self.held().is_some() {
-                outside.push(path);
-            }
             manifests.push(artifact::parse_manifest(&unit, &read.bytes)?);
         }
         Ok(manifests)
     }
 }
 
-/// The files an artifact's unit manifests list, with the SHA-256 each records (`minirun pack`
-/// writes them): what offline verification checks the files against.
+/// What offline verification checks an artifact against: the payload files its unit manifests
+/// list, with the SHA-256 each records (`minirun pack` writes them), and its metadata (every
+/// visible regular file of the root, and every unit manifest) with the SHA-256 it has now.
+/// Nothing authenticates the metadata offline; recording it binds it to the evidence, so a
+/// verified run reads exactly the metadata that was there when it was verified (and
+/// `index.json`'s pinned identities are checked by the pass).
 pub fn own_manifest_tree(path: &Path) -> Result<Tree, LayoutError> {
     let files = ArtifactFiles::unverified(path)?;
     let no_digests = |reason: String| LayoutError::NoOwnDigests {
         path: path.display().to_string(),
         reason,
     };
-    let manifests = files.unit_manifests(&mut Vec::new()).map_err(|e| match e {
+    let manifests = files.unit_manifests().map_err(|e| match e {
         LayoutError::Manifest(m) => no_digests(m.to_string()),
         other => other,
     })?;
@@ -186,6 +195,19 @@ pub fn own_manifest_tree(path: &Path) -> Result<Tree, LayoutError> {
             tree.files
                 .insert(path.clone(), RepoFile { path, size, digest });
         }
+    }
+    let metadata = files
+        .root()
+        .files_at_top()?
+        .into_iter()
+        .chain(manifests.iter().map(|m| artifact::manifest_path(&m.unit)));
+    for path in metadata.filter(|p| !p.starts_with('.')) {
+        let (file, _) = files.root().open_file(&path)?;
+        let bytes = read_bounded(file, &path, MAX_ROOT_FILE_BYTES)?;
+        let digest = FileDigest::Sha256(Sha256::digest(&bytes).into());
+        let size = bytes.len() as u64;
+        tree.files
+            .insert(path.clone(), RepoFile { path, size, digest });
     }
     Ok(tree)
 }

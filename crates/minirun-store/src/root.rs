@@ -170,6 +170,27 @@ impl Root {
         Ok(names)
     }
 
+    /// The names of the root's entries that are regular files (a link to one is not), sorted.
+    pub fn files_at_top(&self) -> Result<Vec<String>, OpenError> {
+        let io = |error: rustix::io::Errno| OpenError::Io {
+            path: self.path.display().to_string(),
+            error: error.into(),
+        };
+        let mut names = Vec::new();
+        for entry in rustix::fs::Dir::read_from(&self.dir).map_err(io)? {
+            let name = entry
+                .map_err(io)?
+                .file_name()
+                .to_string_lossy()
+                .into_owned();
+            if self.entry_kind(&name)? == EntryKind::File {
+                names.push(name);
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
     /// What `relative` is, without following a link at its end (a link in a directory on the
     /// way is refused by the opens, not here).
     pub fn entry_kind(&self, relative: &str) -> Result<EntryKind, OpenError> {

@@ -5,9 +5,11 @@ use std::io::Read;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use minirun_format::artifact::INCOMPLETE_MARKER;
+use minirun_format::artifact::{INCOMPLETE_MARKER, INDEX_FILE, MAX_MANIFEST_BYTES};
+use minirun_format::index::ArtifactIndex;
 use minirun_format::tree::{RepoFile, StreamHasher, Tree};
 use rayon::prelude::*;
+use sha2::{Digest as _, Sha256};
 
 use crate::checkpoint::{Checkpoint, CheckpointKey};
 use crate::evidence::{self, DigestRecord, EVIDENCE_DIR, Evidence, EvidenceFile, RootRecord};
@@ -54,6 +56,16 @@ pub enum VerifyError {
         "verification stopped before it finished; {done} file(s) are checkpointed and the next run continues from them"
     )]
     Stopped { done: usize },
+    #[error(
+        "{path} does not match what index.json pins for it ({what}): the artifact's {role} is not the one its index names"
+    )]
+    PinnedIdentity {
+        path: String,
+        role: &'static str,
+        what: String,
+    },
+    #[error(transparent)]
+    Layout(#[from] Box<crate::LayoutError>),
     #[error(
         "{path} holds {marker}: a pack into it was interrupted, so it is not a complete artifact; pack it again with `minirun pack`"
     )]
@@ -202,6 +214,7 @@ fn verify_inner(
     if authority == Authority::Publication {
         check_file_set(root_path, tree)?;
     }
+    check_index_pins(&root)?;
     let tree_identity = evidence::tree_identity(tree);
     let checkpoint = Checkpoint::open(
         &root,
@@ -423,4 +436,42 @@ fn check_file_set(root: &Path, tree: &Tree) -> Result<(), VerifyError> {
     } else {
         Err(VerifyError::Files { missing, extra })
     }
+}
+
+/// The tokenizer and configuration files `index.json` pins (by length and SHA-256), when it
+/// pins any, must be exactly those bytes.
+fn check_index_pins(root: &Root) -> Result<(), VerifyError> {
+    if root.entry_kind(INDEX_FILE)? == EntryKind::Absent {
+        return Ok(());
+    }
+    let read = |path: &str, limit: u64| -> Result<Vec<u8>, VerifyError> {
+        let (file, _) = root.open_file(path)?;
+        crate::read_bounded(file, path, limit).map_err(|e| VerifyError::Layout(Box::new(e)))
+    };
+    let index = ArtifactIndex::parse(&read(INDEX_FILE, MAX_MANIFEST_BYTES)?);
+    let tokenizer = index
+        .tokenizer
+        .and_then(Result::ok)
+        .map(|t| ("tokenizer", t.file, t.bytes, t.sha256));
+    let configuration = index
+        .configuration
+        .and_then(Result::ok)
+        .map(|c| ("configuration", c.file, c.bytes, c.sha256));
+    for (role, path, bytes, sha256) in tokenizer.into_iter().chain(configuration) {
+        let mismatch = |what| VerifyError::PinnedIdentity {
+            path: path.clone(),
+            role,
+            what,
+        };
+        let (_, identity) = root.open_file(&path)?;
+        if identity.size != bytes {
+            let size = identity.size;
+            return Err(mismatch(format!("{size} bytes, index.json says {bytes}")));
+        }
+        let got = minirun_format::tile::hex(&Sha256::digest(read(&path, bytes)?));
+        if got != sha256 {
+            return Err(mismatch(format!("SHA-256 {got}, index.json says {sha256}")));
+        }
+    }
+    Ok(())
 }

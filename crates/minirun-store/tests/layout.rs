@@ -34,14 +34,24 @@ fn units_are_the_real_directories_holding_a_manifest() {
     fs::create_dir(dir.path().join(".minirun")).unwrap();
     let files = ArtifactFiles::unverified(dir.path()).unwrap();
     files.check_complete().unwrap();
-    let units = files.unit_manifests(&mut Vec::new()).unwrap();
+    let units = files.unit_manifests().unwrap();
     let names: Vec<&str> = units.iter().map(|m| m.unit.as_str()).collect();
     assert_eq!(names, ["layer00"], "the linked unit is not read");
 
+    std::os::unix::fs::symlink(
+        elsewhere.path().join("layer01/manifest.json"),
+        dir.path().join("config.json"),
+    )
+    .unwrap();
     let tree = minirun_store::own_manifest_tree(dir.path()).unwrap();
     assert_eq!(
         tree.files.keys().collect::<Vec<_>>(),
-        ["layer00/layer00-plain.blob"]
+        [
+            "index.json",
+            "layer00/layer00-plain.blob",
+            "layer00/manifest.json"
+        ],
+        "the payload, the root's regular files and the manifests; no link"
     );
 }
 
@@ -54,7 +64,7 @@ fn a_linked_or_oversized_manifest_is_refused() {
     std::os::unix::fs::symlink(&real, &manifest).unwrap();
     let files = ArtifactFiles::unverified(dir.path()).unwrap();
     assert!(matches!(
-        files.unit_manifests(&mut Vec::new()),
+        files.unit_manifests(),
         Err(LayoutError::Open(OpenError::SymbolicLink { .. }))
     ));
 
@@ -62,7 +72,7 @@ fn a_linked_or_oversized_manifest_is_refused() {
     let huge = fs::File::create(&manifest).unwrap();
     huge.set_len(MAX_MANIFEST_BYTES + 1).unwrap();
     assert!(matches!(
-        files.unit_manifests(&mut Vec::new()),
+        files.unit_manifests(),
         Err(LayoutError::TooLarge { .. })
     ));
 }
