@@ -22,6 +22,13 @@ fn packed() -> tempfile::TempDir {
 
 /// Offline verification against the artifact's own manifests, writing its evidence.
 fn verify(dir: &Path, selection: Selection) {
+    try_verify(dir, selection).unwrap();
+}
+
+fn try_verify(
+    dir: &Path,
+    selection: Selection,
+) -> Result<minirun_store::Verified, minirun_store::VerifyError> {
     let tree = minirun_store::own_manifest_tree(dir).unwrap();
     minirun_store::verify_with(
         dir,
@@ -34,7 +41,14 @@ fn verify(dir: &Path, selection: Selection) {
             stop: &AtomicBool::new(false),
         },
     )
-    .unwrap();
+}
+
+/// Why a verified session does not open (`what` says what should have refused it).
+fn verified_refusal(dir: &Path, what: &str) -> String {
+    match Session::open(dir, Trust::Verified(key())) {
+        Ok(_) => panic!("{what} opened a verified run"),
+        Err(e) => e.to_string(),
+    }
 }
 
 /// This test binary's evidence key (the user's own stays untouched).
@@ -244,10 +258,7 @@ fn offline_evidence_covers_the_metadata_a_run_reads() {
     let config = dir.path().join("config.json");
     let text = std::fs::read_to_string(&config).unwrap();
     std::fs::write(&config, text.replacen('{', "{\"note\": 1, ", 1)).unwrap();
-    let err = Session::open(dir.path(), Trust::Verified(key()))
-        .err()
-        .expect("a changed config.json opened a verified run")
-        .to_string();
+    let err = verified_refusal(dir.path(), "a changed config.json");
     assert!(
         err.contains("config.json") && err.contains("changed"),
         "{err}"
@@ -264,10 +275,7 @@ fn a_unit_added_after_verification_is_refused_not_read() {
         dir.path().join("layer09/manifest.json"),
     )
     .unwrap();
-    let err = Session::open(dir.path(), Trust::Verified(key()))
-        .err()
-        .expect("an unverified manifest was read")
-        .to_string();
+    let err = verified_refusal(dir.path(), "a manifest added after verification");
     assert!(
         err.contains("layer09/manifest.json") && err.contains("minirun verify"),
         "{err}"
@@ -288,20 +296,9 @@ fn verification_checks_the_configuration_index_json_pins() {
     let mut bytes = std::fs::read(&config).unwrap();
     bytes.push(b'\n');
     std::fs::write(&config, bytes).unwrap();
-    let tree = minirun_store::own_manifest_tree(out.path()).unwrap();
-    let err = minirun_store::verify_with(
-        out.path(),
-        &tree,
-        Authority::OwnManifests,
-        Selection::Full,
-        minirun_store::Sealing {
-            key: &key(),
-            progress: &|_| {},
-            stop: &AtomicBool::new(false),
-        },
-    )
-    .unwrap_err()
-    .to_string();
+    let err = try_verify(out.path(), Selection::Full)
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("config.json") && err.contains("index.json says"),
         "{err}"

@@ -151,6 +151,15 @@ impl Root {
     /// The names of the root's entries that are directories themselves (a symbolic link to a
     /// directory is not one), sorted.
     pub fn subdirectories(&self) -> Result<Vec<String>, OpenError> {
+        self.entries_of_kind(EntryKind::Directory)
+    }
+
+    /// The names of the root's entries that are regular files (a link to one is not), sorted.
+    pub fn files_at_top(&self) -> Result<Vec<String>, OpenError> {
+        self.entries_of_kind(EntryKind::File)
+    }
+
+    fn entries_of_kind(&self, kind: EntryKind) -> Result<Vec<String>, OpenError> {
         let io = |error: rustix::io::Errno| OpenError::Io {
             path: self.path.display().to_string(),
             error: error.into(),
@@ -162,28 +171,7 @@ impl Root {
             if name == "." || name == ".." {
                 continue;
             }
-            if self.entry_kind(&name)? == EntryKind::Directory {
-                names.push(name);
-            }
-        }
-        names.sort();
-        Ok(names)
-    }
-
-    /// The names of the root's entries that are regular files (a link to one is not), sorted.
-    pub fn files_at_top(&self) -> Result<Vec<String>, OpenError> {
-        let io = |error: rustix::io::Errno| OpenError::Io {
-            path: self.path.display().to_string(),
-            error: error.into(),
-        };
-        let mut names = Vec::new();
-        for entry in rustix::fs::Dir::read_from(&self.dir).map_err(io)? {
-            let name = entry
-                .map_err(io)?
-                .file_name()
-                .to_string_lossy()
-                .into_owned();
-            if self.entry_kind(&name)? == EntryKind::File {
+            if self.entry_kind(&name)? == kind {
                 names.push(name);
             }
         }
