@@ -77,7 +77,7 @@ fn layout_failures_each_have_their_own_error() {
         "names the known versions: {err}"
     );
 
-    let huge = with_prefix(|p| p.header_len = 64 * 1024 * 1024 + 1);
+    let huge = with_prefix(|p| p.header_len = 4 * 1024 * 1024 + 1);
     assert!(matches!(decode_err(&huge), Error::HeaderTooLarge { .. }));
 
     let overflow = with_prefix(|p| p.payload_len = u64::MAX - 10);

@@ -16,6 +16,11 @@ use minirun_format::tree::{Tree, TreeBuilder, check_complete};
 pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
 /// Most pages a listing may have.
 const MAX_PAGES: usize = 100_000;
+/// Longest `rel="next"` link followed: every page's URL is kept (to refuse a loop), so the
+/// pages' total is bounded by `MAX_PAGES` x this.
+const MAX_LINK_BYTES: usize = 8 << 10;
+/// Most `-minirun` repositories a catalog listing may name.
+const MAX_CATALOG_ENTRIES: usize = 100_000;
 /// Most bytes one API answer may have.
 const MAX_ANSWER_BYTES: u64 = 64 << 20;
 const MAX_REDIRECTS: usize = 5;
@@ -211,6 +216,13 @@ impl Hub {
             let (body, link) = self.get_api(&url)?;
             page(&url, &body)?;
             if let Some(link) = link {
+                if link.len() > MAX_LINK_BYTES {
+                    return Err(bad_page(
+                        &first,
+                        &url,
+                        "a next link longer than any listing uses",
+                    ));
+                }
                 let target = url
                     .join(&link)
                     .map_err(|_| bad_page(&first, &url, "not a URL"))?;
@@ -335,6 +347,11 @@ impl Hub {
                     });
                 }
                 found.insert(id.to_string(), entry);
+                if found.len() > MAX_CATALOG_ENTRIES {
+                    return Err(bad(format!(
+                        "more than {MAX_CATALOG_ENTRIES} -minirun repositories, far more than any author publishes"
+                    )));
+                }
             }
             Ok(())
         })?;

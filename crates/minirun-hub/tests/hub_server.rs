@@ -369,6 +369,24 @@ fn pagination_and_redirects_may_not_leave_the_origin_or_repeat() {
         "{err}"
     );
 
+    // Every page's URL is kept to refuse a loop, so a link may not be of any length.
+    server.behaviour.lock().unwrap().next_link = Some(format!(
+        "{}/api/models/{KIMI}/tree/{KIMI_PIN}?recursive=1&expand=1&cursor={}",
+        server.base,
+        "9".repeat(9000)
+    ));
+    let err = server.hub().tree(KIMI, KIMI_PIN).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            HubError::BadPagination {
+                reason: "a next link longer than any listing uses",
+                ..
+            }
+        ),
+        "{err}"
+    );
+
     server.behaviour.lock().unwrap().redirect_tree = Some("http://evil.example/api/tree".into());
     let err = server.hub().tree(REPO, PIN).unwrap_err();
     assert!(matches!(err, HubError::RedirectOffOrigin { .. }), "{err}");

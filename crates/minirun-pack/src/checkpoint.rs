@@ -10,6 +10,11 @@ use crate::PackError;
 use crate::shard::{Shard, TensorSource};
 
 const SHARD_INDEX: &str = "model.safetensors.index.json";
+/// The most tensors a checkpoint may hold over all its shards (each costs a few hundred bytes
+/// while packing); the largest published MoE checkpoints hold about 100,000.
+pub const MAX_TENSORS: usize = 1 << 20;
+/// The most `config.json` or the shard index may hold (a 100,000-tensor index is about 9 MB).
+pub const MAX_METADATA_BYTES: u64 = 64 << 20;
 
 /// A checkpoint whose every shard header has been validated.
 #[derive(Debug)]
@@ -25,8 +30,7 @@ pub struct Checkpoint {
 impl Checkpoint {
     pub fn open(dir: &Path) -> Result<Checkpoint, PackError> {
         let config_path = dir.join("config.json");
-        let config_text =
-            std::fs::read_to_string(&config_path).map_err(|e| PackError::io(&config_path, e))?;
+        let config_text = read_text_bounded(&config_path)?;
         let config: Value = serde_json::from_str(&config_text).map_err(|e| PackError::Refused {
             what: config_path.display().to_string(),
             reason: format!("config.json is not JSON: {e}"),
@@ -35,6 +39,14 @@ impl Checkpoint {
         let mut tensors = BTreeMap::new();
         for name in &shard_names {
             let shard = Shard::open(&dir.join(name))?;
+            if tensors.len() + shard.tensors.len() > MAX_TENSORS {
+                return Err(PackError::Refused {
+                    what: dir.display().to_string(),
+                    reason: format!(
+                        "its shards hold more than {MAX_TENSORS} tensors, far more than any published checkpoint; this build refuses it rather than exhaust memory"
+                    ),
+                });
+            }
             for t in shard.tensors {
                 if let Some(previous) = tensors.insert(t.name.clone(), t) {
                     return Err(PackError::Refused {
@@ -127,6 +139,23 @@ fn check_link(path: &Path, allowed: &[PathBuf]) -> Result<(), PackError> {
     })
 }
 
+/// A root metadata file's text, refused past [`MAX_METADATA_BYTES`] without reading further.
+fn read_text_bounded(path: &Path) -> Result<String, PackError> {
+    use std::io::Read as _;
+    let file = regular_file::open(path).map_err(|e| PackError::io(path, e))?;
+    let mut text = String::new();
+    file.take(MAX_METADATA_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| PackError::io(path, e))?;
+    if text.len() as u64 > MAX_METADATA_BYTES {
+        return Err(PackError::Refused {
+            what: path.display().to_string(),
+            reason: format!("larger than {MAX_METADATA_BYTES} bytes: not a model's metadata"),
+        });
+    }
+    Ok(text)
+}
+
 /// When a shard index exists, every tensor it maps must be in the shard it names, and
 /// every tensor found must be mapped.
 fn check_shard_index(
@@ -141,7 +170,7 @@ fn check_shard_index(
         what: path.display().to_string(),
         reason,
     };
-    let text = std::fs::read_to_string(&path).map_err(|e| PackError::io(&path, e))?;
+    let text = read_text_bounded(&path)?;
     let index: Value = serde_json::from_str(&text).map_err(|e| refuse(format!("not JSON: {e}")))?;
     let Some(map) = index.get("weight_map").and_then(Value::as_object) else {
         return Err(refuse("no weight_map object".to_string()));

@@ -13,6 +13,10 @@ use crate::PackError;
 
 /// Safetensors refuses headers above 100 MB; so do we, before allocating.
 const MAX_HEADER: u64 = 100_000_000;
+/// The most tensors one shard may hold. Parsing a header takes about 2 KB per tensor, so a
+/// header of tiny entries (a 20 MB one names 400,000) would cost gigabytes; real shards hold a
+/// few thousand at most. Counted by a pass that keeps only the names, before the full parse.
+pub const MAX_TENSORS_PER_SHARD: usize = 1 << 16;
 
 /// One tensor's place in its shard.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,10 +64,18 @@ impl Shard {
             .map_err(|e| PackError::io(path, e))?;
         let text =
             std::str::from_utf8(&header).map_err(|e| bad(format!("header is not UTF-8: {e}")))?;
-        if let Some(name) = repeated_key(text) {
-            return Err(bad(format!(
-                "the header names tensor {name:?} twice; a reader keeps one of the two at random, so the file has no single meaning"
-            )));
+        match scan_keys(text) {
+            KeyScan::Repeated(name) => {
+                return Err(bad(format!(
+                    "the header names tensor {name:?} twice; a reader keeps one of the two at random, so the file has no single meaning"
+                )));
+            }
+            KeyScan::TooMany => {
+                return Err(bad(format!(
+                    "the header names more than {MAX_TENSORS_PER_SHARD} tensors, far more than any real shard; this build refuses it rather than spend gigabytes parsing it"
+                )));
+            }
+            KeyScan::Unique => {}
         }
         let metadata: Metadata = serde_json::from_str(text)
             .map_err(|e| bad(format!("header is not a safetensors header: {e}")))?;
@@ -81,10 +93,20 @@ impl Shard {
     }
 }
 
-/// The first top-level key the header's JSON object repeats, if any: a JSON map keeps the last
-/// of two equal keys, which would silently drop a tensor's first entry.
-fn repeated_key(header: &str) -> Option<String> {
-    struct Keys(Option<String>);
+/// What a pass over a header's top-level keys found.
+enum KeyScan {
+    /// The first key the object repeats: a JSON map keeps the last of two equal keys, which
+    /// would silently drop a tensor's first entry.
+    Repeated(String),
+    /// More than [`MAX_TENSORS_PER_SHARD`] keys (the pass stops there).
+    TooMany,
+    /// Neither (or not a JSON object at all, which the full parse then reports).
+    Unique,
+}
+
+/// Walks the header's top-level keys keeping only their names, values skipped unparsed.
+fn scan_keys(header: &str) -> KeyScan {
+    struct Keys(KeyScan);
     impl<'de> serde::Deserialize<'de> for Keys {
         fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
             struct Visit;
@@ -97,20 +119,31 @@ fn repeated_key(header: &str) -> Option<String> {
                     self,
                     mut map: A,
                 ) -> Result<Keys, A::Error> {
+                    // The map is read to its end even after a finding: the parser refuses a
+                    // map left half-read, which would hide the finding.
                     let mut seen = std::collections::HashSet::new();
+                    let mut found = KeyScan::Unique;
                     while let Some(key) = map.next_key::<String>()? {
                         map.next_value::<serde::de::IgnoredAny>()?;
+                        if !matches!(found, KeyScan::Unique) {
+                            continue;
+                        }
                         if !seen.insert(key.clone()) {
-                            return Ok(Keys(Some(key)));
+                            found = KeyScan::Repeated(key);
+                        } else if seen.len()
+                            > MAX_TENSORS_PER_SHARD + usize::from(seen.contains("__metadata__"))
+                        {
+                            seen.clear();
+                            found = KeyScan::TooMany;
                         }
                     }
-                    Ok(Keys(None))
+                    Ok(Keys(found))
                 }
             }
             d.deserialize_map(Visit)
         }
     }
-    serde_json::from_str::<Keys>(header).ok()?.0
+    serde_json::from_str::<Keys>(header).map_or(KeyScan::Unique, |k| k.0)
 }
 
 /// The checks `SafeTensors::deserialize` makes, applied to a header read on its own.
@@ -210,5 +243,36 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("names tensor \"a\" twice"), "{err}");
+
+        // A repeat followed by more tensors (which the last-wins parse would keep).
+        let then_more = r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#;
+        let err = Shard::open(&shard_with_header(dir.path(), then_more, 8))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("names tensor \"a\" twice"), "{err}");
+    }
+
+    #[test]
+    fn a_header_of_more_tensors_than_any_shard_holds_is_refused_before_it_is_parsed() {
+        let dir = tempfile::tempdir().unwrap();
+        let header = |count: usize| {
+            let entries: Vec<String> = (0..count)
+                .map(|i| {
+                    format!(
+                        r#""t{i}":{{"dtype":"U8","shape":[1],"data_offsets":[{i},{}]}}"#,
+                        i + 1
+                    )
+                })
+                .collect();
+            format!("{{{}}}", entries.join(","))
+        };
+        let most = MAX_TENSORS_PER_SHARD;
+        let fits = shard_with_header(dir.path(), &header(most), most);
+        assert_eq!(Shard::open(&fits).unwrap().tensors.len(), most);
+        let over = shard_with_header(dir.path(), &header(most + 1), most + 1);
+        let Err(err) = Shard::open(&over) else {
+            panic!("a shard of {} tensors was parsed", most + 1);
+        };
+        assert!(err.to_string().contains("more than 65536 tensors"), "{err}");
     }
 }

@@ -48,6 +48,10 @@ pub enum TreeError {
     #[error("the tree lists {0:?} twice")]
     Duplicate(String),
     #[error(
+        "the tree lists more than {0} entries, far more than any model repository holds; this build refuses it rather than keep accumulating pages"
+    )]
+    TooManyEntries(usize),
+    #[error(
         "the tree is incomplete or padded: the revision lists {missing} file(s) the tree lacks (e.g. {example_missing:?}) and the tree has {extra} it does not list (e.g. {example_extra:?})"
     )]
     Incomplete {
@@ -58,14 +62,26 @@ pub enum TreeError {
     },
 }
 
-/// Collects tree pages into a [`Tree`], refusing unsafe or duplicate paths and entries
-/// without a usable digest.
-#[derive(Debug, Default)]
+/// The most entries (files and folders) a tree may list over all its pages. The largest
+/// published artifacts hold a few tens of thousands of files; each entry kept costs a few
+/// hundred bytes.
+pub const MAX_TREE_ENTRIES: usize = 1 << 20;
+
+/// Collects tree pages into a [`Tree`], refusing unsafe or duplicate paths, entries without a
+/// usable digest, and more than [`MAX_TREE_ENTRIES`] entries.
+#[derive(Debug)]
 pub struct TreeBuilder {
     files: BTreeMap<String, RepoFile>,
     seen: BTreeSet<String>,
     entries: usize,
     total: u64,
+    max_entries: usize,
+}
+
+impl Default for TreeBuilder {
+    fn default() -> Self {
+        TreeBuilder::with_entry_limit(MAX_TREE_ENTRIES)
+    }
 }
 
 /// Folders minirun keeps inside an artifact (partial downloads, evidence); a publication that
@@ -73,6 +89,17 @@ pub struct TreeBuilder {
 const RESERVED: [&str; 2] = [".minirun-partial", ".minirun"];
 
 impl TreeBuilder {
+    /// A builder that refuses more than `max_entries` entries over all pages.
+    pub fn with_entry_limit(max_entries: usize) -> Self {
+        TreeBuilder {
+            files: BTreeMap::new(),
+            seen: BTreeSet::new(),
+            entries: 0,
+            total: 0,
+            max_entries,
+        }
+    }
+
     /// Adds one page (the JSON array the tree endpoint returns).
     pub fn add_page(&mut self, page: &[u8]) -> Result<(), TreeError> {
         let value: Value =
@@ -80,6 +107,9 @@ impl TreeBuilder {
         let Value::Array(entries) = value else {
             return Err(TreeError::NotAPage("the top level is not an array".into()));
         };
+        if self.entries.saturating_add(entries.len()) > self.max_entries {
+            return Err(TreeError::TooManyEntries(self.max_entries));
+        }
         for entry in &entries {
             let index = self.entries;
             self.entries += 1;
@@ -211,6 +241,19 @@ mod tests {
 
     const LFS: &str = r#"{"type":"file","oid":"9f29622b3111fd35fb24420bc7bd176b39902d5f","size":2348810240,"lfs":{"oid":"4a79cdabdab6826b994aff69d90a72aa35dae32e90f8acaf1ce312c7bdc4a487","size":2348810240,"pointerSize":135},"path":"global/embed_tokens.bin"}"#;
     const PLAIN: &str = r#"{"type":"file","oid":"9238e45903a3d0f2c30d9b6296165a92219a48ed","size":19459,"path":".gitattributes"}"#;
+
+    #[test]
+    fn pages_stop_accumulating_at_the_entry_limit() {
+        assert_eq!(TreeBuilder::default().max_entries, MAX_TREE_ENTRIES);
+        let dir = |i: usize| format!(r#"{{"type":"directory","oid":"","size":0,"path":"d{i}"}}"#);
+        let mut b = TreeBuilder::with_entry_limit(3);
+        b.add_page(&page(&format!("{},{}", dir(0), dir(1))))
+            .unwrap();
+        b.add_page(&page(&dir(2))).unwrap();
+        let err = b.add_page(&page(&dir(3))).unwrap_err();
+        assert!(matches!(err, TreeError::TooManyEntries(3)), "{err}");
+        assert!(err.to_string().contains("more than 3 entries"), "{err}");
+    }
 
     #[test]
     fn lfs_entries_use_the_content_sha256_never_the_pointer_oid() {
