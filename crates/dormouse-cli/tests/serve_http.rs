@@ -309,6 +309,47 @@ fn half_sent_requests_are_cut_off_and_a_shutdown_waits_for_them_only_so_long() {
     assert!(stopped.elapsed() < Duration::from_secs(8));
 }
 
+#[test]
+fn health_answers_again_once_idle_connections_time_out_under_a_low_descriptor_limit() {
+    use rustix::process::{Pid, Resource, Rlimit, prlimit};
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let export = trained_export(dir.path(), 2, &[]);
+    let server = Server::start(dir.path(), &export, &["--header-timeout", "1"]);
+    let pid = Pid::from_raw(server.child.id() as i32).unwrap();
+    let limit = Rlimit {
+        current: Some(64),
+        maximum: Some(64),
+    };
+    prlimit(Some(pid), Resource::Nofile, limit).unwrap();
+    let address = server.base.trim_start_matches("http://").to_string();
+
+    // More half-sent requests than the server has descriptors: accepts fail until the header
+    // timeout closes the connections it holds.
+    let held: Vec<std::net::TcpStream> = (0..150)
+        .map(|_| {
+            let mut slow = std::net::TcpStream::connect(&address).unwrap();
+            slow.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+                .unwrap();
+            slow
+        })
+        .collect();
+    let asked = Instant::now();
+    let health: Value = ureq::get(&server.url("/health"))
+        .timeout(Duration::from_secs(30))
+        .call()
+        .expect("/health stopped answering")
+        .into_json()
+        .unwrap();
+    assert_eq!(health["status"], "ok");
+    assert!(
+        asked.elapsed() < Duration::from_secs(20),
+        "answered after {:?}",
+        asked.elapsed()
+    );
+    drop(held);
+}
+
 fn sigterm(pid: &str) {
     let sent = std::process::Command::new("kill")
         .args(["-TERM", pid])
