@@ -1,8 +1,9 @@
 //! The DeepSeek-V3 architecture (DeepSeek V3/R1; Kimi K2 shares it but names itself `kimi_k2`
 //! and ships no `tokenizer.json`, so it is refused for now): multi-head latent attention with a cache
 //! of the compressed latent, dense then mixture-of-experts layers with sigmoid, group-limited
-//! routing and shared experts. One token at a time, using the absorbed attention (queries
-//! projected into the latent space, values read out of it), which is mlx-lm's decode path.
+//! routing and shared experts. A prompt runs in chunks of positions, each token after it alone;
+//! every position uses the absorbed attention (queries projected into the latent space, values
+//! read out of it), which is mlx-lm's decode path, and gets the same bits in a chunk as alone.
 //!
 //! Both stored layouts run: MLX (`embed_q` / `unembed_out`, stacked `switch_mlp` experts) and
 //! Hugging Face / DeepSeek (`kv_b_proj` whole, per-expert tensors).
@@ -16,6 +17,11 @@ use crate::kernels::{Format, KernelError, QMatrix};
 use crate::layer_stream::{self, LoadedLayer};
 use crate::plan::{DEFAULT_READS_IN_FLIGHT, ExpertMap, Mode, Plan};
 use crate::rope::{Rope, attention_scale};
+
+/// Prompt positions run through the layers together: each matrix's bytes are read once for
+/// all of them. The activations of a chunk (a few vectors of the widest projection per
+/// position) stay well inside the runtime's stated overhead.
+pub const PREFILL_CHUNK: usize = 64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -358,12 +364,86 @@ fn apply(m: &QMatrix, x: &[f32], stats: &mut StepStats) -> Result<Vec<f32>, Kern
     Ok(y)
 }
 
+/// `W x` for every `x` of a batch, the matrix's bytes read once for all of them: each output
+/// has the bits [`apply`] gives it alone (`QMatrix::matmul`).
+fn apply_batch(
+    m: &QMatrix,
+    xs: &[Vec<f32>],
+    stats: &mut StepStats,
+) -> Result<Vec<Vec<f32>>, KernelError> {
+    if let [x] = xs {
+        return Ok(vec![apply(m, x, stats)?]);
+    }
+    let flat: Vec<f32> = xs.concat();
+    let mut ys = vec![0f32; xs.len() * m.rows];
+    m.matmul(&flat, xs.len(), &mut ys)?;
+    stats.weight_bytes += m.stored_bytes() as u64;
+    Ok(ys.chunks_exact(m.rows).map(<[f32]>::to_vec).collect())
+}
+
+/// `ys[i] += outs[i]` for every row of a batch.
+fn add_rows(ys: &mut [Vec<f32>], outs: &[Vec<f32>]) {
+    for (y, out) in ys.iter_mut().zip(outs) {
+        y.iter_mut().zip(out).for_each(|(y, o)| *y += o);
+    }
+}
+
 impl Mlp<'_> {
-    fn forward(&self, x: &[f32], stats: &mut StepStats) -> Result<Vec<f32>, KernelError> {
-        let gate = apply(&self.gate, x, stats)?;
-        let up = apply(&self.up, x, stats)?;
-        let inner: Vec<f32> = gate.iter().zip(&up).map(|(&g, &u)| silu(g) * u).collect();
-        apply(&self.down, &inner, stats)
+    fn forward(
+        &self,
+        xs: &[Vec<f32>],
+        stats: &mut StepStats,
+    ) -> Result<Vec<Vec<f32>>, KernelError> {
+        let gate = apply_batch(&self.gate, xs, stats)?;
+        let up = apply_batch(&self.up, xs, stats)?;
+        let inner: Vec<Vec<f32>> = gate
+            .iter()
+            .zip(&up)
+            .map(|(g, u)| g.iter().zip(u).map(|(&g, &u)| silu(g) * u).collect())
+            .collect();
+        apply_batch(&self.down, &inner, stats)
+    }
+}
+
+/// Which rows of a batch each chosen expert serves: `(row, k)` for the row's `k`-th route.
+struct ExpertUsers {
+    /// The chosen experts in order of first choice (row by row, each row in its router order).
+    order: Vec<usize>,
+    users: std::collections::HashMap<usize, Vec<(usize, usize)>>,
+}
+
+impl ExpertUsers {
+    fn of(routes: &[Vec<(usize, f32)>]) -> ExpertUsers {
+        let mut order = Vec::new();
+        let mut users: std::collections::HashMap<usize, Vec<(usize, usize)>> =
+            std::collections::HashMap::new();
+        for (row, chosen) in routes.iter().enumerate() {
+            for (k, &(e, _)) in chosen.iter().enumerate() {
+                let served = users.entry(e).or_default();
+                if served.is_empty() {
+                    order.push(e);
+                }
+                served.push((row, k));
+            }
+        }
+        ExpertUsers { order, users }
+    }
+
+    /// Runs `expert` on the rows it serves, filling their slots of `outputs`.
+    fn run(
+        &self,
+        e: usize,
+        expert: &Mlp,
+        xs: &[Vec<f32>],
+        outputs: &mut [Vec<Vec<f32>>],
+        stats: &mut StepStats,
+    ) -> Result<(), KernelError> {
+        let served = self.users.get(&e).map_or(&[][..], Vec::as_slice);
+        let rows: Vec<Vec<f32>> = served.iter().map(|&(row, _)| xs[row].clone()).collect();
+        for (&(row, k), out) in served.iter().zip(expert.forward(&rows, stats)?) {
+            outputs[row][k] = out;
+        }
+        Ok(())
     }
 }
 
@@ -409,73 +489,47 @@ impl Moe<'_> {
             .collect()
     }
 
+    /// Every row of the batch through its routed experts and the shared expert. An expert is
+    /// run once for all the rows that chose it; a row's outputs are then added in its router's
+    /// order and the shared expert's last, whether the expert was held or read just now and
+    /// however many rows the batch has: the same products, the same sum.
     fn forward(
         &self,
-        x: &[f32],
+        xs: &[Vec<f32>],
         c: &DeepSeekV3Config,
         streaming: Option<(&Artifact, &ExpertCache, usize)>,
         stats: &mut StepStats,
-    ) -> Result<Vec<f32>, ModelError> {
-        let logits = apply(&self.router, x, stats)?;
-        let routes = self.route(&logits, c);
-        let mut y = vec![0f32; x.len()];
-        // Each expert's output is added in the router's order, whether the expert was held or
-        // read just now: the same bytes, the same products, the same sum.
-        let mut add = |out: Vec<f32>, w: f32| {
-            y.iter_mut().zip(&out).for_each(|(y, o)| *y += o * w);
-        };
-        match (&self.experts, streaming) {
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let routes: Vec<Vec<(usize, f32)>> = apply_batch(&self.router, xs, stats)?
+            .iter()
+            .map(|logits| self.route(logits, c))
+            .collect();
+        let users = ExpertUsers::of(&routes);
+        let mut outputs: Vec<Vec<Vec<f32>>> =
+            routes.iter().map(|r| vec![Vec::new(); r.len()]).collect();
+        let shared = match (&self.experts, streaming) {
             (RoutedExperts::Resident(experts), _) => {
-                for &(e, w) in &routes {
-                    add(experts[e].forward(x, stats)?, w);
+                for &e in &users.order {
+                    let expert = experts.get(e).ok_or(KernelError::Length {
+                        what: "experts",
+                        expected: e + 1,
+                        actual: experts.len(),
+                    })?;
+                    users.run(e, expert, xs, &mut outputs, stats)?;
                 }
+                self.shared
+                    .as_ref()
+                    .map(|s| s.forward(xs, stats))
+                    .transpose()?
             }
-            (
-                RoutedExperts::Streamed { layer, parts },
-                Some((artifact, cache, reads_in_flight)),
-            ) => {
-                let chosen: Vec<usize> = routes.iter().map(|&(e, _)| e).collect();
-                let mut shared_stats = StepStats::default();
-                let mut expert_stats = StepStats::default();
-                let (shared, waited) = with_fetched(
-                    artifact,
-                    cache,
-                    *layer,
+            (RoutedExperts::Streamed { layer, parts }, Some(streaming)) => {
+                let fetched = StreamedExperts {
+                    layer: *layer,
                     parts,
-                    &chosen,
-                    reads_in_flight,
-                    || {
-                        self.shared
-                            .as_ref()
-                            .map(|s| s.forward(x, &mut shared_stats))
-                            .transpose()
-                    },
-                    |i, expert, fetch| {
-                        let (e, w) = routes[i];
-                        let part = &parts[e];
-                        expert_stats.expert_read_bytes += fetch.read_bytes;
-                        expert_stats.direct_reads += fetch.direct_reads;
-                        expert_stats.buffered_reads += fetch.buffered_reads;
-                        match fetch.hit {
-                            true => expert_stats.expert_cache_hits += 1,
-                            false => expert_stats.expert_cache_misses += 1,
-                        }
-                        let mlp = Mlp {
-                            gate: expert.gate.matrix(&part.gate)?,
-                            up: expert.up.matrix(&part.up)?,
-                            down: expert.down.matrix(&part.down)?,
-                        };
-                        add(mlp.forward(x, &mut expert_stats)?, w);
-                        Ok(())
-                    },
-                )?;
-                crate::generate::accumulate(stats, &expert_stats);
-                stats.weight_bytes += shared_stats.weight_bytes;
-                stats.io_time += waited;
-                if let Some(out) = shared? {
-                    y.iter_mut().zip(&out).for_each(|(y, o)| *y += o);
-                }
-                return Ok(y);
+                    streaming,
+                    slots: c.num_experts_per_tok,
+                };
+                fetched.run(self.shared.as_ref(), &users, xs, &mut outputs, stats)?
             }
             (RoutedExperts::Streamed { .. }, None) => {
                 return Err(ModelError::Artifact(ArtifactError::Tensor {
@@ -483,12 +537,92 @@ impl Moe<'_> {
                     reason: "are streamed but the model holds no expert cache".into(),
                 }));
             }
+        };
+        let mut ys = vec![vec![0f32; c.hidden_size]; xs.len()];
+        for ((y, chosen), outs) in ys.iter_mut().zip(&routes).zip(&outputs) {
+            for (&(_, w), out) in chosen.iter().zip(outs) {
+                y.iter_mut().zip(out).for_each(|(y, o)| *y += o * w);
+            }
         }
-        if let Some(shared) = &self.shared {
-            let out = shared.forward(x, stats)?;
-            y.iter_mut().zip(&out).for_each(|(y, o)| *y += o);
+        if let Some(shared) = shared {
+            add_rows(&mut ys, &shared);
         }
-        Ok(y)
+        Ok(ys)
+    }
+}
+
+/// A streamed layer's chosen experts, fetched `slots` at a time (the slot pool one token's
+/// experts fill), so that a batch that chose many experts still holds at most that many
+/// loaded at once.
+struct StreamedExperts<'a> {
+    layer: usize,
+    parts: &'a [ExpertParts],
+    streaming: (&'a Artifact, &'a ExpertCache, usize),
+    slots: usize,
+}
+
+impl StreamedExperts<'_> {
+    /// Runs the chosen experts as their reads finish, and the shared expert while the first
+    /// ones are read; returns the shared expert's outputs.
+    fn run(
+        &self,
+        shared: Option<&Mlp>,
+        users: &ExpertUsers,
+        xs: &[Vec<f32>],
+        outputs: &mut [Vec<Vec<f32>>],
+        stats: &mut StepStats,
+    ) -> Result<Option<Vec<Vec<f32>>>, ModelError> {
+        let (artifact, cache, reads_in_flight) = self.streaming;
+        let mut shared_out = None;
+        let mut shared_stats = StepStats::default();
+        let mut expert_stats = StepStats::default();
+        let mut waited_total = Duration::ZERO;
+        for (n, chunk) in users.order.chunks(self.slots.max(1)).enumerate() {
+            let meanwhile = || match (n, shared) {
+                (0, Some(s)) => s.forward(xs, &mut shared_stats).map(Some),
+                _ => Ok(None),
+            };
+            let (out, waited) = with_fetched(
+                artifact,
+                cache,
+                self.layer,
+                self.parts,
+                chunk,
+                reads_in_flight,
+                meanwhile,
+                |i, expert, fetch| {
+                    let e = chunk[i];
+                    let part = &self.parts[e];
+                    expert_stats.expert_read_bytes += fetch.read_bytes;
+                    expert_stats.direct_reads += fetch.direct_reads;
+                    expert_stats.buffered_reads += fetch.buffered_reads;
+                    match fetch.hit {
+                        true => expert_stats.expert_cache_hits += 1,
+                        false => expert_stats.expert_cache_misses += 1,
+                    }
+                    let mlp = Mlp {
+                        gate: expert.gate.matrix(&part.gate)?,
+                        up: expert.up.matrix(&part.up)?,
+                        down: expert.down.matrix(&part.down)?,
+                    };
+                    users.run(e, &mlp, xs, outputs, &mut expert_stats)?;
+                    Ok(())
+                },
+            )?;
+            waited_total += waited;
+            if let Some(out) = out? {
+                shared_out = Some(out);
+            }
+        }
+        if users.order.is_empty()
+            && let Some(s) = shared
+        {
+            shared_out = Some(s.forward(xs, &mut shared_stats)?);
+        }
+        crate::generate::accumulate(stats, &expert_stats);
+        stats.weight_bytes += shared_stats.weight_bytes;
+        stats.io_time += waited_total;
+        Ok(shared_out)
     }
 }
 
@@ -609,43 +743,78 @@ impl<'a> DeepSeekV3<'a> {
         cache: &mut Cache,
         stats: &mut StepStats,
     ) -> Result<Vec<f32>, ModelError> {
+        self.prefill(&[token], cache, stats)
+    }
+
+    /// Runs `tokens` at the next positions of `cache`, [`PREFILL_CHUNK`] positions at a time
+    /// through every layer (each matrix, and each streamed layer and expert, read once per
+    /// chunk), returning the logits of the last. Every position gets exactly the bits `step`
+    /// gives it, so the cache and the logits equal those of stepping through `tokens` one by
+    /// one. On an error the cache is left as it was before the call.
+    pub fn prefill(
+        &self,
+        tokens: &[u32],
+        cache: &mut Cache,
+        stats: &mut StepStats,
+    ) -> Result<Vec<f32>, ModelError> {
         let before = cache.len;
-        let result = self.step_unguarded(token, cache, stats);
+        let mut result = Err(ModelError::EmptyPrompt);
+        for (n, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
+            let last = (n + 1) * PREFILL_CHUNK >= tokens.len();
+            result = self.forward_positions(chunk, last, cache, stats);
+            if result.is_err() {
+                break;
+            }
+        }
         if result.is_err() {
-            let (lora, rope) = (self.config.kv_lora_rank, self.config.qk_rope_head_dim);
-            cache
-                .latent
-                .iter_mut()
-                .for_each(|l| l.truncate(before * lora));
-            cache
-                .rope_key
-                .iter_mut()
-                .for_each(|k| k.truncate(before * rope));
-            cache.len = before;
+            self.truncate(cache, before);
         }
         result
     }
 
-    fn step_unguarded(
+    fn truncate(&self, cache: &mut Cache, len: usize) {
+        let (lora, rope) = (self.config.kv_lora_rank, self.config.qk_rope_head_dim);
+        cache.latent.iter_mut().for_each(|l| l.truncate(len * lora));
+        cache
+            .rope_key
+            .iter_mut()
+            .for_each(|k| k.truncate(len * rope));
+        cache.len = len;
+    }
+
+    /// `tokens` through every layer at the next positions; the logits of the last when asked
+    /// for (an empty vector otherwise).
+    fn forward_positions(
         &self,
-        token: u32,
+        tokens: &[u32],
+        logits: bool,
         cache: &mut Cache,
         stats: &mut StepStats,
     ) -> Result<Vec<f32>, ModelError> {
         let c = &self.config;
-        if token as usize >= c.vocab_size {
+        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
             return Err(ModelError::Token(token, c.vocab_size));
         }
-        if cache.len >= c.max_position_embeddings {
-            return Err(ModelError::Position(cache.len, c.max_position_embeddings));
+        let last = cache.len + tokens.len().saturating_sub(1);
+        if last >= c.max_position_embeddings {
+            return Err(ModelError::Position(last, c.max_position_embeddings));
         }
-        let mut h = vec![0f32; c.hidden_size];
-        self.embed.dequantize_row(token as usize, &mut h)?;
-        stats.weight_bytes += (self.embed.stored_bytes() / self.embed.rows) as u64;
-        self.run_layers(&mut h, cache, stats)?;
-        cache.len += 1;
-        let x = rms_norm(&h, &self.norm, c.rms_norm_eps);
-        Ok(apply(&self.lm_head, &x, stats)?)
+        let mut hs = Vec::with_capacity(tokens.len());
+        for &token in tokens {
+            let mut h = vec![0f32; c.hidden_size];
+            self.embed.dequantize_row(token as usize, &mut h)?;
+            stats.weight_bytes += (self.embed.stored_bytes() / self.embed.rows) as u64;
+            hs.push(h);
+        }
+        self.run_layers(&mut hs, cache, stats)?;
+        cache.len += tokens.len();
+        match (logits, hs.last()) {
+            (true, Some(h)) => {
+                let x = rms_norm(h, &self.norm, c.rms_norm_eps);
+                Ok(apply(&self.lm_head, &x, stats)?)
+            }
+            _ => Ok(Vec::new()),
+        }
     }
 
     /// Every layer in order. A streamed layer's matrices are read when it is reached, or, with
@@ -653,7 +822,7 @@ impl<'a> DeepSeekV3<'a> {
     /// streamed layers are in memory); the time spent waiting for them is I/O time.
     fn run_layers(
         &self,
-        h: &mut [f32],
+        hs: &mut [Vec<f32>],
         cache: &mut Cache,
         stats: &mut StepStats,
     ) -> Result<(), ModelError> {
@@ -701,7 +870,7 @@ impl<'a> DeepSeekV3<'a> {
                         &self.streamed_layer(i, &loaded)?
                     }
                 };
-                self.run_layer(layer, i, h, cache, stats)?;
+                self.run_layer(layer, i, hs, cache, stats)?;
             }
             Ok(())
         })
@@ -711,35 +880,79 @@ impl<'a> DeepSeekV3<'a> {
         &self,
         layer: &Layer,
         i: usize,
-        h: &mut [f32],
+        hs: &mut [Vec<f32>],
         cache: &mut Cache,
         stats: &mut StepStats,
     ) -> Result<(), ModelError> {
         let c = &self.config;
-        let x = rms_norm(h, &layer.input_norm, c.rms_norm_eps);
-        let attn = self.attend(&layer.attention, &x, i, cache, stats)?;
-        h.iter_mut().zip(&attn).for_each(|(h, a)| *h += a);
-        let x = rms_norm(h, &layer.post_norm, c.rms_norm_eps);
+        let norm = |hs: &[Vec<f32>], weight: &[f32]| -> Vec<Vec<f32>> {
+            hs.iter()
+                .map(|h| rms_norm(h, weight, c.rms_norm_eps))
+                .collect()
+        };
+        let xs = norm(hs, &layer.input_norm);
+        let attn = self.attend(&layer.attention, &xs, i, cache, stats)?;
+        add_rows(hs, &attn);
+        let xs = norm(hs, &layer.post_norm);
         let out = match &layer.ffn {
-            FeedForward::Dense(mlp) => mlp.forward(&x, stats)?,
+            FeedForward::Dense(mlp) => mlp.forward(&xs, stats)?,
             FeedForward::Moe(moe) => {
                 let streaming = self
                     .cache
                     .as_ref()
                     .map(|cache| (self.artifact, cache, self.reads_in_flight));
-                moe.forward(&x, c, streaming, stats)?
+                moe.forward(&xs, c, streaming, stats)?
             }
         };
-        h.iter_mut().zip(&out).for_each(|(h, o)| *h += o);
+        add_rows(hs, &out);
         Ok(())
     }
 
+    /// Attention for a batch of consecutive positions: every position's latent and rotated key
+    /// go into the cache first, then each position attends to the cache up to itself.
     fn attend(
         &self,
         a: &Attention,
-        x: &[f32],
+        xs: &[Vec<f32>],
         layer: usize,
         cache: &mut Cache,
+        stats: &mut StepStats,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let c = &self.config;
+        let qs = match &a.q_a {
+            Some((q_a, norm)) => {
+                let latent_q: Vec<Vec<f32>> = apply_batch(q_a, xs, stats)?
+                    .iter()
+                    .map(|q| rms_norm(q, norm, 1e-6))
+                    .collect();
+                apply_batch(&a.q_b, &latent_q, stats)?
+            }
+            None => apply_batch(&a.q_b, xs, stats)?,
+        };
+        let lora = c.kv_lora_rank;
+        for (t, kv) in apply_batch(&a.kv_a, xs, stats)?.iter().enumerate() {
+            let latent = rms_norm(&kv[..lora], &a.kv_a_norm, 1e-6);
+            let mut key = kv[lora..].to_vec();
+            self.rope.apply(&mut key, cache.len + t);
+            cache.latent[layer].extend_from_slice(&latent);
+            cache.rope_key[layer].extend_from_slice(&key);
+        }
+        let mut outs = Vec::with_capacity(qs.len());
+        for (t, q) in qs.iter().enumerate() {
+            outs.push(self.attend_position(a, q, layer, cache.len + t, cache, stats)?);
+        }
+        Ok(apply_batch(&a.o, &outs, stats)?)
+    }
+
+    /// One position's heads over the cache's positions up to and including `position`, before
+    /// the output projection.
+    fn attend_position(
+        &self,
+        a: &Attention,
+        q: &[f32],
+        layer: usize,
+        position: usize,
+        cache: &Cache,
         stats: &mut StepStats,
     ) -> Result<Vec<f32>, ModelError> {
         let c = &self.config;
@@ -749,19 +962,6 @@ impl<'a> DeepSeekV3<'a> {
             c.kv_lora_rank,
             c.v_head_dim,
         );
-        let q = match &a.q_a {
-            Some((q_a, norm)) => {
-                apply(&a.q_b, &rms_norm(&apply(q_a, x, stats)?, norm, 1e-6), stats)?
-            }
-            None => apply(&a.q_b, x, stats)?,
-        };
-        let kv = apply(&a.kv_a, x, stats)?;
-        let latent = rms_norm(&kv[..lora], &a.kv_a_norm, 1e-6);
-        let mut key = kv[lora..].to_vec();
-        let position = cache.len;
-        self.rope.apply(&mut key, position);
-        cache.latent[layer].extend_from_slice(&latent);
-        cache.rope_key[layer].extend_from_slice(&key);
         let (latents, keys) = (&cache.latent[layer], &cache.rope_key[layer]);
         let steps = position + 1;
         let mut out = vec![0f32; c.num_attention_heads * v_dim];
@@ -830,6 +1030,6 @@ impl<'a> DeepSeekV3<'a> {
         if let LatentProjections::Whole(m) = &a.latent {
             stats.weight_bytes += m.stored_bytes() as u64;
         }
-        Ok(apply(&a.o, &out, stats)?)
+        Ok(out)
     }
 }

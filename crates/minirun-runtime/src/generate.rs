@@ -1,4 +1,4 @@
-//! The decode loop: the prompt one token at a time into the latent cache, then sampling
+//! The decode loop: the prompt into the latent cache in chunks of positions (`prefill`), then sampling
 //! (greedy, or seeded temperature + top-p) until `max_tokens` or an end-of-sequence token.
 
 use std::time::{Duration, Instant};
@@ -175,12 +175,7 @@ pub fn generate(
         rng: SplitMix64::new(sampling.seed),
     };
     let started = Instant::now();
-    let mut logits = Vec::new();
-    for &token in prompt {
-        let mut stats = StepStats::default();
-        logits = model.step(token, &mut cache, &mut stats)?;
-        accumulate(&mut figures.prompt_io, &stats);
-    }
+    let mut logits = model.prefill(prompt, &mut cache, &mut figures.prompt_io)?;
     figures.prompt_time = started.elapsed();
     let mut out = Vec::new();
     while out.len() < max_tokens {

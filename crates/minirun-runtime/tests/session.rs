@@ -5,6 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
+mod common;
+
+use minirun_pack::synthetic_model::SyntheticShape;
 use minirun_pack::{PackOptions, pack};
 use minirun_runtime::generate::Sampling;
 use minirun_runtime::session::{IncrementalText, Session, SessionError, Trust};
@@ -133,33 +136,19 @@ fn copied(path: &Path) -> std::io::Result<Box<dyn AsRef<[u8]> + Send + Sync>> {
 }
 
 /// A generated checkpoint large enough that its weights pack into tile containers.
-fn packed_synthetic() -> tempfile::TempDir {
-    use minirun_pack::synthetic_model::{SyntheticShape, write_synthetic_deepseek};
-    let checkpoint = tempfile::tempdir().unwrap();
-    let shape = SyntheticShape {
-        hidden: 512,
-        layers: 2,
-        experts: 4,
-        experts_per_token: 2,
-        moe_intermediate: 1024,
-        vocab: 512,
-        seed: 3,
-    };
-    write_synthetic_deepseek(checkpoint.path(), &shape, &fixture()).unwrap();
-    let out = tempfile::tempdir().unwrap();
-    pack(
-        checkpoint.path(),
-        out.path(),
-        &PackOptions::default(),
-        &|_| {},
-    )
-    .unwrap();
-    out
-}
+const CONTAINER_SHAPE: SyntheticShape = SyntheticShape {
+    hidden: 512,
+    layers: 2,
+    experts: 4,
+    experts_per_token: 2,
+    moe_intermediate: 1024,
+    vocab: 512,
+    seed: 3,
+};
 
 #[test]
 fn mapped_containers_compute_the_read_models_tokens_and_need_an_unverified_artifact() {
-    let dir = packed_synthetic();
+    let dir = common::packed_synthetic(&CONTAINER_SHAPE);
     let session = Session::open(dir.path(), Trust::Unverified).unwrap();
     let ids = session.prompt_ids("The clockmaker", false).unwrap();
     let read = session.model().unwrap();

@@ -3,9 +3,9 @@
 //! on two, a run gives the same tokens and the same logit bits; the floor reads exactly the
 //! bytes the plan predicts; expert memory stays within the cache and the slot pool.
 
-use std::path::Path;
+mod common;
 
-use minirun_pack::{PackOptions, pack};
+use common::{STREAMED_SHAPE, on_threads, packed, packed_synthetic};
 use minirun_runtime::artifact::{Access, Artifact};
 use minirun_runtime::budget::Budget;
 use minirun_runtime::config::DeepSeekV3Config;
@@ -17,15 +17,6 @@ use minirun_runtime::plan::{Mode, Plan, PlanError, expert_map};
 const FIXTURES: [&str; 3] = ["mlx-mxfp4", "hf-fp8-e8m0", "hf-bf16"];
 const PROMPT: [u32; 4] = [0, 292, 354, 395];
 const STEPS: usize = 12;
-
-fn packed(name: &str) -> tempfile::TempDir {
-    let out = tempfile::tempdir().unwrap();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data/deepseek-v3")
-        .join(name);
-    pack(&src, out.path(), &PackOptions::default(), &|_| {}).unwrap();
-    out
-}
 
 /// Greedy decoding: every step's logits as bits, the ids, and the storage figures summed over
 /// the steps after the prompt.
@@ -52,14 +43,6 @@ fn run(model: &DeepSeekV3) -> (Vec<Vec<u32>>, Vec<u32>, StepStats) {
         decode.layer_read_bytes += stats.layer_read_bytes;
     }
     (bits, ids, decode)
-}
-
-fn on_threads<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> T {
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .unwrap()
-        .install(f)
 }
 
 #[test]
@@ -162,28 +145,7 @@ fn streamed_runs_at_every_budget_and_thread_count_have_the_resident_bits() {
 /// bytes.
 #[test]
 fn an_artifact_several_times_its_budget_streams_with_the_resident_bits() {
-    use minirun_pack::synthetic_model::{SyntheticShape, write_synthetic_deepseek};
-    let checkpoint = tempfile::tempdir().unwrap();
-    let shape = SyntheticShape {
-        hidden: 512,
-        layers: 5,
-        experts: 32,
-        experts_per_token: 4,
-        moe_intermediate: 1024,
-        vocab: 512,
-        seed: 11,
-    };
-    let tokenizer =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/deepseek-v3/mlx-affine4-g64");
-    write_synthetic_deepseek(checkpoint.path(), &shape, &tokenizer).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    pack(
-        checkpoint.path(),
-        dir.path(),
-        &PackOptions::default(),
-        &|_| {},
-    )
-    .unwrap();
+    let dir = packed_synthetic(&STREAMED_SHAPE);
     let artifact = Artifact::open(dir.path(), Access::Unverified).unwrap();
     let config = DeepSeekV3Config::parse(&artifact.config_json).unwrap();
     let experts = expert_map(&artifact, &config).unwrap();

@@ -1,0 +1,56 @@
+//! Shared by the runtime's tests: fixture checkpoints and generated ones packed into
+//! artifacts, and work on a thread pool of a given size.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use minirun_pack::synthetic_model::{SyntheticShape, write_synthetic_deepseek};
+use minirun_pack::{PackOptions, pack};
+
+/// A fixture checkpoint under `tests/data/deepseek-v3`.
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/deepseek-v3")
+        .join(name)
+}
+
+/// The fixture checkpoint `name`, packed into a fresh artifact.
+pub fn packed(name: &str) -> tempfile::TempDir {
+    let out = tempfile::tempdir().unwrap();
+    pack(&fixture(name), out.path(), &PackOptions::default(), &|_| {}).unwrap();
+    out
+}
+
+/// A generated checkpoint of `shape` (with a fixture's tokenizer), packed.
+pub fn packed_synthetic(shape: &SyntheticShape) -> tempfile::TempDir {
+    let checkpoint = tempfile::tempdir().unwrap();
+    write_synthetic_deepseek(checkpoint.path(), shape, &fixture("mlx-affine4-g64")).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    pack(
+        checkpoint.path(),
+        out.path(),
+        &PackOptions::default(),
+        &|_| {},
+    )
+    .unwrap();
+    out
+}
+
+/// Large enough that at the floor every layer's deterministic weights stream too.
+pub const STREAMED_SHAPE: SyntheticShape = SyntheticShape {
+    hidden: 512,
+    layers: 5,
+    experts: 32,
+    experts_per_token: 4,
+    moe_intermediate: 1024,
+    vocab: 512,
+    seed: 11,
+};
+
+pub fn on_threads<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> T {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap()
+        .install(f)
+}

@@ -1,0 +1,130 @@
+//! Batched prefill: a prompt run through the layers `PREFILL_CHUNK` positions at a time gives
+//! every position the bits stepping through it one token at a time gives, resident and
+//! streamed at the floor, on one thread and on two; the cache it leaves decodes the same
+//! continuation; a bad token anywhere leaves the cache as it was.
+
+mod common;
+
+use common::{STREAMED_SHAPE, on_threads, packed, packed_synthetic};
+use minirun_runtime::artifact::{Access, Artifact};
+use minirun_runtime::budget::Budget;
+use minirun_runtime::config::DeepSeekV3Config;
+use minirun_runtime::deepseek::{DeepSeekV3, ModelError, PREFILL_CHUNK, StepStats};
+use minirun_runtime::generate::argmax;
+use minirun_runtime::plan::{Plan, expert_map};
+
+const FIXTURES: [&str; 3] = ["mlx-affine4-g64", "mlx-mxfp4", "hf-fp8-e8m0"];
+
+/// A prompt longer than one chunk, so that a chunk boundary is crossed.
+fn prompt(vocab: usize) -> Vec<u32> {
+    (0..PREFILL_CHUNK + 7)
+        .map(|i| ((i * 37 + 5) % vocab) as u32)
+        .collect()
+}
+
+fn bits(logits: &[f32]) -> Vec<u32> {
+    logits.iter().map(|l| l.to_bits()).collect()
+}
+
+/// The logits after the prompt, then after each of four greedy steps, as bits.
+fn decode(model: &DeepSeekV3, prompt: &[u32], batched: bool) -> Vec<Vec<u32>> {
+    let mut cache = model.new_cache();
+    let mut stats = StepStats::default();
+    let mut logits = match batched {
+        true => model.prefill(prompt, &mut cache, &mut stats).unwrap(),
+        false => {
+            let mut last = Vec::new();
+            for &t in prompt {
+                last = model.step(t, &mut cache, &mut stats).unwrap();
+            }
+            last
+        }
+    };
+    assert_eq!(cache.len, prompt.len());
+    let mut all = vec![bits(&logits)];
+    for _ in 0..4 {
+        let next = argmax(&logits);
+        logits = model.step(next, &mut cache, &mut stats).unwrap();
+        all.push(bits(&logits));
+    }
+    all
+}
+
+#[test]
+fn a_prefilled_prompt_has_the_bits_of_stepping_through_it_resident_and_streamed() {
+    for fixture in FIXTURES {
+        let dir = packed(fixture);
+        let artifact = Artifact::open(dir.path(), Access::Unverified).unwrap();
+        let config = DeepSeekV3Config::parse(&artifact.config_json).unwrap();
+        let prompt = prompt(config.vocab_size);
+        let resident = DeepSeekV3::load(&artifact, config.clone()).unwrap();
+        let stepped = decode(&resident, &prompt, false);
+
+        let experts = expert_map(&artifact, &config).unwrap();
+        let floor = Plan::new(&artifact, &config, &experts, Budget::Floor, 128).unwrap();
+        let streamed =
+            DeepSeekV3::load_planned(&artifact, config.clone(), &floor, experts.clone()).unwrap();
+        for threads in [1, 2] {
+            for (what, model) in [("resident", &resident), ("streamed", &streamed)] {
+                let batched = on_threads(threads, || decode(model, &prompt, true));
+                assert!(
+                    batched == stepped,
+                    "{fixture}, {what}, {threads} threads: prefill differs from stepping"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_prefill_with_every_layer_streamed_reads_each_layer_once_and_keeps_the_bits() {
+    let dir = packed_synthetic(&STREAMED_SHAPE);
+    let artifact = Artifact::open(dir.path(), Access::Unverified).unwrap();
+    let config = DeepSeekV3Config::parse(&artifact.config_json).unwrap();
+    let experts = expert_map(&artifact, &config).unwrap();
+    let floor = Plan::new(&artifact, &config, &experts, Budget::Floor, 64).unwrap();
+    assert_eq!(floor.streamed_layers.len(), config.num_hidden_layers);
+    let model = DeepSeekV3::load_planned(&artifact, config.clone(), &floor, experts).unwrap();
+    let prompt: Vec<u32> = (0..12).map(|i| (i * 41 + 3) % 512).collect();
+    let batched = decode(&model, &prompt, true);
+    assert!(
+        batched == decode(&model, &prompt, false),
+        "prefill differs from stepping"
+    );
+
+    let mut one = StepStats::default();
+    model
+        .step(prompt[0], &mut model.new_cache(), &mut one)
+        .unwrap();
+    let mut all = StepStats::default();
+    model
+        .prefill(&prompt, &mut model.new_cache(), &mut all)
+        .unwrap();
+    assert!(one.layer_read_bytes > 0);
+    assert_eq!(
+        all.layer_read_bytes, one.layer_read_bytes,
+        "one chunk reads each streamed layer once"
+    );
+}
+
+#[test]
+fn a_bad_token_anywhere_in_the_prompt_leaves_the_cache_as_it_was() {
+    let dir = packed("mlx-affine4-g64");
+    let artifact = Artifact::open(dir.path(), Access::Unverified).unwrap();
+    let config = DeepSeekV3Config::parse(&artifact.config_json).unwrap();
+    let model = DeepSeekV3::load(&artifact, config.clone()).unwrap();
+    let mut cache = model.new_cache();
+    let mut stats = StepStats::default();
+    model.prefill(&[1, 2, 3], &mut cache, &mut stats).unwrap();
+    let mut bad = prompt(config.vocab_size);
+    bad[PREFILL_CHUNK + 2] = config.vocab_size as u32;
+    let err = model.prefill(&bad, &mut cache, &mut stats).unwrap_err();
+    assert!(matches!(err, ModelError::Token(..)), "{err}");
+    assert_eq!(cache.len, 3);
+    let after = model.step(4, &mut cache, &mut stats).unwrap();
+    let mut fresh = model.new_cache();
+    let expected = model
+        .prefill(&[1, 2, 3, 4], &mut fresh, &mut StepStats::default())
+        .unwrap();
+    assert_eq!(bits(&after), bits(&expected));
+}
