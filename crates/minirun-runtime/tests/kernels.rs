@@ -315,6 +315,21 @@ fn the_simd_path_and_the_portable_path_agree_on_special_codes() {
             for (r, (&a, &b)) in fast.iter().zip(&portable).enumerate() {
                 assert!(same(a, b), "{format:?} {rows} x {cols} row {r}: {a} vs {b}");
             }
+            // The batched kernels, both paths, on the same codes: vector 1 is `x`.
+            let xs: Vec<f32> = [input(cols, seed + 100), x, input(cols, seed + 200)].concat();
+            let (mut fast3, mut portable3) = (vec![0f32; 3 * rows], vec![0f32; 3 * rows]);
+            m.matmul(&xs, 3, &mut fast3).unwrap();
+            m.matmul_portable(&xs, 3, &mut portable3).unwrap();
+            for (r, &a) in fast3[rows..2 * rows].iter().enumerate() {
+                assert!(
+                    same(a, fast[r]),
+                    "{format:?} matmul row {r}: {a} vs {}",
+                    fast[r]
+                );
+            }
+            for (i, (&a, &b)) in fast3.iter().zip(&portable3).enumerate() {
+                assert!(same(a, b), "{format:?} matmul output {i}: {a} vs {b}");
+            }
         }
     }
 }
@@ -324,7 +339,7 @@ fn the_simd_path_and_the_portable_path_agree_on_special_codes() {
 #[test]
 fn matmul_gives_each_vector_the_bits_of_its_matvec() {
     for kind in 0..5 {
-        for (rows, batch) in [(5, 3), (1100, 4), (37, 1)] {
+        for (rows, batch) in [(5, 3), (1100, 4), (37, 1), (5, 6), (9, 9)] {
             let stored = make(kind, rows, 8, kind + batch, 11 + rows as u64);
             let m = stored.matrix();
             let xs: Vec<f32> = (0..batch).flat_map(|b| input(m.cols(), b as u64)).collect();
@@ -334,6 +349,15 @@ fn matmul_gives_each_vector_the_bits_of_its_matvec() {
                     m.matmul(&xs, batch, &mut ys).unwrap();
                     ys
                 });
+                let mut portable = vec![0f32; batch * m.rows()];
+                m.matmul_portable(&xs, batch, &mut portable).unwrap();
+                assert!(
+                    ys.iter()
+                        .zip(&portable)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{:?}: the SIMD and portable batched kernels differ",
+                    m.format()
+                );
                 for (b, x) in xs.chunks_exact(m.cols()).enumerate() {
                     let mut y = vec![0f32; m.rows()];
                     m.matvec(x, &mut y).unwrap();

@@ -487,3 +487,250 @@ fn dot(v3: V3, m: &QMatrix, r: usize, x: &[f32], xsum: &[[f32; 8]]) -> f32 {
         }
     }
 }
+
+/// A format's decoding of a chunk and, for vector `vector` of a batch, the folding of a finished
+/// segment (only affine folding differs between vectors: it reads the vector's lane sums).
+trait BatchSegments<const CB: usize> {
+    fn decode(&self, chunk: &[u8; CB]) -> f32x8;
+    fn finish(&self, vector: usize, segment: usize, part: f32x8, acc: f32x8) -> f32x8;
+}
+
+/// A format whose folding is the same for every vector.
+struct Same<K>(K);
+
+impl<const CB: usize, K: Segments<CB>> BatchSegments<CB> for Same<K> {
+    #[inline(always)]
+    fn decode(&self, chunk: &[u8; CB]) -> f32x8 {
+        self.0.decode(chunk)
+    }
+    #[inline(always)]
+    fn finish(&self, _: usize, segment: usize, part: f32x8, acc: f32x8) -> f32x8 {
+        self.0.finish(segment, part, acc)
+    }
+}
+
+/// Affine folding with each vector's own lane sums.
+struct AffineBatch<'a, 'm> {
+    v3: V3,
+    m: &'a QMatrix<'m>,
+    scale: FloatType,
+    first_group: usize,
+    xsums: &'a [Vec<[f32; 8]>],
+}
+
+impl AffineBatch<'_, '_> {
+    #[inline(always)]
+    fn fold(&self, vector: usize, g: usize, part: f32x8, acc: f32x8) -> f32x8 {
+        let v3 = self.v3;
+        let s = v3.splat_f32x8(self.scale.read(self.m.scales, self.first_group + g));
+        let b = v3.splat_f32x8(self.scale.read(self.m.biases, self.first_group + g));
+        let term = v3.add_f32x8(
+            v3.mul_f32x8(s, part),
+            v3.mul_f32x8(b, cast(self.xsums[vector][g])),
+        );
+        v3.add_f32x8(acc, term)
+    }
+}
+
+impl BatchSegments<4> for AffineBatch<'_, '_> {
+    #[inline(always)]
+    fn decode(&self, chunk: &[u8; 4]) -> f32x8 {
+        to_f32(self.v3, nibbles(self.v3, chunk))
+    }
+    #[inline(always)]
+    fn finish(&self, vector: usize, g: usize, part: f32x8, acc: f32x8) -> f32x8 {
+        self.fold(vector, g, part, acc)
+    }
+}
+
+impl BatchSegments<8> for AffineBatch<'_, '_> {
+    #[inline(always)]
+    fn decode(&self, chunk: &[u8; 8]) -> f32x8 {
+        to_f32(self.v3, bytes8(self.v3, chunk))
+    }
+    #[inline(always)]
+    fn finish(&self, vector: usize, g: usize, part: f32x8, acc: f32x8) -> f32x8 {
+        self.fold(vector, g, part, acc)
+    }
+}
+
+/// Rows of `m` against a batch of vectors: `out[i * batch + b]` is row `first + i` dotted with
+/// `xs[b]`. Tiles of two rows by four vectors: each chunk of a row is decoded once for four
+/// vectors and each chunk of a vector loaded once for two rows; every (row, vector) runs exactly
+/// the operations of `segmented`, in its order, so each output has the bits `dot` gives it.
+/// A row left over from the tiles goes through `dot`, a vector left over through `dot4` (four
+/// rows at a time), which run the same operations.
+pub(crate) struct RowsBatch<'a, 'm> {
+    pub v3: V3,
+    pub m: &'a QMatrix<'m>,
+    pub first: usize,
+    pub xs: &'a [&'a [f32]],
+    pub xsums: &'a [Vec<[f32; 8]>],
+    pub out: &'a mut [f32],
+}
+
+impl pulp::WithSimd for RowsBatch<'_, '_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        let RowsBatch {
+            v3,
+            m,
+            first,
+            xs,
+            xsums,
+            out,
+        } = self;
+        let batch = xs.len();
+        let rows = out.len() / batch;
+        let tiled_rows = rows / 2 * 2;
+        let tiled_vectors = batch / 4 * 4;
+        for r in (0..tiled_rows).step_by(2) {
+            for b in (0..tiled_vectors).step_by(4) {
+                let four = [xs[b], xs[b + 1], xs[b + 2], xs[b + 3]];
+                let tile = dot_tile(v3, m, first + r, four, &xsums[b..b + 4]);
+                for (i, row) in tile.iter().enumerate() {
+                    out[(r + i) * batch + b..(r + i) * batch + b + 4].copy_from_slice(row);
+                }
+            }
+        }
+        for r in tiled_rows..rows {
+            for b in 0..tiled_vectors {
+                out[r * batch + b] = dot(v3, m, first + r, xs[b], &xsums[b]);
+            }
+        }
+        // Vectors left over from the tiles: four rows at a time, as `Rows` does.
+        for b in tiled_vectors..batch {
+            let quads = rows / 4 * 4;
+            for r in (0..quads).step_by(4) {
+                let four = dot4(v3, m, first + r, xs[b], &xsums[b]);
+                for (i, v) in four.iter().enumerate() {
+                    out[(r + i) * batch + b] = *v;
+                }
+            }
+            for r in quads..rows {
+                out[r * batch + b] = dot(v3, m, first + r, xs[b], &xsums[b]);
+            }
+        }
+    }
+}
+
+/// `segmented` for two rows and four vectors at once (eight independent chains of additions);
+/// `k[i].finish(j, ..)` folds row `i`'s segment for vector `j`.
+#[inline(always)]
+fn segmented_tile<const CB: usize, K: BatchSegments<CB>>(
+    v3: V3,
+    rows: [&[u8]; 2],
+    xs: [&[f32]; 4],
+    seg: usize,
+    k: &[K; 2],
+) -> [[f32; 4]; 2] {
+    let zero = v3.splat_f32x8(0.0);
+    let (c0, c1) = (rows[0].as_chunks::<CB>().0, rows[1].as_chunks::<CB>().0);
+    let x = xs.map(|x| x.as_chunks::<8>().0);
+    let per_segment = seg / 8;
+    let mut acc = [[zero; 4]; 2];
+    let mut from = 0;
+    let mut s = 0;
+    while from < c0.len() {
+        let to = (from + per_segment).min(c0.len());
+        let (mut p00, mut p01, mut p02, mut p03) = (zero, zero, zero, zero);
+        let (mut p10, mut p11, mut p12, mut p13) = (zero, zero, zero, zero);
+        for c in from..to {
+            let w0 = k[0].decode(&c0[c]);
+            let w1 = k[1].decode(&c1[c]);
+            let (x0, x1, x2, x3): (f32x8, f32x8, f32x8, f32x8) =
+                (cast(x[0][c]), cast(x[1][c]), cast(x[2][c]), cast(x[3][c]));
+            p00 = v3.add_f32x8(p00, v3.mul_f32x8(w0, x0));
+            p01 = v3.add_f32x8(p01, v3.mul_f32x8(w0, x1));
+            p02 = v3.add_f32x8(p02, v3.mul_f32x8(w0, x2));
+            p03 = v3.add_f32x8(p03, v3.mul_f32x8(w0, x3));
+            p10 = v3.add_f32x8(p10, v3.mul_f32x8(w1, x0));
+            p11 = v3.add_f32x8(p11, v3.mul_f32x8(w1, x1));
+            p12 = v3.add_f32x8(p12, v3.mul_f32x8(w1, x2));
+            p13 = v3.add_f32x8(p13, v3.mul_f32x8(w1, x3));
+        }
+        let parts = [[p00, p01, p02, p03], [p10, p11, p12, p13]];
+        for i in 0..2 {
+            for j in 0..4 {
+                acc[i][j] = k[i].finish(j, s, parts[i][j], acc[i][j]);
+            }
+        }
+        from = to;
+        s += 1;
+    }
+    acc.map(|row| row.map(reduce))
+}
+
+#[inline(always)]
+fn dot_tile(
+    v3: V3,
+    m: &QMatrix,
+    r: usize,
+    xs: [&[f32]; 4],
+    xsums: &[Vec<[f32; 8]>],
+) -> [[f32; 4]; 2] {
+    let row_bytes = m.row_bytes();
+    let rows: [&[u8]; 2] =
+        std::array::from_fn(|i| &m.packed[(r + i) * row_bytes..(r + i + 1) * row_bytes]);
+    match m.format {
+        Format::Dense(FloatType::F32) => {
+            let k = [(); 2].map(|_| {
+                Same(Dense {
+                    v3,
+                    format: FloatType::F32,
+                })
+            });
+            segmented_tile::<32, _>(v3, rows, xs, m.cols, &k)
+        }
+        Format::Dense(format) => {
+            let k = [(); 2].map(|_| Same(Dense { v3, format }));
+            segmented_tile::<16, _>(v3, rows, xs, m.cols, &k)
+        }
+        Format::Affine { bits, group, scale } => {
+            let k: [AffineBatch; 2] = std::array::from_fn(|i| AffineBatch {
+                v3,
+                m,
+                scale,
+                first_group: (r + i) * (m.cols / group),
+                xsums,
+            });
+            if bits == 4 {
+                segmented_tile::<4, _>(v3, rows, xs, group, &k)
+            } else {
+                segmented_tile::<8, _>(v3, rows, xs, group, &k)
+            }
+        }
+        Format::Mxfp4 => {
+            let k: [Same<Scaled>; 2] = std::array::from_fn(|i| {
+                Same(Scaled {
+                    v3,
+                    scales: m.scales,
+                    scale: BlockScale::E8m0,
+                    first: (r + i) * (m.cols / 32),
+                })
+            });
+            segmented_tile::<4, _>(v3, rows, xs, 32, &k)
+        }
+        Format::Fp8Block {
+            block_rows,
+            block_cols,
+            scale,
+        } => {
+            let scaled = |i: usize| Scaled {
+                v3,
+                scales: m.scales,
+                scale,
+                first: ((r + i) / block_rows) * m.cols.div_ceil(block_cols),
+            };
+            if m.fp8_nan_codes {
+                let k: [Same<Fp8<true>>; 2] = std::array::from_fn(|i| Same(Fp8(scaled(i))));
+                segmented_tile::<8, _>(v3, rows, xs, block_cols, &k)
+            } else {
+                let k: [Same<Fp8<false>>; 2] = std::array::from_fn(|i| Same(Fp8(scaled(i))));
+                segmented_tile::<8, _>(v3, rows, xs, block_cols, &k)
+            }
+        }
+    }
+}

@@ -108,6 +108,74 @@ fn run_rows_portable(m: &QMatrix, first: usize, x: &[f32], xsum: &[[f32; 8]], y:
     });
 }
 
+struct RowsBatchOp<'a, 'm> {
+    m: &'a QMatrix<'m>,
+    first: usize,
+    xs: &'a [&'a [f32]],
+    xsums: &'a [Vec<[f32; 8]>],
+    out: &'a mut [f32],
+}
+
+impl pulp::WithSimd for RowsBatchOp<'_, '_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _simd: S) {
+        let batch = self.xs.len();
+        for (i, out) in self.out.chunks_exact_mut(batch).enumerate() {
+            for (b, o) in out.iter_mut().enumerate() {
+                *o = row::dot(self.m, self.first + i, self.xs[b], &self.xsums[b]);
+            }
+        }
+    }
+}
+
+/// Rows `first..` against every vector of `xs` (with their lane sums), into
+/// `out[i * batch + b]`.
+type BatchRowsKernel = fn(&QMatrix, usize, &[&[f32]], &[Vec<[f32; 8]>], &mut [f32]);
+
+/// Rows `first..` against every vector of `xs`, into `out[i * batch + b]`: tiles of rows and
+/// vectors, each stored chunk decoded once per tile.
+fn run_rows_batch(
+    m: &QMatrix,
+    first: usize,
+    xs: &[&[f32]],
+    xsums: &[Vec<[f32; 8]>],
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(v3) = pulp::x86::V3::try_new() {
+        return pulp::Simd::vectorize(
+            v3,
+            avx2::RowsBatch {
+                v3,
+                m,
+                first,
+                xs,
+                xsums,
+                out,
+            },
+        );
+    }
+    run_rows_batch_portable(m, first, xs, xsums, out);
+}
+
+fn run_rows_batch_portable(
+    m: &QMatrix,
+    first: usize,
+    xs: &[&[f32]],
+    xsums: &[Vec<[f32; 8]>],
+    out: &mut [f32],
+) {
+    pulp::Arch::new().dispatch(RowsBatchOp {
+        m,
+        first,
+        xs,
+        xsums,
+        out,
+    });
+}
+
 fn check_len(what: &'static str, expected: usize, actual: usize) -> Result<(), KernelError> {
     if expected == actual {
         Ok(())
@@ -166,31 +234,44 @@ impl QMatrix<'_> {
 
     /// `Y = X W^T` for a small batch: `xs` holds `batch` input vectors one after another,
     /// `ys` receives `batch` output vectors one after another. Each output vector has exactly
-    /// the bits `matvec` gives for its input. Threads take bands of rows, and a band's stored
-    /// bytes are read from memory once for the whole batch (they stay in cache between vectors).
+    /// the bits `matvec` gives for its input. Threads take bands of rows; each row's stored
+    /// bytes are decoded once for the whole batch, and every vector then runs `matvec`'s
+    /// operations on the decoded values in `matvec`'s order.
     pub fn matmul(&self, xs: &[f32], batch: usize, ys: &mut [f32]) -> Result<(), KernelError> {
+        self.matmul_with(xs, batch, ys, run_rows_batch)
+    }
+
+    /// `matmul` through the portable code even where an explicit SIMD path exists: tests
+    /// compare the two bit for bit.
+    #[doc(hidden)]
+    pub fn matmul_portable(
+        &self,
+        xs: &[f32],
+        batch: usize,
+        ys: &mut [f32],
+    ) -> Result<(), KernelError> {
+        self.matmul_with(xs, batch, ys, run_rows_batch_portable)
+    }
+
+    fn matmul_with(
+        &self,
+        xs: &[f32],
+        batch: usize,
+        ys: &mut [f32],
+        rows_kernel: BatchRowsKernel,
+    ) -> Result<(), KernelError> {
         check_len("xs", batch * self.cols, xs.len())?;
         check_len("ys", batch * self.rows, ys.len())?;
         if batch == 0 {
             return Ok(());
         }
-        let xsums: Vec<Vec<[f32; 8]>> = xs
-            .chunks_exact(self.cols)
-            .map(|x| self.lane_sums(x))
-            .collect();
+        let vectors: Vec<&[f32]> = xs.chunks_exact(self.cols).collect();
+        let xsums: Vec<Vec<[f32; 8]>> = vectors.iter().map(|x| self.lane_sums(x)).collect();
         // Row-major by output row (`by_row[r * batch + b]`), so that a band of rows is one
         // contiguous slice a thread can own; transposed into `ys` at the end.
         let mut by_row = vec![0f32; self.rows * batch];
         let band = |task: usize, out: &mut [f32]| {
-            let first = task * ROWS_PER_TASK;
-            let rows = out.len() / batch;
-            let mut column = vec![0f32; rows];
-            for (b, (x, xsum)) in xs.chunks_exact(self.cols).zip(&xsums).enumerate() {
-                run_rows(self, first, x, xsum, &mut column);
-                for (r, &v) in column.iter().enumerate() {
-                    out[r * batch + b] = v;
-                }
-            }
+            rows_kernel(self, task * ROWS_PER_TASK, &vectors, &xsums, out);
         };
         if self.rows * self.cols < SERIAL_CELLS || rayon::current_num_threads() == 1 {
             by_row
