@@ -91,6 +91,34 @@ struct Layer<'a> {
     ffn: FeedForward<'a>,
 }
 
+/// A streamed layer's read in progress on a thread of the step's scope.
+type LayerRead<'scope> = (
+    usize,
+    std::thread::ScopedJoinHandle<'scope, Result<LoadedLayer, ArtifactError>>,
+);
+
+/// The next streamed layer: being read, or read (kept from the previous step).
+enum Ahead<'scope> {
+    Reading(
+        usize,
+        std::thread::ScopedJoinHandle<'scope, Result<LoadedLayer, ArtifactError>>,
+    ),
+    Read(usize, LoadedLayer),
+}
+
+/// The layer a read thread returned, or why it has none.
+fn joined(
+    i: usize,
+    handle: std::thread::ScopedJoinHandle<'_, Result<LoadedLayer, ArtifactError>>,
+) -> Result<LoadedLayer, ArtifactError> {
+    handle.join().unwrap_or_else(|_| {
+        Err(ArtifactError::Tensor {
+            name: format!("model.layers.{i}"),
+            reason: "a read thread panicked".into(),
+        })
+    })
+}
+
 /// A layer's weights: held for the run, or its deterministic matrices read for each step (the
 /// layer is built from them, computes, and they are dropped).
 enum LayerWeights<'a> {
@@ -107,8 +135,11 @@ pub struct DeepSeekV3<'a> {
     layers: Vec<LayerWeights<'a>>,
     /// Where the routed experts are, for streamed runs (streamed layers are rebuilt each step).
     experts: Option<ExpertMap>,
-    /// Whether a streamed layer's matrices are read while the layer before it computes.
+    /// Whether a streamed layer's matrices are read while the layer before it computes (and
+    /// the first one while the previous step's last layers compute).
     read_ahead: bool,
+    /// The first streamed layer, read during the previous step's last layers.
+    next_step_layer: std::sync::Mutex<Option<(usize, LoadedLayer)>>,
     /// Threads reading a layer's chosen experts.
     reads_in_flight: usize,
     norm: Vec<f32>,
@@ -699,6 +730,7 @@ impl<'a> DeepSeekV3<'a> {
             layers,
             experts: streamed,
             read_ahead: true,
+            next_step_layer: std::sync::Mutex::new(None),
             reads_in_flight: DEFAULT_READS_IN_FLIGHT,
             artifact,
             cache: None,
@@ -806,27 +838,36 @@ impl<'a> DeepSeekV3<'a> {
             stats.weight_bytes += (self.embed.stored_bytes() / self.embed.rows) as u64;
             hs.push(h);
         }
-        self.run_layers(&mut hs, cache, stats)?;
-        cache.len += tokens.len();
-        match (logits, hs.last()) {
-            (true, Some(h)) => {
-                let x = rms_norm(h, &self.norm, c.rms_norm_eps);
-                Ok(apply(&self.lm_head, &x, stats)?)
+        std::thread::scope(|scope| {
+            let next_step = self.run_layers(scope, &mut hs, cache, stats)?;
+            cache.len += tokens.len();
+            let out = match (logits, hs.last()) {
+                (true, Some(h)) => {
+                    let x = rms_norm(h, &self.norm, c.rms_norm_eps);
+                    apply(&self.lm_head, &x, stats)?
+                }
+                _ => Vec::new(),
+            };
+            if let Some(read) = next_step {
+                self.keep_for_next_step(read, stats);
             }
-            _ => Ok(Vec::new()),
-        }
+            Ok(out)
+        })
     }
 
     /// Every layer in order. A streamed layer's matrices are read when it is reached, or, with
-    /// read-ahead, while the layer before it computes (on a thread of their own, so at most two
-    /// streamed layers are in memory); the time spent waiting for them is I/O time.
-    fn run_layers(
-        &self,
+    /// read-ahead, while the layer before it computes (on a thread of `scope`, so at most two
+    /// streamed layers are in memory); the time spent waiting for them is I/O time. With
+    /// read-ahead, the last streamed layer starts reading the first one for the next step and
+    /// returns that read; the caller keeps it for the next step ([`Self::keep_for_next_step`]).
+    fn run_layers<'scope, 'env>(
+        &'env self,
+        scope: &'scope std::thread::Scope<'scope, 'env>,
         hs: &mut [Vec<f32>],
         cache: &mut Cache,
         stats: &mut StepStats,
-    ) -> Result<(), ModelError> {
-        let read = |i: usize| -> Result<LoadedLayer, ArtifactError> {
+    ) -> Result<Option<LayerRead<'scope>>, ModelError> {
+        let read = move |i: usize| -> Result<LoadedLayer, ArtifactError> {
             match &self.layers[i] {
                 LayerWeights::Streamed(matrices) => LoadedLayer::read(self.artifact, matrices),
                 LayerWeights::Held(_) => Err(ArtifactError::Tensor {
@@ -839,41 +880,68 @@ impl<'a> DeepSeekV3<'a> {
             (after.map_or(0, |i| i + 1)..self.layers.len())
                 .find(|&j| matches!(self.layers[j], LayerWeights::Streamed(_)))
         };
-        std::thread::scope(|scope| {
-            let mut ahead = match self.read_ahead {
-                true => next_streamed(None).map(|j| (j, scope.spawn(move || read(j)))),
-                false => None,
-            };
-            for (i, weights) in self.layers.iter().enumerate() {
-                let loaded;
-                let layer = match weights {
-                    LayerWeights::Held(layer) => layer,
-                    LayerWeights::Streamed(_) => {
-                        let started = Instant::now();
-                        loaded = match ahead.take() {
-                            Some((j, handle)) if j == i => handle.join().unwrap_or_else(|_| {
-                                Err(ArtifactError::Tensor {
-                                    name: format!("model.layers.{i}"),
-                                    reason: "a read thread panicked".into(),
-                                })
-                            })?,
-                            _ => read(i)?,
-                        };
-                        stats.io_time += started.elapsed();
-                        stats.layer_read_bytes += loaded.read_bytes;
-                        stats.direct_reads += loaded.direct_reads;
-                        stats.buffered_reads += loaded.buffered_reads;
-                        if self.read_ahead {
-                            ahead =
-                                next_streamed(Some(i)).map(|j| (j, scope.spawn(move || read(j))));
+        let spawn = |j: usize| (j, scope.spawn(move || read(j)));
+        let kept = self.next_step_layer.lock().ok().and_then(|mut k| k.take());
+        let mut ahead = match (kept, self.read_ahead) {
+            (Some((j, layer)), _) => Some(Ahead::Read(j, layer)),
+            (None, true) => next_streamed(None).map(|j| {
+                let (j, handle) = spawn(j);
+                Ahead::Reading(j, handle)
+            }),
+            (None, false) => None,
+        };
+        let mut next_step = None;
+        for (i, weights) in self.layers.iter().enumerate() {
+            let loaded;
+            let layer = match weights {
+                LayerWeights::Held(layer) => layer,
+                LayerWeights::Streamed(_) => {
+                    let started = Instant::now();
+                    loaded = match ahead.take() {
+                        Some(Ahead::Reading(j, handle)) if j == i => joined(i, handle)?,
+                        Some(Ahead::Read(j, layer)) if j == i => layer,
+                        _ => read(i)?,
+                    };
+                    stats.io_time += started.elapsed();
+                    stats.layer_read_bytes += loaded.read_bytes;
+                    stats.direct_reads += loaded.direct_reads;
+                    stats.buffered_reads += loaded.buffered_reads;
+                    if self.read_ahead {
+                        match next_streamed(Some(i)) {
+                            Some(j) => {
+                                let (j, handle) = spawn(j);
+                                ahead = Some(Ahead::Reading(j, handle));
+                            }
+                            None => next_step = next_streamed(None).map(spawn),
                         }
-                        &self.streamed_layer(i, &loaded)?
                     }
-                };
-                self.run_layer(layer, i, hs, cache, stats)?;
-            }
-            Ok(())
-        })
+                    &self.streamed_layer(i, &loaded)?
+                }
+            };
+            self.run_layer(layer, i, hs, cache, stats)?;
+        }
+        Ok(next_step)
+    }
+
+    /// The streamed layer already read for the next step, if any (read-ahead reads the first
+    /// one while a step's last layers compute).
+    pub fn layer_read_for_next_step(&self) -> Option<usize> {
+        self.next_step_layer
+            .lock()
+            .ok()
+            .and_then(|kept| kept.as_ref().map(|(j, _)| *j))
+    }
+
+    /// Waits for the read of the next step's first streamed layer and keeps it; a read that
+    /// failed is dropped (the next step reads the layer itself, and reports the failure).
+    fn keep_for_next_step(&self, read: LayerRead<'_>, stats: &mut StepStats) {
+        let (j, handle) = read;
+        let started = Instant::now();
+        let layer = joined(j, handle);
+        stats.io_time += started.elapsed();
+        if let (Ok(layer), Ok(mut kept)) = (layer, self.next_step_layer.lock()) {
+            *kept = Some((j, layer));
+        }
     }
 
     fn run_layer(

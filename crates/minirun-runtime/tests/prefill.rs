@@ -108,6 +108,38 @@ fn a_prefill_with_every_layer_streamed_reads_each_layer_once_and_keeps_the_bits(
 }
 
 #[test]
+fn read_ahead_reads_the_first_streamed_layer_for_the_next_step_during_this_one() {
+    let dir = packed_synthetic(&STREAMED_SHAPE);
+    let artifact = Artifact::open(dir.path(), Access::Unverified).unwrap();
+    let config = DeepSeekV3Config::parse(&artifact.config_json).unwrap();
+    let experts = expert_map(&artifact, &config).unwrap();
+    let floor = Plan::new(&artifact, &config, &experts, Budget::Floor, 64).unwrap();
+    let mut per_step = Vec::new();
+    for read_ahead in [true, false] {
+        let plan = Plan {
+            read_ahead,
+            ..floor.clone()
+        };
+        let model =
+            DeepSeekV3::load_planned(&artifact, config.clone(), &plan, experts.clone()).unwrap();
+        let mut cache = model.new_cache();
+        let mut bytes = Vec::new();
+        for token in [5, 9, 11] {
+            let mut stats = StepStats::default();
+            model.step(token, &mut cache, &mut stats).unwrap();
+            bytes.push(stats.layer_read_bytes);
+            let kept = model.layer_read_for_next_step();
+            assert_eq!(kept, read_ahead.then_some(floor.streamed_layers[0]));
+        }
+        per_step.push(bytes);
+    }
+    assert_eq!(
+        per_step[0], per_step[1],
+        "a step is charged the layers it uses, whenever they were read"
+    );
+}
+
+#[test]
 fn a_bad_token_anywhere_in_the_prompt_leaves_the_cache_as_it_was() {
     let dir = packed("mlx-affine4-g64");
     let artifact = Artifact::open(dir.path(), Access::Unverified).unwrap();
