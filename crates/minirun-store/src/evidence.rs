@@ -144,7 +144,18 @@ where
     let (file, _) = root.open_file(relative).map_err(|e| unreadable(&e))?;
     let bytes = crate::artifact_files::read_bounded(file, relative, MAX_EVIDENCE_BYTES)
         .map_err(|e| unreadable(&e))?;
-    let stored: Stored<T> = serde_json::from_slice(&bytes).map_err(|e| unreadable(&e))?;
+    let stored: Stored<T> = serde_json::from_slice(&bytes).map_err(|e| {
+        // Evidence of an older minirun is a bare record with its schema at the top level.
+        let older = serde_json::from_slice::<serde_json::Value>(&bytes)
+            .ok()
+            .and_then(|v| v.get("schema")?.as_str().map(str::to_string));
+        match older {
+            Some(schema) => SealedReadError::Unreadable(format!(
+                "it is in the format of an older minirun ({schema:?}), which carries no seal"
+            )),
+            None => unreadable(&e),
+        }
+    })?;
     let body = serde_json::to_vec(&stored.sealed).map_err(|e| unreadable(&e))?;
     if !key.opens(domain, &body, &stored.seal) {
         return Err(SealedReadError::NotSealed {

@@ -14,7 +14,7 @@ use crate::seal::SealKey;
 pub enum StoreError {
     #[error("no evidence at {path}: run `minirun verify` on the artifact first")]
     NoEvidence { path: String },
-    #[error("{path}: unreadable evidence: {reason}")]
+    #[error("{path}: unreadable evidence: {reason}; run `minirun verify` again to replace it")]
     BadEvidence { path: String, reason: String },
     #[error("{path}: {reason}; run `minirun verify` again")]
     UnsealedEvidence { path: String, reason: String },

@@ -507,3 +507,23 @@ fn an_interrupted_pack_is_refused_by_verify() {
     assert!(matches!(err, VerifyError::Incomplete { .. }), "{err}");
     assert!(err.to_string().contains("minirun pack"), "{err}");
 }
+
+#[test]
+fn evidence_of_an_older_minirun_is_refused_naming_its_format_and_the_fix() {
+    let (dir, _) = verified();
+    let record = stored_evidence(dir.path());
+    let mut older = serde_json::to_value(&record).unwrap();
+    older["schema"] = "minirun-evidence/1".into();
+    fs::write(
+        dir.path().join(".minirun/evidence.json"),
+        serde_json::to_vec_pretty(&older).unwrap(),
+    )
+    .unwrap();
+    let err = HeldEvidence::load(dir.path(), &key()).unwrap_err();
+    assert!(matches!(err, StoreError::BadEvidence { .. }), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("\"minirun-evidence/1\"") && text.contains("minirun verify"),
+        "{text}"
+    );
+}
