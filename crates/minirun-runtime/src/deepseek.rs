@@ -1005,24 +1005,24 @@ impl<'a> DeepSeekV3<'a> {
             cache.latent[layer].extend_from_slice(&latent);
             cache.rope_key[layer].extend_from_slice(&key);
         }
-        let mut outs = Vec::with_capacity(qs.len());
-        for (t, q) in qs.iter().enumerate() {
-            outs.push(self.attend_position(a, q, layer, cache.len + t, cache, stats)?);
+        let q_latents = self.queries_in_latent_space(a, &qs, stats)?;
+        let mut mixed = Vec::with_capacity(qs.len());
+        for (t, (q, q_latent)) in qs.iter().zip(&q_latents).enumerate() {
+            mixed.push(self.mix_heads(q, q_latent, layer, cache.len + t, cache));
         }
+        let outs = self.heads_out(a, &mixed, stats)?;
         Ok(apply_batch(&a.o, &outs, stats)?)
     }
 
-    /// One position's heads over the cache's positions up to and including `position`, before
-    /// the output projection.
-    fn attend_position(
+    /// Per position and head, the query's no-rope part projected into the latent space
+    /// (`embed_q` for every position of the batch at once, or the key rows of `kv_b_proj`
+    /// transposed, position by position).
+    fn queries_in_latent_space(
         &self,
         a: &Attention,
-        q: &[f32],
-        layer: usize,
-        position: usize,
-        cache: &Cache,
+        qs: &[Vec<f32>],
         stats: &mut StepStats,
-    ) -> Result<Vec<f32>, ModelError> {
+    ) -> Result<Vec<Vec<Vec<f32>>>, ModelError> {
         let c = &self.config;
         let (nope, rope_dim, lora, v_dim) = (
             c.qk_nope_head_dim,
@@ -1030,74 +1030,131 @@ impl<'a> DeepSeekV3<'a> {
             c.kv_lora_rank,
             c.v_head_dim,
         );
-        let (latents, keys) = (&cache.latent[layer], &cache.rope_key[layer]);
-        let steps = position + 1;
-        let mut out = vec![0f32; c.num_attention_heads * v_dim];
-        let mut q_latent = vec![0f32; lora];
-        for (head, q) in q.chunks_exact(nope + rope_dim).enumerate() {
-            let mut q_rope = q[nope..].to_vec();
-            self.rope.apply(&mut q_rope, position);
-            match &a.latent {
-                LatentProjections::Split { embed_q, .. } => {
+        let width = nope + rope_dim;
+        let heads = c.num_attention_heads;
+        let mut q_latents = vec![Vec::with_capacity(heads); qs.len()];
+        match &a.latent {
+            LatentProjections::Split { embed_q, .. } => {
+                for head in 0..heads {
                     let m = embed_q.get(head).ok_or(KernelError::Length {
                         what: "heads",
                         expected: head + 1,
                         actual: embed_q.len(),
                     })?;
-                    m.matvec(&q[..nope], &mut q_latent)?;
-                    stats.weight_bytes += m.stored_bytes() as u64;
-                }
-                LatentProjections::Whole(m) => {
-                    let first = head * (nope + v_dim);
-                    m.vecmat_rows(first..first + nope, &q[..nope], &mut q_latent)?;
+                    let rows: Vec<Vec<f32>> = qs
+                        .iter()
+                        .map(|q| q[head * width..head * width + nope].to_vec())
+                        .collect();
+                    for (t, latent) in apply_batch(&m, &rows, stats)?.into_iter().enumerate() {
+                        q_latents[t].push(latent);
+                    }
                 }
             }
-            let scores: Vec<f32> = (0..steps)
-                .map(|t| {
-                    let content: f32 = q_latent
-                        .iter()
+            LatentProjections::Whole(m) => {
+                for (q, per_head) in qs.iter().zip(&mut q_latents) {
+                    for head in 0..heads {
+                        let first = head * (nope + v_dim);
+                        let mut latent = vec![0f32; lora];
+                        let q_nope = &q[head * width..head * width + nope];
+                        m.vecmat_rows(first..first + nope, q_nope, &mut latent)?;
+                        per_head.push(latent);
+                    }
+                }
+            }
+        }
+        Ok(q_latents)
+    }
+
+    /// One position's heads over the cache's positions up to and including `position`: per
+    /// head, the cached latents mixed by the softmax of the scores.
+    fn mix_heads(
+        &self,
+        q: &[f32],
+        q_latents: &[Vec<f32>],
+        layer: usize,
+        position: usize,
+        cache: &Cache,
+    ) -> Vec<Vec<f32>> {
+        let c = &self.config;
+        let (nope, rope_dim, lora) = (c.qk_nope_head_dim, c.qk_rope_head_dim, c.kv_lora_rank);
+        let (latents, keys) = (&cache.latent[layer], &cache.rope_key[layer]);
+        let steps = position + 1;
+        q.chunks_exact(nope + rope_dim)
+            .zip(q_latents)
+            .map(|(q, q_latent)| {
+                let mut q_rope = q[nope..].to_vec();
+                self.rope.apply(&mut q_rope, position);
+                let scores: Vec<f32> = (0..steps)
+                    .map(|t| {
+                        let content: f32 = q_latent
+                            .iter()
+                            .zip(&latents[t * lora..(t + 1) * lora])
+                            .map(|(a, b)| a * b)
+                            .sum();
+                        let positional: f32 = q_rope
+                            .iter()
+                            .zip(&keys[t * rope_dim..(t + 1) * rope_dim])
+                            .map(|(a, b)| a * self.scale * b)
+                            .sum();
+                        content * self.scale + positional
+                    })
+                    .collect();
+                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let exps: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
+                let total: f32 = exps.iter().sum();
+                let mut mixed = vec![0f32; lora];
+                for (t, e) in exps.iter().enumerate() {
+                    let p = e / total;
+                    mixed
+                        .iter_mut()
                         .zip(&latents[t * lora..(t + 1) * lora])
-                        .map(|(a, b)| a * b)
-                        .sum();
-                    let positional: f32 = q_rope
-                        .iter()
-                        .zip(&keys[t * rope_dim..(t + 1) * rope_dim])
-                        .map(|(a, b)| a * self.scale * b)
-                        .sum();
-                    content * self.scale + positional
-                })
-                .collect();
-            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let exps: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
-            let total: f32 = exps.iter().sum();
-            let mut mixed = vec![0f32; lora];
-            for (t, e) in exps.iter().enumerate() {
-                let p = e / total;
+                        .for_each(|(m, l)| *m += p * l);
+                }
                 mixed
-                    .iter_mut()
-                    .zip(&latents[t * lora..(t + 1) * lora])
-                    .for_each(|(m, l)| *m += p * l);
-            }
-            let head_out = &mut out[head * v_dim..(head + 1) * v_dim];
-            match &a.latent {
-                LatentProjections::Split { unembed_out, .. } => {
+            })
+            .collect()
+    }
+
+    /// Per position, every head's mixed latent projected out (`unembed_out` for every position
+    /// at once, or the value rows of `kv_b_proj` position by position), heads side by side.
+    fn heads_out(
+        &self,
+        a: &Attention,
+        mixed: &[Vec<Vec<f32>>],
+        stats: &mut StepStats,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let c = &self.config;
+        let (nope, v_dim) = (c.qk_nope_head_dim, c.v_head_dim);
+        let heads = c.num_attention_heads;
+        let mut outs = vec![vec![0f32; heads * v_dim]; mixed.len()];
+        match &a.latent {
+            LatentProjections::Split { unembed_out, .. } => {
+                for head in 0..heads {
                     let m = unembed_out.get(head).ok_or(KernelError::Length {
                         what: "heads",
                         expected: head + 1,
                         actual: unembed_out.len(),
                     })?;
-                    m.matvec(&mixed, head_out)?;
-                    stats.weight_bytes += m.stored_bytes() as u64;
+                    let rows: Vec<Vec<f32>> = mixed
+                        .iter()
+                        .map(|per_head| per_head[head].clone())
+                        .collect();
+                    for (out, head_out) in outs.iter_mut().zip(apply_batch(&m, &rows, stats)?) {
+                        out[head * v_dim..(head + 1) * v_dim].copy_from_slice(&head_out);
+                    }
                 }
-                LatentProjections::Whole(m) => {
-                    let first = head * (nope + v_dim) + nope;
-                    m.matvec_rows(first..first + v_dim, &mixed, head_out)?;
+            }
+            LatentProjections::Whole(m) => {
+                for (out, per_head) in outs.iter_mut().zip(mixed) {
+                    for (head, latent) in per_head.iter().enumerate() {
+                        let first = head * (nope + v_dim) + nope;
+                        let head_out = &mut out[head * v_dim..(head + 1) * v_dim];
+                        m.matvec_rows(first..first + v_dim, latent, head_out)?;
+                    }
+                    stats.weight_bytes += m.stored_bytes() as u64;
                 }
             }
         }
-        if let LatentProjections::Whole(m) = &a.latent {
-            stats.weight_bytes += m.stored_bytes() as u64;
-        }
-        Ok(out)
+        Ok(outs)
     }
 }
