@@ -9,8 +9,8 @@ use serde_json::{Map, Value};
 pub enum ConfigError {
     #[error("config.json is not a JSON object: {0}")]
     NotJson(String),
-    #[error("config.json has no {0}, which the DeepSeek-V3 forward pass needs")]
-    Missing(&'static str),
+    #[error("config.json has no {0}, which the model's forward pass needs")]
+    Missing(String),
     #[error("config.json: {key} = {value} is not implemented by this runtime ({why})")]
     Unsupported {
         key: String,
@@ -134,7 +134,9 @@ struct Fields<'a>(&'a Map<String, Value>);
 
 impl Fields<'_> {
     fn get(&self, key: &'static str) -> Result<&Value, ConfigError> {
-        self.0.get(key).ok_or(ConfigError::Missing(key))
+        self.0
+            .get(key)
+            .ok_or_else(|| ConfigError::Missing(key.to_string()))
     }
     fn size(&self, key: &'static str) -> Result<usize, ConfigError> {
         let v = self.get(key)?;
@@ -194,7 +196,7 @@ impl DeepSeekV3Config {
             }
         }
         if map.get("model_type").is_none() {
-            return Err(ConfigError::Missing("model_type"));
+            return Err(ConfigError::Missing("model_type".into()));
         }
         let f = Fields(map);
         let q_lora_rank = match f.get("q_lora_rank")? {
@@ -236,7 +238,7 @@ impl DeepSeekV3Config {
             rope_theta: f.float("rope_theta")?,
             max_position_embeddings: f.size("max_position_embeddings")?,
             rope_scaling: rope_scaling(f.get("rope_scaling")?)?,
-            eos_token_ids: eos_ids(map.get("eos_token_id"))?,
+            eos_token_ids: eos_ids(map.get("eos_token_id"), "eos_token_id")?,
         };
         config.check()?;
         Ok(config)
@@ -337,10 +339,11 @@ fn rope_scaling(v: &Value) -> Result<Option<Yarn>, ConfigError> {
     Ok(Some(yarn))
 }
 
-fn eos_ids(v: Option<&Value>) -> Result<Vec<u32>, ConfigError> {
+/// `eos_token_id` (at `key`): absent or null, one id, or a list of them.
+pub(crate) fn eos_ids(v: Option<&Value>, key: &str) -> Result<Vec<u32>, ConfigError> {
     let id = |v: &Value| v.as_u64().and_then(|n| u32::try_from(n).ok());
     let err = || ConfigError::Type {
-        key: "eos_token_id".into(),
+        key: key.into(),
         expected: "a token id or a list of them",
     };
     match v {

@@ -8,6 +8,7 @@ pub mod deepseek;
 pub mod experts;
 pub mod generate;
 pub mod kernels;
+pub mod kimi_k3_config;
 pub mod layer_stream;
 pub mod plan;
 pub mod rope;

@@ -31,6 +31,10 @@ pub enum SessionError {
          `minirun verify {0}` (offline, against its own manifests); or run it anyway with --unverified."
     )]
     SpotCheckOnly(String),
+    #[error(
+        "{0}\nThis build runs DeepSeek-V3-architecture models only; Kimi K3's KDA linear attention, NoPE MLA with output gate, attention residuals and latent MoE are not implemented yet."
+    )]
+    ArchitectureNotImplemented(String),
     #[error(transparent)]
     Artifact(#[from] ArtifactError),
     #[error(transparent)]
@@ -46,6 +50,28 @@ pub enum SessionError {
 /// The evidence mode of a spot check (`minirun verify --spot-check`), which never authorizes a
 /// run.
 const SPOT_CHECK: &str = "spot-check";
+
+/// A Kimi K3 artifact is recognised, its configuration read fail-closed (so a malformed one is
+/// refused by name), and then refused as an architecture this build does not run, rather than
+/// as a DeepSeek-V3 config with an unknown `model_type`.
+fn refuse_kimi_k3(config_json: &str) -> Result<(), SessionError> {
+    let model_type = serde_json::from_str::<serde_json::Value>(config_json)
+        .ok()
+        .and_then(|v| v.get("model_type")?.as_str().map(str::to_string));
+    if model_type.as_deref() != Some("kimi_k3") {
+        return Ok(());
+    }
+    let k3 = crate::kimi_k3_config::KimiK3Config::parse(config_json)?;
+    Err(SessionError::ArchitectureNotImplemented(format!(
+        "config.json is Kimi K3 (kimi_k3): {} layers ({} KDA, {} MLA), {} routed experts ({} per token) in a latent width of {}",
+        k3.num_hidden_layers,
+        k3.kda.layers.len(),
+        k3.num_hidden_layers - k3.kda.layers.len(),
+        k3.num_experts,
+        k3.num_experts_per_token,
+        k3.routed_expert_hidden_size
+    )))
+}
 
 /// What the caller hears after each generated token.
 #[derive(Debug, Clone, Copy)]
@@ -108,6 +134,7 @@ impl Session {
             },
         };
         let artifact = Artifact::open(path, access)?;
+        refuse_kimi_k3(&artifact.config_json)?;
         let config = DeepSeekV3Config::parse(&artifact.config_json)?;
         let text = Text::new(
             artifact.tokenizer_json.as_deref(),

@@ -92,7 +92,7 @@ fn a_missing_number_is_refused_never_defaulted() {
         v.as_object_mut().unwrap().remove(key);
         let err = parse(&v).unwrap_err();
         assert!(
-            matches!(err, ConfigError::Missing(k) if k == key),
+            matches!(&err, ConfigError::Missing(k) if k == key),
             "{key}: {err}"
         );
     }
@@ -101,7 +101,10 @@ fn a_missing_number_is_refused_never_defaulted() {
         .as_object_mut()
         .unwrap()
         .remove("beta_fast");
-    assert_eq!(parse(&v).unwrap_err(), ConfigError::Missing("beta_fast"));
+    assert_eq!(
+        parse(&v).unwrap_err(),
+        ConfigError::Missing("beta_fast".into())
+    );
 }
 
 #[test]

@@ -293,3 +293,32 @@ fn verification_checks_the_configuration_index_json_pins() {
         "{err}"
     );
 }
+
+#[test]
+fn a_kimi_k3_artifact_is_recognised_and_refused_as_not_yet_runnable() {
+    let dir = packed();
+    let k3 = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/kimi-k3/config.json");
+    std::fs::copy(&k3, dir.path().join("config.json")).unwrap();
+    let Err(err) = Session::open(dir.path(), Trust::Unverified) else {
+        panic!("a Kimi K3 config opened a DeepSeek-V3 session");
+    };
+    assert!(
+        matches!(err, SessionError::ArchitectureNotImplemented(_)),
+        "{err}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("Kimi K3") && text.contains("93 layers (69 KDA, 24 MLA)"),
+        "{text}"
+    );
+
+    // A malformed K3 config is refused by name first.
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&k3).unwrap()).unwrap();
+    config["text_config"]["hidden_act"] = "silu".into();
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    let Err(err) = Session::open(dir.path(), Trust::Unverified) else {
+        panic!("opened");
+    };
+    assert!(err.to_string().contains("text_config.hidden_act"), "{err}");
+}
