@@ -68,6 +68,8 @@ const TOP_SET_ASIDE: &[&str] = &[
     "image_placeholder",
     "media_placeholder_token_id",
     "pad_token_id",
+    "quantization",
+    "quantization_config",
     "tie_word_embeddings",
     "transformers_version",
     "vision_config",

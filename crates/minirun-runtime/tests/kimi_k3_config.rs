@@ -143,3 +143,21 @@ fn a_flat_config_another_model_type_and_inconsistent_layers_are_refused() {
     tie["tie_word_embeddings"] = true.into();
     assert!(matches!(parse(&tie), Err(ConfigError::Inconsistent(_))));
 }
+
+/// The tiny checkpoints `tools/make_k3_fixtures.py` builds with mlx-lm's `kimi_k3` carry the
+/// config mlx-lm writes (its quantization keys at the top level): it reads as their shape.
+#[test]
+fn the_mlx_lm_fixture_configs_read_as_the_tiny_shape() {
+    let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/kimi-k3");
+    for variant in ["mlx-affine4-g64", "mlx-mxfp4", "mlx-k3mix"] {
+        let text = std::fs::read_to_string(data.join(variant).join("config.json")).unwrap();
+        let c = KimiK3Config::parse(&text).unwrap_or_else(|e| panic!("{variant}: {e}"));
+        assert_eq!(
+            (c.hidden_size, c.num_hidden_layers, c.vocab_size),
+            (128, 6, 512)
+        );
+        assert_eq!(c.kda.layers, vec![0, 1, 2, 4], "{variant}");
+        assert_eq!(c.routed_scaling_factor, 2.5);
+        assert!(c.set_aside.iter().any(|k| k == "quantization"), "{variant}");
+    }
+}
