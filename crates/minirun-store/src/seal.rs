@@ -25,7 +25,7 @@ pub enum KeyError {
         "no place for the evidence key: set {KEY_ENV}=FILE, or XDG_CONFIG_HOME or HOME (the key lives in $XDG_CONFIG_HOME/minirun/{KEY_FILE})"
     )]
     NoHome,
-    #[error("evidence key {path}: {error}")]
+    #[error("evidence key {path}: {error} (set {KEY_ENV}=FILE to keep the key elsewhere)")]
     Io { path: String, error: std::io::Error },
     #[error(
         "evidence key {path} is readable or writable by others (mode {mode:o}): whoever can read it can forge evidence. Run `chmod 600 {path}`, or remove it to make a new one (existing evidence must then be verified again)"
