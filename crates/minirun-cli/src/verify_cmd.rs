@@ -38,6 +38,8 @@ pub struct VerifyArgs {
 }
 
 pub fn run(args: &VerifyArgs) -> Result<ExitCode> {
+    // The evidence is sealed with it: a key that cannot be had fails before any hashing.
+    let key = minirun_store::SealKey::for_user()?;
     let (tree, authority) = match (&args.repo, &args.revision) {
         (Some(repo), Some(revision)) => (
             published_tree(args, repo, revision)?,
@@ -82,7 +84,6 @@ pub fn run(args: &VerifyArgs) -> Result<ExitCode> {
     let started = Instant::now();
     // A kill keeps the per-file checkpoint; the next run continues from it.
     let never = std::sync::atomic::AtomicBool::new(false);
-    let key = minirun_store::SealKey::for_user()?;
     let result = minirun_store::verify_with(
         &args.dir,
         &tree,
