@@ -178,21 +178,15 @@ impl Hub {
     fn get_api(&self, url: &Url) -> Result<(Vec<u8>, Option<String>), HubError> {
         let (response, _) = self.get(url, None, false)?;
         let next = response.header("link").and_then(next_link);
-        let mut body = Vec::new();
-        response
-            .into_reader()
-            .take(MAX_ANSWER_BYTES + 1)
-            .read_to_end(&mut body)
+        let body = regular_file::read_at_most(response.into_reader(), MAX_ANSWER_BYTES)
             .map_err(|e| HubError::Transport {
                 url: url.to_string(),
                 error: e.to_string(),
-            })?;
-        if body.len() as u64 > MAX_ANSWER_BYTES {
-            return Err(HubError::BadAnswer {
+            })?
+            .ok_or_else(|| HubError::BadAnswer {
                 url: url.to_string(),
                 reason: format!("more than {MAX_ANSWER_BYTES} bytes"),
-            });
-        }
+            })?;
         Ok((body, next))
     }
 

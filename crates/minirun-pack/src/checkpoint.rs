@@ -11,9 +11,10 @@ use crate::shard::{Shard, TensorSource};
 
 const SHARD_INDEX: &str = "model.safetensors.index.json";
 /// The most tensors a checkpoint may hold over all its shards (each costs a few hundred bytes
-/// while packing); the largest published MoE checkpoints hold about 100,000.
+/// while packing).
 pub const MAX_TENSORS: usize = 1 << 20;
-/// The most `config.json` or the shard index may hold (a 100,000-tensor index is about 9 MB).
+/// The most `config.json` or the shard index may hold: about 64 bytes for each of
+/// `MAX_TENSORS` index entries.
 pub const MAX_METADATA_BYTES: u64 = 64 << 20;
 
 /// A checkpoint whose every shard header has been validated.
@@ -141,19 +142,25 @@ fn check_link(path: &Path, allowed: &[PathBuf]) -> Result<(), PackError> {
 
 /// A root metadata file's text, refused past [`MAX_METADATA_BYTES`] without reading further.
 fn read_text_bounded(path: &Path) -> Result<String, PackError> {
-    use std::io::Read as _;
+    let refuse = |reason: String| PackError::Refused {
+        what: path.display().to_string(),
+        reason,
+    };
     let file = regular_file::open(path).map_err(|e| PackError::io(path, e))?;
-    let mut text = String::new();
-    file.take(MAX_METADATA_BYTES + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| PackError::io(path, e))?;
-    if text.len() as u64 > MAX_METADATA_BYTES {
-        return Err(PackError::Refused {
-            what: path.display().to_string(),
-            reason: format!("larger than {MAX_METADATA_BYTES} bytes: not a model's metadata"),
-        });
-    }
-    Ok(text)
+    let bytes = regular_file::read_at_most(file, MAX_METADATA_BYTES)
+        .map_err(|e| PackError::io(path, e))?
+        .ok_or_else(|| {
+            refuse(format!(
+                "larger than {MAX_METADATA_BYTES} bytes: not a model's metadata"
+            ))
+        })?;
+    String::from_utf8(bytes).map_err(|_| {
+        let invalid = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "stream did not contain valid UTF-8",
+        );
+        PackError::io(path, invalid)
+    })
 }
 
 /// When a shard index exists, every tensor it maps must be in the shard it names, and

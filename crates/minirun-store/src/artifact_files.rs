@@ -4,7 +4,6 @@
 //! bounded; payload and metadata go through held evidence when the caller holds some.
 
 use std::fs::File;
-use std::io::Read;
 use std::path::Path;
 
 use minirun_format::artifact::{
@@ -214,18 +213,13 @@ pub fn own_manifest_tree(path: &Path) -> Result<Tree, LayoutError> {
 
 /// Reads at most `limit` bytes of `file`, refusing a longer one without reading past the bound.
 pub fn read_bounded(file: File, path: &str, limit: u64) -> Result<Vec<u8>, LayoutError> {
-    let mut bytes = Vec::new();
-    file.take(limit.saturating_add(1))
-        .read_to_end(&mut bytes)
+    regular_file::read_at_most(file, limit)
         .map_err(|error| LayoutError::Io {
             path: path.to_string(),
             error,
-        })?;
-    if bytes.len() as u64 > limit {
-        return Err(LayoutError::TooLarge {
+        })?
+        .ok_or_else(|| LayoutError::TooLarge {
             path: path.to_string(),
             limit,
-        });
-    }
-    Ok(bytes)
+        })
 }

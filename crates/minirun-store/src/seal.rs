@@ -4,7 +4,7 @@
 //! Specified in `docs/formats/evidence.md` ("The seal").
 
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -150,14 +150,14 @@ fn load(path: &Path) -> Result<SealKey, KeyError> {
             mode: meta.mode() & 0o7777,
         });
     }
-    let mut text = String::new();
-    file.take(MAX_KEY_FILE + 1)
-        .read_to_string(&mut text)
-        .map_err(io_error(path))?;
     let malformed = |reason: &str| KeyError::Malformed {
         path: shown.clone(),
         reason: reason.to_string(),
     };
+    let bytes = regular_file::read_at_most(file, MAX_KEY_FILE)
+        .map_err(io_error(path))?
+        .ok_or_else(|| malformed("longer than a key"))?;
+    let text = String::from_utf8(bytes).map_err(|_| malformed("not text"))?;
     let hex = text.strip_suffix('\n').unwrap_or(&text);
     let bytes = unhex(hex).ok_or_else(|| malformed("not lowercase hex"))?;
     let key: [u8; KEY_BYTES] = bytes

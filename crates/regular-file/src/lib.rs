@@ -34,6 +34,18 @@ pub fn open(path: &Path) -> io::Result<File> {
     Ok(file)
 }
 
+/// Everything `reader` holds if that is at most `limit` bytes; `None`, after reading one byte
+/// past the bound and no more, if it holds more. For files and answers whose size the reader
+/// does not trust.
+pub fn read_at_most(reader: impl io::Read, limit: u64) -> io::Result<Option<Vec<u8>>> {
+    let mut bytes = Vec::new();
+    io::Read::read_to_end(
+        &mut io::Read::take(reader, limit.saturating_add(1)),
+        &mut bytes,
+    )?;
+    Ok((bytes.len() as u64 <= limit).then_some(bytes))
+}
+
 /// What a file that is not regular is, in words.
 pub fn describe(kind: FileType) -> &'static str {
     if kind.is_dir() {
@@ -59,6 +71,20 @@ pub fn describe(kind: FileType) -> &'static str {
 mod tests {
     use super::*;
     use std::io::Read;
+
+    #[test]
+    fn a_bounded_read_takes_up_to_the_limit_and_refuses_one_byte_more() {
+        assert_eq!(
+            read_at_most(&b"four"[..], 4).unwrap(),
+            Some(b"four".to_vec())
+        );
+        assert_eq!(read_at_most(&b"four"[..], 3).unwrap(), None);
+        assert_eq!(read_at_most(&b""[..], 0).unwrap(), Some(Vec::new()));
+        assert_eq!(
+            read_at_most(&b"x"[..], u64::MAX).unwrap(),
+            Some(b"x".to_vec())
+        );
+    }
 
     #[test]
     fn a_regular_file_opens_and_reads_blocking_as_usual() {
