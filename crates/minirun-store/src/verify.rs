@@ -9,7 +9,7 @@ use minirun_format::artifact::{INCOMPLETE_MARKER, INDEX_FILE, MAX_MANIFEST_BYTES
 use minirun_format::index::ArtifactIndex;
 use minirun_format::tree::{RepoFile, StreamHasher, Tree};
 use rayon::prelude::*;
-use sha2::{Digest as _, Sha256};
+use sha2::{Digest, Sha256};
 
 use crate::checkpoint::{Checkpoint, CheckpointKey};
 use crate::evidence::{self, DigestRecord, EVIDENCE_DIR, Evidence, EvidenceFile, RootRecord};
@@ -444,11 +444,10 @@ fn check_index_pins(root: &Root) -> Result<(), VerifyError> {
     if root.entry_kind(INDEX_FILE)? == EntryKind::Absent {
         return Ok(());
     }
-    let read = |path: &str, limit: u64| -> Result<Vec<u8>, VerifyError> {
-        let (file, _) = root.open_file(path)?;
-        crate::read_bounded(file, path, limit).map_err(|e| VerifyError::Layout(Box::new(e)))
-    };
-    let index = ArtifactIndex::parse(&read(INDEX_FILE, MAX_MANIFEST_BYTES)?);
+    let (file, _) = root.open_file(INDEX_FILE)?;
+    let bytes = crate::read_bounded(file, INDEX_FILE, MAX_MANIFEST_BYTES)
+        .map_err(|e| VerifyError::Layout(Box::new(e)))?;
+    let index = ArtifactIndex::parse(&bytes);
     let tokenizer = index
         .tokenizer
         .and_then(Result::ok)
@@ -463,12 +462,18 @@ fn check_index_pins(root: &Root) -> Result<(), VerifyError> {
             role,
             what,
         };
-        let (_, identity) = root.open_file(&path)?;
+        let (mut file, identity) = root.open_file(&path)?;
         if identity.size != bytes {
             let size = identity.size;
             return Err(mismatch(format!("{size} bytes, index.json says {bytes}")));
         }
-        let got = minirun_format::tile::hex(&Sha256::digest(read(&path, bytes)?));
+        // Hashed as it is read: the pinned length is the index's word, not a bound.
+        let mut hasher = Sha256::new();
+        std::io::copy(&mut file, &mut hasher).map_err(|error| VerifyError::Read {
+            path: path.clone(),
+            error,
+        })?;
+        let got = minirun_format::tile::hex(&hasher.finalize());
         if got != sha256 {
             return Err(mismatch(format!("SHA-256 {got}, index.json says {sha256}")));
         }
