@@ -130,42 +130,69 @@ const NUMBERS: &[&str] = &[
     "eos_token_id",
 ];
 
-struct Fields<'a>(&'a Map<String, Value>);
+/// Typed reads from one JSON object of a config; `prefix` names the object in errors
+/// (`text_config.`; empty at the top level).
+pub(crate) struct Fields<'a> {
+    pub map: &'a Map<String, Value>,
+    pub prefix: &'static str,
+}
 
-impl Fields<'_> {
-    fn get(&self, key: &'static str) -> Result<&Value, ConfigError> {
-        self.0
+impl<'a> Fields<'a> {
+    pub fn top(map: &'a Map<String, Value>) -> Fields<'a> {
+        Fields { map, prefix: "" }
+    }
+    fn name(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+    pub fn get(&self, key: &str) -> Result<&'a Value, ConfigError> {
+        self.map
             .get(key)
-            .ok_or_else(|| ConfigError::Missing(key.to_string()))
+            .ok_or_else(|| ConfigError::Missing(self.name(key)))
     }
-    fn size(&self, key: &'static str) -> Result<usize, ConfigError> {
-        let v = self.get(key)?;
-        v.as_u64()
-            .filter(|&n| n > 0 && n < (1 << 31))
-            .map(|n| n as usize)
-            .ok_or(ConfigError::Type {
-                key: key.into(),
-                expected: "a positive integer",
-            })
+    fn typed<T>(
+        &self,
+        key: &str,
+        expected: &'static str,
+        read: impl Fn(&Value) -> Option<T>,
+    ) -> Result<T, ConfigError> {
+        read(self.get(key)?).ok_or_else(|| ConfigError::Type {
+            key: self.name(key),
+            expected,
+        })
     }
-    fn count(&self, key: &'static str) -> Result<usize, ConfigError> {
-        let v = self.get(key)?;
-        v.as_u64()
-            .filter(|&n| n < (1 << 31))
-            .map(|n| n as usize)
-            .ok_or(ConfigError::Type {
-                key: key.into(),
-                expected: "a non-negative integer",
-            })
+    pub fn size(&self, key: &str) -> Result<usize, ConfigError> {
+        self.typed(key, "a positive integer", |v| {
+            v.as_u64()
+                .filter(|&n| n > 0 && n < (1 << 31))
+                .map(|n| n as usize)
+        })
     }
-    fn float(&self, key: &'static str) -> Result<f64, ConfigError> {
-        self.get(key)?
-            .as_f64()
-            .filter(|f| f.is_finite())
-            .ok_or(ConfigError::Type {
-                key: key.into(),
-                expected: "a finite number",
-            })
+    pub fn count(&self, key: &str) -> Result<usize, ConfigError> {
+        self.typed(key, "a non-negative integer", |v| {
+            v.as_u64().filter(|&n| n < (1 << 31)).map(|n| n as usize)
+        })
+    }
+    pub fn float(&self, key: &str) -> Result<f64, ConfigError> {
+        self.typed(key, "a finite number", |v| {
+            v.as_f64().filter(|f| f.is_finite())
+        })
+    }
+    /// A number that must also be finite as an f32.
+    pub fn float32(&self, key: &str) -> Result<f32, ConfigError> {
+        self.typed(key, "a finite number", |v| {
+            v.as_f64().map(|f| f as f32).filter(|f| f.is_finite())
+        })
+    }
+    pub fn flag(&self, key: &str) -> Result<bool, ConfigError> {
+        self.typed(key, "true or false", Value::as_bool)
+    }
+    pub fn layers(&self, key: &str) -> Result<Vec<usize>, ConfigError> {
+        self.typed(key, "a list of layer numbers", |v| {
+            v.as_array()?
+                .iter()
+                .map(|n| n.as_u64().filter(|&n| n < (1 << 31)).map(|n| n as usize))
+                .collect()
+        })
     }
 }
 
@@ -198,7 +225,7 @@ impl DeepSeekV3Config {
         if map.get("model_type").is_none() {
             return Err(ConfigError::Missing("model_type".into()));
         }
-        let f = Fields(map);
+        let f = Fields::top(map);
         let q_lora_rank = match f.get("q_lora_rank")? {
             Value::Null => None,
             _ => Some(f.size("q_lora_rank")?),
@@ -322,7 +349,7 @@ fn rope_scaling(v: &Value) -> Result<Option<Yarn>, ConfigError> {
             return Err(ConfigError::Unknown(format!("rope_scaling.{key}")));
         }
     }
-    let f = Fields(map);
+    let f = Fields::top(map);
     let yarn = Yarn {
         factor: f.float("factor")?,
         original_max_position_embeddings: f.float("original_max_position_embeddings")?,

@@ -6,7 +6,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::config::{ConfigError, eos_ids};
+use crate::config::{ConfigError, Fields, eos_ids};
 
 /// The linear-attention (Kimi Delta Attention) layers' settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -206,62 +206,6 @@ const KDA_KEYS: &[&str] = &[
     "use_full_rank_gate",
 ];
 
-/// Typed reads from one JSON object; `prefix` names it in errors (`text_config.`).
-struct Fields<'a> {
-    map: &'a Map<String, Value>,
-    prefix: &'static str,
-}
-
-impl Fields<'_> {
-    fn name(&self, key: &str) -> String {
-        format!("{}{key}", self.prefix)
-    }
-    fn get(&self, key: &str) -> Result<&Value, ConfigError> {
-        self.map
-            .get(key)
-            .ok_or_else(|| ConfigError::Missing(self.name(key)))
-    }
-    fn typed<T>(
-        &self,
-        key: &str,
-        expected: &'static str,
-        read: impl Fn(&Value) -> Option<T>,
-    ) -> Result<T, ConfigError> {
-        read(self.get(key)?).ok_or_else(|| ConfigError::Type {
-            key: self.name(key),
-            expected,
-        })
-    }
-    fn size(&self, key: &str) -> Result<usize, ConfigError> {
-        self.typed(key, "a positive integer", |v| {
-            v.as_u64()
-                .filter(|&n| n > 0 && n < (1 << 31))
-                .map(|n| n as usize)
-        })
-    }
-    fn count(&self, key: &str) -> Result<usize, ConfigError> {
-        self.typed(key, "a non-negative integer", |v| {
-            v.as_u64().filter(|&n| n < (1 << 31)).map(|n| n as usize)
-        })
-    }
-    fn float(&self, key: &str) -> Result<f32, ConfigError> {
-        self.typed(key, "a finite number", |v| {
-            v.as_f64().map(|f| f as f32).filter(|f| f.is_finite())
-        })
-    }
-    fn flag(&self, key: &str) -> Result<bool, ConfigError> {
-        self.typed(key, "true or false", Value::as_bool)
-    }
-    fn layers(&self, key: &str) -> Result<Vec<usize>, ConfigError> {
-        self.typed(key, "a list of layer numbers", |v| {
-            v.as_array()?
-                .iter()
-                .map(|n| n.as_u64().filter(|&n| n < (1 << 31)).map(|n| n as usize))
-                .collect()
-        })
-    }
-}
-
 /// Checks every key of `map` is known, returning the set-aside ones as dotted paths.
 fn classify(
     map: &Map<String, Value>,
@@ -352,7 +296,7 @@ impl KimiK3Config {
             num_hidden_layers,
             num_attention_heads: f.size("num_attention_heads")?,
             intermediate_size: f.size("intermediate_size")?,
-            rms_norm_eps: f.float("rms_norm_eps")?,
+            rms_norm_eps: f.float32("rms_norm_eps")?,
             kda: kda(
                 object(
                     f.get("linear_attn_config")?,
@@ -360,8 +304,8 @@ impl KimiK3Config {
                 )?,
                 num_hidden_layers,
             )?,
-            situ_beta: f.float("activation_situ_beta")?,
-            situ_linear_beta: f.float("activation_situ_linear_beta")?,
+            situ_beta: f.float32("activation_situ_beta")?,
+            situ_linear_beta: f.float32("activation_situ_linear_beta")?,
             attn_res_block_size: f.size("attn_res_block_size")?,
             q_lora_rank: f.size("q_lora_rank")?,
             kv_lora_rank: f.size("kv_lora_rank")?,
@@ -374,7 +318,7 @@ impl KimiK3Config {
             num_shared_experts: f.count("num_shared_experts")?,
             moe_intermediate_size: f.size("moe_intermediate_size")?,
             moe_renormalize: f.flag("moe_renormalize")?,
-            routed_scaling_factor: f.float("routed_scaling_factor")?,
+            routed_scaling_factor: f.float32("routed_scaling_factor")?,
             first_k_dense_replace: f.count("first_k_dense_replace")?,
             moe_layer_freq: f.size("moe_layer_freq")?,
             num_expert_group: f.size("num_expert_group")?,
@@ -456,6 +400,6 @@ fn kda(map: &Map<String, Value>, layers: usize) -> Result<KdaConfig, ConfigError
         num_heads: f.size("num_heads")?,
         head_dim: f.size("head_dim")?,
         short_conv_kernel_size: f.size("short_conv_kernel_size")?,
-        gate_lower_bound: f.float("gate_lower_bound")?,
+        gate_lower_bound: f.float32("gate_lower_bound")?,
     })
 }
