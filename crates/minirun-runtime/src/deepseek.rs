@@ -91,26 +91,21 @@ struct Layer<'a> {
     ffn: FeedForward<'a>,
 }
 
-/// A streamed layer's read in progress on a thread of the step's scope.
-type LayerRead<'scope> = (
-    usize,
-    std::thread::ScopedJoinHandle<'scope, Result<LoadedLayer, ArtifactError>>,
-);
+/// A thread of the step's scope reading a streamed layer.
+type LayerHandle<'scope> =
+    std::thread::ScopedJoinHandle<'scope, Result<LoadedLayer, ArtifactError>>;
+
+/// Streamed layer `.0`, being read.
+type LayerRead<'scope> = (usize, LayerHandle<'scope>);
 
 /// The next streamed layer: being read, or read (kept from the previous step).
 enum Ahead<'scope> {
-    Reading(
-        usize,
-        std::thread::ScopedJoinHandle<'scope, Result<LoadedLayer, ArtifactError>>,
-    ),
+    Reading(usize, LayerHandle<'scope>),
     Read(usize, LoadedLayer),
 }
 
 /// The layer a read thread returned, or why it has none.
-fn joined(
-    i: usize,
-    handle: std::thread::ScopedJoinHandle<'_, Result<LoadedLayer, ArtifactError>>,
-) -> Result<LoadedLayer, ArtifactError> {
+fn joined(i: usize, handle: LayerHandle<'_>) -> Result<LoadedLayer, ArtifactError> {
     handle.join().unwrap_or_else(|_| {
         Err(ArtifactError::Tensor {
             name: format!("model.layers.{i}"),

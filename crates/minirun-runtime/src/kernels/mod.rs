@@ -234,9 +234,9 @@ impl QMatrix<'_> {
 
     /// `Y = X W^T` for a small batch: `xs` holds `batch` input vectors one after another,
     /// `ys` receives `batch` output vectors one after another. Each output vector has exactly
-    /// the bits `matvec` gives for its input. Threads take bands of rows; each row's stored
-    /// bytes are decoded once for the whole batch, and every vector then runs `matvec`'s
-    /// operations on the decoded values in `matvec`'s order.
+    /// the bits `matvec` gives for its input. Threads take bands of rows; in a band, each
+    /// stored chunk is decoded once for four vectors and each input chunk loaded once for two
+    /// rows, every vector running `matvec`'s operations on the decoded values in its order.
     pub fn matmul(&self, xs: &[f32], batch: usize, ys: &mut [f32]) -> Result<(), KernelError> {
         self.matmul_with(xs, batch, ys, run_rows_batch)
     }
