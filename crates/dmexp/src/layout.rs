@@ -24,9 +24,9 @@ pub const PREFIX_LEN: usize = 24;
 ///
 /// The header of the `small` model is about 6 KiB; 4 MiB leaves room for models with tens of
 /// thousands of tensors. The bound is low because parsing TOML costs far more memory than
-/// the text: about 60 bytes per header byte for a header of tiny tensors (a 64 MiB one of
-/// 1.4 million tensors took 3.4 GB), so 4 MiB bounds a hostile header to about 200 MiB
-/// (`tests/header_memory.rs` measures it).
+/// the text: about 50 bytes per header byte for a header of tiny tensors (a 57 MB one of
+/// 1.2 million tensors took 3.0 GB to read), so 4 MiB bounds a hostile header to about
+/// 200 MiB (`tests/header_memory.rs` measures it).
 pub const MAX_HEADER_LEN: u32 = 4 * 1024 * 1024;
 
 /// The decoded fixed prefix. Only the layout is known here; nothing is validated
