@@ -178,22 +178,31 @@ fn create(path: &Path) -> Result<(), KeyError> {
         .mode(0o700)
         .create(&dir)
         .map_err(io_error(&dir))?;
-    let mut key = [0u8; KEY_BYTES];
-    getrandom::fill(&mut key).map_err(|e| KeyError::Io {
+    // Threads of one process share its id, so the temp name also carries a random nonce: a
+    // second maker must neither collide with the first's temp file nor remove it.
+    let mut random = [0u8; KEY_BYTES + 8];
+    getrandom::fill(&mut random).map_err(|e| KeyError::Io {
         path: path.display().to_string(),
         error: std::io::Error::other(format!("no randomness for a key: {e}")),
     })?;
-    let temp = dir.join(format!(".{KEY_FILE}.{}.tmp", std::process::id()));
-    let written = write_key(&temp, &key).and_then(|()| {
-        rustix::fs::renameat_with(
-            rustix::fs::CWD,
-            &temp,
-            rustix::fs::CWD,
-            path,
-            rustix::fs::RenameFlags::NOREPLACE,
-        )
-        .map_err(std::io::Error::from)
-    });
+    let (key, nonce) = random.split_at(KEY_BYTES);
+    let temp = dir.join(format!(
+        ".{KEY_FILE}.{}.{}.tmp",
+        std::process::id(),
+        minirun_format::tile::hex(nonce)
+    ));
+    write_key(&temp, key).map_err(|e| {
+        let _ = std::fs::remove_file(&temp);
+        io_error(&temp)(e)
+    })?;
+    let written = rustix::fs::renameat_with(
+        rustix::fs::CWD,
+        &temp,
+        rustix::fs::CWD,
+        path,
+        rustix::fs::RenameFlags::NOREPLACE,
+    )
+    .map_err(std::io::Error::from);
     let _ = std::fs::remove_file(&temp);
     match written {
         Ok(()) => File::open(&dir)
@@ -259,6 +268,26 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600);
         let dir_mode = std::fs::metadata(path.parent().unwrap()).unwrap().mode();
         assert_eq!(dir_mode & 0o777, 0o700);
+    }
+
+    #[test]
+    fn threads_making_the_first_key_at_once_all_get_the_one_that_landed() {
+        for _ in 0..20 {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("evidence.key");
+            let keys: Vec<[u8; KEY_BYTES]> = std::thread::scope(|scope| {
+                let makers: Vec<_> = (0..8)
+                    .map(|_| scope.spawn(|| SealKey::load_or_create(&path).map(|k| k.key)))
+                    .collect();
+                makers
+                    .into_iter()
+                    .map(|m| m.join().unwrap().unwrap())
+                    .collect()
+            });
+            assert!(keys.iter().all(|k| *k == keys[0]));
+            let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+            assert_eq!(left.len(), 1, "temp files left beside the key");
+        }
     }
 
     #[test]
