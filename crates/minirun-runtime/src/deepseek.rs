@@ -8,13 +8,18 @@
 //! Both stored layouts run: MLX (`embed_q` / `unembed_out`, stacked `switch_mlp` experts) and
 //! Hugging Face / DeepSeek (`kv_b_proj` whole, per-expert tensors).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::artifact::{Artifact, ArtifactError, Stack, StackLayout};
 use crate::config::DeepSeekV3Config;
-use crate::experts::{ExpertCache, ExpertParts, with_fetched};
+use crate::experts::ExpertCache;
 use crate::kernels::{Format, KernelError, QMatrix};
 use crate::layer_stream::{self, LoadedLayer};
+use crate::layers::{
+    Activation, Mlp, RoutedExperts, Routing, Streaming, add_rows, apply, apply_batch,
+    attend_latent, rms_norm, run_routed, stacked_experts,
+};
+pub use crate::layers::{ModelError, StepStats};
 use crate::plan::{DEFAULT_READS_IN_FLIGHT, ExpertMap, Mode, Plan};
 use crate::rope::{Rope, attention_scale};
 
@@ -22,20 +27,6 @@ use crate::rope::{Rope, attention_scale};
 /// all of them. The activations of a chunk (a few vectors of the widest projection per
 /// position) stay well inside the runtime's stated overhead.
 pub const PREFILL_CHUNK: usize = 64;
-
-#[derive(Debug, thiserror::Error)]
-pub enum ModelError {
-    #[error(transparent)]
-    Artifact(#[from] ArtifactError),
-    #[error(transparent)]
-    Kernel(#[from] KernelError),
-    #[error("token id {0} is outside the vocabulary of {1}")]
-    Token(u32, usize),
-    #[error("position {0} is past max_position_embeddings {1}")]
-    Position(usize, usize),
-    #[error("the prompt is empty: give at least one token")]
-    EmptyPrompt,
-}
 
 /// `kv_b_proj`, in either layout.
 enum LatentProjections<'a> {
@@ -55,21 +46,6 @@ struct Attention<'a> {
     kv_a_norm: Vec<f32>,
     latent: LatentProjections<'a>,
     o: QMatrix<'a>,
-}
-
-struct Mlp<'a> {
-    gate: QMatrix<'a>,
-    up: QMatrix<'a>,
-    down: QMatrix<'a>,
-}
-
-/// A layer's routed experts: held, or read when the router picks them.
-enum RoutedExperts<'a> {
-    Resident(Vec<Mlp<'a>>),
-    Streamed {
-        layer: usize,
-        parts: Vec<ExpertParts>,
-    },
 }
 
 struct Moe<'a> {
@@ -150,38 +126,6 @@ pub struct Cache {
     pub len: usize,
 }
 
-/// What one step read, for the run's figures.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct StepStats {
-    /// Stored weight bytes the step's products read (an embedding row counts its row).
-    pub weight_bytes: u64,
-    /// Routed-expert bytes read from storage (cache misses).
-    pub expert_read_bytes: u64,
-    pub expert_cache_hits: u64,
-    pub expert_cache_misses: u64,
-    /// Deterministic weights of streamed layers read from storage.
-    pub layer_read_bytes: u64,
-    /// Reads that bypassed the page cache (`O_DIRECT`) and reads that went through it.
-    pub direct_reads: u64,
-    pub buffered_reads: u64,
-    /// Wall time the step waited for expert reads.
-    pub io_time: Duration,
-}
-
-fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
-    let mean = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
-    let inv = 1.0 / (mean + eps).sqrt();
-    x.iter().zip(weight).map(|(v, w)| w * (v * inv)).collect()
-}
-
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
-
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
-}
-
 /// Where a layer's matrices come from: the artifact's resident bytes, or a streamed layer's
 /// bytes read for this step.
 #[derive(Clone, Copy)]
@@ -220,6 +164,7 @@ impl<'a> Loader<'a, '_> {
             gate: self.one(&format!("{prefix}.gate_proj"), inner, hidden)?,
             up: self.one(&format!("{prefix}.up_proj"), inner, hidden)?,
             down: self.one(&format!("{prefix}.down_proj"), hidden, inner)?,
+            activation: Activation::Silu,
         })
     }
 
@@ -231,32 +176,12 @@ impl<'a> Loader<'a, '_> {
                 .map(|e| self.mlp(&format!("{prefix}.experts.{e}"), hidden, inner))
                 .collect();
         }
-        let stack = |name: &str, rows, cols| -> Result<Stack<'a>, ArtifactError> {
-            let s = self
-                .artifact
-                .matrix(&format!("{stacked}.{name}"), rows, cols)?;
-            if s.len() != n {
-                return Err(ArtifactError::Tensor {
-                    name: format!("{stacked}.{name}.weight"),
-                    reason: format!("stacks {} experts; n_routed_experts is {n}", s.len()),
-                });
-            }
-            Ok(s)
-        };
-        let (gate, up, down) = (
-            stack("gate_proj", inner, hidden)?,
-            stack("up_proj", inner, hidden)?,
-            stack("down_proj", hidden, inner)?,
-        );
-        Ok((0..n)
-            .filter_map(|e| {
-                Some(Mlp {
-                    gate: gate.get(e)?,
-                    up: up.get(e)?,
-                    down: down.get(e)?,
-                })
-            })
-            .collect())
+        stacked_experts(
+            self.artifact,
+            &stacked,
+            (hidden, inner, n),
+            Activation::Silu,
+        )
     }
 
     fn attention(
@@ -382,137 +307,18 @@ impl<'a> Loader<'a, '_> {
     }
 }
 
-/// `y = W x` into a new vector, counting the bytes read.
-fn apply(m: &QMatrix, x: &[f32], stats: &mut StepStats) -> Result<Vec<f32>, KernelError> {
-    let mut y = vec![0f32; m.rows];
-    m.matvec(x, &mut y)?;
-    stats.weight_bytes += m.stored_bytes() as u64;
-    Ok(y)
-}
-
-/// `W x` for every `x` of a batch, the matrix's bytes read once for all of them: each output
-/// has the bits [`apply`] gives it alone (`QMatrix::matmul`).
-fn apply_batch(
-    m: &QMatrix,
-    xs: &[Vec<f32>],
-    stats: &mut StepStats,
-) -> Result<Vec<Vec<f32>>, KernelError> {
-    if let [x] = xs {
-        return Ok(vec![apply(m, x, stats)?]);
-    }
-    let flat: Vec<f32> = xs.concat();
-    let mut ys = vec![0f32; xs.len() * m.rows];
-    m.matmul(&flat, xs.len(), &mut ys)?;
-    stats.weight_bytes += m.stored_bytes() as u64;
-    Ok(ys.chunks_exact(m.rows).map(<[f32]>::to_vec).collect())
-}
-
-/// `ys[i] += outs[i]` for every row of a batch.
-fn add_rows(ys: &mut [Vec<f32>], outs: &[Vec<f32>]) {
-    for (y, out) in ys.iter_mut().zip(outs) {
-        y.iter_mut().zip(out).for_each(|(y, o)| *y += o);
-    }
-}
-
-impl Mlp<'_> {
-    fn forward(
-        &self,
-        xs: &[Vec<f32>],
-        stats: &mut StepStats,
-    ) -> Result<Vec<Vec<f32>>, KernelError> {
-        let gate = apply_batch(&self.gate, xs, stats)?;
-        let up = apply_batch(&self.up, xs, stats)?;
-        let inner: Vec<Vec<f32>> = gate
-            .iter()
-            .zip(&up)
-            .map(|(g, u)| g.iter().zip(u).map(|(&g, &u)| silu(g) * u).collect())
-            .collect();
-        apply_batch(&self.down, &inner, stats)
-    }
-}
-
-/// Which rows of a batch each chosen expert serves: `(row, k)` for the row's `k`-th route.
-struct ExpertUsers {
-    /// The chosen experts in order of first choice (row by row, each row in its router order).
-    order: Vec<usize>,
-    users: std::collections::HashMap<usize, Vec<(usize, usize)>>,
-}
-
-impl ExpertUsers {
-    fn of(routes: &[Vec<(usize, f32)>]) -> ExpertUsers {
-        let mut order = Vec::new();
-        let mut users: std::collections::HashMap<usize, Vec<(usize, usize)>> =
-            std::collections::HashMap::new();
-        for (row, chosen) in routes.iter().enumerate() {
-            for (k, &(e, _)) in chosen.iter().enumerate() {
-                let served = users.entry(e).or_default();
-                if served.is_empty() {
-                    order.push(e);
-                }
-                served.push((row, k));
-            }
-        }
-        ExpertUsers { order, users }
-    }
-
-    /// Runs `expert` on the rows it serves, filling their slots of `outputs`.
-    fn run(
-        &self,
-        e: usize,
-        expert: &Mlp,
-        xs: &[Vec<f32>],
-        outputs: &mut [Vec<Vec<f32>>],
-        stats: &mut StepStats,
-    ) -> Result<(), KernelError> {
-        let served = self.users.get(&e).map_or(&[][..], Vec::as_slice);
-        let rows: Vec<Vec<f32>> = served.iter().map(|&(row, _)| xs[row].clone()).collect();
-        for (&(row, k), out) in served.iter().zip(expert.forward(&rows, stats)?) {
-            outputs[row][k] = out;
-        }
-        Ok(())
-    }
-}
-
 impl Moe<'_> {
-    /// Sigmoid scores; bias-corrected scores choose the groups (by the sum of each group's top
-    /// two) and then the experts; the uncorrected scores of the chosen experts, normalised and
-    /// scaled, weight their outputs.
     fn route(&self, logits: &[f32], c: &DeepSeekV3Config) -> Vec<(usize, f32)> {
-        let scores: Vec<f32> = logits.iter().map(|&l| sigmoid(l)).collect();
-        let mut choice: Vec<f32> = scores
-            .iter()
-            .zip(&self.correction_bias)
-            .map(|(s, b)| s + b)
-            .collect();
-        if c.n_group > 1 {
-            let size = c.n_routed_experts / c.n_group;
-            let mut groups: Vec<(f32, usize)> = choice
-                .chunks(size)
-                .map(|g| {
-                    let mut sorted = g.to_vec();
-                    sorted.sort_by(|a, b| b.total_cmp(a));
-                    sorted[0] + sorted[1]
-                })
-                .zip(0..)
-                .collect();
-            groups.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-            for &(_, g) in &groups[c.topk_group..] {
-                choice[g * size..(g + 1) * size].fill(0.0);
-            }
+        Routing {
+            correction_bias: &self.correction_bias,
+            experts_per_token: c.num_experts_per_tok,
+            groups: c.n_group,
+            groups_chosen: c.topk_group,
+            renormalize: c.norm_topk_prob,
+            renormalize_eps: 0.0,
+            scaling: c.routed_scaling_factor,
         }
-        let mut order: Vec<usize> = (0..choice.len()).collect();
-        order.sort_by(|&a, &b| choice[b].total_cmp(&choice[a]).then(a.cmp(&b)));
-        let chosen = &order[..c.num_experts_per_tok];
-        let mut weights: Vec<f32> = chosen.iter().map(|&e| scores[e]).collect();
-        if c.num_experts_per_tok > 1 && c.norm_topk_prob {
-            let sum: f32 = weights.iter().sum();
-            weights.iter_mut().for_each(|w| *w /= sum);
-        }
-        chosen
-            .iter()
-            .zip(weights)
-            .map(|(&e, w)| (e, w * c.routed_scaling_factor))
-            .collect()
+        .route(logits)
     }
 
     /// Every row of the batch through its routed experts and the shared expert. An expert is
@@ -523,47 +329,30 @@ impl Moe<'_> {
         &self,
         xs: &[Vec<f32>],
         c: &DeepSeekV3Config,
-        streaming: Option<(&Artifact, &ExpertCache, usize)>,
+        streaming: Option<Streaming>,
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         let routes: Vec<Vec<(usize, f32)>> = apply_batch(&self.router, xs, stats)?
             .iter()
             .map(|logits| self.route(logits, c))
             .collect();
-        let users = ExpertUsers::of(&routes);
-        let mut outputs: Vec<Vec<Vec<f32>>> =
-            routes.iter().map(|r| vec![Vec::new(); r.len()]).collect();
-        let shared = match (&self.experts, streaming) {
-            (RoutedExperts::Resident(experts), _) => {
-                for &e in &users.order {
-                    let expert = experts.get(e).ok_or(KernelError::Length {
-                        what: "experts",
-                        expected: e + 1,
-                        actual: experts.len(),
-                    })?;
-                    users.run(e, expert, xs, &mut outputs, stats)?;
-                }
-                self.shared
-                    .as_ref()
-                    .map(|s| s.forward(xs, stats))
-                    .transpose()?
-            }
-            (RoutedExperts::Streamed { layer, parts }, Some(streaming)) => {
-                let fetched = StreamedExperts {
-                    layer: *layer,
-                    parts,
-                    streaming,
-                    slots: c.num_experts_per_tok,
-                };
-                fetched.run(self.shared.as_ref(), &users, xs, &mut outputs, stats)?
-            }
-            (RoutedExperts::Streamed { .. }, None) => {
-                return Err(ModelError::Artifact(ArtifactError::Tensor {
-                    name: "routed experts".into(),
-                    reason: "are streamed but the model holds no expert cache".into(),
-                }));
-            }
+        let shared = |stats: &mut StepStats| -> Result<Option<Vec<Vec<f32>>>, ModelError> {
+            Ok(self
+                .shared
+                .as_ref()
+                .map(|s| s.forward(xs, stats))
+                .transpose()?)
         };
+        let (outputs, shared) = run_routed(
+            &self.experts,
+            Activation::Silu,
+            &routes,
+            xs,
+            streaming,
+            c.num_experts_per_tok,
+            shared,
+            stats,
+        )?;
         let mut ys = vec![vec![0f32; c.hidden_size]; xs.len()];
         for ((y, chosen), outs) in ys.iter_mut().zip(&routes).zip(&outputs) {
             for (&(_, w), out) in chosen.iter().zip(outs) {
@@ -574,81 +363,6 @@ impl Moe<'_> {
             add_rows(&mut ys, &shared);
         }
         Ok(ys)
-    }
-}
-
-/// A streamed layer's chosen experts, fetched `slots` at a time (the slot pool one token's
-/// experts fill), so that a batch that chose many experts still holds at most that many
-/// loaded at once.
-struct StreamedExperts<'a> {
-    layer: usize,
-    parts: &'a [ExpertParts],
-    streaming: (&'a Artifact, &'a ExpertCache, usize),
-    slots: usize,
-}
-
-impl StreamedExperts<'_> {
-    /// Runs the chosen experts as their reads finish, and the shared expert while the first
-    /// ones are read; returns the shared expert's outputs.
-    fn run(
-        &self,
-        shared: Option<&Mlp>,
-        users: &ExpertUsers,
-        xs: &[Vec<f32>],
-        outputs: &mut [Vec<Vec<f32>>],
-        stats: &mut StepStats,
-    ) -> Result<Option<Vec<Vec<f32>>>, ModelError> {
-        let (artifact, cache, reads_in_flight) = self.streaming;
-        let mut shared_out = None;
-        let mut shared_stats = StepStats::default();
-        let mut expert_stats = StepStats::default();
-        let mut waited_total = Duration::ZERO;
-        for (n, chunk) in users.order.chunks(self.slots.max(1)).enumerate() {
-            let meanwhile = || match (n, shared) {
-                (0, Some(s)) => s.forward(xs, &mut shared_stats).map(Some),
-                _ => Ok(None),
-            };
-            let (out, waited) = with_fetched(
-                artifact,
-                cache,
-                self.layer,
-                self.parts,
-                chunk,
-                reads_in_flight,
-                meanwhile,
-                |i, expert, fetch| {
-                    let e = chunk[i];
-                    let part = &self.parts[e];
-                    expert_stats.expert_read_bytes += fetch.read_bytes;
-                    expert_stats.direct_reads += fetch.direct_reads;
-                    expert_stats.buffered_reads += fetch.buffered_reads;
-                    match fetch.hit {
-                        true => expert_stats.expert_cache_hits += 1,
-                        false => expert_stats.expert_cache_misses += 1,
-                    }
-                    let mlp = Mlp {
-                        gate: expert.gate.matrix(&part.gate)?,
-                        up: expert.up.matrix(&part.up)?,
-                        down: expert.down.matrix(&part.down)?,
-                    };
-                    users.run(e, &mlp, xs, outputs, &mut expert_stats)?;
-                    Ok(())
-                },
-            )?;
-            waited_total += waited;
-            if let Some(out) = out? {
-                shared_out = Some(out);
-            }
-        }
-        if users.order.is_empty()
-            && let Some(s) = shared
-        {
-            shared_out = Some(s.forward(xs, &mut shared_stats)?);
-        }
-        crate::generate::accumulate(stats, &expert_stats);
-        stats.weight_bytes += shared_stats.weight_bytes;
-        stats.io_time += waited_total;
-        Ok(shared_out)
     }
 }
 
@@ -1071,7 +785,7 @@ impl<'a> DeepSeekV3<'a> {
         cache: &Cache,
     ) -> Vec<Vec<f32>> {
         let c = &self.config;
-        let (nope, rope_dim, lora) = (c.qk_nope_head_dim, c.qk_rope_head_dim, c.kv_lora_rank);
+        let (nope, rope_dim) = (c.qk_nope_head_dim, c.qk_rope_head_dim);
         let (latents, keys) = (&cache.latent[layer], &cache.rope_key[layer]);
         let steps = position + 1;
         q.chunks_exact(nope + rope_dim)
@@ -1079,33 +793,7 @@ impl<'a> DeepSeekV3<'a> {
             .map(|(q, q_latent)| {
                 let mut q_rope = q[nope..].to_vec();
                 self.rope.apply(&mut q_rope, position);
-                let scores: Vec<f32> = (0..steps)
-                    .map(|t| {
-                        let content: f32 = q_latent
-                            .iter()
-                            .zip(&latents[t * lora..(t + 1) * lora])
-                            .map(|(a, b)| a * b)
-                            .sum();
-                        let positional: f32 = q_rope
-                            .iter()
-                            .zip(&keys[t * rope_dim..(t + 1) * rope_dim])
-                            .map(|(a, b)| a * self.scale * b)
-                            .sum();
-                        content * self.scale + positional
-                    })
-                    .collect();
-                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let exps: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
-                let total: f32 = exps.iter().sum();
-                let mut mixed = vec![0f32; lora];
-                for (t, e) in exps.iter().enumerate() {
-                    let p = e / total;
-                    mixed
-                        .iter_mut()
-                        .zip(&latents[t * lora..(t + 1) * lora])
-                        .for_each(|(m, l)| *m += p * l);
-                }
-                mixed
+                attend_latent(q_latent, &q_rope, latents, keys, steps, self.scale)
             })
             .collect()
     }

@@ -251,8 +251,8 @@ pub fn with_fetched<R>(
     chosen: &[usize],
     reads_in_flight: usize,
     meanwhile: impl FnOnce() -> R,
-    mut each: impl FnMut(usize, &LoadedExpert, Fetch) -> Result<(), crate::deepseek::ModelError>,
-) -> Result<(R, Duration), crate::deepseek::ModelError> {
+    mut each: impl FnMut(usize, &LoadedExpert, Fetch) -> Result<(), crate::layers::ModelError>,
+) -> Result<(R, Duration), crate::layers::ModelError> {
     type Fetched = Result<(Arc<LoadedExpert>, Fetch), ArtifactError>;
     let threads = reads_in_flight.clamp(1, chosen.len().max(1));
     // Reader t takes the chosen experts t, t + threads, ... in order, and owns their senders:

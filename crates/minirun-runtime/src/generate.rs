@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 
 use minirun_format::synthetic::SplitMix64;
 
-use crate::deepseek::{DeepSeekV3, ModelError, StepStats};
+use crate::deepseek::DeepSeekV3;
+use crate::layers::{ModelError, StepStats};
 
 #[derive(Debug, Clone, Copy)]
 pub struct Sampling {

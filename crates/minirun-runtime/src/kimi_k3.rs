@@ -1,0 +1,840 @@
+//! The Kimi K3 architecture, as mlx-lm 0.32.2's `kimi_k3` computes it: Kimi Delta Attention
+//! (KDA: a depthwise causal convolution, then a gated delta rule whose recurrent state lives in
+//! the cache) in most layers and NoPE multi-head latent attention with an output gate in the
+//! others; attention residuals (each sub-block reads a softmax mix of the earlier blocks'
+//! outputs instead of one running sum); a latent mixture of experts (the routed experts work in
+//! a narrower width, with a norm before projecting back) beside shared experts; SiTU
+//! activations; sigmoid routing with a correction bias.
+//!
+//! A prompt runs in chunks of positions; each product is taken for the whole chunk at once
+//! (`matmul`), and the recurrences (convolution, delta rule, attention over the cache) run
+//! position by position, so a chunk gives every position exactly the bits a step gives it.
+//! MLA uses the absorbed path (queries projected into the latent space, values read out of
+//! it) at every position, mlx-lm's decode path.
+
+use crate::artifact::{Artifact, ArtifactError, Stack};
+use crate::experts::ExpertCache;
+use crate::kernels::{KernelError, QMatrix};
+use crate::kimi_k3_config::KimiK3Config;
+use crate::layers::{
+    Activation, Mlp, ModelError, RoutedExperts, Routing, StepStats, Streaming, add_rows, apply,
+    apply_batch, attend_latent, rms_norm, run_routed, sigmoid, silu, stacked_experts,
+};
+use crate::plan::{DEFAULT_READS_IN_FLIGHT, ExpertMap};
+
+/// Prompt positions run through the layers together (as for DeepSeek-V3).
+pub const PREFILL_CHUNK: usize = 64;
+
+/// mlx-lm's hard-coded epsilons: the l2 norm of KDA's queries and keys adds it to Σx², and
+/// MLA's `q_a_layernorm` / `kv_a_layernorm` use it whatever `rms_norm_eps` says.
+const L2_NORM_EPS: f32 = 1e-6;
+const LATENT_NORM_EPS: f32 = 1e-6;
+
+/// A KDA layer's weights.
+struct Kda<'a> {
+    qkv: QMatrix<'a>,
+    /// `[channels, kernel]`: channel c's taps, oldest input first.
+    conv: Vec<f32>,
+    f_a: QMatrix<'a>,
+    f_b: QMatrix<'a>,
+    b: QMatrix<'a>,
+    g: QMatrix<'a>,
+    /// `exp(A_log)`, per head.
+    decay_rate: Vec<f32>,
+    dt_bias: Vec<f32>,
+    o_norm: Vec<f32>,
+    o: QMatrix<'a>,
+}
+
+/// A NoPE MLA layer's weights.
+struct Mla<'a> {
+    q_a: QMatrix<'a>,
+    q_a_norm: Vec<f32>,
+    q_b: QMatrix<'a>,
+    kv_a: QMatrix<'a>,
+    kv_a_norm: Vec<f32>,
+    /// Per head, `[kv_lora, nope]` and `[v, kv_lora]`.
+    embed_q: Stack<'a>,
+    unembed_out: Stack<'a>,
+    gate: Option<QMatrix<'a>>,
+    o: QMatrix<'a>,
+}
+
+enum Mixer<'a> {
+    Kda(Box<Kda<'a>>),
+    Mla(Box<Mla<'a>>),
+}
+
+/// The routed experts in the latent width, between `down` and `up`.
+struct LatentMoe<'a> {
+    router: QMatrix<'a>,
+    correction_bias: Vec<f32>,
+    down: QMatrix<'a>,
+    experts: RoutedExperts<'a>,
+    norm: Option<Vec<f32>>,
+    up: QMatrix<'a>,
+    shared: Option<Mlp<'a>>,
+}
+
+enum FeedForward<'a> {
+    Dense(Box<Mlp<'a>>),
+    Moe(Box<LatentMoe<'a>>),
+}
+
+struct Layer<'a> {
+    input_norm: Vec<f32>,
+    post_norm: Vec<f32>,
+    /// The attention residuals' query vectors (`res_norm.weight ⊙ res_proj.weight`) for the
+    /// attention and the MLP sub-blocks.
+    attention_mix: Vec<f32>,
+    mlp_mix: Vec<f32>,
+    /// Whether the layer's input closes a block (pushed onto the block list before attention).
+    block_start: bool,
+    mixer: Mixer<'a>,
+    ffn: FeedForward<'a>,
+}
+
+/// One layer's cached state.
+#[derive(Clone)]
+enum LayerCache {
+    /// The convolution's last `kernel - 1` inputs (`[kernel - 1, channels]`, oldest first) and
+    /// the delta rule's state (`[heads, v, k]`).
+    Kda { conv: Vec<f32>, state: Vec<f32> },
+    /// Per position, the normalised latent and the (unrotated) positional key.
+    Mla { latent: Vec<f32>, key: Vec<f32> },
+}
+
+/// The cache: per layer, the KDA recurrent state or the MLA latents.
+pub struct Cache {
+    layers: Vec<LayerCache>,
+    pub len: usize,
+    /// Set when a step failed after changing the recurrent state, which no truncation undoes.
+    broken: bool,
+}
+
+pub struct KimiK3<'a> {
+    pub config: KimiK3Config,
+    artifact: &'a Artifact,
+    embed: QMatrix<'a>,
+    layers: Vec<Layer<'a>>,
+    output_mix: Vec<f32>,
+    norm: Vec<f32>,
+    lm_head: QMatrix<'a>,
+    /// Streamed runs' loaded experts.
+    cache: Option<ExpertCache>,
+    reads_in_flight: usize,
+}
+
+/// The stored names: mlx-lm saves the text model under `language_model.`, a text-only
+/// checkpoint has no such prefix.
+fn name_root(artifact: &Artifact) -> Result<&'static str, ArtifactError> {
+    let wrapped = artifact.has("language_model.model.embed_tokens.weight");
+    let bare = artifact.has("model.embed_tokens.weight");
+    match (wrapped, bare) {
+        (true, false) => Ok("language_model."),
+        (false, true) => Ok(""),
+        (true, true) => Err(ArtifactError::Tensor {
+            name: "model.embed_tokens.weight".into(),
+            reason: "is stored both bare and under language_model.; which one is the model is not defined".into(),
+        }),
+        (false, false) => Err(ArtifactError::Tensor {
+            name: "language_model.model.embed_tokens.weight".into(),
+            reason: "is not in the artifact (nor model.embed_tokens.weight): this is not a Kimi K3 text model".into(),
+        }),
+    }
+}
+
+struct Loader<'a, 'm> {
+    artifact: &'a Artifact,
+    c: &'m KimiK3Config,
+    root: &'static str,
+    /// Where each MoE layer's routed experts are, for a streamed run.
+    streamed: Option<&'m ExpertMap>,
+}
+
+impl<'a> Loader<'a, '_> {
+    fn one(&self, module: &str, rows: usize, cols: usize) -> Result<QMatrix<'a>, ArtifactError> {
+        self.artifact
+            .matrix(module, rows, cols)?
+            .single(&format!("{module}.weight"))
+    }
+
+    fn heads(&self, module: &str, rows: usize, cols: usize) -> Result<Stack<'a>, ArtifactError> {
+        let heads = self.c.num_attention_heads;
+        let s = self.artifact.matrix(module, rows, cols)?;
+        if s.len() != heads {
+            return Err(ArtifactError::Tensor {
+                name: format!("{module}.weight"),
+                reason: format!("holds {} heads; num_attention_heads is {heads}", s.len()),
+            });
+        }
+        Ok(s)
+    }
+
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ArtifactError> {
+        self.artifact.vector(name, len)
+    }
+
+    fn situ(&self) -> Activation {
+        Activation::Situ {
+            beta: self.c.situ_beta,
+            linear_beta: self.c.situ_linear_beta,
+        }
+    }
+
+    fn mlp(&self, prefix: &str, hidden: usize, inner: usize) -> Result<Mlp<'a>, ArtifactError> {
+        Ok(Mlp {
+            gate: self.one(&format!("{prefix}.gate_proj"), inner, hidden)?,
+            up: self.one(&format!("{prefix}.up_proj"), inner, hidden)?,
+            down: self.one(&format!("{prefix}.down_proj"), hidden, inner)?,
+            activation: self.situ(),
+        })
+    }
+
+    /// `{res_norm.weight} ⊙ {res_proj.weight}`, mlx-lm's effective mixing query.
+    fn mix_query(&self, norm: &str, proj: &str) -> Result<Vec<f32>, ArtifactError> {
+        let hidden = self.c.hidden_size;
+        let norm = self.vector(&format!("{norm}.weight"), hidden)?;
+        let proj = self.vector(&format!("{proj}.weight"), hidden)?;
+        Ok(norm.iter().zip(&proj).map(|(n, p)| n * p).collect())
+    }
+
+    fn kda(&self, prefix: &str) -> Result<Kda<'a>, ArtifactError> {
+        let (hidden, k) = (self.c.hidden_size, &self.c.kda);
+        let projection = k.num_heads * k.head_dim;
+        let channels = 3 * projection;
+        let a_log = self.vector(&format!("{prefix}.A_log"), k.num_heads)?;
+        Ok(Kda {
+            qkv: self.one(&format!("{prefix}.qkv_proj"), channels, hidden)?,
+            conv: self.vector(
+                &format!("{prefix}.qkv_conv.conv.weight"),
+                channels * k.short_conv_kernel_size,
+            )?,
+            f_a: self.one(&format!("{prefix}.f_a_proj"), k.head_dim, hidden)?,
+            f_b: self.one(&format!("{prefix}.f_b_proj"), projection, k.head_dim)?,
+            b: self.one(&format!("{prefix}.b_proj"), k.num_heads, hidden)?,
+            g: self.one(&format!("{prefix}.g_proj"), projection, hidden)?,
+            decay_rate: a_log.iter().map(|a| a.exp()).collect(),
+            dt_bias: self.vector(&format!("{prefix}.dt_bias"), projection)?,
+            o_norm: self.vector(&format!("{prefix}.o_norm.weight"), k.head_dim)?,
+            o: self.one(&format!("{prefix}.o_proj"), hidden, projection)?,
+        })
+    }
+
+    fn mla(&self, prefix: &str) -> Result<Mla<'a>, ArtifactError> {
+        let c = self.c;
+        let (hidden, heads) = (c.hidden_size, c.num_attention_heads);
+        let q_head = c.qk_nope_head_dim + c.qk_rope_head_dim;
+        Ok(Mla {
+            q_a: self.one(&format!("{prefix}.q_a_proj"), c.q_lora_rank, hidden)?,
+            q_a_norm: self.vector(&format!("{prefix}.q_a_layernorm.weight"), c.q_lora_rank)?,
+            q_b: self.one(&format!("{prefix}.q_b_proj"), heads * q_head, c.q_lora_rank)?,
+            kv_a: self.one(
+                &format!("{prefix}.kv_a_proj_with_mqa"),
+                c.kv_lora_rank + c.qk_rope_head_dim,
+                hidden,
+            )?,
+            kv_a_norm: self.vector(&format!("{prefix}.kv_a_layernorm.weight"), c.kv_lora_rank)?,
+            embed_q: self.heads(
+                &format!("{prefix}.embed_q"),
+                c.kv_lora_rank,
+                c.qk_nope_head_dim,
+            )?,
+            unembed_out: self.heads(
+                &format!("{prefix}.unembed_out"),
+                c.v_head_dim,
+                c.kv_lora_rank,
+            )?,
+            gate: match c.mla_use_output_gate {
+                true => {
+                    Some(self.one(&format!("{prefix}.g_proj"), heads * c.v_head_dim, hidden)?)
+                }
+                false => None,
+            },
+            o: self.one(&format!("{prefix}.o_proj"), hidden, heads * c.v_head_dim)?,
+        })
+    }
+
+    fn experts(&self, prefix: &str) -> Result<Vec<Mlp<'a>>, ArtifactError> {
+        let c = self.c;
+        let (latent, inner, n) = (
+            c.routed_expert_hidden_size,
+            c.moe_intermediate_size,
+            c.num_experts,
+        );
+        stacked_experts(
+            self.artifact,
+            &format!("{prefix}.switch_mlp"),
+            (latent, inner, n),
+            self.situ(),
+        )
+    }
+
+    fn moe(&self, prefix: &str, layer: usize) -> Result<LatentMoe<'a>, ArtifactError> {
+        let c = self.c;
+        let (hidden, latent) = (c.hidden_size, c.routed_expert_hidden_size);
+        let experts = match self.streamed.and_then(|m| m.get(layer)?.clone()) {
+            Some(parts) => RoutedExperts::Streamed { layer, parts },
+            None => RoutedExperts::Resident(self.experts(prefix)?),
+        };
+        Ok(LatentMoe {
+            router: self.one(&format!("{prefix}.gate"), c.num_experts, hidden)?,
+            correction_bias: self
+                .vector(&format!("{prefix}.e_score_correction_bias"), c.num_experts)?,
+            down: self.one(&format!("{prefix}.routed_expert_down_proj"), latent, hidden)?,
+            experts,
+            norm: match c.latent_moe_use_norm {
+                true => Some(self.vector(&format!("{prefix}.routed_expert_norm.weight"), latent)?),
+                false => None,
+            },
+            up: self.one(&format!("{prefix}.routed_expert_up_proj"), hidden, latent)?,
+            shared: match c.num_shared_experts {
+                0 => None,
+                n => Some(self.mlp(
+                    &format!("{prefix}.shared_experts"),
+                    hidden,
+                    c.moe_intermediate_size * n,
+                )?),
+            },
+        })
+    }
+
+    fn layer(&self, i: usize) -> Result<Layer<'a>, ArtifactError> {
+        let c = self.c;
+        let prefix = format!("{}model.layers.{i}", self.root);
+        let attn = format!("{prefix}.self_attn");
+        let mixer = match c.is_kda(i) {
+            true => Mixer::Kda(Box::new(self.kda(&attn)?)),
+            false => Mixer::Mla(Box::new(self.mla(&attn)?)),
+        };
+        let mlp = format!("{prefix}.mlp");
+        let ffn = match c.is_moe(i) {
+            true => FeedForward::Moe(Box::new(self.moe(&mlp, i)?)),
+            false => FeedForward::Dense(Box::new(self.mlp(
+                &mlp,
+                c.hidden_size,
+                c.intermediate_size,
+            )?)),
+        };
+        Ok(Layer {
+            input_norm: self.vector(&format!("{prefix}.input_layernorm.weight"), c.hidden_size)?,
+            post_norm: self.vector(
+                &format!("{prefix}.post_attention_layernorm.weight"),
+                c.hidden_size,
+            )?,
+            attention_mix: self.mix_query(
+                &format!("{prefix}.self_attention_res_norm"),
+                &format!("{prefix}.self_attention_res_proj"),
+            )?,
+            mlp_mix: self.mix_query(
+                &format!("{prefix}.mlp_res_norm"),
+                &format!("{prefix}.mlp_res_proj"),
+            )?,
+            block_start: i.is_multiple_of(c.attn_res_block_size),
+            mixer,
+            ffn,
+        })
+    }
+}
+
+/// The attention residuals of one position: the closed blocks' outputs, each with the inverse
+/// of its root mean square (taken when it was closed).
+struct Blocks {
+    closed: Vec<(Vec<f32>, f32)>,
+    eps: f32,
+}
+
+impl Blocks {
+    fn inv_rms(x: &[f32], eps: f32) -> f32 {
+        let mean = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+        1.0 / (mean + eps).sqrt()
+    }
+
+    fn close(&mut self, x: &[f32]) {
+        let inv = Blocks::inv_rms(x, self.eps);
+        self.closed.push((x.to_vec(), inv));
+    }
+
+    /// `Σ_k softmax(ℓ)_k · x_k` over the closed blocks and `partial` (last), with
+    /// `ℓ_k = (x_k · query) / rms(x_k)`; `partial` itself while no block is closed.
+    fn mix(&self, partial: &[f32], query: &[f32]) -> Vec<f32> {
+        if self.closed.is_empty() {
+            return partial.to_vec();
+        }
+        let dot = |x: &[f32]| x.iter().zip(query).map(|(a, b)| a * b).sum::<f32>();
+        let mut logits: Vec<f32> = self.closed.iter().map(|(x, inv)| dot(x) * inv).collect();
+        logits.push(dot(partial) * Blocks::inv_rms(partial, self.eps));
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let exps: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
+        let total: f32 = exps.iter().sum();
+        let mut out = vec![0f32; partial.len()];
+        for ((x, _), e) in self.closed.iter().zip(&exps) {
+            let p = e / total;
+            out.iter_mut().zip(x).for_each(|(o, v)| *o += p * v);
+        }
+        let p = exps[exps.len() - 1] / total;
+        out.iter_mut().zip(partial).for_each(|(o, v)| *o += p * v);
+        out
+    }
+}
+
+impl<'a> KimiK3<'a> {
+    /// The model with every weight resident.
+    pub fn load(artifact: &'a Artifact, config: KimiK3Config) -> Result<KimiK3<'a>, ModelError> {
+        KimiK3::build(artifact, config, None)
+    }
+
+    /// The model with the routed experts of the layers `experts` maps streamed through a cache
+    /// of `cache_bytes`, `reads_in_flight` at a time; every other weight resident.
+    pub fn load_streamed(
+        artifact: &'a Artifact,
+        config: KimiK3Config,
+        experts: ExpertMap,
+        cache_bytes: u64,
+        reads_in_flight: usize,
+    ) -> Result<KimiK3<'a>, ModelError> {
+        let streamed_layers = experts.iter().filter(|e| e.is_some()).count();
+        let mut model = KimiK3::build(artifact, config, Some(&experts))?;
+        model.cache = Some(ExpertCache::new(cache_bytes, streamed_layers));
+        model.reads_in_flight = reads_in_flight;
+        Ok(model)
+    }
+
+    fn build(
+        artifact: &'a Artifact,
+        config: KimiK3Config,
+        streamed: Option<&ExpertMap>,
+    ) -> Result<KimiK3<'a>, ModelError> {
+        let root = name_root(artifact)?;
+        let c = &config;
+        let loader = Loader {
+            artifact,
+            c,
+            root,
+            streamed,
+        };
+        let layers = (0..c.num_hidden_layers)
+            .map(|i| loader.layer(i))
+            .collect::<Result<Vec<_>, _>>()?;
+        let embed = loader.one(
+            &format!("{root}model.embed_tokens"),
+            c.vocab_size,
+            c.hidden_size,
+        )?;
+        let lm_head = match c.tie_word_embeddings {
+            true => embed,
+            false => loader.one(&format!("{root}lm_head"), c.vocab_size, c.hidden_size)?,
+        };
+        Ok(KimiK3 {
+            embed,
+            lm_head,
+            output_mix: loader.mix_query(
+                &format!("{root}model.output_attn_res_norm"),
+                &format!("{root}model.output_attn_res_proj"),
+            )?,
+            norm: artifact.vector(&format!("{root}model.norm.weight"), c.hidden_size)?,
+            layers,
+            artifact,
+            cache: None,
+            reads_in_flight: DEFAULT_READS_IN_FLIGHT,
+            config,
+        })
+    }
+
+    /// Bytes of routed experts the cache holds now, and the most it held at once; `None` for a
+    /// resident run.
+    pub fn expert_memory(&self) -> Option<(u64, u64)> {
+        self.cache.as_ref().map(ExpertCache::usage)
+    }
+
+    pub fn new_cache(&self) -> Cache {
+        let c = &self.config;
+        let k = &c.kda;
+        let channels = 3 * k.num_heads * k.head_dim;
+        let layers = (0..c.num_hidden_layers)
+            .map(|i| match c.is_kda(i) {
+                true => LayerCache::Kda {
+                    conv: vec![0f32; (k.short_conv_kernel_size - 1) * channels],
+                    state: vec![0f32; k.num_heads * k.head_dim * k.head_dim],
+                },
+                false => LayerCache::Mla {
+                    latent: Vec::new(),
+                    key: Vec::new(),
+                },
+            })
+            .collect();
+        Cache {
+            layers,
+            len: 0,
+            broken: false,
+        }
+    }
+
+    /// Runs `token` at the next position of `cache`, returning the logits.
+    pub fn step(
+        &self,
+        token: u32,
+        cache: &mut Cache,
+        stats: &mut StepStats,
+    ) -> Result<Vec<f32>, ModelError> {
+        self.prefill(&[token], cache, stats)
+    }
+
+    /// Runs `tokens` at the next positions of `cache`, [`PREFILL_CHUNK`] at a time, returning
+    /// the logits of the last; every position gets the bits `step` gives it. A bad token or a
+    /// full context is refused before the cache changes; an error after that (a failed read)
+    /// leaves the cache broken, refused by every later call.
+    pub fn prefill(
+        &self,
+        tokens: &[u32],
+        cache: &mut Cache,
+        stats: &mut StepStats,
+    ) -> Result<Vec<f32>, ModelError> {
+        let c = &self.config;
+        if cache.broken {
+            return Err(ModelError::BrokenCache);
+        }
+        if tokens.is_empty() {
+            return Err(ModelError::EmptyPrompt);
+        }
+        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(ModelError::Token(token, c.vocab_size));
+        }
+        let last = cache.len + tokens.len() - 1;
+        if last >= c.max_position_embeddings {
+            return Err(ModelError::Position(last, c.max_position_embeddings));
+        }
+        let mut logits = Vec::new();
+        for (n, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
+            let wanted = (n + 1) * PREFILL_CHUNK >= tokens.len();
+            match self.forward_positions(chunk, wanted, cache, stats) {
+                Ok(out) => logits = out,
+                Err(e) => {
+                    cache.broken = true;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(logits)
+    }
+
+    fn forward_positions(
+        &self,
+        tokens: &[u32],
+        logits: bool,
+        cache: &mut Cache,
+        stats: &mut StepStats,
+    ) -> Result<Vec<f32>, ModelError> {
+        let c = &self.config;
+        let mut partials = Vec::with_capacity(tokens.len());
+        for &token in tokens {
+            let mut h = vec![0f32; c.hidden_size];
+            self.embed.dequantize_row(token as usize, &mut h)?;
+            stats.weight_bytes += (self.embed.stored_bytes() / self.embed.rows) as u64;
+            partials.push(h);
+        }
+        let mut blocks: Vec<Blocks> = (0..tokens.len())
+            .map(|_| Blocks {
+                closed: Vec::new(),
+                eps: c.rms_norm_eps,
+            })
+            .collect();
+        for (layer, state) in self.layers.iter().zip(&mut cache.layers) {
+            self.run_layer(layer, &mut partials, &mut blocks, cache.len, state, stats)?;
+        }
+        cache.len += tokens.len();
+        match (logits, partials.last(), blocks.last()) {
+            (true, Some(h), Some(b)) => {
+                let h = b.mix(h, &self.output_mix);
+                let x = rms_norm(&h, &self.norm, c.rms_norm_eps);
+                Ok(apply(&self.lm_head, &x, stats)?)
+            }
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    /// One layer for a chunk of positions: `partials` holds each position's partial sum of the
+    /// current block and `blocks` its closed blocks.
+    fn run_layer(
+        &self,
+        layer: &Layer,
+        partials: &mut Vec<Vec<f32>>,
+        blocks: &mut [Blocks],
+        start: usize,
+        state: &mut LayerCache,
+        stats: &mut StepStats,
+    ) -> Result<(), ModelError> {
+        let eps = self.config.rms_norm_eps;
+        let xs: Vec<Vec<f32>> = partials
+            .iter()
+            .zip(blocks.iter())
+            .map(|(p, b)| rms_norm(&b.mix(p, &layer.attention_mix), &layer.input_norm, eps))
+            .collect();
+        let attended = match (&layer.mixer, state) {
+            (Mixer::Kda(kda), LayerCache::Kda { conv, state }) => {
+                self.kda(kda, &xs, conv, state, stats)?
+            }
+            (Mixer::Mla(mla), LayerCache::Mla { latent, key }) => {
+                self.mla(mla, &xs, start, latent, key, stats)?
+            }
+            _ => {
+                return Err(ModelError::Kernel(KernelError::Length {
+                    what: "cache layer kinds",
+                    expected: 0,
+                    actual: 1,
+                }));
+            }
+        };
+        if layer.block_start {
+            for (p, b) in partials.iter().zip(blocks.iter_mut()) {
+                b.close(p);
+            }
+            *partials = attended;
+        } else {
+            add_rows(partials, &attended);
+        }
+        let xs: Vec<Vec<f32>> = partials
+            .iter()
+            .zip(blocks.iter())
+            .map(|(p, b)| rms_norm(&b.mix(p, &layer.mlp_mix), &layer.post_norm, eps))
+            .collect();
+        let out = match &layer.ffn {
+            FeedForward::Dense(mlp) => mlp.forward(&xs, stats)?,
+            FeedForward::Moe(moe) => self.moe(moe, &xs, stats)?,
+        };
+        add_rows(partials, &out);
+        Ok(())
+    }
+
+    /// KDA for a chunk: the projections for every position at once, then per position the
+    /// convolution and the delta rule, in order, through the cached state.
+    fn kda(
+        &self,
+        w: &Kda,
+        xs: &[Vec<f32>],
+        conv_state: &mut [f32],
+        state: &mut [f32],
+        stats: &mut StepStats,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let k = &self.config.kda;
+        let (heads, dim) = (k.num_heads, k.head_dim);
+        let projection = heads * dim;
+        let qkv = apply_batch(&w.qkv, xs, stats)?;
+        let gate_logits = apply_batch(&w.f_b, &apply_batch(&w.f_a, xs, stats)?, stats)?;
+        let betas = apply_batch(&w.b, xs, stats)?;
+        let out_gates = apply_batch(&w.g, xs, stats)?;
+        let mut outs = Vec::with_capacity(xs.len());
+        for t in 0..xs.len() {
+            let mixed = self.convolve(w, &qkv[t], conv_state);
+            let mut y = vec![0f32; projection];
+            for h in 0..heads {
+                let at = h * dim..(h + 1) * dim;
+                let q = l2_normalized(&mixed[at.clone()], (dim as f32).powf(-0.5));
+                let key = l2_normalized(&mixed[projection..][at.clone()], 1.0);
+                let v = &mixed[2 * projection..][at.clone()];
+                let decay: Vec<f32> = gate_logits[t][at.clone()]
+                    .iter()
+                    .zip(&w.dt_bias[at.clone()])
+                    .map(|(a, b)| (k.gate_lower_bound * sigmoid(w.decay_rate[h] * (a + b))).exp())
+                    .collect();
+                let beta = sigmoid(betas[t][h]);
+                let s = &mut state[h * dim * dim..(h + 1) * dim * dim];
+                let head_out = delta_rule(s, &q, &key, v, &decay, beta);
+                let normed = rms_norm(&head_out, &w.o_norm, self.config.rms_norm_eps);
+                for ((o, n), g) in y[at.clone()].iter_mut().zip(&normed).zip(&out_gates[t][at]) {
+                    *o = n * sigmoid(*g);
+                }
+            }
+            outs.push(y);
+        }
+        Ok(apply_batch(&w.o, &outs, stats)?)
+    }
+
+    /// The depthwise causal convolution of one position's `q|k|v` channels over the cached
+    /// inputs, with SiLU; the position's input joins the cache.
+    fn convolve(&self, w: &Kda, input: &[f32], cached: &mut [f32]) -> Vec<f32> {
+        let kernel = self.config.kda.short_conv_kernel_size;
+        let channels = input.len();
+        let out = (0..channels)
+            .map(|ch| {
+                let taps = &w.conv[ch * kernel..(ch + 1) * kernel];
+                let past: f32 = (0..kernel - 1)
+                    .map(|j| taps[j] * cached[j * channels + ch])
+                    .sum();
+                silu(past + taps[kernel - 1] * input[ch])
+            })
+            .collect();
+        if kernel > 1 {
+            cached.copy_within(channels.., 0);
+            let last = (kernel - 2) * channels;
+            cached[last..].copy_from_slice(input);
+        }
+        out
+    }
+
+    /// NoPE MLA for a chunk: every position's latent and key join the cache first, then each
+    /// position attends to the cache up to itself.
+    fn mla(
+        &self,
+        w: &Mla,
+        xs: &[Vec<f32>],
+        start: usize,
+        latents: &mut Vec<f32>,
+        keys: &mut Vec<f32>,
+        stats: &mut StepStats,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let c = &self.config;
+        let (nope, rope, lora, v_dim, heads) = (
+            c.qk_nope_head_dim,
+            c.qk_rope_head_dim,
+            c.kv_lora_rank,
+            c.v_head_dim,
+            c.num_attention_heads,
+        );
+        let width = nope + rope;
+        let scale = (width as f32).powf(-0.5);
+        let latent_q: Vec<Vec<f32>> = apply_batch(&w.q_a, xs, stats)?
+            .iter()
+            .map(|q| rms_norm(q, &w.q_a_norm, LATENT_NORM_EPS))
+            .collect();
+        let qs = apply_batch(&w.q_b, &latent_q, stats)?;
+        for kv in apply_batch(&w.kv_a, xs, stats)? {
+            latents.extend(rms_norm(&kv[..lora], &w.kv_a_norm, LATENT_NORM_EPS));
+            keys.extend_from_slice(&kv[lora..]);
+        }
+        let mut outs = vec![vec![0f32; heads * v_dim]; xs.len()];
+        for h in 0..heads {
+            let embed_q = head(&w.embed_q, h)?;
+            let unembed_out = head(&w.unembed_out, h)?;
+            let q_nope: Vec<Vec<f32>> = qs
+                .iter()
+                .map(|q| q[h * width..h * width + nope].to_vec())
+                .collect();
+            let q_latents = apply_batch(&embed_q, &q_nope, stats)?;
+            let mixed: Vec<Vec<f32>> = q_latents
+                .iter()
+                .zip(&qs)
+                .enumerate()
+                .map(|(t, (q_latent, q))| {
+                    let q_pe = &q[h * width + nope..(h + 1) * width];
+                    attend_latent(q_latent, q_pe, latents, keys, start + t + 1, scale)
+                })
+                .collect();
+            for (out, head_out) in outs
+                .iter_mut()
+                .zip(apply_batch(&unembed_out, &mixed, stats)?)
+            {
+                out[h * v_dim..(h + 1) * v_dim].copy_from_slice(&head_out);
+            }
+        }
+        if let Some(gate) = &w.gate {
+            for (out, g) in outs.iter_mut().zip(apply_batch(gate, xs, stats)?) {
+                out.iter_mut().zip(&g).for_each(|(o, g)| *o *= sigmoid(*g));
+            }
+        }
+        Ok(apply_batch(&w.o, &outs, stats)?)
+    }
+
+    /// The latent MoE for a chunk: routed experts on the down-projected rows, their weighted
+    /// sum normed and projected back up, plus the shared experts on the full rows.
+    fn moe(
+        &self,
+        moe: &LatentMoe,
+        xs: &[Vec<f32>],
+        stats: &mut StepStats,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let c = &self.config;
+        let routing = Routing {
+            correction_bias: &moe.correction_bias,
+            experts_per_token: c.num_experts_per_token,
+            groups: c.num_expert_group,
+            groups_chosen: c.topk_group,
+            renormalize: c.moe_renormalize,
+            renormalize_eps: 1e-20,
+            scaling: c.routed_scaling_factor,
+        };
+        let routes: Vec<Vec<(usize, f32)>> = apply_batch(&moe.router, xs, stats)?
+            .iter()
+            .map(|logits| routing.route(logits))
+            .collect();
+        let latent_xs = apply_batch(&moe.down, xs, stats)?;
+        let streaming: Option<Streaming> = self
+            .cache
+            .as_ref()
+            .map(|cache| (self.artifact, cache, self.reads_in_flight));
+        let activation = Activation::Situ {
+            beta: c.situ_beta,
+            linear_beta: c.situ_linear_beta,
+        };
+        let shared = |stats: &mut StepStats| -> Result<Option<Vec<Vec<f32>>>, ModelError> {
+            Ok(moe
+                .shared
+                .as_ref()
+                .map(|s| s.forward(xs, stats))
+                .transpose()?)
+        };
+        let (outputs, shared) = run_routed(
+            &moe.experts,
+            activation,
+            &routes,
+            &latent_xs,
+            streaming,
+            c.num_experts_per_token,
+            shared,
+            stats,
+        )?;
+        let mut sums = vec![vec![0f32; c.routed_expert_hidden_size]; xs.len()];
+        for ((sum, chosen), outs) in sums.iter_mut().zip(&routes).zip(&outputs) {
+            for (&(_, weight), out) in chosen.iter().zip(outs) {
+                sum.iter_mut().zip(out).for_each(|(s, o)| *s += o * weight);
+            }
+        }
+        if let Some(norm) = &moe.norm {
+            for sum in &mut sums {
+                *sum = rms_norm(sum, norm, c.rms_norm_eps);
+            }
+        }
+        let mut ys = apply_batch(&moe.up, &sums, stats)?;
+        if let Some(shared) = shared {
+            add_rows(&mut ys, &shared);
+        }
+        Ok(ys)
+    }
+}
+
+fn head<'a>(stack: &Stack<'a>, h: usize) -> Result<QMatrix<'a>, KernelError> {
+    stack.get(h).ok_or(KernelError::Length {
+        what: "heads",
+        expected: h + 1,
+        actual: stack.len(),
+    })
+}
+
+/// `x / sqrt(Σx² + eps) · factor`.
+fn l2_normalized(x: &[f32], factor: f32) -> Vec<f32> {
+    let inv = 1.0 / (x.iter().map(|v| v * v).sum::<f32>() + L2_NORM_EPS).sqrt();
+    x.iter().map(|v| v * inv * factor).collect()
+}
+
+/// One step of the gated delta rule on one head's state `s` (`[v, k]`, row i the value
+/// dimension): decay along the key dimension, correct the memory toward `v` by `beta`, read
+/// with `q`.
+fn delta_rule(
+    s: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    decay: &[f32],
+    beta: f32,
+) -> Vec<f32> {
+    let dim = k.len();
+    let mut out = vec![0f32; v.len()];
+    for (i, row) in s.chunks_exact_mut(dim).enumerate() {
+        row.iter_mut().zip(decay).for_each(|(s, g)| *s *= g);
+        let remembered: f32 = row.iter().zip(k).map(|(s, k)| s * k).sum();
+        let delta = (v[i] - remembered) * beta;
+        row.iter_mut().zip(k).for_each(|(s, k)| *s += k * delta);
+        out[i] = row.iter().zip(q).map(|(s, q)| s * q).sum();
+    }
+    out
+}

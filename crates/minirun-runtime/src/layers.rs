@@ -1,0 +1,467 @@
+//! What the architectures share: the products every layer runs (each counted in the step's
+//! figures), norms and activations, the gated MLP, and mixture-of-experts dispatch to held or
+//! streamed routed experts. Each function fixes its operations and their order, so a model
+//! built from them gives the same bits at any batch size and whether its experts were held or
+//! read just now.
+
+use std::time::Duration;
+
+use crate::artifact::{Artifact, ArtifactError};
+use crate::experts::{ExpertCache, ExpertParts, with_fetched};
+use crate::kernels::{KernelError, QMatrix};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Artifact(#[from] ArtifactError),
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    #[error("token id {0} is outside the vocabulary of {1}")]
+    Token(u32, usize),
+    #[error("position {0} is past max_position_embeddings {1}")]
+    Position(usize, usize),
+    #[error("the prompt is empty: give at least one token")]
+    EmptyPrompt,
+    #[error(
+        "this cache was left part-way through a step by an earlier error (its recurrent state is not that of any prefix); start a new generation"
+    )]
+    BrokenCache,
+}
+
+/// What one step read, for the run's figures.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct StepStats {
+    /// Stored weight bytes the step's products read (an embedding row counts its row).
+    pub weight_bytes: u64,
+    /// Routed-expert bytes read from storage (cache misses).
+    pub expert_read_bytes: u64,
+    pub expert_cache_hits: u64,
+    pub expert_cache_misses: u64,
+    /// Deterministic weights of streamed layers read from storage.
+    pub layer_read_bytes: u64,
+    /// Reads that bypassed the page cache (`O_DIRECT`) and reads that went through it.
+    pub direct_reads: u64,
+    pub buffered_reads: u64,
+    /// Wall time the step waited for expert reads.
+    pub io_time: Duration,
+}
+
+pub(crate) fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
+    let mean = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let inv = 1.0 / (mean + eps).sqrt();
+    x.iter().zip(weight).map(|(v, w)| w * (v * inv)).collect()
+}
+
+pub(crate) fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+pub(crate) fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// `y = W x` into a new vector, counting the bytes read.
+pub(crate) fn apply(
+    m: &QMatrix,
+    x: &[f32],
+    stats: &mut StepStats,
+) -> Result<Vec<f32>, KernelError> {
+    let mut y = vec![0f32; m.rows];
+    m.matvec(x, &mut y)?;
+    stats.weight_bytes += m.stored_bytes() as u64;
+    Ok(y)
+}
+
+/// `W x` for every `x` of a batch, the matrix's bytes read once for all of them: each output
+/// has the bits [`apply`] gives it alone (`QMatrix::matmul`).
+pub(crate) fn apply_batch(
+    m: &QMatrix,
+    xs: &[Vec<f32>],
+    stats: &mut StepStats,
+) -> Result<Vec<Vec<f32>>, KernelError> {
+    if let [x] = xs {
+        return Ok(vec![apply(m, x, stats)?]);
+    }
+    let flat: Vec<f32> = xs.concat();
+    let mut ys = vec![0f32; xs.len() * m.rows];
+    m.matmul(&flat, xs.len(), &mut ys)?;
+    stats.weight_bytes += m.stored_bytes() as u64;
+    Ok(ys.chunks_exact(m.rows).map(<[f32]>::to_vec).collect())
+}
+
+/// `ys[i] += outs[i]` for every row of a batch.
+pub(crate) fn add_rows(ys: &mut [Vec<f32>], outs: &[Vec<f32>]) {
+    for (y, out) in ys.iter_mut().zip(outs) {
+        y.iter_mut().zip(out).for_each(|(y, o)| *y += o);
+    }
+}
+
+/// How a gated MLP combines its gate and up projections.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Activation {
+    /// `silu(gate) * up` (DeepSeek).
+    Silu,
+    /// SiTU (Kimi K3): `β·tanh(gate/β)·σ(gate) · β_lin·tanh(up/β_lin)`.
+    Situ { beta: f32, linear_beta: f32 },
+}
+
+impl Activation {
+    fn combine(self, gate: f32, up: f32) -> f32 {
+        match self {
+            Activation::Silu => silu(gate) * up,
+            Activation::Situ { beta, linear_beta } => {
+                let a = beta * (gate / beta).tanh() * sigmoid(gate);
+                a * (linear_beta * (up / linear_beta).tanh())
+            }
+        }
+    }
+}
+
+pub(crate) struct Mlp<'a> {
+    pub gate: QMatrix<'a>,
+    pub up: QMatrix<'a>,
+    pub down: QMatrix<'a>,
+    pub activation: Activation,
+}
+
+impl Mlp<'_> {
+    pub fn forward(
+        &self,
+        xs: &[Vec<f32>],
+        stats: &mut StepStats,
+    ) -> Result<Vec<Vec<f32>>, KernelError> {
+        let gate = apply_batch(&self.gate, xs, stats)?;
+        let up = apply_batch(&self.up, xs, stats)?;
+        let inner: Vec<Vec<f32>> = gate
+            .iter()
+            .zip(&up)
+            .map(|(g, u)| {
+                g.iter()
+                    .zip(u)
+                    .map(|(&g, &u)| self.activation.combine(g, u))
+                    .collect()
+            })
+            .collect();
+        apply_batch(&self.down, &inner, stats)
+    }
+}
+
+/// How a router turns its logits into routes.
+pub(crate) struct Routing<'b> {
+    pub correction_bias: &'b [f32],
+    pub experts_per_token: usize,
+    /// Expert groups, and how many of them a token may choose from.
+    pub groups: usize,
+    pub groups_chosen: usize,
+    pub renormalize: bool,
+    /// Added to the chosen weights' sum before dividing (mlx-lm's K3 adds 1e-20; DeepSeek none).
+    pub renormalize_eps: f32,
+    pub scaling: f32,
+}
+
+impl Routing<'_> {
+    /// Sigmoid scores; the bias-corrected ones choose the groups (by the sum of each group's
+    /// top two) and then the experts; the uncorrected scores of the chosen ones, renormalised
+    /// and scaled, weight their outputs. Ties go to the lower index.
+    pub fn route(&self, logits: &[f32]) -> Vec<(usize, f32)> {
+        let scores: Vec<f32> = logits.iter().map(|&l| sigmoid(l)).collect();
+        let mut choice: Vec<f32> = scores
+            .iter()
+            .zip(self.correction_bias)
+            .map(|(s, b)| s + b)
+            .collect();
+        if self.groups > 1 {
+            let size = choice.len() / self.groups;
+            let mut groups: Vec<(f32, usize)> = choice
+                .chunks(size)
+                .map(|g| {
+                    let mut sorted = g.to_vec();
+                    sorted.sort_by(|a, b| b.total_cmp(a));
+                    match sorted[..] {
+                        [a, b, ..] => a + b,
+                        [a] => a,
+                        [] => 0.0,
+                    }
+                })
+                .zip(0..)
+                .collect();
+            groups.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            for &(_, g) in groups.iter().skip(self.groups_chosen) {
+                choice[g * size..(g + 1) * size].fill(0.0);
+            }
+        }
+        let mut order: Vec<usize> = (0..choice.len()).collect();
+        order.sort_by(|&a, &b| choice[b].total_cmp(&choice[a]).then(a.cmp(&b)));
+        let chosen = &order[..self.experts_per_token.min(order.len())];
+        let mut weights: Vec<f32> = chosen.iter().map(|&e| scores[e]).collect();
+        if chosen.len() > 1 && self.renormalize {
+            let sum: f32 = weights.iter().sum::<f32>() + self.renormalize_eps;
+            weights.iter_mut().for_each(|w| *w /= sum);
+        }
+        chosen
+            .iter()
+            .zip(weights)
+            .map(|(&e, w)| (e, w * self.scaling))
+            .collect()
+    }
+}
+
+/// One head of one position in multi-head latent attention, over the first `steps` cached
+/// positions: content scores against the cached latents (`[steps, lora]`), positional scores
+/// against the cached keys, both scaled; the latents mixed by their softmax.
+pub(crate) fn attend_latent(
+    q_latent: &[f32],
+    q_pe: &[f32],
+    latents: &[f32],
+    keys: &[f32],
+    steps: usize,
+    scale: f32,
+) -> Vec<f32> {
+    let (lora, rope) = (q_latent.len(), q_pe.len());
+    let scores: Vec<f32> = (0..steps)
+        .map(|t| {
+            let content: f32 = q_latent
+                .iter()
+                .zip(&latents[t * lora..(t + 1) * lora])
+                .map(|(a, b)| a * b)
+                .sum();
+            let positional: f32 = q_pe
+                .iter()
+                .zip(&keys[t * rope..(t + 1) * rope])
+                .map(|(a, b)| a * scale * b)
+                .sum();
+            content * scale + positional
+        })
+        .collect();
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let exps: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
+    let total: f32 = exps.iter().sum();
+    let mut mixed = vec![0f32; lora];
+    for (t, e) in exps.iter().enumerate() {
+        let p = e / total;
+        mixed
+            .iter_mut()
+            .zip(&latents[t * lora..(t + 1) * lora])
+            .for_each(|(m, l)| *m += p * l);
+    }
+    mixed
+}
+
+/// The `count` experts stacked in `{stacked}.{gate,up,down}_proj` (MLX's `switch_mlp`): gate
+/// and up `[inner, width]`, down `[width, inner]`, held resident.
+pub(crate) fn stacked_experts<'a>(
+    artifact: &'a Artifact,
+    stacked: &str,
+    (width, inner, count): (usize, usize, usize),
+    activation: Activation,
+) -> Result<Vec<Mlp<'a>>, ArtifactError> {
+    let stack = |name: &str, rows, cols| -> Result<crate::artifact::Stack<'a>, ArtifactError> {
+        let s = artifact.matrix(&format!("{stacked}.{name}"), rows, cols)?;
+        if s.len() != count {
+            return Err(ArtifactError::Tensor {
+                name: format!("{stacked}.{name}.weight"),
+                reason: format!("stacks {} experts; the config has {count}", s.len()),
+            });
+        }
+        Ok(s)
+    };
+    let (gate, up, down) = (
+        stack("gate_proj", inner, width)?,
+        stack("up_proj", inner, width)?,
+        stack("down_proj", width, inner)?,
+    );
+    Ok((0..count)
+        .filter_map(|e| {
+            Some(Mlp {
+                gate: gate.get(e)?,
+                up: up.get(e)?,
+                down: down.get(e)?,
+                activation,
+            })
+        })
+        .collect())
+}
+
+/// Which rows of a batch each chosen expert serves: `(row, k)` for the row's `k`-th route.
+pub(crate) struct ExpertUsers {
+    /// The chosen experts in order of first choice (row by row, each row in its router order).
+    pub order: Vec<usize>,
+    users: std::collections::HashMap<usize, Vec<(usize, usize)>>,
+}
+
+impl ExpertUsers {
+    pub fn of(routes: &[Vec<(usize, f32)>]) -> ExpertUsers {
+        let mut order = Vec::new();
+        let mut users: std::collections::HashMap<usize, Vec<(usize, usize)>> =
+            std::collections::HashMap::new();
+        for (row, chosen) in routes.iter().enumerate() {
+            for (k, &(e, _)) in chosen.iter().enumerate() {
+                let served = users.entry(e).or_default();
+                if served.is_empty() {
+                    order.push(e);
+                }
+                served.push((row, k));
+            }
+        }
+        ExpertUsers { order, users }
+    }
+
+    /// Runs `expert` on the rows it serves, filling their slots of `outputs`.
+    fn run(
+        &self,
+        e: usize,
+        expert: &Mlp,
+        xs: &[Vec<f32>],
+        outputs: &mut [Vec<Vec<f32>>],
+        stats: &mut StepStats,
+    ) -> Result<(), KernelError> {
+        let served = self.users.get(&e).map_or(&[][..], Vec::as_slice);
+        let rows: Vec<Vec<f32>> = served.iter().map(|&(row, _)| xs[row].clone()).collect();
+        for (&(row, k), out) in served.iter().zip(expert.forward(&rows, stats)?) {
+            outputs[row][k] = out;
+        }
+        Ok(())
+    }
+}
+
+/// Per row of a batch, one expert output per route, in the route's order.
+pub(crate) type RoutedOutputs = Vec<Vec<Vec<f32>>>;
+
+/// A layer's routed experts: held, or read when the router picks them.
+pub(crate) enum RoutedExperts<'a> {
+    Resident(Vec<Mlp<'a>>),
+    Streamed {
+        layer: usize,
+        parts: Vec<ExpertParts>,
+    },
+}
+
+/// What a streamed run reads experts with: the artifact, the cache of loaded experts, and how
+/// many reads may be in flight.
+pub(crate) type Streaming<'a> = (&'a Artifact, &'a ExpertCache, usize);
+
+/// Every row of `xs` through the experts its route chose: per row, one output per route, in
+/// the route's order. An expert runs once for all the rows that chose it. A streamed layer's
+/// chosen experts are fetched `slots` at a time (the slot pool one token's experts fill), so a
+/// batch that chose many experts still holds at most that many loaded at once; `meanwhile`
+/// (the shared experts' products) runs while the first ones are read, and its value is returned.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_routed<T>(
+    experts: &RoutedExperts,
+    activation: Activation,
+    routes: &[Vec<(usize, f32)>],
+    xs: &[Vec<f32>],
+    streaming: Option<Streaming>,
+    slots: usize,
+    meanwhile: impl FnOnce(&mut StepStats) -> Result<T, ModelError>,
+    stats: &mut StepStats,
+) -> Result<(RoutedOutputs, T), ModelError> {
+    let users = ExpertUsers::of(routes);
+    let mut outputs: RoutedOutputs = routes.iter().map(|r| vec![Vec::new(); r.len()]).collect();
+    let value = match (experts, streaming) {
+        (RoutedExperts::Resident(held), _) => {
+            for &e in &users.order {
+                let expert = held.get(e).ok_or(KernelError::Length {
+                    what: "experts",
+                    expected: e + 1,
+                    actual: held.len(),
+                })?;
+                users.run(e, expert, xs, &mut outputs, stats)?;
+            }
+            meanwhile(stats)?
+        }
+        (RoutedExperts::Streamed { layer, parts }, Some(streaming)) => {
+            let fetched = StreamedExperts {
+                layer: *layer,
+                parts,
+                streaming,
+                slots,
+                activation,
+            };
+            fetched.run(&users, xs, &mut outputs, meanwhile, stats)?
+        }
+        (RoutedExperts::Streamed { .. }, None) => {
+            return Err(ModelError::Artifact(ArtifactError::Tensor {
+                name: "routed experts".into(),
+                reason: "are streamed but the model holds no expert cache".into(),
+            }));
+        }
+    };
+    Ok((outputs, value))
+}
+
+/// A streamed layer's chosen experts, fetched `slots` at a time.
+struct StreamedExperts<'a> {
+    layer: usize,
+    parts: &'a [ExpertParts],
+    streaming: Streaming<'a>,
+    slots: usize,
+    activation: Activation,
+}
+
+impl StreamedExperts<'_> {
+    /// Runs the chosen experts as their reads finish, and `meanwhile` while the first ones are
+    /// read (or after, when none was chosen); returns its value.
+    fn run<T>(
+        &self,
+        users: &ExpertUsers,
+        xs: &[Vec<f32>],
+        outputs: &mut [Vec<Vec<f32>>],
+        meanwhile: impl FnOnce(&mut StepStats) -> Result<T, ModelError>,
+        stats: &mut StepStats,
+    ) -> Result<T, ModelError> {
+        if users.order.is_empty() {
+            return meanwhile(stats);
+        }
+        let (artifact, cache, reads_in_flight) = self.streaming;
+        let mut meanwhile = Some(meanwhile);
+        let mut value = None;
+        let mut meanwhile_stats = StepStats::default();
+        let mut expert_stats = StepStats::default();
+        let mut waited_total = Duration::ZERO;
+        for chunk in users.order.chunks(self.slots.max(1)) {
+            let first = meanwhile.take();
+            let (out, waited) = with_fetched(
+                artifact,
+                cache,
+                self.layer,
+                self.parts,
+                chunk,
+                reads_in_flight,
+                || first.map(|f| f(&mut meanwhile_stats)),
+                |i, expert, fetch| {
+                    let e = chunk[i];
+                    let part = &self.parts[e];
+                    expert_stats.expert_read_bytes += fetch.read_bytes;
+                    expert_stats.direct_reads += fetch.direct_reads;
+                    expert_stats.buffered_reads += fetch.buffered_reads;
+                    match fetch.hit {
+                        true => expert_stats.expert_cache_hits += 1,
+                        false => expert_stats.expert_cache_misses += 1,
+                    }
+                    let mlp = Mlp {
+                        gate: expert.gate.matrix(&part.gate)?,
+                        up: expert.up.matrix(&part.up)?,
+                        down: expert.down.matrix(&part.down)?,
+                        activation: self.activation,
+                    };
+                    users.run(e, &mlp, xs, outputs, &mut expert_stats)?;
+                    Ok(())
+                },
+            )?;
+            waited_total += waited;
+            if let Some(out) = out {
+                value = Some(out?);
+            }
+        }
+        // The first chunk ran `meanwhile`, and there was one: the order is not empty.
+        let value = value.ok_or_else(|| ArtifactError::Tensor {
+            name: format!("layer {} experts", self.layer),
+            reason: "no chunk of chosen experts was read".into(),
+        })?;
+        crate::generate::accumulate(stats, &expert_stats);
+        stats.weight_bytes += meanwhile_stats.weight_bytes;
+        stats.io_time += waited_total;
+        Ok(value)
+    }
+}

@@ -1,0 +1,219 @@
+//! Kimi K3 against mlx-lm: each tiny K3 checkpoint under `tests/data/kimi-k3/` (made by
+//! `tools/make_k3_fixtures.py`, which records mlx-lm 0.32.2's float32 logits of the full prompt
+//! pass) is packed with `minirun pack`'s library, loaded from the artifact and run one token at
+//! a time. At every prompt position the logits must be within `TOLERANCE` of mlx-lm's, and the
+//! top-1 token the same wherever mlx-lm's top-1 margin exceeds `MARGIN`; the 32-token greedy
+//! continuation must be mlx-lm's.
+//!
+//! Why `TOLERANCE` = 1e-4: both sides compute in f32 on the same stored bits and differ only in
+//! the order of their sums; mlx-lm's own full pass and its one-token steps differ by up to
+//! 2e-6 on these models (`stepwise_max_abs_delta`). A real error (a dropped scaling factor, a
+//! misordered convolution tap, a block closed one layer late) moves logits by 0.01 or more.
+//! Some positions' top-1 margins are under 1e-2, so the argmax is compared only above `MARGIN`.
+
+use std::path::{Path, PathBuf};
+
+use minirun_pack::{PackOptions, pack};
+use minirun_runtime::artifact::{Access, Artifact};
+use minirun_runtime::generate::argmax;
+use minirun_runtime::kimi_k3::KimiK3;
+use minirun_runtime::kimi_k3_config::KimiK3Config;
+use minirun_runtime::layers::{ModelError, StepStats};
+use serde_json::Value;
+
+const TOLERANCE: f32 = 1e-4;
+const MARGIN: f32 = 1e-3;
+
+fn fixture(variant: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/kimi-k3")
+        .join(variant)
+}
+
+fn packed(variant: &str) -> tempfile::TempDir {
+    let out = tempfile::tempdir().expect("a temporary directory");
+    pack(
+        &fixture(variant),
+        out.path(),
+        &PackOptions::default(),
+        &|_| {},
+    )
+    .expect("it packs");
+    out
+}
+
+fn read_logits(path: &Path, vocab: usize) -> Vec<Vec<f32>> {
+    let bytes = std::fs::read(path).expect("the logits file");
+    let all: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    all.chunks(vocab).map(<[f32]>::to_vec).collect()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .expect("a list of ids")
+        .iter()
+        .map(|i| i.as_u64().expect("an id") as u32)
+        .collect()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+fn matches_mlx(variant: &str) {
+    let dir = packed(variant);
+    let artifact = Artifact::open(dir.path(), Access::Unverified).expect("the artifact opens");
+    let config = KimiK3Config::parse(&artifact.config_json).expect("the config parses");
+    let vocab = config.vocab_size;
+    let model = KimiK3::load(&artifact, config).expect("the model loads");
+    let oracle: Value =
+        serde_json::from_slice(&std::fs::read(fixture(variant).join("oracle.json")).unwrap())
+            .unwrap();
+    let prompt = ids(&oracle["prompt_token_ids"]);
+    let margins: Vec<f32> = oracle["top1_margins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m.as_f64().unwrap() as f32)
+        .collect();
+    let expected = read_logits(&fixture(variant).join("logits.f32"), vocab);
+    assert_eq!(expected.len(), prompt.len());
+
+    let mut cache = model.new_cache();
+    let mut logits = Vec::new();
+    let mut worst = 0f32;
+    for (position, (&token, want)) in prompt.iter().zip(&expected).enumerate() {
+        logits = model
+            .step(token, &mut cache, &mut StepStats::default())
+            .unwrap();
+        let delta = logits
+            .iter()
+            .zip(want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        worst = worst.max(delta);
+        assert!(
+            delta <= TOLERANCE,
+            "{variant} position {position}: max |logit delta| {delta}"
+        );
+        if margins[position] > MARGIN {
+            assert_eq!(
+                argmax(&logits),
+                argmax(want),
+                "{variant} position {position}: top-1 differs"
+            );
+        }
+    }
+
+    let mut batched = model.new_cache();
+    let at_once = model
+        .prefill(&prompt, &mut batched, &mut StepStats::default())
+        .unwrap();
+    assert_eq!(
+        bits(&at_once),
+        bits(&logits),
+        "{variant}: the prompt in one chunk gives the last position other bits than stepping"
+    );
+
+    let mut greedy = Vec::new();
+    for _ in 0..32 {
+        let token = argmax(&logits);
+        greedy.push(token);
+        logits = model
+            .step(token, &mut cache, &mut StepStats::default())
+            .unwrap();
+        let chunked_logits = model
+            .step(token, &mut batched, &mut StepStats::default())
+            .unwrap();
+        assert_eq!(
+            bits(&chunked_logits),
+            bits(&logits),
+            "{variant}: caches diverge"
+        );
+    }
+    assert_eq!(
+        greedy,
+        ids(&oracle["greedy_token_ids"]),
+        "{variant}: greedy"
+    );
+    eprintln!("{variant}: max |logit delta| vs mlx-lm {worst:.2e}");
+}
+
+#[test]
+fn mlx_affine4_group64_matches_mlx_lm() {
+    matches_mlx("mlx-affine4-g64");
+}
+
+#[test]
+fn mlx_mxfp4_matches_mlx_lm() {
+    matches_mlx("mlx-mxfp4");
+}
+
+#[test]
+fn experts_only_mxfp4_as_published_matches_mlx_lm() {
+    matches_mlx("mlx-k3mix");
+}
+
+#[test]
+fn a_bad_token_is_refused_before_the_cache_changes() {
+    let dir = packed("mlx-mxfp4");
+    let artifact = Artifact::open(dir.path(), Access::Unverified).unwrap();
+    let config = KimiK3Config::parse(&artifact.config_json).unwrap();
+    let model = KimiK3::load(&artifact, config).unwrap();
+    let mut cache = model.new_cache();
+    let first = model
+        .prefill(&[0, 17, 42], &mut cache, &mut StepStats::default())
+        .unwrap();
+    assert!(matches!(
+        model.prefill(&[5, 512], &mut cache, &mut StepStats::default()),
+        Err(ModelError::Token(512, 512))
+    ));
+    assert_eq!(cache.len, 3);
+    let mut fresh = model.new_cache();
+    model
+        .prefill(&[0, 17, 42], &mut fresh, &mut StepStats::default())
+        .unwrap();
+    let a = model
+        .step(5, &mut cache, &mut StepStats::default())
+        .unwrap();
+    let b = model
+        .step(5, &mut fresh, &mut StepStats::default())
+        .unwrap();
+    assert_eq!(bits(&a), bits(&b));
+    assert!(!first.is_empty());
+}
+
+/// A prompt across two chunk boundaries leaves the stepwise cache: the next step's logits have
+/// the same bits whichever way the prompt ran.
+#[test]
+fn a_prompt_across_chunks_gives_the_stepwise_bits() {
+    let dir = packed("mlx-k3mix");
+    let artifact = Artifact::open(dir.path(), Access::Unverified).unwrap();
+    let config = KimiK3Config::parse(&artifact.config_json).unwrap();
+    let model = KimiK3::load(&artifact, config).unwrap();
+    let prompt: Vec<u32> = (0..2 * minirun_runtime::kimi_k3::PREFILL_CHUNK as u32 + 5)
+        .map(|i| (i * 37 + 11) % 512)
+        .collect();
+    let mut stepped = model.new_cache();
+    let mut last = Vec::new();
+    for &token in &prompt {
+        last = model
+            .step(token, &mut stepped, &mut StepStats::default())
+            .unwrap();
+    }
+    let mut chunked = model.new_cache();
+    let at_once = model
+        .prefill(&prompt, &mut chunked, &mut StepStats::default())
+        .unwrap();
+    assert_eq!(bits(&at_once), bits(&last));
+    let a = model
+        .step(3, &mut stepped, &mut StepStats::default())
+        .unwrap();
+    let b = model
+        .step(3, &mut chunked, &mut StepStats::default())
+        .unwrap();
+    assert_eq!(bits(&a), bits(&b));
+}
