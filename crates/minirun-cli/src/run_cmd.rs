@@ -9,6 +9,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use minirun_runtime::budget::{Budget, human};
 use minirun_runtime::generate::{Figures, Sampling, StepRecord, StopReason};
+use minirun_runtime::model::Decoder;
 use minirun_runtime::plan::{Mode, Plan};
 use minirun_runtime::session::{Session, Trust};
 

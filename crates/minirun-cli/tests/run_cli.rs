@@ -233,3 +233,49 @@ fn a_run_at_the_floor_streams_and_equals_the_resident_run() {
     }
     assert!(too_small.stdout.is_empty());
 }
+
+/// Kimi K3 (the published quantization: only the routed experts 4-bit) packs, verifies and
+/// runs; at the floor its routed experts stream with the resident run's tokens.
+#[test]
+fn a_kimi_k3_artifact_runs_verified_and_streams_at_the_floor() {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../minirun-runtime/tests/data/kimi-k3/mlx-k3mix");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_str().unwrap();
+    let out = minirun(&["pack", "--source", source.to_str().unwrap(), "--out", path]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = minirun(&["verify", path]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let args = [
+        "run",
+        path,
+        "--prompt",
+        "The clockmaker opened",
+        "--max-tokens",
+        "12",
+        "--ignore-eos",
+    ];
+    let shown = minirun(&args);
+    assert!(shown.status.success(), "{}", stderr(&shown));
+    assert!(
+        stderr(&shown).contains("kimi_k3: 6 layers (4 KDA, 2 MLA)"),
+        "{}",
+        stderr(&shown)
+    );
+    let resident = minirun(&[&args[..], &["--json"]].concat());
+    let resident: serde_json::Value = serde_json::from_slice(&resident.stdout).unwrap();
+    assert_eq!(resident["plan"]["mode"], "resident");
+    let floor = minirun(&[&args[..], &["--json", "--budget", "floor"]].concat());
+    assert!(floor.status.success(), "{}", stderr(&floor));
+    let floor: serde_json::Value = serde_json::from_slice(&floor.stdout).unwrap();
+    assert_eq!(floor["plan"]["mode"], "streamed");
+    assert_eq!(floor["generated_tokens"], 12);
+    assert_eq!(
+        floor["generated_token_ids"],
+        resident["generated_token_ids"]
+    );
+    assert_eq!(
+        floor["expert_read_bytes_per_token"],
+        floor["plan"]["uncached_read_per_token"]
+    );
+}

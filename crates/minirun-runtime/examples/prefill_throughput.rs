@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use minirun_runtime::artifact::{Access, Artifact};
 use minirun_runtime::config::DeepSeekV3Config;
 use minirun_runtime::deepseek::{DeepSeekV3, StepStats};
+use minirun_runtime::model::Decoder;
 
 struct Args {
     artifact: PathBuf,

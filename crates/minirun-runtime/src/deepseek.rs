@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use crate::artifact::{Artifact, ArtifactError, Stack, StackLayout};
 use crate::config::DeepSeekV3Config;
-use crate::experts::ExpertCache;
+use crate::experts::{ExpertCache, ExpertParts, routed_experts};
 use crate::kernels::{Format, KernelError, QMatrix};
 use crate::layer_stream::{self, LoadedLayer};
 use crate::layers::{
@@ -20,7 +20,8 @@ use crate::layers::{
     attend_latent, rms_norm, run_routed, stacked_experts,
 };
 pub use crate::layers::{ModelError, StepStats};
-use crate::plan::{DEFAULT_READS_IN_FLIGHT, ExpertMap, Mode, Plan};
+use crate::model::Decoder;
+use crate::plan::{DEFAULT_READS_IN_FLIGHT, ExpertMap, Mode, Plan, Shape};
 use crate::rope::{Rope, attention_scale};
 
 /// Prompt positions run through the layers together: each matrix's bytes are read once for
@@ -366,6 +367,98 @@ impl Moe<'_> {
     }
 }
 
+impl Shape for DeepSeekV3Config {
+    fn layer_count(&self) -> usize {
+        self.num_hidden_layers
+    }
+
+    fn experts_per_token(&self) -> usize {
+        self.num_experts_per_tok
+    }
+
+    /// Per layer and position, the latent and the rotated key, in f32.
+    fn cache_bytes(&self, context_tokens: usize) -> u64 {
+        ((self.kv_lora_rank + self.qk_rope_head_dim) as u64)
+            .saturating_mul(4 * self.num_hidden_layers as u64)
+            .saturating_mul(context_tokens as u64)
+    }
+
+    fn routed_experts(
+        &self,
+        artifact: &Artifact,
+        layer: usize,
+    ) -> Option<Result<Vec<ExpertParts>, ArtifactError>> {
+        let sizes = (
+            self.hidden_size,
+            self.moe_intermediate_size,
+            self.n_routed_experts,
+        );
+        self.is_moe(layer)
+            .then(|| routed_experts(artifact, &format!("model.layers.{layer}.mlp"), sizes))
+    }
+
+    fn streamable_matrices(
+        &self,
+        artifact: &Artifact,
+        layer: usize,
+    ) -> Result<Vec<StackLayout>, ArtifactError> {
+        layer_stream::layer_matrices(artifact, self, layer)
+    }
+}
+
+impl Decoder for DeepSeekV3<'_> {
+    type Cache = Cache;
+
+    fn new_cache(&self) -> Cache {
+        let n = self.layers.len();
+        Cache {
+            latent: vec![Vec::new(); n],
+            rope_key: vec![Vec::new(); n],
+            len: 0,
+        }
+    }
+
+    fn cached(&self, cache: &Cache) -> usize {
+        cache.len
+    }
+
+    fn max_positions(&self) -> usize {
+        self.config.max_position_embeddings
+    }
+
+    /// Runs `tokens` at the next positions of `cache`, [`PREFILL_CHUNK`] positions at a time
+    /// through every layer (each matrix, and each streamed layer and expert, read once per
+    /// chunk), returning the logits of the last. Every position gets exactly the bits `step`
+    /// gives it, so the cache and the logits equal those of stepping through `tokens` one by
+    /// one. On an error the cache is left as it was before the call.
+    fn prefill(
+        &self,
+        tokens: &[u32],
+        cache: &mut Cache,
+        stats: &mut StepStats,
+    ) -> Result<Vec<f32>, ModelError> {
+        let before = cache.len;
+        let mut result = Err(ModelError::EmptyPrompt);
+        for (n, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
+            let last = (n + 1) * PREFILL_CHUNK >= tokens.len();
+            result = self.forward_positions(chunk, last, cache, stats);
+            if result.is_err() {
+                break;
+            }
+        }
+        if result.is_err() {
+            self.truncate(cache, before);
+        }
+        result
+    }
+
+    /// Bytes of routed experts the cache holds now, and the most it held at once with the
+    /// experts of a layer in flight; `None` for a resident run (held layers are resident).
+    fn expert_memory(&self) -> Option<(u64, u64)> {
+        self.cache.as_ref().map(ExpertCache::usage)
+    }
+}
+
 impl<'a> DeepSeekV3<'a> {
     /// The model with every weight resident.
     pub fn load(
@@ -387,14 +480,7 @@ impl<'a> DeepSeekV3<'a> {
         match plan.mode {
             Mode::Resident => DeepSeekV3::build(artifact, config, None, &[]),
             Mode::Streamed => {
-                // A held layer's experts are resident, read with the model (its entry in the
-                // map goes, so the builder holds them as a resident run does).
-                let mut experts = experts;
-                for &layer in &plan.held_layers {
-                    if let Some(entry) = experts.get_mut(layer) {
-                        *entry = None;
-                    }
-                }
+                let experts = plan.streamed_experts(experts);
                 let cache =
                     ExpertCache::new(plan.cache_bytes, plan.moe_layers - plan.held_layers.len());
                 let mut model =
@@ -459,58 +545,6 @@ impl<'a> DeepSeekV3<'a> {
             streamed: self.experts.as_ref(),
         };
         Ok(loader.layer(i, &self.config)?)
-    }
-
-    /// Bytes of routed experts the cache holds now, and the most it held at once with the
-    /// experts of a layer in flight; `None` for a resident run (held layers are resident).
-    pub fn expert_memory(&self) -> Option<(u64, u64)> {
-        self.cache.as_ref().map(ExpertCache::usage)
-    }
-
-    pub fn new_cache(&self) -> Cache {
-        let n = self.layers.len();
-        Cache {
-            latent: vec![Vec::new(); n],
-            rope_key: vec![Vec::new(); n],
-            len: 0,
-        }
-    }
-
-    /// Runs `token` at the next position of `cache`, returning the logits. On an error the cache
-    /// is left as it was before the call.
-    pub fn step(
-        &self,
-        token: u32,
-        cache: &mut Cache,
-        stats: &mut StepStats,
-    ) -> Result<Vec<f32>, ModelError> {
-        self.prefill(&[token], cache, stats)
-    }
-
-    /// Runs `tokens` at the next positions of `cache`, [`PREFILL_CHUNK`] positions at a time
-    /// through every layer (each matrix, and each streamed layer and expert, read once per
-    /// chunk), returning the logits of the last. Every position gets exactly the bits `step`
-    /// gives it, so the cache and the logits equal those of stepping through `tokens` one by
-    /// one. On an error the cache is left as it was before the call.
-    pub fn prefill(
-        &self,
-        tokens: &[u32],
-        cache: &mut Cache,
-        stats: &mut StepStats,
-    ) -> Result<Vec<f32>, ModelError> {
-        let before = cache.len;
-        let mut result = Err(ModelError::EmptyPrompt);
-        for (n, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
-            let last = (n + 1) * PREFILL_CHUNK >= tokens.len();
-            result = self.forward_positions(chunk, last, cache, stats);
-            if result.is_err() {
-                break;
-            }
-        }
-        if result.is_err() {
-            self.truncate(cache, before);
-        }
-        result
     }
 
     fn truncate(&self, cache: &mut Cache, len: usize) {

@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use crate::artifact::{Artifact, ArtifactError, LoadedPart, MatrixPart, StackLayout};
-use crate::config::DeepSeekV3Config;
 
 /// Where one routed expert's gate, up and down projections are stored.
 #[derive(Debug, Clone)]
@@ -36,23 +35,19 @@ impl ExpertParts {
     }
 }
 
-/// The routed experts of MoE layer `layer`, in expert order, without reading them: the MLX
-/// layout's stacked `switch_mlp` containers or the Hugging Face layout's per-expert tensors.
+/// The `n` routed experts under `prefix` (a layer's `mlp`), in expert order, without reading
+/// them: the MLX layout's stacked `switch_mlp` containers or the Hugging Face layout's
+/// per-expert tensors; gate and up `[inner, hidden]`, down `[hidden, inner]`.
 pub fn routed_experts(
     artifact: &Artifact,
-    c: &DeepSeekV3Config,
-    layer: usize,
+    prefix: &str,
+    (hidden, inner, n): (usize, usize, usize),
 ) -> Result<Vec<ExpertParts>, ArtifactError> {
-    let (hidden, inner, n) = (c.hidden_size, c.moe_intermediate_size, c.n_routed_experts);
-    let prefix = format!("model.layers.{layer}.mlp");
     let stacked = format!("{prefix}.switch_mlp");
     let one = |layout: StackLayout, i: usize| {
         layout.matrix_part(i).ok_or_else(|| ArtifactError::Tensor {
             name: layout.name.clone(),
-            reason: format!(
-                "stacks {} experts; n_routed_experts is {n}",
-                layout.parts.len()
-            ),
+            reason: format!("stacks {} experts; the config has {n}", layout.parts.len()),
         })
     };
     if !artifact.has(&format!("{stacked}.gate_proj.weight")) {
@@ -74,7 +69,7 @@ pub fn routed_experts(
         if s.parts.len() != n {
             return Err(ArtifactError::Tensor {
                 name: s.name,
-                reason: format!("stacks {} experts; n_routed_experts is {n}", s.parts.len()),
+                reason: format!("stacks {} experts; the config has {n}", s.parts.len()),
             });
         }
         Ok(s)

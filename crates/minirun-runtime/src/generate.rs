@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use minirun_format::synthetic::SplitMix64;
 
-use crate::deepseek::DeepSeekV3;
 use crate::layers::{ModelError, StepStats};
+use crate::model::Decoder;
 
 #[derive(Debug, Clone, Copy)]
 pub struct Sampling {
@@ -155,8 +155,8 @@ pub enum StopReason {
 /// Runs `prompt` then generates up to `max_tokens`, calling `on_token` with each new id. A
 /// sampled stop token ends generation and is not returned (as in mlx-lm). The decode time counts
 /// the model's steps only, not the caller's `on_token`.
-pub fn generate(
-    model: &DeepSeekV3,
+pub fn generate<D: Decoder>(
+    model: &D,
     prompt: &[u32],
     max_tokens: usize,
     sampling: Sampling,
@@ -190,13 +190,13 @@ pub fn generate(
         if out.len() == max_tokens {
             break;
         }
-        if cache.len >= model.config.max_position_embeddings {
+        if model.cached(&cache) >= model.max_positions() {
             figures.stop_reason = StopReason::ContextFull;
             break;
         }
         let mut stats = StepStats::default();
         let step = Instant::now();
-        let position = cache.len;
+        let position = model.cached(&cache);
         logits = model.step(token, &mut cache, &mut stats)?;
         let seconds = step.elapsed();
         figures.decode_time += seconds;

@@ -12,15 +12,16 @@
 //! MLA uses the absorbed path (queries projected into the latent space, values read out of
 //! it) at every position, mlx-lm's decode path.
 
-use crate::artifact::{Artifact, ArtifactError, Stack};
-use crate::experts::ExpertCache;
+use crate::artifact::{Artifact, ArtifactError, Stack, StackLayout};
+use crate::experts::{ExpertCache, ExpertParts, routed_experts};
 use crate::kernels::{KernelError, QMatrix};
 use crate::kimi_k3_config::KimiK3Config;
 use crate::layers::{
     Activation, Mlp, ModelError, RoutedExperts, Routing, StepStats, Streaming, add_rows, apply,
     apply_batch, attend_latent, rms_norm, run_routed, sigmoid, silu, stacked_experts,
 };
-use crate::plan::{DEFAULT_READS_IN_FLIGHT, ExpertMap};
+use crate::model::Decoder;
+use crate::plan::{DEFAULT_READS_IN_FLIGHT, ExpertMap, Mode, Plan, Shape};
 
 /// Prompt positions run through the layers together (as for DeepSeek-V3).
 pub const PREFILL_CHUNK: usize = 64;
@@ -378,25 +379,167 @@ impl Blocks {
     }
 }
 
+impl Shape for KimiK3Config {
+    fn layer_count(&self) -> usize {
+        self.num_hidden_layers
+    }
+
+    fn experts_per_token(&self) -> usize {
+        self.num_experts_per_token
+    }
+
+    /// MLA layers keep a latent and a key per position; KDA layers a convolution window and a
+    /// recurrent state whatever the context; all f32.
+    fn cache_bytes(&self, context_tokens: usize) -> u64 {
+        let k = &self.kda;
+        let kda_layers = k.layers.len() as u64;
+        let mla_layers = self.num_hidden_layers as u64 - kda_layers;
+        let state = (k.num_heads * k.head_dim * k.head_dim) as u64;
+        let window = ((k.short_conv_kernel_size - 1) * 3 * k.num_heads * k.head_dim) as u64;
+        let per_position = ((self.kv_lora_rank + self.qk_rope_head_dim) as u64) * mla_layers;
+        (kda_layers * (state + window))
+            .saturating_add(per_position.saturating_mul(context_tokens as u64))
+            .saturating_mul(4)
+    }
+
+    fn routed_experts(
+        &self,
+        artifact: &Artifact,
+        layer: usize,
+    ) -> Option<Result<Vec<ExpertParts>, ArtifactError>> {
+        let sizes = (
+            self.routed_expert_hidden_size,
+            self.moe_intermediate_size,
+            self.num_experts,
+        );
+        self.is_moe(layer).then(|| {
+            let root = name_root(artifact)?;
+            routed_experts(artifact, &format!("{root}model.layers.{layer}.mlp"), sizes)
+        })
+    }
+
+    /// K3 holds every layer's deterministic weights: none stream.
+    fn streamable_matrices(
+        &self,
+        _artifact: &Artifact,
+        _layer: usize,
+    ) -> Result<Vec<StackLayout>, ArtifactError> {
+        Ok(Vec::new())
+    }
+}
+
+impl Decoder for KimiK3<'_> {
+    type Cache = Cache;
+
+    fn new_cache(&self) -> Cache {
+        let c = &self.config;
+        let k = &c.kda;
+        let channels = 3 * k.num_heads * k.head_dim;
+        let layers = (0..c.num_hidden_layers)
+            .map(|i| match c.is_kda(i) {
+                true => LayerCache::Kda {
+                    conv: vec![0f32; (k.short_conv_kernel_size - 1) * channels],
+                    state: vec![0f32; k.num_heads * k.head_dim * k.head_dim],
+                },
+                false => LayerCache::Mla {
+                    latent: Vec::new(),
+                    key: Vec::new(),
+                },
+            })
+            .collect();
+        Cache {
+            layers,
+            len: 0,
+            broken: false,
+        }
+    }
+
+    fn cached(&self, cache: &Cache) -> usize {
+        cache.len
+    }
+
+    fn max_positions(&self) -> usize {
+        self.config.max_position_embeddings
+    }
+
+    /// Runs `tokens` at the next positions of `cache`, [`PREFILL_CHUNK`] at a time, returning
+    /// the logits of the last; every position gets the bits `step` gives it. A bad token or a
+    /// full context is refused before the cache changes; an error after that (a failed read)
+    /// leaves the cache broken, refused by every later call.
+    fn prefill(
+        &self,
+        tokens: &[u32],
+        cache: &mut Cache,
+        stats: &mut StepStats,
+    ) -> Result<Vec<f32>, ModelError> {
+        let c = &self.config;
+        if cache.broken {
+            return Err(ModelError::BrokenCache);
+        }
+        if tokens.is_empty() {
+            return Err(ModelError::EmptyPrompt);
+        }
+        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(ModelError::Token(token, c.vocab_size));
+        }
+        let last = cache.len + tokens.len() - 1;
+        if last >= c.max_position_embeddings {
+            return Err(ModelError::Position(last, c.max_position_embeddings));
+        }
+        let mut logits = Vec::new();
+        for (n, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
+            let wanted = (n + 1) * PREFILL_CHUNK >= tokens.len();
+            match self.forward_positions(chunk, wanted, cache, stats) {
+                Ok(out) => logits = out,
+                Err(e) => {
+                    cache.broken = true;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(logits)
+    }
+
+    /// Bytes of routed experts the cache holds now, and the most it held at once; `None` for a
+    /// resident run.
+    fn expert_memory(&self) -> Option<(u64, u64)> {
+        self.cache.as_ref().map(ExpertCache::usage)
+    }
+}
+
 impl<'a> KimiK3<'a> {
     /// The model with every weight resident.
     pub fn load(artifact: &'a Artifact, config: KimiK3Config) -> Result<KimiK3<'a>, ModelError> {
         KimiK3::build(artifact, config, None)
     }
 
-    /// The model with the routed experts of the layers `experts` maps streamed through a cache
-    /// of `cache_bytes`, `reads_in_flight` at a time; every other weight resident.
-    pub fn load_streamed(
+    /// The model as `plan` says: fully resident, or the routed experts of `plan.held_layers`
+    /// read now and held, the other layers' streamed through a cache of `plan.cache_bytes`.
+    pub fn load_planned(
         artifact: &'a Artifact,
         config: KimiK3Config,
+        plan: &Plan,
         experts: ExpertMap,
-        cache_bytes: u64,
-        reads_in_flight: usize,
     ) -> Result<KimiK3<'a>, ModelError> {
-        let streamed_layers = experts.iter().filter(|e| e.is_some()).count();
+        if let Some(&layer) = plan.streamed_layers.first() {
+            return Err(ModelError::Artifact(ArtifactError::Tensor {
+                name: format!("layer {layer}"),
+                reason:
+                    "is planned to stream its deterministic weights, which Kimi K3 runs resident"
+                        .into(),
+            }));
+        }
+        if plan.mode == Mode::Resident {
+            return KimiK3::build(artifact, config, None);
+        }
+        let experts = plan.streamed_experts(experts);
         let mut model = KimiK3::build(artifact, config, Some(&experts))?;
-        model.cache = Some(ExpertCache::new(cache_bytes, streamed_layers));
-        model.reads_in_flight = reads_in_flight;
+        model.cache = Some(ExpertCache::new(
+            plan.cache_bytes,
+            plan.moe_layers - plan.held_layers.len(),
+        ));
+        artifact.keep_read_buffers(plan.slot_pool_bytes);
+        model.reads_in_flight = plan.reads_in_flight;
         Ok(model)
     }
 
@@ -439,83 +582,6 @@ impl<'a> KimiK3<'a> {
             reads_in_flight: DEFAULT_READS_IN_FLIGHT,
             config,
         })
-    }
-
-    /// Bytes of routed experts the cache holds now, and the most it held at once; `None` for a
-    /// resident run.
-    pub fn expert_memory(&self) -> Option<(u64, u64)> {
-        self.cache.as_ref().map(ExpertCache::usage)
-    }
-
-    pub fn new_cache(&self) -> Cache {
-        let c = &self.config;
-        let k = &c.kda;
-        let channels = 3 * k.num_heads * k.head_dim;
-        let layers = (0..c.num_hidden_layers)
-            .map(|i| match c.is_kda(i) {
-                true => LayerCache::Kda {
-                    conv: vec![0f32; (k.short_conv_kernel_size - 1) * channels],
-                    state: vec![0f32; k.num_heads * k.head_dim * k.head_dim],
-                },
-                false => LayerCache::Mla {
-                    latent: Vec::new(),
-                    key: Vec::new(),
-                },
-            })
-            .collect();
-        Cache {
-            layers,
-            len: 0,
-            broken: false,
-        }
-    }
-
-    /// Runs `token` at the next position of `cache`, returning the logits.
-    pub fn step(
-        &self,
-        token: u32,
-        cache: &mut Cache,
-        stats: &mut StepStats,
-    ) -> Result<Vec<f32>, ModelError> {
-        self.prefill(&[token], cache, stats)
-    }
-
-    /// Runs `tokens` at the next positions of `cache`, [`PREFILL_CHUNK`] at a time, returning
-    /// the logits of the last; every position gets the bits `step` gives it. A bad token or a
-    /// full context is refused before the cache changes; an error after that (a failed read)
-    /// leaves the cache broken, refused by every later call.
-    pub fn prefill(
-        &self,
-        tokens: &[u32],
-        cache: &mut Cache,
-        stats: &mut StepStats,
-    ) -> Result<Vec<f32>, ModelError> {
-        let c = &self.config;
-        if cache.broken {
-            return Err(ModelError::BrokenCache);
-        }
-        if tokens.is_empty() {
-            return Err(ModelError::EmptyPrompt);
-        }
-        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-            return Err(ModelError::Token(token, c.vocab_size));
-        }
-        let last = cache.len + tokens.len() - 1;
-        if last >= c.max_position_embeddings {
-            return Err(ModelError::Position(last, c.max_position_embeddings));
-        }
-        let mut logits = Vec::new();
-        for (n, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
-            let wanted = (n + 1) * PREFILL_CHUNK >= tokens.len();
-            match self.forward_positions(chunk, wanted, cache, stats) {
-                Ok(out) => logits = out,
-                Err(e) => {
-                    cache.broken = true;
-                    return Err(e);
-                }
-            }
-        }
-        Ok(logits)
     }
 
     fn forward_positions(

@@ -26,6 +26,8 @@ pub enum ModelError {
         "this cache was left part-way through a step by an earlier error (its recurrent state is not that of any prefix); start a new generation"
     )]
     BrokenCache,
+    #[error("this cache was made by a model of another architecture")]
+    ForeignCache,
 }
 
 /// What one step read, for the run's figures.

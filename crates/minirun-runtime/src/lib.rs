@@ -12,6 +12,7 @@ pub mod kimi_k3;
 pub mod kimi_k3_config;
 pub mod layer_stream;
 pub mod layers;
+pub mod model;
 pub mod plan;
 pub mod rope;
 pub mod session;

@@ -29,8 +29,7 @@
 
 use crate::artifact::{Artifact, ArtifactError, PartLayout, StackLayout};
 use crate::budget::{Budget, human};
-use crate::config::DeepSeekV3Config;
-use crate::experts::{ExpertParts, routed_experts};
+use crate::experts::ExpertParts;
 use crate::layer_stream;
 
 /// Activations, the tokenizer and the runtime's own heap, beside the KV cache.
@@ -150,14 +149,31 @@ pub struct Plan {
 /// Every MoE layer's routed experts, by layer (`None` for a dense layer).
 pub type ExpertMap = Vec<Option<Vec<ExpertParts>>>;
 
+/// What the planner needs to know of an architecture (implemented by each model's config).
+pub trait Shape {
+    fn layer_count(&self) -> usize;
+    fn experts_per_token(&self) -> usize;
+    /// What the model's cache holds for a context of `context_tokens` positions.
+    fn cache_bytes(&self, context_tokens: usize) -> u64;
+    /// Where layer `layer`'s routed experts are stored; `None` for a dense layer.
+    fn routed_experts(
+        &self,
+        artifact: &Artifact,
+        layer: usize,
+    ) -> Option<Result<Vec<ExpertParts>, ArtifactError>>;
+    /// The deterministic matrices of layer `layer`, if the model can stream them (read for
+    /// each step); empty for a model that holds every layer's.
+    fn streamable_matrices(
+        &self,
+        artifact: &Artifact,
+        layer: usize,
+    ) -> Result<Vec<StackLayout>, ArtifactError>;
+}
+
 /// Where every routed expert of the model is.
-pub fn expert_map(artifact: &Artifact, c: &DeepSeekV3Config) -> Result<ExpertMap, ArtifactError> {
-    (0..c.num_hidden_layers)
-        .map(|layer| {
-            c.is_moe(layer)
-                .then(|| routed_experts(artifact, c, layer))
-                .transpose()
-        })
+pub fn expert_map(artifact: &Artifact, c: &impl Shape) -> Result<ExpertMap, ArtifactError> {
+    (0..c.layer_count())
+        .map(|layer| c.routed_experts(artifact, layer).transpose())
         .collect()
 }
 
@@ -188,11 +204,7 @@ struct Sizes {
     total: u64,
 }
 
-fn sizes(
-    artifact: &Artifact,
-    c: &DeepSeekV3Config,
-    experts: &ExpertMap,
-) -> Result<Sizes, ArtifactError> {
+fn sizes(artifact: &Artifact, c: &impl Shape, experts: &ExpertMap) -> Result<Sizes, ArtifactError> {
     let mut container_files = std::collections::BTreeSet::new();
     let mut pieces = 0u64;
     let (mut routed_bytes, mut read_max, mut alloc_max) = (0u64, 0, 0);
@@ -213,7 +225,7 @@ fn sizes(
             .flat_map(|e| [&e.gate.part, &e.up.part, &e.down.part]);
         expert_layers.push(ExpertLayer {
             index,
-            per_token: largest * c.num_experts_per_tok as u64,
+            per_token: largest * c.experts_per_token() as u64,
             hold: layer_stream::resident_bytes(artifact, parts),
         });
         for expert in layer {
@@ -233,9 +245,9 @@ fn sizes(
         .map(|&f| artifact.payload_file_bytes(f))
         .sum();
     let total = artifact.total_payload_bytes();
-    let layers = (0..c.num_hidden_layers)
+    let layers = (0..c.layer_count())
         .map(|i| {
-            let m: Vec<StackLayout> = layer_stream::layer_matrices(artifact, c, i)?;
+            let m: Vec<StackLayout> = c.streamable_matrices(artifact, i)?;
             Ok(DeterministicLayer {
                 resident: layer_stream::resident_bytes(artifact, layer_stream::parts(&m)),
                 read: layer_stream::read_bytes(&m),
@@ -258,7 +270,7 @@ impl Plan {
     /// Plans a run of at most `context_tokens` positions under `budget`.
     pub fn new(
         artifact: &Artifact,
-        c: &DeepSeekV3Config,
+        c: &impl Shape,
         experts: &ExpertMap,
         budget: Budget,
         context_tokens: usize,
@@ -266,13 +278,9 @@ impl Plan {
         let s = sizes(artifact, c, experts)?;
         // Payload sizes are bounded by Artifact::open; the config's counts are not, so the
         // products saturate (a saturated floor is refused like any other too-large one).
-        let kv_per_token = ((c.kv_lora_rank + c.qk_rope_head_dim) as u64)
-            .saturating_mul(4 * c.num_hidden_layers as u64);
-        let reserve_bytes =
-            FIXED_RESERVE.saturating_add(kv_per_token.saturating_mul(context_tokens as u64));
-        let slot_pool_bytes = s
-            .expert_alloc_max
-            .saturating_mul(c.num_experts_per_tok as u64);
+        let reserve_bytes = FIXED_RESERVE.saturating_add(c.cache_bytes(context_tokens));
+        let experts_per_token = c.experts_per_token();
+        let slot_pool_bytes = s.expert_alloc_max.saturating_mul(experts_per_token as u64);
         let deterministic_floor = s
             .resident_all
             .saturating_add(slot_pool_bytes)
@@ -302,7 +310,7 @@ impl Plan {
                 layer_pool: floor_pool,
                 layer: layer_alloc_max,
                 slot_pool: slot_pool_bytes,
-                experts_per_token: c.num_experts_per_tok,
+                experts_per_token,
                 expert: s.expert_alloc_max,
                 reserve: reserve_bytes,
                 context_tokens,
@@ -322,7 +330,7 @@ impl Plan {
             routed_bytes: s.routed_bytes,
             expert_read_bytes: s.expert_read_max,
             expert_allocated_bytes: s.expert_alloc_max,
-            experts_per_token: c.num_experts_per_tok,
+            experts_per_token,
             moe_layers,
             slot_pool_bytes,
             reserve_bytes,
@@ -333,7 +341,7 @@ impl Plan {
             deterministic_floor,
             everything,
             streamed_layers: Vec::new(),
-            layer_count: c.num_hidden_layers,
+            layer_count: c.layer_count(),
             read_ahead: true,
             reads_in_flight: DEFAULT_READS_IN_FLIGHT,
             layer_pool_bytes: 0,
@@ -380,6 +388,17 @@ impl Plan {
             }
         }
         spare
+    }
+
+    /// The experts a streamed run reads from storage: `experts` without the held layers'
+    /// (whose experts the model reads once and holds, as a resident run does).
+    pub fn streamed_experts(&self, mut experts: ExpertMap) -> ExpertMap {
+        for &layer in &self.held_layers {
+            if let Some(entry) = experts.get_mut(layer) {
+                *entry = None;
+            }
+        }
+        experts
     }
 
     /// The plan in lines, for the run's header.

@@ -8,10 +8,11 @@ use minirun_store::{HeldEvidence, SealKey, StoreError};
 
 use crate::artifact::{Access, Artifact, ArtifactError};
 use crate::budget::Budget;
-use crate::config::{ConfigError, DeepSeekV3Config};
-use crate::deepseek::{DeepSeekV3, ModelError};
+use crate::config::ConfigError;
 use crate::generate::{Figures, Sampling, StepRecord, generate};
-use crate::plan::{ExpertMap, Plan, PlanError, expert_map};
+use crate::layers::ModelError;
+use crate::model::{Architecture, Model};
+use crate::plan::{ExpertMap, Plan, PlanError};
 use crate::text::{Text, TextError};
 
 /// Why a session could not be opened or could not generate.
@@ -31,10 +32,6 @@ pub enum SessionError {
          `minirun verify {0}` (offline, against its own manifests); or run it anyway with --unverified."
     )]
     SpotCheckOnly(String),
-    #[error(
-        "{0}\nThis build runs DeepSeek-V3-architecture models only; Kimi K3's KDA linear attention, NoPE MLA with output gate, attention residuals and latent MoE are not implemented yet."
-    )]
-    ArchitectureNotImplemented(String),
     #[error(transparent)]
     Artifact(#[from] ArtifactError),
     #[error(transparent)]
@@ -50,28 +47,6 @@ pub enum SessionError {
 /// The evidence mode of a spot check (`minirun verify --spot-check`), which never authorizes a
 /// run.
 const SPOT_CHECK: &str = "spot-check";
-
-/// A Kimi K3 artifact is recognised, its configuration read fail-closed (so a malformed one is
-/// refused by name), and then refused as an architecture this build does not run, rather than
-/// as a DeepSeek-V3 config with an unknown `model_type`.
-fn refuse_kimi_k3(config_json: &str) -> Result<(), SessionError> {
-    let model_type = serde_json::from_str::<serde_json::Value>(config_json)
-        .ok()
-        .and_then(|v| v.get("model_type")?.as_str().map(str::to_string));
-    if model_type.as_deref() != Some("kimi_k3") {
-        return Ok(());
-    }
-    let k3 = crate::kimi_k3_config::KimiK3Config::parse(config_json)?;
-    Err(SessionError::ArchitectureNotImplemented(format!(
-        "config.json is Kimi K3 (kimi_k3): {} layers ({} KDA, {} MLA), {} routed experts ({} per token) in a latent width of {}",
-        k3.num_hidden_layers,
-        k3.kda.layers.len(),
-        k3.num_hidden_layers - k3.kda.layers.len(),
-        k3.num_experts,
-        k3.num_experts_per_token,
-        k3.routed_expert_hidden_size
-    )))
-}
 
 /// What the caller hears after each generated token.
 #[derive(Debug, Clone, Copy)]
@@ -98,7 +73,7 @@ pub struct Session {
     /// Whether payload opens only through held evidence.
     pub verified: bool,
     pub artifact: Artifact,
-    pub config: DeepSeekV3Config,
+    pub architecture: Architecture,
     pub text: Text,
 }
 
@@ -134,8 +109,7 @@ impl Session {
             },
         };
         let artifact = Artifact::open(path, access)?;
-        refuse_kimi_k3(&artifact.config_json)?;
-        let config = DeepSeekV3Config::parse(&artifact.config_json)?;
+        let architecture = Architecture::parse(&artifact.config_json)?;
         let text = Text::new(
             artifact.tokenizer_json.as_deref(),
             artifact.tokenizer_config_json.as_deref(),
@@ -144,20 +118,16 @@ impl Session {
             path: path.to_path_buf(),
             verified,
             artifact,
-            config,
+            architecture,
             text,
         })
     }
 
     /// What the run is, line by line, for the report's header.
     pub fn header(&self) -> Vec<String> {
-        let c = &self.config;
         vec![
             format!("artifact {}", self.path.display()),
-            format!(
-                "deepseek_v3: {} layers, {} routed experts ({} per token), vocab {}",
-                c.num_hidden_layers, c.n_routed_experts, c.num_experts_per_tok, c.vocab_size
-            ),
+            self.architecture.describe(),
             format!(
                 "{} bytes of weights resident",
                 self.artifact.payload_bytes()
@@ -178,14 +148,14 @@ impl Session {
 
     /// The ids that end generation: config.json's and the tokenizer config's EOS.
     pub fn stop_ids(&self) -> Vec<u32> {
-        let mut stop = self.config.eos_token_ids.clone();
+        let mut stop = self.architecture.eos_token_ids().to_vec();
         stop.extend(self.text.eos_id());
         stop
     }
 
     /// The model, every weight resident, computing from the artifact's stored bytes.
-    pub fn model(&self) -> Result<DeepSeekV3<'_>, SessionError> {
-        Ok(DeepSeekV3::load(&self.artifact, self.config.clone())?)
+    pub fn model(&self) -> Result<Model<'_>, SessionError> {
+        Ok(self.architecture.load(&self.artifact)?)
     }
 
     /// The memory plan for `budget` and a context of `context_tokens`, made before any payload
@@ -195,14 +165,13 @@ impl Session {
         budget: Budget,
         context_tokens: usize,
     ) -> Result<(Plan, ExpertMap), SessionError> {
-        let experts = expert_map(&self.artifact, &self.config).map_err(ModelError::from)?;
-        let plan = Plan::new(
-            &self.artifact,
-            &self.config,
-            &experts,
-            budget,
-            context_tokens,
-        )?;
+        let experts = self
+            .architecture
+            .expert_map(&self.artifact)
+            .map_err(ModelError::from)?;
+        let plan = self
+            .architecture
+            .plan(&self.artifact, &experts, budget, context_tokens)?;
         Ok((plan, experts))
     }
 
@@ -211,20 +180,17 @@ impl Session {
         &self,
         plan: &Plan,
         experts: ExpertMap,
-    ) -> Result<DeepSeekV3<'_>, SessionError> {
-        Ok(DeepSeekV3::load_planned(
-            &self.artifact,
-            self.config.clone(),
-            plan,
-            experts,
-        )?)
+    ) -> Result<Model<'_>, SessionError> {
+        Ok(self
+            .architecture
+            .load_planned(&self.artifact, plan, experts)?)
     }
 
     /// Generates from `prompt_ids`; `on_token` hears, after each token, the text that became
     /// final (see [`IncrementalText`]) and what the step cost.
     pub fn generate(
         &self,
-        model: &DeepSeekV3<'_>,
+        model: &Model<'_>,
         prompt_ids: &[u32],
         max_tokens: usize,
         sampling: Sampling,

@@ -19,6 +19,7 @@ use minirun_runtime::generate::argmax;
 use minirun_runtime::kimi_k3::KimiK3;
 use minirun_runtime::kimi_k3_config::KimiK3Config;
 use minirun_runtime::layers::{ModelError, StepStats};
+use minirun_runtime::model::Decoder;
 use serde_json::Value;
 
 const TOLERANCE: f32 = 1e-4;

@@ -22,6 +22,7 @@ use minirun_runtime::artifact::{Access, Artifact};
 use minirun_runtime::config::DeepSeekV3Config;
 use minirun_runtime::deepseek::{DeepSeekV3, StepStats};
 use minirun_runtime::generate::argmax;
+use minirun_runtime::model::Decoder;
 use minirun_runtime::text::Text;
 use serde_json::Value;
 

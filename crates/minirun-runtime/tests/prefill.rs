@@ -11,6 +11,7 @@ use minirun_runtime::budget::Budget;
 use minirun_runtime::config::DeepSeekV3Config;
 use minirun_runtime::deepseek::{DeepSeekV3, ModelError, PREFILL_CHUNK, StepStats};
 use minirun_runtime::generate::argmax;
+use minirun_runtime::model::Decoder;
 use minirun_runtime::plan::{Plan, expert_map};
 
 const FIXTURES: [&str; 3] = ["mlx-affine4-g64", "mlx-mxfp4", "hf-fp8-e8m0"];

@@ -11,6 +11,7 @@ use minirun_runtime::budget::Budget;
 use minirun_runtime::config::DeepSeekV3Config;
 use minirun_runtime::deepseek::{DeepSeekV3, StepStats};
 use minirun_runtime::generate::argmax;
+use minirun_runtime::model::Decoder;
 use minirun_runtime::plan::{Mode, Plan, PlanError, expert_map};
 
 /// Stacked MLX containers, per-expert FP8 containers, per-expert bf16 blob members.

@@ -1,0 +1,234 @@
+//! The seam between a run and the architectures: a [`Decoder`] runs tokens through its cache;
+//! [`Architecture`] is the config an artifact names, and [`Model`] the model built from it.
+
+use crate::artifact::{Artifact, ArtifactError};
+use crate::config::{ConfigError, DeepSeekV3Config};
+use crate::deepseek::{self, DeepSeekV3};
+use crate::kimi_k3::{self, KimiK3};
+use crate::kimi_k3_config::KimiK3Config;
+use crate::layers::{ModelError, StepStats};
+use crate::plan::{ExpertMap, Plan, Shape, expert_map};
+
+/// A model that turns tokens into next-token logits through a cache of what it has seen.
+pub trait Decoder {
+    type Cache;
+
+    fn new_cache(&self) -> Self::Cache;
+
+    /// Positions the cache holds.
+    fn cached(&self, cache: &Self::Cache) -> usize;
+
+    /// The most positions a cache may hold.
+    fn max_positions(&self) -> usize;
+
+    /// Runs `tokens` at the next positions of `cache`, returning the logits of the last.
+    fn prefill(
+        &self,
+        tokens: &[u32],
+        cache: &mut Self::Cache,
+        stats: &mut StepStats,
+    ) -> Result<Vec<f32>, ModelError>;
+
+    /// Runs `token` at the next position of `cache`, returning the logits.
+    fn step(
+        &self,
+        token: u32,
+        cache: &mut Self::Cache,
+        stats: &mut StepStats,
+    ) -> Result<Vec<f32>, ModelError> {
+        self.prefill(&[token], cache, stats)
+    }
+
+    /// Bytes of routed experts the expert cache holds now, and the most it held at once;
+    /// `None` for a resident run.
+    fn expert_memory(&self) -> Option<(u64, u64)>;
+}
+
+/// The architecture an artifact's `config.json` names, read fail-closed.
+#[derive(Debug, Clone)]
+pub enum Architecture {
+    DeepSeekV3(DeepSeekV3Config),
+    KimiK3(KimiK3Config),
+}
+
+impl Architecture {
+    /// `model_type` picks the reader: `kimi_k3` is Kimi K3's; every other one goes to the
+    /// DeepSeek-V3 reader, which names what it does not run.
+    pub fn parse(config_json: &str) -> Result<Architecture, ConfigError> {
+        let model_type = serde_json::from_str::<serde_json::Value>(config_json)
+            .ok()
+            .and_then(|v| v.get("model_type")?.as_str().map(str::to_string));
+        match model_type.as_deref() {
+            Some("kimi_k3") => Ok(Architecture::KimiK3(KimiK3Config::parse(config_json)?)),
+            _ => Ok(Architecture::DeepSeekV3(DeepSeekV3Config::parse(
+                config_json,
+            )?)),
+        }
+    }
+
+    pub fn eos_token_ids(&self) -> &[u32] {
+        match self {
+            Architecture::DeepSeekV3(c) => &c.eos_token_ids,
+            Architecture::KimiK3(c) => &c.eos_token_ids,
+        }
+    }
+
+    /// One line saying what the model is.
+    pub fn describe(&self) -> String {
+        match self {
+            Architecture::DeepSeekV3(c) => format!(
+                "deepseek_v3: {} layers, {} routed experts ({} per token), vocab {}",
+                c.num_hidden_layers, c.n_routed_experts, c.num_experts_per_tok, c.vocab_size
+            ),
+            Architecture::KimiK3(c) => format!(
+                "kimi_k3: {} layers ({} KDA, {} MLA), {} routed experts ({} per token) in a latent width of {}, vocab {}",
+                c.num_hidden_layers,
+                c.kda.layers.len(),
+                c.num_hidden_layers - c.kda.layers.len(),
+                c.num_experts,
+                c.num_experts_per_token,
+                c.routed_expert_hidden_size,
+                c.vocab_size
+            ),
+        }
+    }
+
+    fn shape(&self) -> &dyn ShapeOf {
+        match self {
+            Architecture::DeepSeekV3(c) => c,
+            Architecture::KimiK3(c) => c,
+        }
+    }
+
+    /// Where every routed expert of the model is.
+    pub fn expert_map(&self, artifact: &Artifact) -> Result<ExpertMap, ArtifactError> {
+        self.shape().experts_of(artifact)
+    }
+
+    /// The memory plan (see [`Plan::new`]).
+    pub fn plan(
+        &self,
+        artifact: &Artifact,
+        experts: &ExpertMap,
+        budget: crate::budget::Budget,
+        context_tokens: usize,
+    ) -> Result<Plan, crate::plan::PlanError> {
+        self.shape()
+            .plan_of(artifact, experts, budget, context_tokens)
+    }
+
+    /// The model, every weight resident.
+    pub fn load<'a>(&self, artifact: &'a Artifact) -> Result<Model<'a>, ModelError> {
+        Ok(match self {
+            Architecture::DeepSeekV3(c) => {
+                Model::DeepSeekV3(DeepSeekV3::load(artifact, c.clone())?)
+            }
+            Architecture::KimiK3(c) => Model::KimiK3(KimiK3::load(artifact, c.clone())?),
+        })
+    }
+
+    /// The model as `plan` says.
+    pub fn load_planned<'a>(
+        &self,
+        artifact: &'a Artifact,
+        plan: &Plan,
+        experts: ExpertMap,
+    ) -> Result<Model<'a>, ModelError> {
+        Ok(match self {
+            Architecture::DeepSeekV3(c) => Model::DeepSeekV3(DeepSeekV3::load_planned(
+                artifact,
+                c.clone(),
+                plan,
+                experts,
+            )?),
+            Architecture::KimiK3(c) => {
+                Model::KimiK3(KimiK3::load_planned(artifact, c.clone(), plan, experts)?)
+            }
+        })
+    }
+}
+
+/// [`Shape`]'s generic functions, callable through one reference whichever config it is.
+trait ShapeOf {
+    fn experts_of(&self, artifact: &Artifact) -> Result<ExpertMap, ArtifactError>;
+    fn plan_of(
+        &self,
+        artifact: &Artifact,
+        experts: &ExpertMap,
+        budget: crate::budget::Budget,
+        context_tokens: usize,
+    ) -> Result<Plan, crate::plan::PlanError>;
+}
+
+impl<S: Shape> ShapeOf for S {
+    fn experts_of(&self, artifact: &Artifact) -> Result<ExpertMap, ArtifactError> {
+        expert_map(artifact, self)
+    }
+
+    fn plan_of(
+        &self,
+        artifact: &Artifact,
+        experts: &ExpertMap,
+        budget: crate::budget::Budget,
+        context_tokens: usize,
+    ) -> Result<Plan, crate::plan::PlanError> {
+        Plan::new(artifact, self, experts, budget, context_tokens)
+    }
+}
+
+/// A model of an architecture this build runs.
+pub enum Model<'a> {
+    DeepSeekV3(DeepSeekV3<'a>),
+    KimiK3(KimiK3<'a>),
+}
+
+/// A [`Model`]'s cache.
+pub enum ModelCache {
+    DeepSeekV3(deepseek::Cache),
+    KimiK3(kimi_k3::Cache),
+}
+
+impl Decoder for Model<'_> {
+    type Cache = ModelCache;
+
+    fn new_cache(&self) -> ModelCache {
+        match self {
+            Model::DeepSeekV3(m) => ModelCache::DeepSeekV3(m.new_cache()),
+            Model::KimiK3(m) => ModelCache::KimiK3(m.new_cache()),
+        }
+    }
+
+    fn cached(&self, cache: &ModelCache) -> usize {
+        match cache {
+            ModelCache::DeepSeekV3(c) => c.len,
+            ModelCache::KimiK3(c) => c.len,
+        }
+    }
+
+    fn max_positions(&self) -> usize {
+        match self {
+            Model::DeepSeekV3(m) => m.max_positions(),
+            Model::KimiK3(m) => m.max_positions(),
+        }
+    }
+
+    fn prefill(
+        &self,
+        tokens: &[u32],
+        cache: &mut ModelCache,
+        stats: &mut StepStats,
+    ) -> Result<Vec<f32>, ModelError> {
+        match (self, cache) {
+            (Model::DeepSeekV3(m), ModelCache::DeepSeekV3(c)) => m.prefill(tokens, c, stats),
+            (Model::KimiK3(m), ModelCache::KimiK3(c)) => m.prefill(tokens, c, stats),
+            _ => Err(ModelError::ForeignCache),
+        }
+    }
+
+    fn expert_memory(&self) -> Option<(u64, u64)> {
+        match self {
+            Model::DeepSeekV3(m) => m.expert_memory(),
+            Model::KimiK3(m) => m.expert_memory(),
+        }
+    }
+}

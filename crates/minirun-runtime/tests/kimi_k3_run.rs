@@ -1,0 +1,127 @@
+//! Kimi K3 as `minirun run` runs it: opened through a session (which reads the architecture
+//! from config.json), planned under a budget, its routed experts streamed from storage at the
+//! floor with the resident run's logit bits, on 1 and 2 threads, reading exactly the plan's
+//! bytes; and generating mlx-lm's greedy continuation.
+
+mod common;
+
+use std::path::Path;
+
+use common::on_threads;
+use minirun_pack::{PackOptions, pack};
+use minirun_runtime::budget::Budget;
+use minirun_runtime::generate::{Sampling, argmax};
+use minirun_runtime::layers::StepStats;
+use minirun_runtime::model::{Architecture, Decoder, Model};
+use minirun_runtime::plan::{Mode, PlanError};
+use minirun_runtime::session::{Session, SessionError, Trust};
+
+const STEPS: usize = 12;
+
+fn packed(variant: &str) -> tempfile::TempDir {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/kimi-k3")
+        .join(variant);
+    let out = tempfile::tempdir().unwrap();
+    pack(&source, out.path(), &PackOptions::default(), &|_| {}).unwrap();
+    out
+}
+
+fn oracle_ids(variant: &str, key: &str) -> Vec<u32> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/kimi-k3")
+        .join(variant)
+        .join("oracle.json");
+    let oracle: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    oracle[key]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// The prompt, then `STEPS` greedy steps: every logit's bits, and the decode steps' figures.
+fn run(model: &Model, prompt: &[u32]) -> (Vec<u32>, StepStats) {
+    let mut cache = model.new_cache();
+    let mut logits = model
+        .prefill(prompt, &mut cache, &mut StepStats::default())
+        .unwrap();
+    let mut bits: Vec<u32> = logits.iter().map(|l| l.to_bits()).collect();
+    let mut decode = StepStats::default();
+    for _ in 0..STEPS {
+        let mut stats = StepStats::default();
+        logits = model.step(argmax(&logits), &mut cache, &mut stats).unwrap();
+        minirun_runtime::generate::accumulate(&mut decode, &stats);
+        bits.extend(logits.iter().map(|l| l.to_bits()));
+    }
+    (bits, decode)
+}
+
+#[test]
+fn the_session_generates_mlx_lms_greedy_continuation() {
+    let dir = packed("mlx-mxfp4");
+    let session = Session::open(dir.path(), Trust::Unverified).unwrap();
+    assert!(matches!(session.architecture, Architecture::KimiK3(_)));
+    assert!(session.header()[1].starts_with("kimi_k3: 6 layers (4 KDA, 2 MLA)"));
+    let model = session.model().unwrap();
+    let prompt = oracle_ids("mlx-mxfp4", "prompt_token_ids");
+    let generation = session
+        .generate(
+            &model,
+            &prompt,
+            32,
+            Sampling {
+                temperature: 0.0,
+                top_p: 1.0,
+                seed: 0,
+            },
+            &[],
+            |_| {},
+        )
+        .unwrap();
+    assert_eq!(
+        generation.generated_ids,
+        oracle_ids("mlx-mxfp4", "greedy_token_ids")
+    );
+}
+
+#[test]
+fn streamed_kimi_k3_has_the_resident_bits_and_reads_the_planned_bytes() {
+    // The published layout's quantization: only the routed experts are 4-bit.
+    let variant = "mlx-k3mix";
+    let dir = packed(variant);
+    let session = Session::open(dir.path(), Trust::Unverified).unwrap();
+    let prompt = oracle_ids(variant, "prompt_token_ids");
+    let resident = session.model().unwrap();
+    let (resident_bits, _) = run(&resident, &prompt);
+
+    let (plan, experts) = session.plan(Budget::Floor, 64).unwrap();
+    assert_eq!(plan.mode, Mode::Streamed);
+    assert!(plan.streamed_layers.is_empty());
+    assert_eq!(plan.moe_layers, 5);
+    // No cache at the floor: every step reads each layer's chosen experts.
+    assert_eq!(plan.cache_bytes, 0);
+    for threads in [1, 2] {
+        let streamed = session.planned_model(&plan, experts.clone()).unwrap();
+        let (bits, decode) = on_threads(threads, || run(&streamed, &prompt));
+        assert!(
+            bits == resident_bits,
+            "{threads} threads: streamed logits differ from resident"
+        );
+        assert_eq!(decode.expert_cache_hits, 0);
+        assert_eq!(
+            decode.expert_read_bytes,
+            plan.uncached_read_per_token * STEPS as u64,
+            "a step reads what the plan says"
+        );
+        let (_, peak) = streamed.expert_memory().unwrap();
+        assert!(peak <= plan.slot_pool_bytes);
+    }
+
+    let Err(SessionError::Plan(PlanError::BelowFloor(_))) =
+        session.plan(Budget::Bytes(plan.floor - 1), 64)
+    else {
+        panic!("a budget below the floor was planned");
+    };
+}
