@@ -101,6 +101,8 @@ pub struct Artifact {
     pub config_json: String,
     pub tokenizer_json: Option<String>,
     pub tokenizer_config_json: Option<String>,
+    /// Kimi K3's tokenizer vocabulary, when the artifact has one at its root.
+    pub tiktoken_model: Option<Vec<u8>>,
     /// What vouched for the bytes, in words for the run's header.
     pub provenance: String,
     files: ArtifactFiles,
@@ -389,12 +391,14 @@ impl Artifact {
         let tokenizer_config_json = read_metadata(&files, "tokenizer_config.json")?
             .map(|b| text("tokenizer_config.json", b))
             .transpose()?;
+        let tiktoken_model = read_metadata(&files, "tiktoken.model")?;
         let manifests = files.unit_manifests()?;
         let mut artifact = Artifact {
             root: root.to_path_buf(),
             config_json,
             tokenizer_json,
             tokenizer_config_json,
+            tiktoken_model,
             provenance,
             files,
             check_tile_digests,

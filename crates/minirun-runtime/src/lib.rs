@@ -10,6 +10,7 @@ pub mod generate;
 pub mod kernels;
 pub mod kimi_k3;
 pub mod kimi_k3_config;
+pub mod kimi_text;
 pub mod layer_stream;
 pub mod layers;
 pub mod model;

@@ -73,6 +73,13 @@ impl Architecture {
         }
     }
 
+    pub fn vocab_size(&self) -> usize {
+        match self {
+            Architecture::DeepSeekV3(c) => c.vocab_size,
+            Architecture::KimiK3(c) => c.vocab_size,
+        }
+    }
+
     /// One line saying what the model is.
     pub fn describe(&self) -> String {
         match self {

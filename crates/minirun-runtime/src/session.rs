@@ -110,10 +110,18 @@ impl Session {
         };
         let artifact = Artifact::open(path, access)?;
         let architecture = Architecture::parse(&artifact.config_json)?;
-        let text = Text::new(
+        let text = Text::open(
             artifact.tokenizer_json.as_deref(),
             artifact.tokenizer_config_json.as_deref(),
+            artifact.tiktoken_model.as_deref(),
         )?;
+        let vocab = architecture.vocab_size();
+        if text.vocab_size() > vocab {
+            return Err(SessionError::Text(TextError::Tokenizer(format!(
+                "the tokenizer has {} ids and the model's vocabulary {vocab}: some ids it produces have no embedding",
+                text.vocab_size()
+            ))));
+        }
         Ok(Session {
             path: path.to_path_buf(),
             verified,
@@ -140,8 +148,7 @@ impl Session {
     /// user message with the artifact's chat template, which carries its own.
     pub fn prompt_ids(&self, prompt: &str, chat: bool) -> Result<Vec<u32>, SessionError> {
         if chat {
-            let rendered = self.text.chat_prompt(prompt)?;
-            return Ok(self.text.encode(&rendered, false)?);
+            return Ok(self.text.chat_ids(prompt)?);
         }
         Ok(self.text.encode(prompt, true)?)
     }
@@ -149,7 +156,7 @@ impl Session {
     /// The ids that end generation: config.json's and the tokenizer config's EOS.
     pub fn stop_ids(&self) -> Vec<u32> {
         let mut stop = self.architecture.eos_token_ids().to_vec();
-        stop.extend(self.text.eos_id());
+        stop.extend(self.text.stop_ids());
         stop
     }
 

@@ -1,12 +1,17 @@
 //! Text in and out: the artifact's `tokenizer.json` (the `tokenizers` crate) and the chat
 //! template of its `tokenizer_config.json` (rendered with `minijinja`, with Python string
-//! methods as Hugging Face templates use them).
+//! methods as Hugging Face templates use them); or, without a `tokenizer.json`, Kimi K3's
+//! `tiktoken.model` and its chat template ([`crate::kimi_text`]).
 
 use serde_json::Value;
 
+use crate::kimi_text::KimiText;
+
 #[derive(Debug, thiserror::Error)]
 pub enum TextError {
-    #[error("the artifact has no tokenizer.json: this runtime reads Hugging Face tokenizers only")]
+    #[error(
+        "the artifact has neither a tokenizer.json (Hugging Face) nor a tiktoken.model (Kimi K3): this runtime reads those two only"
+    )]
     NoTokenizer,
     #[error("tokenizer.json: {0}")]
     Tokenizer(String),
@@ -21,8 +26,15 @@ pub enum TextError {
 }
 
 pub struct Text {
-    tokenizer: tokenizers::Tokenizer,
-    config: Option<Value>,
+    inner: Inner,
+}
+
+enum Inner {
+    HuggingFace {
+        tokenizer: Box<tokenizers::Tokenizer>,
+        config: Option<Value>,
+    },
+    Kimi(Box<KimiText>),
 }
 
 /// A special token in tokenizer_config.json: a string, or an object with `content`.
@@ -35,52 +47,106 @@ fn token_text(v: Option<&Value>) -> Option<String> {
 }
 
 impl Text {
+    /// A Hugging Face tokenizer (with its tokenizer_config.json) when there is a
+    /// `tokenizer.json`, else Kimi K3's from a `tiktoken.model`.
     pub fn new(
         tokenizer_json: Option<&str>,
         tokenizer_config_json: Option<&str>,
     ) -> Result<Text, TextError> {
-        let json = tokenizer_json.ok_or(TextError::NoTokenizer)?;
-        let tokenizer = tokenizers::Tokenizer::from_bytes(json.as_bytes())
-            .map_err(|e| TextError::Tokenizer(e.to_string()))?;
-        let config = tokenizer_config_json
-            .map(|t| serde_json::from_str(t).map_err(|e| TextError::Config(e.to_string())))
-            .transpose()?;
-        Ok(Text { tokenizer, config })
+        Text::open(tokenizer_json, tokenizer_config_json, None)
     }
 
-    /// Token ids of `text`; `special` adds what the tokenizer's post-processor adds (a BOS).
+    pub fn open(
+        tokenizer_json: Option<&str>,
+        tokenizer_config_json: Option<&str>,
+        tiktoken_model: Option<&[u8]>,
+    ) -> Result<Text, TextError> {
+        let inner = match (tokenizer_json, tiktoken_model) {
+            (Some(json), _) => Inner::HuggingFace {
+                tokenizer: Box::new(
+                    tokenizers::Tokenizer::from_bytes(json.as_bytes())
+                        .map_err(|e| TextError::Tokenizer(e.to_string()))?,
+                ),
+                config: tokenizer_config_json
+                    .map(|t| serde_json::from_str(t).map_err(|e| TextError::Config(e.to_string())))
+                    .transpose()?,
+            },
+            (None, Some(model)) => Inner::Kimi(Box::new(KimiText::parse(model)?)),
+            (None, None) => return Err(TextError::NoTokenizer),
+        };
+        Ok(Text { inner })
+    }
+
+    /// The number of ids the tokenizer can produce.
+    pub fn vocab_size(&self) -> usize {
+        match &self.inner {
+            Inner::HuggingFace { tokenizer, .. } => tokenizer.get_vocab_size(true),
+            Inner::Kimi(kimi) => kimi.vocab_size(),
+        }
+    }
+
+    /// Token ids of `text`; `special` adds what a Hugging Face tokenizer's post-processor adds
+    /// (a BOS). Kimi K3's tokenizer adds nothing.
     pub fn encode(&self, text: &str, special: bool) -> Result<Vec<u32>, TextError> {
-        let encoding = self
-            .tokenizer
-            .encode(text, special)
-            .map_err(|e| TextError::Tokenizer(e.to_string()))?;
-        Ok(encoding.get_ids().to_vec())
+        match &self.inner {
+            Inner::HuggingFace { tokenizer, .. } => {
+                let encoding = tokenizer
+                    .encode(text, special)
+                    .map_err(|e| TextError::Tokenizer(e.to_string()))?;
+                Ok(encoding.get_ids().to_vec())
+            }
+            Inner::Kimi(kimi) => kimi.encode(text),
+        }
     }
 
     pub fn decode(&self, ids: &[u32]) -> Result<String, TextError> {
-        self.tokenizer
-            .decode(ids, false)
-            .map_err(|e| TextError::Tokenizer(e.to_string()))
+        match &self.inner {
+            Inner::HuggingFace { tokenizer, .. } => tokenizer
+                .decode(ids, false)
+                .map_err(|e| TextError::Tokenizer(e.to_string())),
+            Inner::Kimi(kimi) => kimi.decode(ids),
+        }
     }
 
     /// The id of a token given by its text, if the vocabulary has it.
     pub fn token_id(&self, token: &str) -> Option<u32> {
-        self.tokenizer.token_to_id(token)
+        match &self.inner {
+            Inner::HuggingFace { tokenizer, .. } => tokenizer.token_to_id(token),
+            Inner::Kimi(kimi) => kimi.special_id(token),
+        }
     }
 
-    /// The EOS token named by tokenizer_config.json, as an id.
-    pub fn eos_id(&self) -> Option<u32> {
-        token_text(self.config.as_ref()?.get("eos_token")).and_then(|t| self.token_id(&t))
+    /// The ids that end a reply: tokenizer_config.json's EOS, or Kimi K3's `[EOS]`,
+    /// `<|end_of_msg|>` and `<|close|>`.
+    pub fn stop_ids(&self) -> Vec<u32> {
+        match &self.inner {
+            Inner::HuggingFace { config, .. } => config
+                .as_ref()
+                .and_then(|c| token_text(c.get("eos_token")))
+                .and_then(|t| self.token_id(&t))
+                .into_iter()
+                .collect(),
+            Inner::Kimi(kimi) => kimi.stop_ids(),
+        }
     }
 
-    /// One user message rendered with the chat template, ready for the assistant's reply.
-    pub fn chat_prompt(&self, user: &str) -> Result<String, TextError> {
-        self.render_chat(&[("user".to_string(), user.to_string())])
+    /// One user message in the chat template, ready for the assistant's reply, as ids.
+    pub fn chat_ids(&self, user: &str) -> Result<Vec<u32>, TextError> {
+        let messages = [("user".to_string(), user.to_string())];
+        match &self.inner {
+            Inner::HuggingFace { .. } => self.encode(&self.render_chat(&messages)?, false),
+            Inner::Kimi(kimi) => kimi.chat_ids(&messages),
+        }
     }
 
     /// `(role, content)` messages rendered with the chat template and the generation prompt.
     pub fn render_chat(&self, messages: &[(String, String)]) -> Result<String, TextError> {
-        let config = self.config.as_ref().ok_or(TextError::NoTemplate)?;
+        let Inner::HuggingFace { config, .. } = &self.inner else {
+            return Err(TextError::Template(
+                "Kimi K3's chat template is built in and gives ids, not text".into(),
+            ));
+        };
+        let config = config.as_ref().ok_or(TextError::NoTemplate)?;
         let template = config
             .get("chat_template")
             .and_then(Value::as_str)

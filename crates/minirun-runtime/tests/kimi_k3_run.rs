@@ -125,3 +125,60 @@ fn streamed_kimi_k3_has_the_resident_bits_and_reads_the_planned_bytes() {
         panic!("a budget below the floor was planned");
     };
 }
+
+/// The published K3 ships `tiktoken.model` and no `tokenizer.json`: a session then reads K3's
+/// tokenizer and chat template, and refuses a vocabulary with ids the model has no row for.
+#[test]
+fn without_a_tokenizer_json_the_session_reads_k3s_tiktoken_model() {
+    let dir = packed("mlx-mxfp4");
+    for name in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    ] {
+        std::fs::remove_file(dir.path().join(name)).unwrap();
+    }
+    // The 256 single bytes and nothing merged: 256 + 256 reserved ids, the model's 512.
+    use base64::Engine;
+    let bytes_only: String = (0..=255u8)
+        .map(|b| {
+            let token = base64::engine::general_purpose::STANDARD.encode([b]);
+            format!("{token} {b}\n")
+        })
+        .collect();
+    std::fs::write(dir.path().join("tiktoken.model"), bytes_only).unwrap();
+    let session = Session::open(dir.path(), Trust::Unverified).unwrap();
+    assert_eq!(session.prompt_ids("hi", false).unwrap(), vec![104, 105]);
+    let chat = session.prompt_ids("hi", true).unwrap();
+    let (open, sep) = (256 + 3, 256 + 5);
+    assert_eq!(chat.first(), Some(&open));
+    assert_eq!(chat.last(), Some(&sep));
+    assert!(chat.windows(2).any(|w| w == [104, 105]));
+    // config.json's EOS, then K3's [EOS], <|end_of_msg|> and <|close|>.
+    assert_eq!(session.stop_ids(), vec![1, 256 + 1, 256 + 2, 256 + 4]);
+    let model = session.model().unwrap();
+    let sampling = Sampling {
+        temperature: 0.0,
+        top_p: 1.0,
+        seed: 0,
+    };
+    let generation = session
+        .generate(&model, &chat, 8, sampling, &[], |_| {})
+        .unwrap();
+    assert_eq!(generation.generated_ids.len(), 8);
+
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/kimi-k3/tiktoken");
+    std::fs::copy(
+        fixture.join("tiktoken.model"),
+        dir.path().join("tiktoken.model"),
+    )
+    .unwrap();
+    let Err(err) = Session::open(dir.path(), Trust::Unverified) else {
+        panic!("a vocabulary larger than the model's opened");
+    };
+    assert!(
+        err.to_string()
+            .contains("931 ids and the model's vocabulary 512"),
+        "{err}"
+    );
+}
