@@ -8,13 +8,11 @@
 //! Both stored layouts run: MLX (`embed_q` / `unembed_out`, stacked `switch_mlp` experts) and
 //! Hugging Face / DeepSeek (`kv_b_proj` whole, per-expert tensors).
 
-use std::time::Instant;
-
 use crate::artifact::{Artifact, ArtifactError, Stack, StackLayout};
 use crate::config::DeepSeekV3Config;
 use crate::experts::{ExpertCache, ExpertParts, routed_experts};
 use crate::kernels::{Format, KernelError, QMatrix};
-use crate::layer_stream::{self, LoadedLayer};
+use crate::layer_stream::{self, LayerStream, LoadedLayer};
 use crate::layers::{
     Activation, Mlp, RoutedExperts, Routing, Streaming, add_rows, apply, apply_batch,
     attend_latent, rms_norm, run_routed, stacked_experts,
@@ -68,50 +66,19 @@ struct Layer<'a> {
     ffn: FeedForward<'a>,
 }
 
-/// A thread of the step's scope reading a streamed layer.
-type LayerHandle<'scope> =
-    std::thread::ScopedJoinHandle<'scope, Result<LoadedLayer, ArtifactError>>;
-
-/// Streamed layer `.0`, being read.
-type LayerRead<'scope> = (usize, LayerHandle<'scope>);
-
-/// The next streamed layer: being read, or read (kept from the previous step).
-enum Ahead<'scope> {
-    Reading(usize, LayerHandle<'scope>),
-    Read(usize, LoadedLayer),
-}
-
-/// The layer a read thread returned, or why it has none.
-fn joined(i: usize, handle: LayerHandle<'_>) -> Result<LoadedLayer, ArtifactError> {
-    handle.join().unwrap_or_else(|_| {
-        Err(ArtifactError::Tensor {
-            name: format!("model.layers.{i}"),
-            reason: "a read thread panicked".into(),
-        })
-    })
-}
-
-/// A layer's weights: held for the run, or its deterministic matrices read for each step (the
-/// layer is built from them, computes, and they are dropped).
-enum LayerWeights<'a> {
-    Held(Box<Layer<'a>>),
-    Streamed(Vec<StackLayout>),
-}
-
 pub struct DeepSeekV3<'a> {
     pub config: DeepSeekV3Config,
     artifact: &'a Artifact,
     /// Streamed runs' loaded experts.
     cache: Option<ExpertCache>,
     embed: QMatrix<'a>,
-    layers: Vec<LayerWeights<'a>>,
+    /// Each layer's weights held for the run, or `None` where the layer's deterministic
+    /// matrices stream (read for each step by `stream`; the layer is built from them, computes,
+    /// and they are dropped).
+    layers: Vec<Option<Box<Layer<'a>>>>,
+    stream: LayerStream,
     /// Where the routed experts are, for streamed runs (streamed layers are rebuilt each step).
     experts: Option<ExpertMap>,
-    /// Whether a streamed layer's matrices are read while the layer before it computes (and
-    /// the first one while the previous step's last layers compute).
-    read_ahead: bool,
-    /// The first streamed layer, read during the previous step's last layers.
-    next_step_layer: std::sync::Mutex<Option<(usize, LoadedLayer)>>,
     /// Threads reading a layer's chosen experts.
     reads_in_flight: usize,
     norm: Vec<f32>,
@@ -486,7 +453,7 @@ impl<'a> DeepSeekV3<'a> {
                 let mut model =
                     DeepSeekV3::build(artifact, config, Some(experts), &plan.streamed_layers)?;
                 model.cache = Some(cache);
-                model.read_ahead = plan.read_ahead;
+                model.stream.read_ahead = plan.read_ahead;
                 // What a step frees (its uncached experts, its streamed layers) the next one
                 // reads into again; the plan set that much aside for reads in flight.
                 artifact.keep_read_buffers(plan.slot_pool_bytes + plan.layer_pool_bytes);
@@ -499,21 +466,29 @@ impl<'a> DeepSeekV3<'a> {
     fn build(
         artifact: &'a Artifact,
         config: DeepSeekV3Config,
-        streamed: Option<ExpertMap>,
+        streamed_experts: Option<ExpertMap>,
         streamed_layers: &[usize],
     ) -> Result<DeepSeekV3<'a>, ModelError> {
         let c = &config;
         let loader = Loader {
             artifact,
             source: Source::Resident(artifact),
-            streamed: streamed.as_ref(),
+            streamed: streamed_experts.as_ref(),
         };
-        let layers = (0..c.num_hidden_layers)
-            .map(|i| match streamed_layers.contains(&i) {
-                true => layer_stream::layer_matrices(artifact, c, i).map(LayerWeights::Streamed),
-                false => loader.layer(i, c).map(|l| LayerWeights::Held(Box::new(l))),
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        let mut streamed = Vec::with_capacity(c.num_hidden_layers);
+        for i in 0..c.num_hidden_layers {
+            match streamed_layers.contains(&i) {
+                true => {
+                    streamed.push(Some(layer_stream::layer_matrices(artifact, c, i)?));
+                    layers.push(None);
+                }
+                false => {
+                    streamed.push(None);
+                    layers.push(Some(Box::new(loader.layer(i, c)?)));
+                }
+            }
+        }
         let embed = loader.one("model.embed_tokens", c.vocab_size, c.hidden_size)?;
         let lm_head = loader.one("lm_head", c.vocab_size, c.hidden_size)?;
         Ok(DeepSeekV3 {
@@ -523,9 +498,8 @@ impl<'a> DeepSeekV3<'a> {
             rope: Rope::new(c.qk_rope_head_dim, c.rope_theta, c.rope_scaling.as_ref()),
             scale: attention_scale(c.q_head_dim(), c.rope_scaling.as_ref()),
             layers,
-            experts: streamed,
-            read_ahead: true,
-            next_step_layer: std::sync::Mutex::new(None),
+            stream: LayerStream::new(streamed),
+            experts: streamed_experts,
             reads_in_flight: DEFAULT_READS_IN_FLIGHT,
             artifact,
             cache: None,
@@ -581,110 +555,45 @@ impl<'a> DeepSeekV3<'a> {
             stats.weight_bytes += (self.embed.stored_bytes() / self.embed.rows) as u64;
             hs.push(h);
         }
-        std::thread::scope(|scope| {
-            let next_step = self.run_layers(scope, &mut hs, cache, stats)?;
-            cache.len += tokens.len();
-            let out = match (logits, hs.last()) {
-                (true, Some(h)) => {
-                    let x = rms_norm(h, &self.norm, c.rms_norm_eps);
-                    apply(&self.lm_head, &x, stats)?
-                }
-                _ => Vec::new(),
-            };
-            if let Some(read) = next_step {
-                self.keep_for_next_step(read, stats);
-            }
-            Ok(out)
-        })
-    }
-
-    /// Every layer in order. A streamed layer's matrices are read when it is reached, or, with
-    /// read-ahead, while the layer before it computes (on a thread of `scope`, so at most two
-    /// streamed layers are in memory); the time spent waiting for them is I/O time. With
-    /// read-ahead, the last streamed layer starts reading the first one for the next step and
-    /// returns that read; the caller keeps it for the next step ([`Self::keep_for_next_step`]).
-    fn run_layers<'scope, 'env>(
-        &'env self,
-        scope: &'scope std::thread::Scope<'scope, 'env>,
-        hs: &mut [Vec<f32>],
-        cache: &mut Cache,
-        stats: &mut StepStats,
-    ) -> Result<Option<LayerRead<'scope>>, ModelError> {
-        let read = move |i: usize| -> Result<LoadedLayer, ArtifactError> {
-            match &self.layers[i] {
-                LayerWeights::Streamed(matrices) => LoadedLayer::read(self.artifact, matrices),
-                LayerWeights::Held(_) => Err(ArtifactError::Tensor {
-                    name: format!("model.layers.{i}"),
-                    reason: "is held, not streamed".into(),
-                }),
-            }
-        };
-        let next_streamed = |after: Option<usize>| {
-            (after.map_or(0, |i| i + 1)..self.layers.len())
-                .find(|&j| matches!(self.layers[j], LayerWeights::Streamed(_)))
-        };
-        let spawn = |j: usize| (j, scope.spawn(move || read(j)));
-        let kept = self.next_step_layer.lock().ok().and_then(|mut k| k.take());
-        let mut ahead = match (kept, self.read_ahead) {
-            (Some((j, layer)), _) => Some(Ahead::Read(j, layer)),
-            (None, true) => next_streamed(None).map(|j| {
-                let (j, handle) = spawn(j);
-                Ahead::Reading(j, handle)
-            }),
-            (None, false) => None,
-        };
-        let mut next_step = None;
-        for (i, weights) in self.layers.iter().enumerate() {
-            let loaded;
-            let layer = match weights {
-                LayerWeights::Held(layer) => layer,
-                LayerWeights::Streamed(_) => {
-                    let started = Instant::now();
-                    loaded = match ahead.take() {
-                        Some(Ahead::Reading(j, handle)) if j == i => joined(i, handle)?,
-                        Some(Ahead::Read(j, layer)) if j == i => layer,
-                        _ => read(i)?,
-                    };
-                    stats.io_time += started.elapsed();
-                    stats.layer_read_bytes += loaded.read_bytes;
-                    stats.direct_reads += loaded.direct_reads;
-                    stats.buffered_reads += loaded.buffered_reads;
-                    if self.read_ahead {
-                        match next_streamed(Some(i)) {
-                            Some(j) => {
-                                let (j, handle) = spawn(j);
-                                ahead = Some(Ahead::Reading(j, handle));
-                            }
-                            None => next_step = next_streamed(None).map(spawn),
-                        }
+        let mut state = (hs, cache);
+        self.stream.run(
+            self.artifact,
+            &mut state,
+            stats,
+            |(hs, cache), i, loaded, stats| {
+                let built;
+                let layer = match (loaded, &self.layers[i]) {
+                    (Some(loaded), _) => {
+                        built = self.streamed_layer(i, loaded)?;
+                        &built
                     }
-                    &self.streamed_layer(i, &loaded)?
+                    (None, Some(layer)) => layer,
+                    (None, None) => {
+                        return Err(ModelError::Artifact(ArtifactError::Tensor {
+                            name: format!("model.layers.{i}"),
+                            reason: "is neither held nor streamed".into(),
+                        }));
+                    }
+                };
+                self.run_layer(layer, i, hs, cache, stats)
+            },
+            |(hs, cache), stats| {
+                cache.len += tokens.len();
+                match (logits, hs.last()) {
+                    (true, Some(h)) => {
+                        let x = rms_norm(h, &self.norm, c.rms_norm_eps);
+                        Ok(apply(&self.lm_head, &x, stats)?)
+                    }
+                    _ => Ok(Vec::new()),
                 }
-            };
-            self.run_layer(layer, i, hs, cache, stats)?;
-        }
-        Ok(next_step)
+            },
+        )
     }
 
     /// The streamed layer already read for the next step, if any (read-ahead reads the first
     /// one while a step's last layers compute).
     pub fn layer_read_for_next_step(&self) -> Option<usize> {
-        self.next_step_layer
-            .lock()
-            .ok()
-            .and_then(|kept| kept.as_ref().map(|(j, _)| *j))
-    }
-
-    /// Waits for the read of the next step's first streamed layer and keeps it; a read that
-    /// failed is dropped (the next step reads the layer itself, and reports the failure).
-    fn keep_for_next_step(&self, read: LayerRead<'_>, stats: &mut StepStats) {
-        let (j, handle) = read;
-        let started = Instant::now();
-        let layer = joined(j, handle);
-        stats.io_time += started.elapsed();
-        if let (Ok(layer), Ok(mut kept)) = (layer, self.next_step_layer.lock()) {
-            *kept = Some((j, layer));
-        }
+        self.stream.read_for_next_step()
     }
 
     fn run_layer(

@@ -5,9 +5,11 @@
 //! stored bytes, as a resident layer's are, so the output has the same bits.
 
 use std::collections::HashMap;
+use std::time::Instant;
 
 use crate::artifact::{Artifact, ArtifactError, LoadedPart, PartLayout, Stack, StackLayout};
 use crate::config::DeepSeekV3Config;
+use crate::layers::{ModelError, StepStats};
 
 /// Every deterministic matrix of layer `layer`, as stored, without reading it. The model's
 /// builder asks for exactly these (a streamed layer that missed one would be refused by
@@ -180,5 +182,141 @@ impl LoadedLayer {
             layout.cols,
             matrices,
         ))
+    }
+}
+
+/// A thread of a step's scope reading a streamed layer.
+type LayerHandle<'scope> =
+    std::thread::ScopedJoinHandle<'scope, Result<LoadedLayer, ArtifactError>>;
+
+/// The next streamed layer: being read, or read (kept from the previous step).
+enum Ahead<'scope> {
+    Reading(usize, LayerHandle<'scope>),
+    Read(usize, LoadedLayer),
+}
+
+/// The layer a read thread returned, or why it has none.
+fn joined(i: usize, handle: LayerHandle<'_>) -> Result<LoadedLayer, ArtifactError> {
+    handle.join().unwrap_or_else(|_| {
+        Err(ArtifactError::Tensor {
+            name: format!("layer {i}"),
+            reason: "a read thread panicked".into(),
+        })
+    })
+}
+
+/// Which layers stream their deterministic weights, and the reads in flight: with read-ahead,
+/// a streamed layer's matrices are read while the layer before it computes (so at most two
+/// streamed layers are in memory), and the first one of the next step while the step's last
+/// layers and its logits compute.
+pub struct LayerStream {
+    /// Per layer, the matrices read for each step; `None` for a held layer.
+    streamed: Vec<Option<Vec<StackLayout>>>,
+    pub read_ahead: bool,
+    /// The first streamed layer, read during the previous step.
+    kept: std::sync::Mutex<Option<(usize, LoadedLayer)>>,
+}
+
+impl LayerStream {
+    pub fn new(streamed: Vec<Option<Vec<StackLayout>>>) -> LayerStream {
+        LayerStream {
+            streamed,
+            read_ahead: true,
+            kept: std::sync::Mutex::new(None),
+        }
+    }
+
+    pub fn is_streamed(&self, layer: usize) -> bool {
+        matches!(self.streamed.get(layer), Some(Some(_)))
+    }
+
+    /// The streamed layer already read for the next step, if any.
+    pub fn read_for_next_step(&self) -> Option<usize> {
+        self.kept
+            .lock()
+            .ok()
+            .and_then(|kept| kept.as_ref().map(|(j, _)| *j))
+    }
+
+    fn next_streamed(&self, after: Option<usize>) -> Option<usize> {
+        (after.map_or(0, |i| i + 1)..self.streamed.len()).find(|&j| self.is_streamed(j))
+    }
+
+    fn read(&self, artifact: &Artifact, i: usize) -> Result<LoadedLayer, ArtifactError> {
+        match self.streamed.get(i) {
+            Some(Some(matrices)) => LoadedLayer::read(artifact, matrices),
+            _ => Err(ArtifactError::Tensor {
+                name: format!("layer {i}"),
+                reason: "is held, not streamed".into(),
+            }),
+        }
+    }
+
+    /// Every layer in order through `run_layer` (handed a streamed layer's matrices, read for
+    /// this step; `None` for a held layer), then `finish`. The time spent waiting for reads is
+    /// I/O time.
+    pub fn run<S, T>(
+        &self,
+        artifact: &Artifact,
+        state: &mut S,
+        stats: &mut StepStats,
+        mut run_layer: impl FnMut(
+            &mut S,
+            usize,
+            Option<&LoadedLayer>,
+            &mut StepStats,
+        ) -> Result<(), ModelError>,
+        finish: impl FnOnce(&mut S, &mut StepStats) -> Result<T, ModelError>,
+    ) -> Result<T, ModelError> {
+        std::thread::scope(|scope| {
+            let spawn = |j: usize| (j, scope.spawn(move || self.read(artifact, j)));
+            let kept = self.kept.lock().ok().and_then(|mut k| k.take());
+            let mut ahead = match (kept, self.read_ahead) {
+                (Some((j, layer)), _) => Some(Ahead::Read(j, layer)),
+                (None, true) => self.next_streamed(None).map(|j| {
+                    let (j, handle) = spawn(j);
+                    Ahead::Reading(j, handle)
+                }),
+                (None, false) => None,
+            };
+            let mut next_step = None;
+            for i in 0..self.streamed.len() {
+                if !self.is_streamed(i) {
+                    run_layer(state, i, None, stats)?;
+                    continue;
+                }
+                let started = Instant::now();
+                let loaded = match ahead.take() {
+                    Some(Ahead::Reading(j, handle)) if j == i => joined(i, handle)?,
+                    Some(Ahead::Read(j, layer)) if j == i => layer,
+                    _ => self.read(artifact, i)?,
+                };
+                stats.io_time += started.elapsed();
+                stats.layer_read_bytes += loaded.read_bytes;
+                stats.direct_reads += loaded.direct_reads;
+                stats.buffered_reads += loaded.buffered_reads;
+                if self.read_ahead {
+                    match self.next_streamed(Some(i)) {
+                        Some(j) => {
+                            let (j, handle) = spawn(j);
+                            ahead = Some(Ahead::Reading(j, handle));
+                        }
+                        None => next_step = self.next_streamed(None).map(spawn),
+                    }
+                }
+                run_layer(state, i, Some(&loaded), stats)?;
+            }
+            let out = finish(state, stats)?;
+            if let Some((j, handle)) = next_step {
+                // A failed read is dropped: the next step reads the layer itself and reports it.
+                let started = Instant::now();
+                let layer = joined(j, handle);
+                stats.io_time += started.elapsed();
+                if let (Ok(layer), Ok(mut kept)) = (layer, self.kept.lock()) {
+                    *kept = Some((j, layer));
+                }
+            }
+            Ok(out)
+        })
     }
 }
