@@ -12,7 +12,7 @@ use crate::artifact::{Artifact, ArtifactError, Stack, StackLayout};
 use crate::config::DeepSeekV3Config;
 use crate::experts::{ExpertCache, ExpertParts, routed_experts};
 use crate::kernels::{Format, KernelError, QMatrix};
-use crate::layer_stream::{self, LayerStream, LoadedLayer};
+use crate::layer_stream::{self, LayerStream, LoadedLayer, Source};
 use crate::layers::{
     Activation, Mlp, RoutedExperts, Routing, Streaming, add_rows, apply, apply_batch,
     attend_latent, rms_norm, run_routed, stacked_experts,
@@ -92,23 +92,6 @@ pub struct Cache {
     latent: Vec<Vec<f32>>,
     rope_key: Vec<Vec<f32>>,
     pub len: usize,
-}
-
-/// Where a layer's matrices come from: the artifact's resident bytes, or a streamed layer's
-/// bytes read for this step.
-#[derive(Clone, Copy)]
-enum Source<'a> {
-    Resident(&'a Artifact),
-    Streamed(&'a LoadedLayer),
-}
-
-impl<'a> Source<'a> {
-    fn matrix(&self, module: &str, rows: usize, cols: usize) -> Result<Stack<'a>, ArtifactError> {
-        match self {
-            Source::Resident(artifact) => artifact.matrix(module, rows, cols),
-            Source::Streamed(layer) => layer.stack(module, rows, cols),
-        }
-    }
 }
 
 struct Loader<'a, 'm> {

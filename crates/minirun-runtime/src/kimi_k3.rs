@@ -16,6 +16,7 @@ use crate::artifact::{Artifact, ArtifactError, Stack, StackLayout};
 use crate::experts::{ExpertCache, ExpertParts, routed_experts};
 use crate::kernels::{KernelError, QMatrix};
 use crate::kimi_k3_config::KimiK3Config;
+use crate::layer_stream::{LayerStream, LoadedLayer, Source};
 use crate::layers::{
     Activation, Mlp, ModelError, RoutedExperts, Routing, StepStats, Streaming, add_rows, apply,
     apply_batch, attend_latent, rms_norm, run_routed, sigmoid, silu, stacked_experts,
@@ -117,7 +118,13 @@ pub struct KimiK3<'a> {
     pub config: KimiK3Config,
     artifact: &'a Artifact,
     embed: QMatrix<'a>,
-    layers: Vec<Layer<'a>>,
+    /// Each layer held for the run, or `None` where its deterministic matrices stream (read
+    /// for each step by `stream`).
+    layers: Vec<Option<Box<Layer<'a>>>>,
+    stream: LayerStream,
+    root: &'static str,
+    /// Where the routed experts are, for streamed runs (streamed layers are rebuilt each step).
+    experts: Option<ExpertMap>,
     output_mix: Vec<f32>,
     norm: Vec<f32>,
     lm_head: QMatrix<'a>,
@@ -146,7 +153,10 @@ fn name_root(artifact: &Artifact) -> Result<&'static str, ArtifactError> {
 }
 
 struct Loader<'a, 'm> {
+    /// Names, vectors and held routed experts come from the artifact; the deterministic
+    /// matrices from `source`.
     artifact: &'a Artifact,
+    source: Source<'a>,
     c: &'m KimiK3Config,
     root: &'static str,
     /// Where each MoE layer's routed experts are, for a streamed run.
@@ -155,14 +165,14 @@ struct Loader<'a, 'm> {
 
 impl<'a> Loader<'a, '_> {
     fn one(&self, module: &str, rows: usize, cols: usize) -> Result<QMatrix<'a>, ArtifactError> {
-        self.artifact
+        self.source
             .matrix(module, rows, cols)?
             .single(&format!("{module}.weight"))
     }
 
     fn heads(&self, module: &str, rows: usize, cols: usize) -> Result<Stack<'a>, ArtifactError> {
         let heads = self.c.num_attention_heads;
-        let s = self.artifact.matrix(module, rows, cols)?;
+        let s = self.source.matrix(module, rows, cols)?;
         if s.len() != heads {
             return Err(ArtifactError::Tensor {
                 name: format!("{module}.weight"),
@@ -379,6 +389,65 @@ impl Blocks {
     }
 }
 
+/// Every deterministic matrix of layer `i`, `(module, rows, cols)`: what the loader asks the
+/// layer's source for, so what a streamed layer reads each step.
+fn layer_matrices(c: &KimiK3Config, root: &str, i: usize) -> Vec<(String, usize, usize)> {
+    let hidden = c.hidden_size;
+    let attn = format!("{root}model.layers.{i}.self_attn");
+    let mlp = format!("{root}model.layers.{i}.mlp");
+    let mut wanted = Vec::new();
+    let mut add = |module: &str, name: &str, rows: usize, cols: usize| {
+        wanted.push((format!("{module}.{name}"), rows, cols));
+    };
+    if c.is_kda(i) {
+        let (heads, dim) = (c.kda.num_heads, c.kda.head_dim);
+        let projection = heads * dim;
+        add(&attn, "qkv_proj", 3 * projection, hidden);
+        add(&attn, "f_a_proj", dim, hidden);
+        add(&attn, "f_b_proj", projection, dim);
+        add(&attn, "b_proj", heads, hidden);
+        add(&attn, "g_proj", projection, hidden);
+        add(&attn, "o_proj", hidden, projection);
+    } else {
+        let heads = c.num_attention_heads;
+        let q_head = c.qk_nope_head_dim + c.qk_rope_head_dim;
+        add(&attn, "q_a_proj", c.q_lora_rank, hidden);
+        add(&attn, "q_b_proj", heads * q_head, c.q_lora_rank);
+        add(
+            &attn,
+            "kv_a_proj_with_mqa",
+            c.kv_lora_rank + c.qk_rope_head_dim,
+            hidden,
+        );
+        add(&attn, "embed_q", c.kv_lora_rank, c.qk_nope_head_dim);
+        add(&attn, "unembed_out", c.v_head_dim, c.kv_lora_rank);
+        if c.mla_use_output_gate {
+            add(&attn, "g_proj", heads * c.v_head_dim, hidden);
+        }
+        add(&attn, "o_proj", hidden, heads * c.v_head_dim);
+    }
+    let mut add_mlp = |prefix: String, inner: usize| {
+        wanted.push((format!("{prefix}.gate_proj"), inner, hidden));
+        wanted.push((format!("{prefix}.up_proj"), inner, hidden));
+        wanted.push((format!("{prefix}.down_proj"), hidden, inner));
+    };
+    if c.is_moe(i) {
+        if c.num_shared_experts > 0 {
+            add_mlp(
+                format!("{mlp}.shared_experts"),
+                c.moe_intermediate_size * c.num_shared_experts,
+            );
+        }
+        let latent = c.routed_expert_hidden_size;
+        wanted.push((format!("{mlp}.gate"), c.num_experts, hidden));
+        wanted.push((format!("{mlp}.routed_expert_down_proj"), latent, hidden));
+        wanted.push((format!("{mlp}.routed_expert_up_proj"), hidden, latent));
+    } else {
+        add_mlp(mlp, c.intermediate_size);
+    }
+    wanted
+}
+
 impl Shape for KimiK3Config {
     fn layer_count(&self) -> usize {
         self.num_hidden_layers
@@ -418,13 +487,16 @@ impl Shape for KimiK3Config {
         })
     }
 
-    /// K3 holds every layer's deterministic weights: none stream.
     fn streamable_matrices(
         &self,
-        _artifact: &Artifact,
-        _layer: usize,
+        artifact: &Artifact,
+        layer: usize,
     ) -> Result<Vec<StackLayout>, ArtifactError> {
-        Ok(Vec::new())
+        let root = name_root(artifact)?;
+        layer_matrices(self, root, layer)
+            .iter()
+            .map(|(module, rows, cols)| artifact.stack_layout(module, *rows, *cols))
+            .collect()
     }
 }
 
@@ -510,7 +582,7 @@ impl Decoder for KimiK3<'_> {
 impl<'a> KimiK3<'a> {
     /// The model with every weight resident.
     pub fn load(artifact: &'a Artifact, config: KimiK3Config) -> Result<KimiK3<'a>, ModelError> {
-        KimiK3::build(artifact, config, None)
+        KimiK3::build(artifact, config, None, &[])
     }
 
     /// The model as `plan` says: fully resident, or the routed experts of `plan.held_layers`
@@ -521,24 +593,19 @@ impl<'a> KimiK3<'a> {
         plan: &Plan,
         experts: ExpertMap,
     ) -> Result<KimiK3<'a>, ModelError> {
-        if let Some(&layer) = plan.streamed_layers.first() {
-            return Err(ModelError::Artifact(ArtifactError::Tensor {
-                name: format!("layer {layer}"),
-                reason:
-                    "is planned to stream its deterministic weights, which Kimi K3 runs resident"
-                        .into(),
-            }));
-        }
         if plan.mode == Mode::Resident {
-            return KimiK3::build(artifact, config, None);
+            return KimiK3::build(artifact, config, None, &[]);
         }
         let experts = plan.streamed_experts(experts);
-        let mut model = KimiK3::build(artifact, config, Some(&experts))?;
+        let mut model = KimiK3::build(artifact, config, Some(experts), &plan.streamed_layers)?;
         model.cache = Some(ExpertCache::new(
             plan.cache_bytes,
             plan.moe_layers - plan.held_layers.len(),
         ));
-        artifact.keep_read_buffers(plan.slot_pool_bytes);
+        model.stream.read_ahead = plan.read_ahead;
+        // What a step frees (its uncached experts, its streamed layers) the next one reads
+        // into again; the plan set that much aside for reads in flight.
+        artifact.keep_read_buffers(plan.slot_pool_bytes + plan.layer_pool_bytes);
         model.reads_in_flight = plan.reads_in_flight;
         Ok(model)
     }
@@ -546,19 +613,32 @@ impl<'a> KimiK3<'a> {
     fn build(
         artifact: &'a Artifact,
         config: KimiK3Config,
-        streamed: Option<&ExpertMap>,
+        experts: Option<ExpertMap>,
+        streamed_layers: &[usize],
     ) -> Result<KimiK3<'a>, ModelError> {
         let root = name_root(artifact)?;
         let c = &config;
         let loader = Loader {
             artifact,
+            source: Source::Resident(artifact),
             c,
             root,
-            streamed,
+            streamed: experts.as_ref(),
         };
-        let layers = (0..c.num_hidden_layers)
-            .map(|i| loader.layer(i))
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        let mut streamed = Vec::with_capacity(c.num_hidden_layers);
+        for i in 0..c.num_hidden_layers {
+            match streamed_layers.contains(&i) {
+                true => {
+                    streamed.push(Some(c.streamable_matrices(artifact, i)?));
+                    layers.push(None);
+                }
+                false => {
+                    streamed.push(None);
+                    layers.push(Some(Box::new(loader.layer(i)?)));
+                }
+            }
+        }
         let embed = loader.one(
             &format!("{root}model.embed_tokens"),
             c.vocab_size,
@@ -577,6 +657,9 @@ impl<'a> KimiK3<'a> {
             )?,
             norm: artifact.vector(&format!("{root}model.norm.weight"), c.hidden_size)?,
             layers,
+            stream: LayerStream::new(streamed),
+            root,
+            experts,
             artifact,
             cache: None,
             reads_in_flight: DEFAULT_READS_IN_FLIGHT,
@@ -599,24 +682,73 @@ impl<'a> KimiK3<'a> {
             stats.weight_bytes += (self.embed.stored_bytes() / self.embed.rows) as u64;
             partials.push(h);
         }
-        let mut blocks: Vec<Blocks> = (0..tokens.len())
+        let blocks: Vec<Blocks> = (0..tokens.len())
             .map(|_| Blocks {
                 closed: Vec::new(),
                 eps: c.rms_norm_eps,
             })
             .collect();
-        for (layer, state) in self.layers.iter().zip(&mut cache.layers) {
-            self.run_layer(layer, &mut partials, &mut blocks, cache.len, state, stats)?;
-        }
-        cache.len += tokens.len();
-        match (logits, partials.last(), blocks.last()) {
-            (true, Some(h), Some(b)) => {
-                let h = b.mix(h, &self.output_mix);
-                let x = rms_norm(&h, &self.norm, c.rms_norm_eps);
-                Ok(apply(&self.lm_head, &x, stats)?)
-            }
-            _ => Ok(Vec::new()),
-        }
+        let mut state = (partials, blocks, cache);
+        self.stream.run(
+            self.artifact,
+            &mut state,
+            stats,
+            |(partials, blocks, cache), i, loaded, stats| {
+                let built;
+                let layer = match (loaded, &self.layers[i]) {
+                    (Some(loaded), _) => {
+                        built = self.streamed_layer(i, loaded)?;
+                        &built
+                    }
+                    (None, Some(layer)) => layer,
+                    (None, None) => {
+                        return Err(ModelError::Artifact(ArtifactError::Tensor {
+                            name: format!("{}model.layers.{i}", self.root),
+                            reason: "is neither held nor streamed".into(),
+                        }));
+                    }
+                };
+                let start = cache.len;
+                let layer_cache = cache.layers.get_mut(i).ok_or(KernelError::Length {
+                    what: "cache layers",
+                    expected: i + 1,
+                    actual: 0,
+                })?;
+                self.run_layer(layer, partials, blocks, start, layer_cache, stats)
+            },
+            |(partials, blocks, cache), stats| {
+                cache.len += tokens.len();
+                match (logits, partials.last(), blocks.last()) {
+                    (true, Some(h), Some(b)) => {
+                        let h = b.mix(h, &self.output_mix);
+                        let x = rms_norm(&h, &self.norm, c.rms_norm_eps);
+                        Ok(apply(&self.lm_head, &x, stats)?)
+                    }
+                    _ => Ok(Vec::new()),
+                }
+            },
+        )
+    }
+
+    /// Layer `i` built from its deterministic matrices read for this step.
+    fn streamed_layer<'l>(
+        &'l self,
+        i: usize,
+        loaded: &'l LoadedLayer,
+    ) -> Result<Layer<'l>, ModelError> {
+        let loader = Loader {
+            artifact: self.artifact,
+            source: Source::Streamed(loaded),
+            c: &self.config,
+            root: self.root,
+            streamed: self.experts.as_ref(),
+        };
+        Ok(loader.layer(i)?)
+    }
+
+    /// The streamed layer already read for the next step, if any.
+    pub fn layer_read_for_next_step(&self) -> Option<usize> {
+        self.stream.read_for_next_step()
     }
 
     /// One layer for a chunk of positions: `partials` holds each position's partial sum of the

@@ -69,6 +69,28 @@ pub fn layer_matrices(
         .collect()
 }
 
+/// Where a layer's matrices come from: the artifact's resident bytes, or a streamed layer's
+/// bytes read for this step.
+#[derive(Clone, Copy)]
+pub enum Source<'a> {
+    Resident(&'a Artifact),
+    Streamed(&'a LoadedLayer),
+}
+
+impl<'a> Source<'a> {
+    pub fn matrix(
+        &self,
+        module: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Stack<'a>, ArtifactError> {
+        match self {
+            Source::Resident(artifact) => artifact.matrix(module, rows, cols),
+            Source::Streamed(layer) => layer.stack(module, rows, cols),
+        }
+    }
+}
+
 /// Bytes one read of these matrices moves from storage.
 pub fn read_bytes(matrices: &[StackLayout]) -> u64 {
     parts(matrices).map(PartLayout::read_bytes).sum()

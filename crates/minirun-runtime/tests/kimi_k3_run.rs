@@ -96,31 +96,53 @@ fn streamed_kimi_k3_has_the_resident_bits_and_reads_the_planned_bytes() {
     let resident = session.model().unwrap();
     let (resident_bits, _) = run(&resident, &prompt);
 
-    let (plan, experts) = session.plan(Budget::Floor, 64).unwrap();
-    assert_eq!(plan.mode, Mode::Streamed);
-    assert!(plan.streamed_layers.is_empty());
-    assert_eq!(plan.moe_layers, 5);
-    // No cache at the floor: every step reads each layer's chosen experts.
-    assert_eq!(plan.cache_bytes, 0);
-    for threads in [1, 2] {
+    // At the floor every layer's attention, router and shared experts stream too.
+    let (floor, experts) = session.plan(Budget::Floor, 64).unwrap();
+    assert_eq!(floor.mode, Mode::Streamed);
+    assert_eq!(floor.streamed_layers, (0..6).collect::<Vec<_>>());
+    assert_eq!(floor.moe_layers, 5);
+    assert_eq!(floor.cache_bytes, 0);
+    // Just enough to hold every deterministic weight: only the routed experts stream.
+    let (experts_only, _) = session
+        .plan(Budget::Bytes(floor.deterministic_floor), 64)
+        .unwrap();
+    assert!(experts_only.streamed_layers.is_empty());
+    assert_eq!(experts_only.mode, Mode::Streamed);
+    for (plan, read_ahead, threads) in [
+        (&floor, true, 1),
+        (&floor, true, 2),
+        (&floor, false, 2),
+        (&experts_only, true, 2),
+    ] {
+        let plan = minirun_runtime::plan::Plan {
+            read_ahead,
+            ..plan.clone()
+        };
         let streamed = session.planned_model(&plan, experts.clone()).unwrap();
         let (bits, decode) = on_threads(threads, || run(&streamed, &prompt));
-        assert!(
-            bits == resident_bits,
-            "{threads} threads: streamed logits differ from resident"
+        let case = format!(
+            "{} layers streamed, read-ahead {read_ahead}, {threads} threads",
+            plan.streamed_layers.len()
         );
-        assert_eq!(decode.expert_cache_hits, 0);
+        assert!(bits == resident_bits, "{case}: other logits than resident");
+        // No cache hits: a step reads each layer's chosen experts and every streamed layer.
+        assert_eq!(decode.expert_cache_hits, 0, "{case}");
         assert_eq!(
             decode.expert_read_bytes,
             plan.uncached_read_per_token * STEPS as u64,
-            "a step reads what the plan says"
+            "{case}"
+        );
+        assert_eq!(
+            decode.layer_read_bytes,
+            plan.layer_read_per_token * STEPS as u64,
+            "{case}"
         );
         let (_, peak) = streamed.expert_memory().unwrap();
-        assert!(peak <= plan.slot_pool_bytes);
+        assert!(peak <= plan.cache_bytes + plan.slot_pool_bytes, "{case}");
     }
 
     let Err(SessionError::Plan(PlanError::BelowFloor(_))) =
-        session.plan(Budget::Bytes(plan.floor - 1), 64)
+        session.plan(Budget::Bytes(floor.floor - 1), 64)
     else {
         panic!("a budget below the floor was planned");
     };
