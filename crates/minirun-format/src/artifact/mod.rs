@@ -15,6 +15,7 @@
 //! `minirun-store`. Spec: `docs/formats/artifact.md`.
 
 pub mod index_writer;
+pub mod k3_published;
 pub mod manifest;
 mod units;
 
