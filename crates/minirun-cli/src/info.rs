@@ -7,6 +7,8 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use minirun_format::artifact::MAX_MANIFEST_BYTES;
+use minirun_format::artifact::k3_published::K3LayerManifest;
 use minirun_format::index::{ArtifactIndex, MAX_INDEX_BYTES};
 use minirun_format::tile::{HEADER_BYTES, MAGIC};
 use serde_json::json;
@@ -56,6 +58,9 @@ pub fn run(args: &InfoArgs) -> Result<ExitCode> {
         );
     }
     if looks_like_json(&first) {
+        if let Some(layer) = k3_layer_manifest(path)? {
+            return k3_manifest_info(path, layer, args.json);
+        }
         return index_info(path, args.json);
     }
     other_file(path, &first, args.json)
@@ -75,6 +80,80 @@ fn looks_like_json(first: &[u8]) -> bool {
         .iter()
         .find(|b| !b.is_ascii_whitespace())
         .is_some_and(|&b| b == b'{' || b == b'[')
+}
+
+/// Whether `path` is a published Kimi K3 layer manifest (a JSON object with `layer` and
+/// `nonexpert`), and which layer its directory (`layerNN`) says it is.
+fn k3_layer_manifest(path: &Path) -> Result<Option<usize>> {
+    let bytes = read_prefix(path, MAX_MANIFEST_BYTES as usize + 1)?;
+    let Ok(doc) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
+        return Ok(None);
+    };
+    if doc.get("nonexpert").is_none() || doc.get("layer").is_none() {
+        return Ok(None);
+    }
+    let dir = path
+        .parent()
+        .and_then(Path::file_name)
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    match dir.strip_prefix("layer").map(str::parse::<usize>) {
+        Some(Ok(layer)) if dir.len() == 7 => Ok(Some(layer)),
+        _ => bail!(
+            "{} is a Kimi K3 layer manifest outside a layerNN directory, so the layer it must name is unknown; read it where the artifact has it",
+            shown(path)
+        ),
+    }
+}
+
+fn k3_manifest_info(path: &Path, layer: usize, as_json: bool) -> Result<ExitCode> {
+    if std::fs::metadata(path)?.len() > MAX_MANIFEST_BYTES {
+        bail!("{} is larger than {MAX_MANIFEST_BYTES} bytes", shown(path));
+    }
+    let bytes = read_prefix(path, MAX_MANIFEST_BYTES as usize)?;
+    let shown_path = shown(path);
+    let manifest = K3LayerManifest::parse(&bytes, &shown_path, layer)?;
+    let tensors = manifest.tensors(&shown_path)?;
+    let d = &manifest.nonexpert;
+    if as_json {
+        let listed: Vec<_> = tensors
+            .values()
+            .map(|t| {
+                json!({"name": t.name, "role": t.role, "dtype": t.dtype.name(),
+                       "rows": t.rows, "cols": t.cols, "bands": t.bands.len(), "bytes": t.bytes()})
+            })
+            .collect();
+        let doc = json!({"kind": "kimi-k3-layer-manifest", "path": shown_path, "layer": layer,
+                         "blob": d.file, "blob_bytes": d.bytes, "units": d.units.len(),
+                         "tensors": listed});
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("Kimi K3 published layer manifest {shown_path} (checked)");
+    println!(
+        "layer {layer}: {} of {} bytes in {} units of 16 KiB-aligned row bands, {} tensors",
+        d.file,
+        d.bytes,
+        d.units.len(),
+        tensors.len()
+    );
+    let names: Vec<String> = tensors
+        .keys()
+        .map(|n| printable_lines(n).into_owned())
+        .collect();
+    let width = names.iter().map(String::len).max().unwrap_or(0);
+    for (name, t) in names.iter().zip(tensors.values()) {
+        println!(
+            "  {name:<width$}  {:<4}  {:>6} x {:<6}  {} band{}  {}",
+            t.dtype.name(),
+            t.rows,
+            t.cols,
+            t.bands.len(),
+            if t.bands.len() == 1 { "" } else { "s" },
+            printable_lines(&t.role)
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn index_info(path: &Path, as_json: bool) -> Result<ExitCode> {

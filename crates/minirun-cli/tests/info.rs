@@ -329,3 +329,51 @@ fn control_characters_in_a_name_reach_the_terminal_escaped() {
         String::from_utf8_lossy(&printed)
     );
 }
+
+/// A published Kimi K3 layer manifest is recognised and checked: its tensors listed band by
+/// band; a broken one refused naming the rule; one outside its `layerNN` directory refused.
+#[test]
+fn a_published_kimi_k3_layer_manifest_is_checked_and_described() {
+    let dir = tempfile::tempdir().unwrap();
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../minirun-format/tests/data/k3-published/layer01.manifest.json");
+    fs::create_dir(dir.path().join("layer01")).unwrap();
+    fs::copy(&golden, dir.path().join("layer01/manifest.json")).unwrap();
+    let out = minirun(&["info", "layer01/manifest.json"], dir.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("layer 1: layer01-deterministic.bin of 180224 bytes in 10 units"),
+        "{text}"
+    );
+    assert!(
+        text.lines().any(|l| l.contains("self_attn.q_proj.weight")
+            && l.contains("128 x 128")
+            && l.contains("2 bands")),
+        "{text}"
+    );
+    let json = minirun(&["info", "--json", "layer01/manifest.json"], dir.path());
+    let doc: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(doc["kind"], "kimi-k3-layer-manifest");
+    assert_eq!(doc["tensors"].as_array().unwrap().len(), 9);
+
+    let mut broken: serde_json::Value =
+        serde_json::from_slice(&fs::read(&golden).unwrap()).unwrap();
+    broken["nonexpert"]["units"][1]["offset"] = 0.into();
+    fs::write(dir.path().join("layer01/manifest.json"), broken.to_string()).unwrap();
+    let out = minirun(&["info", "layer01/manifest.json"], dir.path());
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("units 0 and 1 overlap"),
+        "{}",
+        stderr(&out)
+    );
+
+    fs::copy(&golden, dir.path().join("manifest.json")).unwrap();
+    let out = minirun(&["info", "manifest.json"], dir.path());
+    assert!(
+        stderr(&out).contains("outside a layerNN directory"),
+        "{}",
+        stderr(&out)
+    );
+}
