@@ -94,9 +94,10 @@ The token, if any, comes from $HF_TOKEN and is sent to the endpoint only.")]
 
 Exit status: 0 verified (evidence written); 1 a mismatch or an error (evidence erased).")]
     Verify(verify_cmd::VerifyArgs),
-    /// Generate text from an artifact's model (DeepSeek-V3 family) under a memory budget,
-    /// computing straight from the stored quantized bytes: resident, or with its routed experts
-    /// streamed from storage, with the same output bits at every budget.
+    /// Generate text from an artifact's model (DeepSeek-V3 family or Kimi K3) under a memory
+    /// budget, computing straight from the stored quantized bytes: resident, or with its routed
+    /// experts (and, below the deterministic floor, its layers) streamed from storage, with the
+    /// same output bits at every budget.
     #[command(
         after_help = "The artifact must carry verification evidence (run `minirun verify` first) unless
 --unverified is given; then every line of the output header says UNVERIFIED.
