@@ -8,14 +8,14 @@
 //! Both stored layouts run: MLX (`embed_q` / `unembed_out`, stacked `switch_mlp` experts) and
 //! Hugging Face / DeepSeek (`kv_b_proj` whole, per-expert tensors).
 
-use crate::artifact::{Artifact, ArtifactError, Stack, StackLayout};
+use crate::artifact::{Artifact, ArtifactError, StackLayout};
 use crate::config::DeepSeekV3Config;
-use crate::experts::{ExpertCache, ExpertParts, routed_experts};
-use crate::kernels::{Format, KernelError, QMatrix};
+use crate::experts::{ExpertCache, ExpertParts, STACKED, routed_experts};
+use crate::kernels::{Format, QMatrix};
 use crate::layer_stream::{self, LayerStream, LoadedLayer, Source};
 use crate::layers::{
-    Activation, Mlp, RoutedExperts, Routing, Streaming, add_rows, apply, apply_batch,
-    attend_latent, rms_norm, run_routed, stacked_experts,
+    Activation, LatentDims, LatentProjections, Mlp, RoutedExperts, Routing, Streaming, add_rows,
+    apply, apply_batch, attend_latent, rms_norm, run_routed, stacked_experts,
 };
 pub use crate::layers::{ModelError, StepStats};
 use crate::model::Decoder;
@@ -26,17 +26,6 @@ use crate::rope::{Rope, attention_scale};
 /// all of them. The activations of a chunk (a few vectors of the widest projection per
 /// position) stay well inside the runtime's stated overhead.
 pub const PREFILL_CHUNK: usize = 64;
-
-/// `kv_b_proj`, in either layout.
-enum LatentProjections<'a> {
-    /// MLX: per head, `embed_q` is `[kv_lora, nope]` and `unembed_out` is `[v, kv_lora]`.
-    Split {
-        embed_q: Stack<'a>,
-        unembed_out: Stack<'a>,
-    },
-    /// Hugging Face: `[heads * (nope + v), kv_lora]`; head h's key rows come first.
-    Whole(QMatrix<'a>),
-}
 
 struct Attention<'a> {
     q_a: Option<(QMatrix<'a>, Vec<f32>)>,
@@ -343,8 +332,14 @@ impl Shape for DeepSeekV3Config {
             self.moe_intermediate_size,
             self.n_routed_experts,
         );
-        self.is_moe(layer)
-            .then(|| routed_experts(artifact, &format!("model.layers.{layer}.mlp"), sizes))
+        self.is_moe(layer).then(|| {
+            routed_experts(
+                artifact,
+                &format!("model.layers.{layer}.mlp"),
+                sizes,
+                STACKED,
+            )
+        })
     }
 
     fn streamable_matrices(
@@ -649,55 +644,24 @@ impl<'a> DeepSeekV3<'a> {
         Ok(apply_batch(&a.o, &outs, stats)?)
     }
 
-    /// Per position and head, the query's no-rope part projected into the latent space
-    /// (`embed_q` for every position of the batch at once, or the key rows of `kv_b_proj`
-    /// transposed, position by position).
     fn queries_in_latent_space(
         &self,
         a: &Attention,
         qs: &[Vec<f32>],
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<Vec<f32>>>, ModelError> {
+        Ok(a.latent.queries(qs, self.latent_dims(), stats)?)
+    }
+
+    fn latent_dims(&self) -> LatentDims {
         let c = &self.config;
-        let (nope, rope_dim, lora, v_dim) = (
-            c.qk_nope_head_dim,
-            c.qk_rope_head_dim,
-            c.kv_lora_rank,
-            c.v_head_dim,
-        );
-        let width = nope + rope_dim;
-        let heads = c.num_attention_heads;
-        let mut q_latents = vec![Vec::with_capacity(heads); qs.len()];
-        match &a.latent {
-            LatentProjections::Split { embed_q, .. } => {
-                for head in 0..heads {
-                    let m = embed_q.get(head).ok_or(KernelError::Length {
-                        what: "heads",
-                        expected: head + 1,
-                        actual: embed_q.len(),
-                    })?;
-                    let rows: Vec<Vec<f32>> = qs
-                        .iter()
-                        .map(|q| q[head * width..head * width + nope].to_vec())
-                        .collect();
-                    for (t, latent) in apply_batch(&m, &rows, stats)?.into_iter().enumerate() {
-                        q_latents[t].push(latent);
-                    }
-                }
-            }
-            LatentProjections::Whole(m) => {
-                for (q, per_head) in qs.iter().zip(&mut q_latents) {
-                    for head in 0..heads {
-                        let first = head * (nope + v_dim);
-                        let mut latent = vec![0f32; lora];
-                        let q_nope = &q[head * width..head * width + nope];
-                        m.vecmat_rows(first..first + nope, q_nope, &mut latent)?;
-                        per_head.push(latent);
-                    }
-                }
-            }
+        LatentDims {
+            heads: c.num_attention_heads,
+            nope: c.qk_nope_head_dim,
+            rope: c.qk_rope_head_dim,
+            v: c.v_head_dim,
+            lora: c.kv_lora_rank,
         }
-        Ok(q_latents)
     }
 
     /// One position's heads over the cache's positions up to and including `position`: per
@@ -724,46 +688,12 @@ impl<'a> DeepSeekV3<'a> {
             .collect()
     }
 
-    /// Per position, every head's mixed latent projected out (`unembed_out` for every position
-    /// at once, or the value rows of `kv_b_proj` position by position), heads side by side.
     fn heads_out(
         &self,
         a: &Attention,
         mixed: &[Vec<Vec<f32>>],
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        let c = &self.config;
-        let (nope, v_dim) = (c.qk_nope_head_dim, c.v_head_dim);
-        let heads = c.num_attention_heads;
-        let mut outs = vec![vec![0f32; heads * v_dim]; mixed.len()];
-        match &a.latent {
-            LatentProjections::Split { unembed_out, .. } => {
-                for head in 0..heads {
-                    let m = unembed_out.get(head).ok_or(KernelError::Length {
-                        what: "heads",
-                        expected: head + 1,
-                        actual: unembed_out.len(),
-                    })?;
-                    let rows: Vec<Vec<f32>> = mixed
-                        .iter()
-                        .map(|per_head| per_head[head].clone())
-                        .collect();
-                    for (out, head_out) in outs.iter_mut().zip(apply_batch(&m, &rows, stats)?) {
-                        out[head * v_dim..(head + 1) * v_dim].copy_from_slice(&head_out);
-                    }
-                }
-            }
-            LatentProjections::Whole(m) => {
-                for (out, per_head) in outs.iter_mut().zip(mixed) {
-                    for (head, latent) in per_head.iter().enumerate() {
-                        let first = head * (nope + v_dim) + nope;
-                        let head_out = &mut out[head * v_dim..(head + 1) * v_dim];
-                        m.matvec_rows(first..first + v_dim, latent, head_out)?;
-                    }
-                    stats.weight_bytes += m.stored_bytes() as u64;
-                }
-            }
-        }
-        Ok(outs)
+        Ok(a.latent.heads_out(mixed, self.latent_dims(), stats)?)
     }
 }

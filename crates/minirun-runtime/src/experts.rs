@@ -35,13 +35,18 @@ impl ExpertParts {
     }
 }
 
+/// The per-expert projections' names DeepSeek's Hugging Face layout and MLX's stacks use.
+pub const STACKED: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
+
 /// The `n` routed experts under `prefix` (a layer's `mlp`), in expert order, without reading
 /// them: the MLX layout's stacked `switch_mlp` containers or the Hugging Face layout's
-/// per-expert tensors; gate and up `[inner, hidden]`, down `[hidden, inner]`.
+/// per-expert tensors `{prefix}.experts.E.{gate, up, down}` named by `names`; gate and up
+/// `[inner, hidden]`, down `[hidden, inner]`.
 pub fn routed_experts(
     artifact: &Artifact,
     prefix: &str,
     (hidden, inner, n): (usize, usize, usize),
+    names: [&str; 3],
 ) -> Result<Vec<ExpertParts>, ArtifactError> {
     let stacked = format!("{prefix}.switch_mlp");
     let one = |layout: StackLayout, i: usize| {
@@ -57,9 +62,9 @@ pub fn routed_experts(
                     artifact.stack_layout(&format!("{prefix}.experts.{e}.{name}"), rows, cols)
                 };
                 Ok(ExpertParts {
-                    gate: one(single(m("gate_proj", inner, hidden)?)?, 0)?,
-                    up: one(single(m("up_proj", inner, hidden)?)?, 0)?,
-                    down: one(single(m("down_proj", hidden, inner)?)?, 0)?,
+                    gate: one(single(m(names[0], inner, hidden)?)?, 0)?,
+                    up: one(single(m(names[1], inner, hidden)?)?, 0)?,
+                    down: one(single(m(names[2], hidden, inner)?)?, 0)?,
                 })
             })
             .collect();

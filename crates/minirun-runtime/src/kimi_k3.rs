@@ -13,13 +13,14 @@
 //! it) at every position, mlx-lm's decode path.
 
 use crate::artifact::{Artifact, ArtifactError, Stack, StackLayout};
-use crate::experts::{ExpertCache, ExpertParts, routed_experts};
-use crate::kernels::{KernelError, QMatrix};
+use crate::experts::{ExpertCache, ExpertParts, STACKED, routed_experts};
+use crate::kernels::{Format, KernelError, QMatrix};
 use crate::kimi_k3_config::KimiK3Config;
 use crate::layer_stream::{LayerStream, LoadedLayer, Source};
 use crate::layers::{
-    Activation, Mlp, ModelError, RoutedExperts, Routing, StepStats, Streaming, add_rows, apply,
-    apply_batch, attend_latent, rms_norm, run_routed, sigmoid, silu, stacked_experts,
+    Activation, LatentDims, LatentProjections, Mlp, ModelError, RoutedExperts, Routing, StepStats,
+    Streaming, add_rows, apply, apply_batch, attend_latent, rms_norm, run_routed, sigmoid, silu,
+    stacked_experts,
 };
 use crate::model::Decoder;
 use crate::plan::{DEFAULT_READS_IN_FLIGHT, ExpertMap, Mode, Plan, Shape};
@@ -34,7 +35,8 @@ const LATENT_NORM_EPS: f32 = 1e-6;
 
 /// A KDA layer's weights.
 struct Kda<'a> {
-    qkv: QMatrix<'a>,
+    /// `q|k|v`: one fused projection (MLX) or three (Hugging Face), rows in that order.
+    qkv: Vec<QMatrix<'a>>,
     /// `[channels, kernel]`: channel c's taps, oldest input first.
     conv: Vec<f32>,
     f_a: QMatrix<'a>,
@@ -55,9 +57,7 @@ struct Mla<'a> {
     q_b: QMatrix<'a>,
     kv_a: QMatrix<'a>,
     kv_a_norm: Vec<f32>,
-    /// Per head, `[kv_lora, nope]` and `[v, kv_lora]`.
-    embed_q: Stack<'a>,
-    unembed_out: Stack<'a>,
+    latent: LatentProjections<'a>,
     gate: Option<QMatrix<'a>>,
     o: QMatrix<'a>,
 }
@@ -123,6 +123,7 @@ pub struct KimiK3<'a> {
     layers: Vec<Option<Box<Layer<'a>>>>,
     stream: LayerStream,
     root: &'static str,
+    naming: Naming,
     /// Where the routed experts are, for streamed runs (streamed layers are rebuilt each step).
     experts: Option<ExpertMap>,
     output_mix: Vec<f32>,
@@ -152,6 +153,78 @@ fn name_root(artifact: &Artifact) -> Result<&'static str, ArtifactError> {
     }
 }
 
+/// How a checkpoint names K3's tensors: as mlx-lm saves them, or as the upstream checkpoint (and
+/// the published Kimi K3 artifact) does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Naming {
+    /// `qkv_proj`, `qkv_conv.conv`, `embed_q`/`unembed_out`, `mlp.switch_mlp`, `*_res_proj`.
+    Mlx,
+    /// `q/k/v_proj`, `q/k/v_conv1d`, `kv_b_proj`, `block_sparse_moe.experts.E.w1/w3/w2`,
+    /// `*_res.proj_weight`.
+    HuggingFace,
+}
+
+impl Naming {
+    /// Which one the artifact uses, from layer 0's attention; a checkpoint with both or
+    /// neither is refused.
+    fn of(artifact: &Artifact, c: &KimiK3Config, root: &str) -> Result<Naming, ArtifactError> {
+        let attn = format!("{root}model.layers.0.self_attn");
+        let (mlx, hf) = match c.is_kda(0) {
+            true => ("qkv_proj.weight", "q_proj.weight"),
+            false => ("embed_q.weight", "kv_b_proj.weight"),
+        };
+        let (mlx, hf) = (format!("{attn}.{mlx}"), format!("{attn}.{hf}"));
+        match (artifact.has(&mlx), artifact.has(&hf)) {
+            (true, false) => Ok(Naming::Mlx),
+            (false, true) => Ok(Naming::HuggingFace),
+            (both, _) => Err(ArtifactError::Tensor {
+                name: mlx,
+                reason: match both {
+                    true => {
+                        format!("and {hf} are both stored: which one the model is, is not defined")
+                    }
+                    false => format!(
+                        "is not in the artifact, nor {hf}: this is not a Kimi K3 text model"
+                    ),
+                },
+            }),
+        }
+    }
+
+    /// Layer `lp`'s mixture of experts.
+    fn moe(self, lp: &str) -> String {
+        match self {
+            Naming::Mlx => format!("{lp}.mlp"),
+            Naming::HuggingFace => format!("{lp}.block_sparse_moe"),
+        }
+    }
+
+    fn correction_bias(self, moe: &str) -> String {
+        match self {
+            Naming::Mlx => format!("{moe}.e_score_correction_bias"),
+            Naming::HuggingFace => format!("{moe}.gate.e_score_correction_bias"),
+        }
+    }
+
+    /// An attention-residual query's norm and projection weights (`which` is
+    /// `self_attention_res`, `mlp_res` or `output_attn_res`).
+    fn residual(self, prefix: &str, which: &str) -> (String, String) {
+        match self {
+            Naming::Mlx => (
+                format!("{prefix}.{which}_norm.weight"),
+                format!("{prefix}.{which}_proj.weight"),
+            ),
+            Naming::HuggingFace => (
+                format!("{prefix}.{which}.norm_weight"),
+                format!("{prefix}.{which}.proj_weight"),
+            ),
+        }
+    }
+
+    /// The routed experts' gate, up and down projections, per expert (Hugging Face).
+    const EXPERT_PROJECTIONS: [&str; 3] = ["w1", "w3", "w2"];
+}
+
 struct Loader<'a, 'm> {
     /// Names, vectors and held routed experts come from the artifact; the deterministic
     /// matrices from `source`.
@@ -159,6 +232,7 @@ struct Loader<'a, 'm> {
     source: Source<'a>,
     c: &'m KimiK3Config,
     root: &'static str,
+    naming: Naming,
     /// Where each MoE layer's routed experts are, for a streamed run.
     streamed: Option<&'m ExpertMap>,
 }
@@ -202,34 +276,75 @@ impl<'a> Loader<'a, '_> {
         })
     }
 
-    /// `{res_norm.weight} ⊙ {res_proj.weight}`, mlx-lm's effective mixing query.
-    fn mix_query(&self, norm: &str, proj: &str) -> Result<Vec<f32>, ArtifactError> {
+    /// `res_norm.weight ⊙ res_proj.weight`, mlx-lm's effective mixing query.
+    fn mix_query(&self, prefix: &str, which: &str) -> Result<Vec<f32>, ArtifactError> {
         let hidden = self.c.hidden_size;
-        let norm = self.vector(&format!("{norm}.weight"), hidden)?;
-        let proj = self.vector(&format!("{proj}.weight"), hidden)?;
+        let (norm, proj) = self.naming.residual(prefix, which);
+        let norm = self.vector(&norm, hidden)?;
+        let proj = self.vector(&proj, hidden)?;
         Ok(norm.iter().zip(&proj).map(|(n, p)| n * p).collect())
     }
 
     fn kda(&self, prefix: &str) -> Result<Kda<'a>, ArtifactError> {
         let (hidden, k) = (self.c.hidden_size, &self.c.kda);
         let projection = k.num_heads * k.head_dim;
-        let channels = 3 * projection;
-        let a_log = self.vector(&format!("{prefix}.A_log"), k.num_heads)?;
+        let kernel = k.short_conv_kernel_size;
+        let (qkv, conv) = match self.naming {
+            Naming::Mlx => (
+                vec![self.one(&format!("{prefix}.qkv_proj"), 3 * projection, hidden)?],
+                self.vector(
+                    &format!("{prefix}.qkv_conv.conv.weight"),
+                    3 * projection * kernel,
+                )?,
+            ),
+            Naming::HuggingFace => {
+                let mut qkv = Vec::with_capacity(3);
+                let mut conv = Vec::with_capacity(3 * projection * kernel);
+                for p in ["q", "k", "v"] {
+                    qkv.push(self.one(&format!("{prefix}.{p}_proj"), projection, hidden)?);
+                    conv.extend(
+                        self.vector(&format!("{prefix}.{p}_conv1d.weight"), projection * kernel)?,
+                    );
+                }
+                (qkv, conv)
+            }
+        };
         Ok(Kda {
-            qkv: self.one(&format!("{prefix}.qkv_proj"), channels, hidden)?,
-            conv: self.vector(
-                &format!("{prefix}.qkv_conv.conv.weight"),
-                channels * k.short_conv_kernel_size,
-            )?,
+            qkv,
+            conv,
             f_a: self.one(&format!("{prefix}.f_a_proj"), k.head_dim, hidden)?,
             f_b: self.one(&format!("{prefix}.f_b_proj"), projection, k.head_dim)?,
             b: self.one(&format!("{prefix}.b_proj"), k.num_heads, hidden)?,
             g: self.one(&format!("{prefix}.g_proj"), projection, hidden)?,
-            decay_rate: a_log.iter().map(|a| a.exp()).collect(),
+            decay_rate: self.a_log(prefix)?.iter().map(|a| a.exp()).collect(),
             dt_bias: self.vector(&format!("{prefix}.dt_bias"), projection)?,
             o_norm: self.vector(&format!("{prefix}.o_norm.weight"), k.head_dim)?,
             o: self.one(&format!("{prefix}.o_proj"), hidden, projection)?,
         })
+    }
+
+    /// `A_log`, one per head. The published K3 stores `head_dim` entries, the heads' and then
+    /// zeros; anything else after the heads is refused.
+    fn a_log(&self, prefix: &str) -> Result<Vec<f32>, ArtifactError> {
+        let k = &self.c.kda;
+        let name = format!("{prefix}.A_log");
+        if self.naming == Naming::Mlx || k.head_dim <= k.num_heads {
+            return self.vector(&name, k.num_heads);
+        }
+        let padded = match self.vector(&name, k.head_dim) {
+            Ok(padded) => padded,
+            Err(_) => return self.vector(&name, k.num_heads),
+        };
+        if padded[k.num_heads..].iter().any(|&v| v != 0.0) {
+            return Err(ArtifactError::Tensor {
+                name,
+                reason: format!(
+                    "holds {} entries for {} heads, and the ones after the heads are not zero",
+                    k.head_dim, k.num_heads
+                ),
+            });
+        }
+        Ok(padded[..k.num_heads].to_vec())
     }
 
     fn mla(&self, prefix: &str) -> Result<Mla<'a>, ArtifactError> {
@@ -246,16 +361,7 @@ impl<'a> Loader<'a, '_> {
                 hidden,
             )?,
             kv_a_norm: self.vector(&format!("{prefix}.kv_a_layernorm.weight"), c.kv_lora_rank)?,
-            embed_q: self.heads(
-                &format!("{prefix}.embed_q"),
-                c.kv_lora_rank,
-                c.qk_nope_head_dim,
-            )?,
-            unembed_out: self.heads(
-                &format!("{prefix}.unembed_out"),
-                c.v_head_dim,
-                c.kv_lora_rank,
-            )?,
+            latent: self.latent_projections(prefix)?,
             gate: match c.mla_use_output_gate {
                 true => {
                     Some(self.one(&format!("{prefix}.g_proj"), heads * c.v_head_dim, hidden)?)
@@ -266,6 +372,36 @@ impl<'a> Loader<'a, '_> {
         })
     }
 
+    fn latent_projections(&self, prefix: &str) -> Result<LatentProjections<'a>, ArtifactError> {
+        let c = self.c;
+        Ok(match self.naming {
+            Naming::Mlx => LatentProjections::Split {
+                embed_q: self.heads(
+                    &format!("{prefix}.embed_q"),
+                    c.kv_lora_rank,
+                    c.qk_nope_head_dim,
+                )?,
+                unembed_out: self.heads(
+                    &format!("{prefix}.unembed_out"),
+                    c.v_head_dim,
+                    c.kv_lora_rank,
+                )?,
+            },
+            Naming::HuggingFace => {
+                let name = format!("{prefix}.kv_b_proj");
+                let rows = c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim);
+                let m = self.one(&name, rows, c.kv_lora_rank)?;
+                if matches!(m.format(), Format::Affine { .. } | Format::Mxfp4) {
+                    return Err(ArtifactError::Tensor {
+                        name: format!("{name}.weight"),
+                        reason: "is MLX-quantized; mlx-lm would re-quantize it as embed_q/unembed_out, so its result is not defined by the checkpoint. Store it unquantized".into(),
+                    });
+                }
+                LatentProjections::Whole(m)
+            }
+        })
+    }
+
     fn experts(&self, prefix: &str) -> Result<Vec<Mlp<'a>>, ArtifactError> {
         let c = self.c;
         let (latent, inner, n) = (
@@ -273,12 +409,31 @@ impl<'a> Loader<'a, '_> {
             c.moe_intermediate_size,
             c.num_experts,
         );
-        stacked_experts(
-            self.artifact,
-            &format!("{prefix}.switch_mlp"),
-            (latent, inner, n),
-            self.situ(),
-        )
+        if self.naming == Naming::Mlx {
+            return stacked_experts(
+                self.artifact,
+                &format!("{prefix}.switch_mlp"),
+                (latent, inner, n),
+                self.situ(),
+            );
+        }
+        let [gate, up, down] = Naming::EXPERT_PROJECTIONS;
+        let one = |e: usize, name: &str, rows, cols| -> Result<QMatrix<'a>, ArtifactError> {
+            let module = format!("{prefix}.experts.{e}.{name}");
+            self.artifact
+                .matrix(&module, rows, cols)?
+                .single(&format!("{module}.weight"))
+        };
+        (0..n)
+            .map(|e| {
+                Ok(Mlp {
+                    gate: one(e, gate, inner, latent)?,
+                    up: one(e, up, inner, latent)?,
+                    down: one(e, down, latent, inner)?,
+                    activation: self.situ(),
+                })
+            })
+            .collect()
     }
 
     fn moe(&self, prefix: &str, layer: usize) -> Result<LatentMoe<'a>, ArtifactError> {
@@ -290,8 +445,7 @@ impl<'a> Loader<'a, '_> {
         };
         Ok(LatentMoe {
             router: self.one(&format!("{prefix}.gate"), c.num_experts, hidden)?,
-            correction_bias: self
-                .vector(&format!("{prefix}.e_score_correction_bias"), c.num_experts)?,
+            correction_bias: self.vector(&self.naming.correction_bias(prefix), c.num_experts)?,
             down: self.one(&format!("{prefix}.routed_expert_down_proj"), latent, hidden)?,
             experts,
             norm: match c.latent_moe_use_norm {
@@ -320,7 +474,7 @@ impl<'a> Loader<'a, '_> {
         };
         let mlp = format!("{prefix}.mlp");
         let ffn = match c.is_moe(i) {
-            true => FeedForward::Moe(Box::new(self.moe(&mlp, i)?)),
+            true => FeedForward::Moe(Box::new(self.moe(&self.naming.moe(&prefix), i)?)),
             false => FeedForward::Dense(Box::new(self.mlp(
                 &mlp,
                 c.hidden_size,
@@ -333,14 +487,8 @@ impl<'a> Loader<'a, '_> {
                 &format!("{prefix}.post_attention_layernorm.weight"),
                 c.hidden_size,
             )?,
-            attention_mix: self.mix_query(
-                &format!("{prefix}.self_attention_res_norm"),
-                &format!("{prefix}.self_attention_res_proj"),
-            )?,
-            mlp_mix: self.mix_query(
-                &format!("{prefix}.mlp_res_norm"),
-                &format!("{prefix}.mlp_res_proj"),
-            )?,
+            attention_mix: self.mix_query(&prefix, "self_attention_res")?,
+            mlp_mix: self.mix_query(&prefix, "mlp_res")?,
             block_start: i.is_multiple_of(c.attn_res_block_size),
             mixer,
             ffn,
@@ -391,10 +539,18 @@ impl Blocks {
 
 /// Every deterministic matrix of layer `i`, `(module, rows, cols)`: what the loader asks the
 /// layer's source for, so what a streamed layer reads each step.
-fn layer_matrices(c: &KimiK3Config, root: &str, i: usize) -> Vec<(String, usize, usize)> {
+fn layer_matrices(
+    c: &KimiK3Config,
+    root: &str,
+    naming: Naming,
+    i: usize,
+) -> Vec<(String, usize, usize)> {
     let hidden = c.hidden_size;
     let attn = format!("{root}model.layers.{i}.self_attn");
-    let mlp = format!("{root}model.layers.{i}.mlp");
+    let mlp = match c.is_moe(i) {
+        true => naming.moe(&format!("{root}model.layers.{i}")),
+        false => format!("{root}model.layers.{i}.mlp"),
+    };
     let mut wanted = Vec::new();
     let mut add = |module: &str, name: &str, rows: usize, cols: usize| {
         wanted.push((format!("{module}.{name}"), rows, cols));
@@ -402,7 +558,14 @@ fn layer_matrices(c: &KimiK3Config, root: &str, i: usize) -> Vec<(String, usize,
     if c.is_kda(i) {
         let (heads, dim) = (c.kda.num_heads, c.kda.head_dim);
         let projection = heads * dim;
-        add(&attn, "qkv_proj", 3 * projection, hidden);
+        match naming {
+            Naming::Mlx => add(&attn, "qkv_proj", 3 * projection, hidden),
+            Naming::HuggingFace => {
+                for p in ["q_proj", "k_proj", "v_proj"] {
+                    add(&attn, p, projection, hidden);
+                }
+            }
+        }
         add(&attn, "f_a_proj", dim, hidden);
         add(&attn, "f_b_proj", projection, dim);
         add(&attn, "b_proj", heads, hidden);
@@ -419,8 +582,18 @@ fn layer_matrices(c: &KimiK3Config, root: &str, i: usize) -> Vec<(String, usize,
             c.kv_lora_rank + c.qk_rope_head_dim,
             hidden,
         );
-        add(&attn, "embed_q", c.kv_lora_rank, c.qk_nope_head_dim);
-        add(&attn, "unembed_out", c.v_head_dim, c.kv_lora_rank);
+        match naming {
+            Naming::Mlx => {
+                add(&attn, "embed_q", c.kv_lora_rank, c.qk_nope_head_dim);
+                add(&attn, "unembed_out", c.v_head_dim, c.kv_lora_rank);
+            }
+            Naming::HuggingFace => add(
+                &attn,
+                "kv_b_proj",
+                heads * (c.qk_nope_head_dim + c.v_head_dim),
+                c.kv_lora_rank,
+            ),
+        }
         if c.mla_use_output_gate {
             add(&attn, "g_proj", heads * c.v_head_dim, hidden);
         }
@@ -483,7 +656,16 @@ impl Shape for KimiK3Config {
         );
         self.is_moe(layer).then(|| {
             let root = name_root(artifact)?;
-            routed_experts(artifact, &format!("{root}model.layers.{layer}.mlp"), sizes)
+            let lp = format!("{root}model.layers.{layer}");
+            match Naming::of(artifact, self, root)? {
+                Naming::Mlx => routed_experts(artifact, &format!("{lp}.mlp"), sizes, STACKED),
+                Naming::HuggingFace => routed_experts(
+                    artifact,
+                    &format!("{lp}.block_sparse_moe"),
+                    sizes,
+                    Naming::EXPERT_PROJECTIONS,
+                ),
+            }
         })
     }
 
@@ -493,7 +675,7 @@ impl Shape for KimiK3Config {
         layer: usize,
     ) -> Result<Vec<StackLayout>, ArtifactError> {
         let root = name_root(artifact)?;
-        layer_matrices(self, root, layer)
+        layer_matrices(self, root, Naming::of(artifact, self, root)?, layer)
             .iter()
             .map(|(module, rows, cols)| artifact.stack_layout(module, *rows, *cols))
             .collect()
@@ -618,11 +800,13 @@ impl<'a> KimiK3<'a> {
     ) -> Result<KimiK3<'a>, ModelError> {
         let root = name_root(artifact)?;
         let c = &config;
+        let naming = Naming::of(artifact, c, root)?;
         let loader = Loader {
             artifact,
             source: Source::Resident(artifact),
             c,
             root,
+            naming,
             streamed: experts.as_ref(),
         };
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
@@ -651,14 +835,12 @@ impl<'a> KimiK3<'a> {
         Ok(KimiK3 {
             embed,
             lm_head,
-            output_mix: loader.mix_query(
-                &format!("{root}model.output_attn_res_norm"),
-                &format!("{root}model.output_attn_res_proj"),
-            )?,
+            output_mix: loader.mix_query(&format!("{root}model"), "output_attn_res")?,
             norm: artifact.vector(&format!("{root}model.norm.weight"), c.hidden_size)?,
             layers,
             stream: LayerStream::new(streamed),
             root,
+            naming,
             experts,
             artifact,
             cache: None,
@@ -741,6 +923,7 @@ impl<'a> KimiK3<'a> {
             source: Source::Streamed(loaded),
             c: &self.config,
             root: self.root,
+            naming: self.naming,
             streamed: self.experts.as_ref(),
         };
         Ok(loader.layer(i)?)
@@ -817,7 +1000,12 @@ impl<'a> KimiK3<'a> {
         let k = &self.config.kda;
         let (heads, dim) = (k.num_heads, k.head_dim);
         let projection = heads * dim;
-        let qkv = apply_batch(&w.qkv, xs, stats)?;
+        let mut qkv = vec![Vec::with_capacity(3 * projection); xs.len()];
+        for part in &w.qkv {
+            for (row, out) in qkv.iter_mut().zip(apply_batch(part, xs, stats)?) {
+                row.extend(out);
+            }
+        }
         let gate_logits = apply_batch(&w.f_b, &apply_batch(&w.f_a, xs, stats)?, stats)?;
         let betas = apply_batch(&w.b, xs, stats)?;
         let out_gates = apply_batch(&w.g, xs, stats)?;
@@ -900,31 +1088,30 @@ impl<'a> KimiK3<'a> {
             latents.extend(rms_norm(&kv[..lora], &w.kv_a_norm, LATENT_NORM_EPS));
             keys.extend_from_slice(&kv[lora..]);
         }
-        let mut outs = vec![vec![0f32; heads * v_dim]; xs.len()];
-        for h in 0..heads {
-            let embed_q = head(&w.embed_q, h)?;
-            let unembed_out = head(&w.unembed_out, h)?;
-            let q_nope: Vec<Vec<f32>> = qs
-                .iter()
-                .map(|q| q[h * width..h * width + nope].to_vec())
-                .collect();
-            let q_latents = apply_batch(&embed_q, &q_nope, stats)?;
-            let mixed: Vec<Vec<f32>> = q_latents
-                .iter()
-                .zip(&qs)
-                .enumerate()
-                .map(|(t, (q_latent, q))| {
-                    let q_pe = &q[h * width + nope..(h + 1) * width];
-                    attend_latent(q_latent, q_pe, latents, keys, start + t + 1, scale)
-                })
-                .collect();
-            for (out, head_out) in outs
-                .iter_mut()
-                .zip(apply_batch(&unembed_out, &mixed, stats)?)
-            {
-                out[h * v_dim..(h + 1) * v_dim].copy_from_slice(&head_out);
-            }
-        }
+        let dims = LatentDims {
+            heads,
+            nope,
+            rope,
+            v: v_dim,
+            lora,
+        };
+        let q_latents = w.latent.queries(&qs, dims, stats)?;
+        let mixed: Vec<Vec<Vec<f32>>> = q_latents
+            .iter()
+            .zip(&qs)
+            .enumerate()
+            .map(|(t, (per_head, q))| {
+                per_head
+                    .iter()
+                    .enumerate()
+                    .map(|(h, q_latent)| {
+                        let q_pe = &q[h * width + nope..(h + 1) * width];
+                        attend_latent(q_latent, q_pe, latents, keys, start + t + 1, scale)
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut outs = w.latent.heads_out(&mixed, dims, stats)?;
         if let Some(gate) = &w.gate {
             for (out, g) in outs.iter_mut().zip(apply_batch(gate, xs, stats)?) {
                 out.iter_mut().zip(&g).for_each(|(o, g)| *o *= sigmoid(*g));
@@ -998,14 +1185,6 @@ impl<'a> KimiK3<'a> {
         }
         Ok(ys)
     }
-}
-
-fn head<'a>(stack: &Stack<'a>, h: usize) -> Result<QMatrix<'a>, KernelError> {
-    stack.get(h).ok_or(KernelError::Length {
-        what: "heads",
-        expected: h + 1,
-        actual: stack.len(),
-    })
 }
 
 /// `x / sqrt(Σx² + eps) · factor`.

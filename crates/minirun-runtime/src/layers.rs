@@ -249,6 +249,110 @@ pub(crate) fn attend_latent(
     mixed
 }
 
+/// Multi-head latent attention's per-head sizes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LatentDims {
+    pub heads: usize,
+    pub nope: usize,
+    pub rope: usize,
+    pub v: usize,
+    pub lora: usize,
+}
+
+/// `kv_b_proj`, in either layout.
+pub(crate) enum LatentProjections<'a> {
+    /// MLX: per head, `embed_q` is `[kv_lora, nope]` and `unembed_out` is `[v, kv_lora]`.
+    Split {
+        embed_q: crate::artifact::Stack<'a>,
+        unembed_out: crate::artifact::Stack<'a>,
+    },
+    /// Hugging Face: `[heads * (nope + v), kv_lora]`; head h's key rows come first.
+    Whole(QMatrix<'a>),
+}
+
+fn head<'a>(stack: &crate::artifact::Stack<'a>, h: usize) -> Result<QMatrix<'a>, KernelError> {
+    stack.get(h).ok_or(KernelError::Length {
+        what: "heads",
+        expected: h + 1,
+        actual: stack.len(),
+    })
+}
+
+impl LatentProjections<'_> {
+    /// Per position and head, the query's no-rope part (`qs[t]` holds the heads side by side,
+    /// `nope + rope` each) projected into the latent space: `embed_q` for every position at
+    /// once, or the key rows of `kv_b_proj` transposed, position by position.
+    pub fn queries(
+        &self,
+        qs: &[Vec<f32>],
+        d: LatentDims,
+        stats: &mut StepStats,
+    ) -> Result<Vec<Vec<Vec<f32>>>, KernelError> {
+        let width = d.nope + d.rope;
+        let mut q_latents = vec![Vec::with_capacity(d.heads); qs.len()];
+        match self {
+            LatentProjections::Split { embed_q, .. } => {
+                for h in 0..d.heads {
+                    let m = head(embed_q, h)?;
+                    let rows: Vec<Vec<f32>> = qs
+                        .iter()
+                        .map(|q| q[h * width..h * width + d.nope].to_vec())
+                        .collect();
+                    for (t, latent) in apply_batch(&m, &rows, stats)?.into_iter().enumerate() {
+                        q_latents[t].push(latent);
+                    }
+                }
+            }
+            LatentProjections::Whole(m) => {
+                for (q, per_head) in qs.iter().zip(&mut q_latents) {
+                    for h in 0..d.heads {
+                        let first = h * (d.nope + d.v);
+                        let mut latent = vec![0f32; d.lora];
+                        let q_nope = &q[h * width..h * width + d.nope];
+                        m.vecmat_rows(first..first + d.nope, q_nope, &mut latent)?;
+                        per_head.push(latent);
+                    }
+                }
+            }
+        }
+        Ok(q_latents)
+    }
+
+    /// Per position, every head's mixed latent projected out (`unembed_out` for every position
+    /// at once, or the value rows of `kv_b_proj` position by position), heads side by side.
+    pub fn heads_out(
+        &self,
+        mixed: &[Vec<Vec<f32>>],
+        d: LatentDims,
+        stats: &mut StepStats,
+    ) -> Result<Vec<Vec<f32>>, KernelError> {
+        let mut outs = vec![vec![0f32; d.heads * d.v]; mixed.len()];
+        match self {
+            LatentProjections::Split { unembed_out, .. } => {
+                for h in 0..d.heads {
+                    let m = head(unembed_out, h)?;
+                    let rows: Vec<Vec<f32>> =
+                        mixed.iter().map(|per_head| per_head[h].clone()).collect();
+                    for (out, head_out) in outs.iter_mut().zip(apply_batch(&m, &rows, stats)?) {
+                        out[h * d.v..(h + 1) * d.v].copy_from_slice(&head_out);
+                    }
+                }
+            }
+            LatentProjections::Whole(m) => {
+                for (out, per_head) in outs.iter_mut().zip(mixed) {
+                    for (h, latent) in per_head.iter().enumerate() {
+                        let first = h * (d.nope + d.v) + d.nope;
+                        let head_out = &mut out[h * d.v..(h + 1) * d.v];
+                        m.matvec_rows(first..first + d.v, latent, head_out)?;
+                    }
+                    stats.weight_bytes += m.stored_bytes() as u64;
+                }
+            }
+        }
+        Ok(outs)
+    }
+}
+
 /// The `count` experts stacked in `{stacked}.{gate,up,down}_proj` (MLX's `switch_mlp`): gate
 /// and up `[inner, width]`, down `[width, inner]`, held resident.
 pub(crate) fn stacked_experts<'a>(

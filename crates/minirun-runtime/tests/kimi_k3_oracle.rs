@@ -158,6 +158,15 @@ fn experts_only_mxfp4_as_published_matches_mlx_lm() {
     matches_mlx("mlx-k3mix");
 }
 
+/// The same weights under the upstream (Hugging Face) names, which the published K3 artifact
+/// uses too: separate q/k/v projections and convolutions, a whole `kv_b_proj`, per-expert
+/// `block_sparse_moe.experts.E.w1/w3/w2`, `A_log` padded with zeros. mlx-lm maps them back to
+/// exactly mlx-k3mix's model, so its oracle is this checkpoint's.
+#[test]
+fn hugging_face_names_match_mlx_lm() {
+    matches_mlx("hf-k3mix");
+}
+
 #[test]
 fn a_bad_token_is_refused_before_the_cache_changes() {
     let dir = packed("mlx-mxfp4");

@@ -88,8 +88,14 @@ fn the_session_generates_mlx_lms_greedy_continuation() {
 
 #[test]
 fn streamed_kimi_k3_has_the_resident_bits_and_reads_the_planned_bytes() {
-    // The published layout's quantization: only the routed experts are 4-bit.
-    let variant = "mlx-k3mix";
+    // The published layout's quantization: only the routed experts are 4-bit; under mlx-lm's
+    // names and under the upstream ones (per-expert tensors, separate q/k/v).
+    for variant in ["mlx-k3mix", "hf-k3mix"] {
+        streams_with_the_resident_bits(variant);
+    }
+}
+
+fn streams_with_the_resident_bits(variant: &str) {
     let dir = packed(variant);
     let session = Session::open(dir.path(), Trust::Unverified).unwrap();
     let prompt = oracle_ids(variant, "prompt_token_ids");
@@ -121,7 +127,7 @@ fn streamed_kimi_k3_has_the_resident_bits_and_reads_the_planned_bytes() {
         let streamed = session.planned_model(&plan, experts.clone()).unwrap();
         let (bits, decode) = on_threads(threads, || run(&streamed, &prompt));
         let case = format!(
-            "{} layers streamed, read-ahead {read_ahead}, {threads} threads",
+            "{variant}: {} layers streamed, read-ahead {read_ahead}, {threads} threads",
             plan.streamed_layers.len()
         );
         assert!(bits == resident_bits, "{case}: other logits than resident");
@@ -144,7 +150,7 @@ fn streamed_kimi_k3_has_the_resident_bits_and_reads_the_planned_bytes() {
     let Err(SessionError::Plan(PlanError::BelowFloor(_))) =
         session.plan(Budget::Bytes(floor.floor - 1), 64)
     else {
-        panic!("a budget below the floor was planned");
+        panic!("{variant}: a budget below the floor was planned");
     };
 }
 
@@ -202,5 +208,37 @@ fn without_a_tokenizer_json_the_session_reads_k3s_tiktoken_model() {
         err.to_string()
             .contains("931 ids and the model's vocabulary 512"),
         "{err}"
+    );
+}
+
+/// The published K3 stores `A_log` padded to `head_dim` with zeros; a checkpoint whose padding
+/// is not zero is refused, naming the tensor.
+#[test]
+fn an_a_log_whose_padding_is_not_zero_is_refused() {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/kimi-k3/hf-k3mix");
+    let edited = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(&source).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), edited.path().join(entry.file_name())).unwrap();
+    }
+    let shard = edited.path().join("model.safetensors");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    let name = "language_model.model.layers.1.self_attn.A_log";
+    let (header_len, metadata) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let info = metadata.info(name).unwrap();
+    // Entry 4 is the first after the tiny model's 4 heads.
+    let at = 8 + header_len + info.data_offsets.0 + 4 * 4;
+    bytes[at..at + 4].copy_from_slice(&1.0f32.to_le_bytes());
+    std::fs::write(&shard, bytes).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    pack(edited.path(), out.path(), &PackOptions::default(), &|_| {}).unwrap();
+    let session = Session::open(out.path(), Trust::Unverified).unwrap();
+    let Err(err) = session.model() else {
+        panic!("a non-zero A_log padding loaded");
+    };
+    let text = err.to_string();
+    assert!(
+        text.contains(name) && text.contains("are not zero"),
+        "{text}"
     );
 }

@@ -311,7 +311,7 @@ fn a_kimi_k3_config_is_read_as_kimi_k3_and_weights_it_does_not_name_are_refused(
     };
     assert!(
         err.to_string()
-            .contains("the artifact has no tensor model.layers.0.self_attn.A_log"),
+            .contains("self_attn.q_proj.weight: this is not a Kimi K3 text model"),
         "{err}"
     );
 
