@@ -27,11 +27,22 @@ pub struct PackArgs {
     /// The pinned upstream commit (40 lowercase hex characters).
     #[arg(long, value_name = "SHA", requires = "source_repo")]
     pub source_revision: Option<String>,
+    /// The artifact layout to write: minirun's own, or the published Kimi K3 layout
+    /// (docs/formats/k3-published.md) from a K3 checkpoint under the upstream tensor names with
+    /// MXFP4 experts.
+    #[arg(long, value_enum, default_value_t = Layout::Minirun, conflicts_with = "source_repo")]
+    pub layout: Layout,
     /// Print a JSON summary instead of text.
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
     pub threads: crate::threads::Threads,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Layout {
+    Minirun,
+    KimiK3Published,
 }
 
 #[derive(Args)]
@@ -62,6 +73,9 @@ fn bytes_bar(source: &std::path::Path) -> ProgressBar {
 }
 
 pub fn pack(args: &PackArgs) -> Result<ExitCode> {
+    if args.layout == Layout::KimiK3Published {
+        return pack_k3_published(args);
+    }
     let opts = PackOptions {
         source_repo: args.source_repo.clone(),
         source_revision: args.source_revision.clone(),
@@ -105,6 +119,38 @@ pub fn pack(args: &PackArgs) -> Result<ExitCode> {
             shown(&args.out),
             shown(&args.source)
         );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn pack_k3_published(args: &PackArgs) -> Result<ExitCode> {
+    let start = Instant::now();
+    minirun_pack::k3_published::pack_k3_published(
+        &args.source,
+        &args.out,
+        minirun_pack::k3_published::BandSizes::default(),
+    )
+    .with_context(|| {
+        format!(
+            "cannot write {} in the published Kimi K3 layout into {}",
+            shown(&args.source),
+            shown(&args.out)
+        )
+    })?;
+    let seconds = start.elapsed().as_secs_f64();
+    match args.json {
+        true => println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &json!({ "artifact": shown(&args.out), "layout": "kimi-k3-published", "seconds": seconds })
+            )?
+        ),
+        false => println!(
+            "wrote {} -> {} in the published Kimi K3 layout in {seconds:.2} s\nnext: minirun info {}/layer00/manifest.json",
+            shown(&args.source),
+            shown(&args.out),
+            shown(&args.out)
+        ),
     }
     Ok(ExitCode::SUCCESS)
 }

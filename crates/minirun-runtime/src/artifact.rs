@@ -20,6 +20,8 @@ use minirun_store::{
 
 use crate::kernels::{BlockScale, FloatType, Format, QMatrix};
 
+mod k3_layout;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ArtifactError {
     #[error("{path}: {error}")]
@@ -91,6 +93,17 @@ enum Location {
     },
     Tiled {
         file: usize,
+    },
+    /// Row bands in one file, read as one range and joined (the published Kimi K3 layout): a
+    /// deterministic tensor's bands, or an expert projection's consecutive tiles. `member`
+    /// describes a float tensor (for [`Artifact::vector`]).
+    Banded {
+        format: Format,
+        rows: usize,
+        cols: usize,
+        member: Option<Box<Member>>,
+        part: PartLayout,
+        resident: OnceLock<Vec<u8>>,
     },
 }
 
@@ -198,6 +211,15 @@ pub enum PartLayout {
         scales: Option<Piece>,
         biases: Option<Piece>,
     },
+    /// Row bands: one read of `range` (file offsets); the packed bytes are the `packed` ranges
+    /// joined in order, the scales the `scales` ranges (none for a float tensor), each relative
+    /// to the range's start. Joined into one buffer after the read.
+    Bands {
+        file: usize,
+        range: Range<u64>,
+        packed: Vec<Range<u64>>,
+        scales: Vec<Range<u64>>,
+    },
 }
 
 impl PartLayout {
@@ -209,6 +231,10 @@ impl PartLayout {
             PartLayout::Pieces { scales, biases, .. } => {
                 1 + u64::from(scales.is_some()) + u64::from(biases.is_some())
             }
+            // The read and the joined copy are both held while the bands are joined.
+            PartLayout::Bands { .. } => {
+                return 2 * (self.read_bytes() + minirun_store::SLOT_ALIGN as u64);
+            }
         };
         self.read_bytes() + reads * minirun_store::SLOT_ALIGN as u64
     }
@@ -217,6 +243,7 @@ impl PartLayout {
     pub fn read_bytes(&self) -> u64 {
         match self {
             PartLayout::Tile { tile, .. } => tile.end - tile.start,
+            PartLayout::Bands { range, .. } => range.end - range.start,
             PartLayout::Pieces {
                 packed,
                 scales,
@@ -392,7 +419,11 @@ impl Artifact {
             .map(|b| text("tokenizer_config.json", b))
             .transpose()?;
         let tiktoken_model = read_metadata(&files, "tiktoken.model")?;
-        let manifests = files.unit_manifests()?;
+        let published_k3 = k3_layout::is_k3_published(&files)?;
+        let manifests = match published_k3 {
+            true => Vec::new(),
+            false => files.unit_manifests()?,
+        };
         let mut artifact = Artifact {
             root: root.to_path_buf(),
             config_json,
@@ -411,6 +442,9 @@ impl Artifact {
             for entry in &manifest.files {
                 artifact.add_file(&manifest.unit, entry)?;
             }
+        }
+        if published_k3 {
+            artifact.add_k3_published()?;
         }
         if artifact.payload.is_empty() {
             return Err(ArtifactError::Incomplete(shown, "it has no unit manifests"));
@@ -604,7 +638,9 @@ impl Artifact {
             .tensors
             .values()
             .filter_map(|l| match l {
-                Location::Member { resident, .. } => resident.get(),
+                Location::Member { resident, .. } | Location::Banded { resident, .. } => {
+                    resident.get()
+                }
                 Location::Tiled { .. } => None,
             })
             .map(|b| b.len() as u64)
@@ -686,8 +722,30 @@ impl Artifact {
                 })?;
                 Ok((bytes, member))
             }
+            Some(Location::Banded {
+                member: Some(member),
+                part,
+                resident,
+                ..
+            }) => Ok((self.joined_bands(part, resident)?, member)),
             other => Err(not_a_member(name, other)),
         }
+    }
+
+    /// A banded part's bytes joined (packed, then scales), read once and held.
+    fn joined_bands<'s>(
+        &'s self,
+        part: &PartLayout,
+        resident: &'s OnceLock<Vec<u8>>,
+    ) -> Result<&'s [u8], ArtifactError> {
+        once(resident, || {
+            let PartLayout::Bands { file, range, .. } = part else {
+                return Err(tensor_err("bands", "are not a banded part".into()));
+            };
+            let read = self.read_aligned(*file, range.start, range.end - range.start)?;
+            Ok(join_bands(part, read.as_slice()))
+        })
+        .map(Vec::as_slice)
     }
 
     /// The matrix (or stack) of module `module`: `{module}.weight` with its scales and biases
@@ -733,6 +791,14 @@ impl Artifact {
                     &bytes[(tile.start + r.start) as usize..(tile.start + r.end) as usize]
                 };
                 (at(packed), at(scales), biases.as_ref().map_or(&[][..], at))
+            }
+            PartLayout::Bands { .. } => {
+                let Some(Location::Banded { resident, .. }) = self.tensors.get(&layout.name) else {
+                    return Err(tensor_err(&layout.name, "is not a banded tensor".into()));
+                };
+                let bytes = self.joined_bands(part, resident)?;
+                let p = joined_packed_len(part);
+                (&bytes[..p], &bytes[p..], &[][..])
             }
             PartLayout::Pieces {
                 packed,
@@ -796,6 +862,28 @@ impl Artifact {
                     paths: vec![path],
                 })
             }
+            PartLayout::Bands {
+                file,
+                range,
+                scales,
+                ..
+            } => {
+                let handle = self.handle(*file)?;
+                let mut read = self.read_buffers.buffer((range.end - range.start) as usize);
+                let path = handle.read_into(range.start, &mut read)?;
+                let joined = join_bands(part, read.as_slice());
+                drop(read);
+                let mut buf = self.read_buffers.buffer(joined.len());
+                buf.as_mut_slice().copy_from_slice(&joined);
+                let p = joined_packed_len(part);
+                Ok(LoadedPart {
+                    reads: vec![buf],
+                    packed: (0, 0..p),
+                    scales: (!scales.is_empty()).then_some((0, p..joined.len())),
+                    biases: None,
+                    paths: vec![path],
+                })
+            }
             PartLayout::Pieces {
                 packed,
                 scales,
@@ -837,6 +925,19 @@ impl Artifact {
             None => return Err(ArtifactError::Missing(name)),
             Some(Location::Tiled { file }) => self.tiled(&name, *file)?,
             Some(Location::Member { .. }) => self.plain_matrix(module, &name)?,
+            Some(Location::Banded {
+                format,
+                rows,
+                cols,
+                part,
+                ..
+            }) => StackLayout {
+                name: name.clone(),
+                format: *format,
+                rows: *rows,
+                cols: *cols,
+                parts: vec![part.clone()],
+            },
         };
         if (layout.rows, layout.cols) != (rows, cols) {
             return Err(tensor_err(
@@ -1000,6 +1101,26 @@ impl Artifact {
                 biases,
             )?,
         })
+    }
+}
+
+/// A banded part's packed ranges, then its scale ranges, out of `read` (its range's bytes).
+fn join_bands(part: &PartLayout, read: &[u8]) -> Vec<u8> {
+    let PartLayout::Bands { packed, scales, .. } = part else {
+        return Vec::new();
+    };
+    let mut joined = Vec::with_capacity(part.read_bytes() as usize);
+    for r in packed.iter().chain(scales) {
+        joined.extend_from_slice(&read[r.start as usize..r.end as usize]);
+    }
+    joined
+}
+
+/// Where a banded part's scales start in its joined bytes.
+fn joined_packed_len(part: &PartLayout) -> usize {
+    match part {
+        PartLayout::Bands { packed, .. } => packed.iter().map(|r| (r.end - r.start) as usize).sum(),
+        _ => 0,
     }
 }
 

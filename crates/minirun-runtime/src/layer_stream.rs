@@ -111,7 +111,7 @@ pub fn resident_bytes<'p>(artifact: &Artifact, parts: impl Iterator<Item = &'p P
             PartLayout::Tile { file, .. } => {
                 files.insert(*file);
             }
-            p @ PartLayout::Pieces { .. } => pieces += p.read_bytes(),
+            p @ (PartLayout::Pieces { .. } | PartLayout::Bands { .. }) => pieces += p.read_bytes(),
         }
     }
     pieces

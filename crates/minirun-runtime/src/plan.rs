@@ -235,7 +235,9 @@ fn sizes(artifact: &Artifact, c: &impl Shape, experts: &ExpertMap) -> Result<Siz
                     PartLayout::Tile { file, .. } => {
                         container_files.insert(*file);
                     }
-                    p @ PartLayout::Pieces { .. } => pieces += p.read_bytes(),
+                    p @ (PartLayout::Pieces { .. } | PartLayout::Bands { .. }) => {
+                        pieces += p.read_bytes()
+                    }
                 }
             }
         }

@@ -7,12 +7,11 @@ mod common;
 
 use std::path::Path;
 
-use common::on_threads;
+use common::{greedy_bits, on_threads};
 use minirun_pack::{PackOptions, pack};
 use minirun_runtime::budget::Budget;
-use minirun_runtime::generate::{Sampling, argmax};
-use minirun_runtime::layers::StepStats;
-use minirun_runtime::model::{Architecture, Decoder, Model};
+use minirun_runtime::generate::Sampling;
+use minirun_runtime::model::{Architecture, Decoder};
 use minirun_runtime::plan::{Mode, PlanError};
 use minirun_runtime::session::{Session, SessionError, Trust};
 
@@ -39,23 +38,6 @@ fn oracle_ids(variant: &str, key: &str) -> Vec<u32> {
         .iter()
         .map(|v| v.as_u64().unwrap() as u32)
         .collect()
-}
-
-/// The prompt, then `STEPS` greedy steps: every logit's bits, and the decode steps' figures.
-fn run(model: &Model, prompt: &[u32]) -> (Vec<u32>, StepStats) {
-    let mut cache = model.new_cache();
-    let mut logits = model
-        .prefill(prompt, &mut cache, &mut StepStats::default())
-        .unwrap();
-    let mut bits: Vec<u32> = logits.iter().map(|l| l.to_bits()).collect();
-    let mut decode = StepStats::default();
-    for _ in 0..STEPS {
-        let mut stats = StepStats::default();
-        logits = model.step(argmax(&logits), &mut cache, &mut stats).unwrap();
-        minirun_runtime::generate::accumulate(&mut decode, &stats);
-        bits.extend(logits.iter().map(|l| l.to_bits()));
-    }
-    (bits, decode)
 }
 
 #[test]
@@ -100,7 +82,7 @@ fn streams_with_the_resident_bits(variant: &str) {
     let session = Session::open(dir.path(), Trust::Unverified).unwrap();
     let prompt = oracle_ids(variant, "prompt_token_ids");
     let resident = session.model().unwrap();
-    let (resident_bits, _) = run(&resident, &prompt);
+    let (resident_bits, _) = greedy_bits(&resident, &prompt, STEPS);
 
     // At the floor every layer's attention, router and shared experts stream too.
     let (floor, experts) = session.plan(Budget::Floor, 64).unwrap();
@@ -125,7 +107,7 @@ fn streams_with_the_resident_bits(variant: &str) {
             ..plan.clone()
         };
         let streamed = session.planned_model(&plan, experts.clone()).unwrap();
-        let (bits, decode) = on_threads(threads, || run(&streamed, &prompt));
+        let (bits, decode) = on_threads(threads, || greedy_bits(&streamed, &prompt, STEPS));
         let case = format!(
             "{variant}: {} layers streamed, read-ahead {read_ahead}, {threads} threads",
             plan.streamed_layers.len()

@@ -54,3 +54,27 @@ pub fn on_threads<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> T {
         .unwrap()
         .install(f)
 }
+
+/// The prompt, then `steps` greedy steps: every logit's bits, and the decode steps' figures.
+pub fn greedy_bits(
+    model: &minirun_runtime::model::Model,
+    prompt: &[u32],
+    steps: usize,
+) -> (Vec<u32>, minirun_runtime::layers::StepStats) {
+    use minirun_runtime::layers::StepStats;
+    use minirun_runtime::model::Decoder;
+    let mut cache = model.new_cache();
+    let mut logits = model
+        .prefill(prompt, &mut cache, &mut StepStats::default())
+        .unwrap();
+    let mut bits: Vec<u32> = logits.iter().map(|l| l.to_bits()).collect();
+    let mut decode = StepStats::default();
+    for _ in 0..steps {
+        let mut stats = StepStats::default();
+        let token = minirun_runtime::generate::argmax(&logits);
+        logits = model.step(token, &mut cache, &mut stats).unwrap();
+        minirun_runtime::generate::accumulate(&mut decode, &stats);
+        bits.extend(logits.iter().map(|l| l.to_bits()));
+    }
+    (bits, decode)
+}
