@@ -227,3 +227,49 @@ fn the_published_layout_runs_with_the_bits_of_minirun_s_own() {
         );
     }
 }
+
+/// The band table says where each band is: bands stored out of row order read the same tensor.
+#[test]
+fn bands_stored_out_of_row_order_read_the_same_tensor() {
+    use minirun_runtime::artifact::{Access, Artifact};
+    let checkpoint = source();
+    let out = tempfile::tempdir().unwrap();
+    pack_k3_published(checkpoint.path(), out.path(), BANDS).unwrap();
+    let name = "language_model.model.layers.0.self_attn.q_proj.weight";
+    let read = |dir: &Path| {
+        let artifact = Artifact::open(dir, Access::Unverified).unwrap();
+        artifact.vector(name, 256 * 128).unwrap()
+    };
+    let want = read(out.path());
+
+    let manifest_path = out.path().join("layer00/manifest.json");
+    let mut manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&manifest_path).unwrap()).unwrap();
+    let units = manifest["nonexpert"]["units"].as_array_mut().unwrap();
+    let bands: Vec<usize> = (0..units.len())
+        .filter(|&i| units[i]["tensor"] == name)
+        .collect();
+    let (a, b) = (bands[0], bands[bands.len() - 1]);
+    let offset = |i: usize| units[i]["offset"].as_u64().unwrap() as usize;
+    let (oa, ob, len) = (
+        offset(a),
+        offset(b),
+        units[a]["length"].as_u64().unwrap() as usize,
+    );
+    let blob_path = out.path().join("layer00/layer00-deterministic.bin");
+    let mut blob = std::fs::read(&blob_path).unwrap();
+    let first: Vec<u8> = blob[oa..oa + len].to_vec();
+    blob.copy_within(ob..ob + len, oa);
+    blob[ob..ob + len].copy_from_slice(&first);
+    std::fs::write(&blob_path, blob).unwrap();
+    units[a]["offset"] = ob.into();
+    units[b]["offset"] = oa.into();
+    std::fs::write(&manifest_path, manifest.to_string()).unwrap();
+    assert_eq!(
+        read(out.path())
+            .iter()
+            .map(|v| v.to_bits())
+            .collect::<Vec<_>>(),
+        want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
+}

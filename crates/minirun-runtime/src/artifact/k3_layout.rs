@@ -187,8 +187,10 @@ impl Artifact {
                 BandDtype::F32 => (FloatType::F32, "F32"),
                 BandDtype::Bf16 => (FloatType::BF16, "BF16"),
             };
-            let start = t.bands.first().map_or(0, |b| b.0);
-            let end = t.bands.last().map_or(0, |b| b.0 + b.1);
+            // Bands are in row order; their offsets need not ascend (the table says where each
+            // is), so the read covers the span of all of them.
+            let start = t.bands.iter().map(|b| b.0).min().unwrap_or(0);
+            let end = t.bands.iter().map(|b| b.0 + b.1).max().unwrap_or(0);
             let shape = vec![t.rows as usize, t.cols as usize];
             let location = Location::Banded {
                 format: Format::Dense(float),
