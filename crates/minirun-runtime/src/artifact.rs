@@ -743,7 +743,9 @@ impl Artifact {
                 return Err(tensor_err("bands", "are not a banded part".into()));
             };
             let read = self.read_aligned(*file, range.start, range.end - range.start)?;
-            Ok(join_bands(part, read.as_slice()))
+            let mut joined = vec![0u8; joined_len(part)];
+            join_bands_into(part, read.as_slice(), &mut joined);
+            Ok(joined)
         })
         .map(Vec::as_slice)
     }
@@ -871,15 +873,14 @@ impl Artifact {
                 let handle = self.handle(*file)?;
                 let mut read = self.read_buffers.buffer((range.end - range.start) as usize);
                 let path = handle.read_into(range.start, &mut read)?;
-                let joined = join_bands(part, read.as_slice());
-                drop(read);
-                let mut buf = self.read_buffers.buffer(joined.len());
-                buf.as_mut_slice().copy_from_slice(&joined);
+                let len = joined_len(part);
+                let mut buf = self.read_buffers.buffer(len);
+                join_bands_into(part, read.as_slice(), buf.as_mut_slice());
                 let p = joined_packed_len(part);
                 Ok(LoadedPart {
                     reads: vec![buf],
                     packed: (0, 0..p),
-                    scales: (!scales.is_empty()).then_some((0, p..joined.len())),
+                    scales: (!scales.is_empty()).then_some((0, p..len)),
                     biases: None,
                     paths: vec![path],
                 })
@@ -1104,16 +1105,30 @@ impl Artifact {
     }
 }
 
-/// A banded part's packed ranges, then its scale ranges, out of `read` (its range's bytes).
-fn join_bands(part: &PartLayout, read: &[u8]) -> Vec<u8> {
+/// A banded part's packed ranges, then its scale ranges, out of `read` (its range's bytes),
+/// into `out` (exactly their total length).
+fn join_bands_into(part: &PartLayout, read: &[u8], out: &mut [u8]) {
     let PartLayout::Bands { packed, scales, .. } = part else {
-        return Vec::new();
+        return;
     };
-    let mut joined = Vec::with_capacity(part.read_bytes() as usize);
+    let mut at = 0;
     for r in packed.iter().chain(scales) {
-        joined.extend_from_slice(&read[r.start as usize..r.end as usize]);
+        let band = &read[r.start as usize..r.end as usize];
+        out[at..at + band.len()].copy_from_slice(band);
+        at += band.len();
     }
-    joined
+}
+
+/// The length of a banded part's joined bytes.
+fn joined_len(part: &PartLayout) -> usize {
+    match part {
+        PartLayout::Bands { packed, scales, .. } => packed
+            .iter()
+            .chain(scales)
+            .map(|r| (r.end - r.start) as usize)
+            .sum(),
+        _ => 0,
+    }
 }
 
 /// Where a banded part's scales start in its joined bytes.
