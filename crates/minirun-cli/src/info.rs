@@ -58,8 +58,8 @@ pub fn run(args: &InfoArgs) -> Result<ExitCode> {
         );
     }
     if looks_like_json(&first) {
-        if let Some(layer) = k3_layer_manifest(path)? {
-            return k3_manifest_info(path, layer, args.json);
+        if let Some((layer, bytes)) = k3_layer_manifest(path)? {
+            return k3_manifest_info(path, layer, &bytes, args.json);
         }
         return index_info(path, args.json);
     }
@@ -83,8 +83,8 @@ fn looks_like_json(first: &[u8]) -> bool {
 }
 
 /// Whether `path` is a published Kimi K3 layer manifest (a JSON object with `layer` and
-/// `nonexpert`), and which layer its directory (`layerNN`) says it is.
-fn k3_layer_manifest(path: &Path) -> Result<Option<usize>> {
+/// `nonexpert`): which layer its directory (`layerNN`) says it is, and its bytes.
+fn k3_layer_manifest(path: &Path) -> Result<Option<(usize, Vec<u8>)>> {
     let bytes = read_prefix(path, MAX_MANIFEST_BYTES as usize + 1)?;
     let Ok(doc) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
         return Ok(None);
@@ -98,7 +98,7 @@ fn k3_layer_manifest(path: &Path) -> Result<Option<usize>> {
         .and_then(|n| n.to_str())
         .unwrap_or_default();
     match dir.strip_prefix("layer").map(str::parse::<usize>) {
-        Some(Ok(layer)) if dir.len() == 7 => Ok(Some(layer)),
+        Some(Ok(layer)) if dir.len() == 7 => Ok(Some((layer, bytes))),
         _ => bail!(
             "{} is a Kimi K3 layer manifest outside a layerNN directory, so the layer it must name is unknown; read it where the artifact has it",
             shown(path)
@@ -106,13 +106,12 @@ fn k3_layer_manifest(path: &Path) -> Result<Option<usize>> {
     }
 }
 
-fn k3_manifest_info(path: &Path, layer: usize, as_json: bool) -> Result<ExitCode> {
-    if std::fs::metadata(path)?.len() > MAX_MANIFEST_BYTES {
+fn k3_manifest_info(path: &Path, layer: usize, bytes: &[u8], as_json: bool) -> Result<ExitCode> {
+    if bytes.len() as u64 > MAX_MANIFEST_BYTES {
         bail!("{} is larger than {MAX_MANIFEST_BYTES} bytes", shown(path));
     }
-    let bytes = read_prefix(path, MAX_MANIFEST_BYTES as usize)?;
     let shown_path = shown(path);
-    let manifest = K3LayerManifest::parse(&bytes, &shown_path, layer)?;
+    let manifest = K3LayerManifest::parse(bytes, &shown_path, layer)?;
     let tensors = manifest.tensors(&shown_path)?;
     let d = &manifest.nonexpert;
     if as_json {

@@ -10,7 +10,6 @@
 //! `band_bytes`, an expert's as `expert_band_rows` says.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
@@ -24,6 +23,7 @@ use serde_json::{Value, json};
 
 use crate::PackError;
 use crate::checkpoint::Checkpoint;
+use crate::pack::{copy_verbatim, prepare_output};
 use crate::shard::{TensorSource, read_slice_into};
 
 /// Band heights.
@@ -97,7 +97,8 @@ fn role(name: &str) -> &'static str {
     }
 }
 
-/// Writes the published layout of the checkpoint at `source` into `out` (absent or empty).
+/// Writes the published layout of the checkpoint at `source` into `out` (absent, empty, or an
+/// earlier pack's output, as for [`crate::pack()`]).
 pub fn pack_k3_published(source: &Path, out: &Path, bands: BandSizes) -> Result<(), PackError> {
     let ckpt = Checkpoint::open(source)?;
     let text = ckpt.config.get("text_config").ok_or_else(|| {
@@ -114,19 +115,7 @@ pub fn pack_k3_published(source: &Path, out: &Path, bands: BandSizes) -> Result<
         true => "language_model.",
         false => "",
     };
-    if out.exists()
-        && std::fs::read_dir(out)
-            .map_err(|e| PackError::io(out, e))?
-            .next()
-            .is_some()
-    {
-        return Err(refused(
-            out.display().to_string(),
-            "is not empty; choose a new directory",
-        ));
-    }
-    std::fs::create_dir_all(out).map_err(|e| PackError::io(out, e))?;
-    File::create(out.join(INCOMPLETE_MARKER)).map_err(|e| PackError::io(out, e))?;
+    prepare_output(out)?;
     let mut total = write_globals(&ckpt, out, text, root)?;
     let mut files = 3;
     for layer in 0..layers {
@@ -135,9 +124,7 @@ pub fn pack_k3_published(source: &Path, out: &Path, bands: BandSizes) -> Result<
         total += bytes;
     }
     for name in &ckpt.other_files {
-        let from = ckpt.dir.join(name);
-        let bytes = std::fs::read(&from).map_err(|e| PackError::io(&from, e))?;
-        atomic_file::write_bytes(&out.join(name), &bytes)?;
+        copy_verbatim(&ckpt.dir.join(name), &out.join(name))?;
     }
     let index = json!({
         "format": "quantized_tile_container",

@@ -187,7 +187,7 @@ fn check_provenance(opts: &PackOptions) -> Result<(), PackError> {
 
 /// `out` must be absent, empty, or a previous pack's output (complete or interrupted),
 /// which is cleared first so that no file of an earlier pack survives into this one.
-fn prepare_output(out: &Path) -> Result<(), PackError> {
+pub(crate) fn prepare_output(out: &Path) -> Result<(), PackError> {
     if out.exists() {
         let entries: Vec<PathBuf> = std::fs::read_dir(out)
             .map_err(|e| PackError::io(out, e))?
@@ -453,7 +453,7 @@ fn write_blob(
     })
 }
 
-fn copy_verbatim(from: &Path, to: &Path) -> Result<(), PackError> {
+pub(crate) fn copy_verbatim(from: &Path, to: &Path) -> Result<(), PackError> {
     let mut src = regular_file::open(from).map_err(|e| PackError::io(from, e))?;
     write_atomic(to, |mut file| io::copy(&mut src, &mut file).map(|_| ()))
 }

@@ -426,15 +426,10 @@ impl<'a> DeepSeekV3<'a> {
             Mode::Resident => DeepSeekV3::build(artifact, config, None, &[]),
             Mode::Streamed => {
                 let experts = plan.streamed_experts(experts);
-                let cache =
-                    ExpertCache::new(plan.cache_bytes, plan.moe_layers - plan.held_layers.len());
                 let mut model =
                     DeepSeekV3::build(artifact, config, Some(experts), &plan.streamed_layers)?;
-                model.cache = Some(cache);
+                model.cache = Some(plan.start_streaming(artifact));
                 model.stream.read_ahead = plan.read_ahead;
-                // What a step frees (its uncached experts, its streamed layers) the next one
-                // reads into again; the plan set that much aside for reads in flight.
-                artifact.keep_read_buffers(plan.slot_pool_bytes + plan.layer_pool_bytes);
                 model.reads_in_flight = plan.reads_in_flight;
                 Ok(model)
             }
@@ -453,20 +448,8 @@ impl<'a> DeepSeekV3<'a> {
             source: Source::Resident(artifact),
             streamed: streamed_experts.as_ref(),
         };
-        let mut layers = Vec::with_capacity(c.num_hidden_layers);
-        let mut streamed = Vec::with_capacity(c.num_hidden_layers);
-        for i in 0..c.num_hidden_layers {
-            match streamed_layers.contains(&i) {
-                true => {
-                    streamed.push(Some(layer_stream::layer_matrices(artifact, c, i)?));
-                    layers.push(None);
-                }
-                false => {
-                    streamed.push(None);
-                    layers.push(Some(Box::new(loader.layer(i, c)?)));
-                }
-            }
-        }
+        let (layers, stream) =
+            layer_stream::held_or_streamed(artifact, c, streamed_layers, |i| loader.layer(i, c))?;
         let embed = loader.one("model.embed_tokens", c.vocab_size, c.hidden_size)?;
         let lm_head = loader.one("lm_head", c.vocab_size, c.hidden_size)?;
         Ok(DeepSeekV3 {
@@ -476,7 +459,7 @@ impl<'a> DeepSeekV3<'a> {
             rope: Rope::new(c.qk_rope_head_dim, c.rope_theta, c.rope_scaling.as_ref()),
             scale: attention_scale(c.q_head_dim(), c.rope_scaling.as_ref()),
             layers,
-            stream: LayerStream::new(streamed),
+            stream,
             experts: streamed_experts,
             reads_in_flight: DEFAULT_READS_IN_FLIGHT,
             artifact,

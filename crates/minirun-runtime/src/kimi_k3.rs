@@ -16,7 +16,7 @@ use crate::artifact::{Artifact, ArtifactError, Stack, StackLayout};
 use crate::experts::{ExpertCache, ExpertParts, STACKED, routed_experts};
 use crate::kernels::{Format, KernelError, QMatrix};
 use crate::kimi_k3_config::KimiK3Config;
-use crate::layer_stream::{LayerStream, LoadedLayer, Source};
+use crate::layer_stream::{self, LayerStream, LoadedLayer, Source};
 use crate::layers::{
     Activation, LatentDims, LatentProjections, Mlp, ModelError, RoutedExperts, Routing, StepStats,
     Streaming, add_rows, apply, apply_batch, attend_latent, rms_norm, run_routed, sigmoid, silu,
@@ -633,13 +633,21 @@ impl Shape for KimiK3Config {
     /// MLA layers keep a latent and a key per position; KDA layers a convolution window and a
     /// recurrent state whatever the context; all f32.
     fn cache_bytes(&self, context_tokens: usize) -> u64 {
+        // The config's sizes are each below 2^31 but nothing bounds their products: saturate,
+        // and a saturated reserve is refused by the plan like any other too-large one.
         let k = &self.kda;
-        let kda_layers = k.layers.len() as u64;
-        let mla_layers = self.num_hidden_layers as u64 - kda_layers;
-        let state = (k.num_heads * k.head_dim * k.head_dim) as u64;
-        let window = ((k.short_conv_kernel_size - 1) * 3 * k.num_heads * k.head_dim) as u64;
-        let per_position = ((self.kv_lora_rank + self.qk_rope_head_dim) as u64) * mla_layers;
-        (kda_layers * (state + window))
+        let product = |terms: &[usize]| {
+            terms
+                .iter()
+                .fold(1u64, |acc, &t| acc.saturating_mul(t as u64))
+        };
+        let kda_layers = k.layers.len();
+        let mla_layers = self.num_hidden_layers - kda_layers;
+        let state = product(&[k.num_heads, k.head_dim, k.head_dim]);
+        let window = product(&[k.short_conv_kernel_size - 1, 3, k.num_heads, k.head_dim]);
+        let per_position = product(&[self.kv_lora_rank + self.qk_rope_head_dim, mla_layers]);
+        product(&[kda_layers])
+            .saturating_mul(state.saturating_add(window))
             .saturating_add(per_position.saturating_mul(context_tokens as u64))
             .saturating_mul(4)
     }
@@ -780,14 +788,8 @@ impl<'a> KimiK3<'a> {
         }
         let experts = plan.streamed_experts(experts);
         let mut model = KimiK3::build(artifact, config, Some(experts), &plan.streamed_layers)?;
-        model.cache = Some(ExpertCache::new(
-            plan.cache_bytes,
-            plan.moe_layers - plan.held_layers.len(),
-        ));
+        model.cache = Some(plan.start_streaming(artifact));
         model.stream.read_ahead = plan.read_ahead;
-        // What a step frees (its uncached experts, its streamed layers) the next one reads
-        // into again; the plan set that much aside for reads in flight.
-        artifact.keep_read_buffers(plan.slot_pool_bytes + plan.layer_pool_bytes);
         model.reads_in_flight = plan.reads_in_flight;
         Ok(model)
     }
@@ -809,20 +811,8 @@ impl<'a> KimiK3<'a> {
             naming,
             streamed: experts.as_ref(),
         };
-        let mut layers = Vec::with_capacity(c.num_hidden_layers);
-        let mut streamed = Vec::with_capacity(c.num_hidden_layers);
-        for i in 0..c.num_hidden_layers {
-            match streamed_layers.contains(&i) {
-                true => {
-                    streamed.push(Some(c.streamable_matrices(artifact, i)?));
-                    layers.push(None);
-                }
-                false => {
-                    streamed.push(None);
-                    layers.push(Some(Box::new(loader.layer(i)?)));
-                }
-            }
-        }
+        let (layers, stream) =
+            layer_stream::held_or_streamed(artifact, c, streamed_layers, |i| loader.layer(i))?;
         let embed = loader.one(
             &format!("{root}model.embed_tokens"),
             c.vocab_size,
@@ -838,7 +828,7 @@ impl<'a> KimiK3<'a> {
             output_mix: loader.mix_query(&format!("{root}model"), "output_attn_res")?,
             norm: artifact.vector(&format!("{root}model.norm.weight"), c.hidden_size)?,
             layers,
-            stream: LayerStream::new(streamed),
+            stream,
             root,
             naming,
             experts,

@@ -239,6 +239,35 @@ pub struct LayerStream {
     kept: std::sync::Mutex<Option<(usize, LoadedLayer)>>,
 }
 
+/// Each layer's weights held for the run, or `None` where they stream.
+pub(crate) type HeldLayers<L> = Vec<Option<Box<L>>>;
+
+/// Every layer's weights as `streamed_layers` says: held for the run (built by `hold`), or
+/// streamed (`None`, its deterministic matrices listed by `shape` for the returned streamer).
+pub(crate) fn held_or_streamed<L>(
+    artifact: &Artifact,
+    shape: &impl crate::plan::Shape,
+    streamed_layers: &[usize],
+    mut hold: impl FnMut(usize) -> Result<L, ArtifactError>,
+) -> Result<(HeldLayers<L>, LayerStream), ArtifactError> {
+    let count = shape.layer_count();
+    let mut held = Vec::with_capacity(count);
+    let mut streamed = Vec::with_capacity(count);
+    for i in 0..count {
+        match streamed_layers.contains(&i) {
+            true => {
+                streamed.push(Some(shape.streamable_matrices(artifact, i)?));
+                held.push(None);
+            }
+            false => {
+                streamed.push(None);
+                held.push(Some(Box::new(hold(i)?)));
+            }
+        }
+    }
+    Ok((held, LayerStream::new(streamed)))
+}
+
 impl LayerStream {
     pub fn new(streamed: Vec<Option<Vec<StackLayout>>>) -> LayerStream {
         LayerStream {

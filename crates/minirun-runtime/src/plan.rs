@@ -29,7 +29,7 @@
 
 use crate::artifact::{Artifact, ArtifactError, PartLayout, StackLayout};
 use crate::budget::{Budget, human};
-use crate::experts::ExpertParts;
+use crate::experts::{ExpertCache, ExpertParts};
 use crate::layer_stream;
 
 /// Activations, the tokenizer and the runtime's own heap, beside the KV cache.
@@ -390,6 +390,14 @@ impl Plan {
             }
         }
         spare
+    }
+
+    /// The expert cache of a streamed run under this plan, for the layers not held. The
+    /// artifact keeps what a step frees (its uncached experts, its streamed layers) for the
+    /// next one to read into again: the plan set that much aside for reads in flight.
+    pub(crate) fn start_streaming(&self, artifact: &Artifact) -> ExpertCache {
+        artifact.keep_read_buffers(self.slot_pool_bytes + self.layer_pool_bytes);
+        ExpertCache::new(self.cache_bytes, self.moe_layers - self.held_layers.len())
     }
 
     /// The experts a streamed run reads from storage: `experts` without the held layers'

@@ -161,3 +161,20 @@ fn the_mlx_lm_fixture_configs_read_as_the_tiny_shape() {
         assert!(c.set_aside.iter().any(|k| k == "quantization"), "{variant}");
     }
 }
+
+/// The planner's cache reserve: K3's state and latents, and a saturated figure (not an overflow)
+/// for sizes whose product no machine holds.
+#[test]
+fn the_cache_reserve_counts_kda_state_and_saturates_on_absurd_sizes() {
+    use minirun_runtime::plan::Shape;
+    let c = parse(&published()).unwrap();
+    // 69 KDA layers of 96 x 128 x 128 state and a 3 x 3 x 12,288 window; 24 MLA layers of
+    // (512 + 64) floats a position; all f32.
+    let fixed = 69 * (96 * 128 * 128 + 3 * 3 * 96 * 128) * 4;
+    assert_eq!(c.cache_bytes(0), fixed);
+    assert_eq!(c.cache_bytes(10), fixed + 10 * 24 * 576 * 4);
+    let mut absurd = published();
+    absurd["text_config"]["linear_attn_config"]["head_dim"] = ((1u64 << 31) - 1).into();
+    absurd["text_config"]["linear_attn_config"]["num_heads"] = ((1u64 << 31) - 1).into();
+    assert_eq!(parse(&absurd).unwrap().cache_bytes(1), u64::MAX);
+}

@@ -319,7 +319,7 @@ impl K3LayerManifest {
                         b.index, b.row_start
                     )));
                 }
-                next_row += b.rows;
+                next_row = next_row.saturating_add(b.rows);
             }
             tensors.insert(
                 name.to_string(),
