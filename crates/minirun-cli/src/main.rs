@@ -8,6 +8,7 @@ mod pack_cmd;
 mod run_cmd;
 mod synth;
 mod threads;
+mod upstream_config;
 mod verify_cmd;
 
 use std::process::ExitCode;

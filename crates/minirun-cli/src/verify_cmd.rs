@@ -26,6 +26,12 @@ pub struct VerifyArgs {
     /// concatenated) instead of asking the Hub.
     #[arg(long, value_name = "FILE")]
     tree: Option<PathBuf>,
+    /// Where the publication holds no config.json (Kimi K3): the tree listing of the upstream
+    /// repository its index.json names, at the revision it names, to verify the config.json
+    /// placed in the artifact against (saved like --tree). Without it, the Hub is asked, and
+    /// fetches the file when the artifact lacks it.
+    #[arg(long, value_name = "FILE")]
+    source_tree: Option<PathBuf>,
     /// The Hub's origin (default: $HF_ENDPOINT, else https://huggingface.co).
     #[arg(long)]
     endpoint: Option<String>,
@@ -52,6 +58,21 @@ pub fn run(args: &VerifyArgs) -> Result<ExitCode> {
         _ => bail!(
             "give both --repo and --revision (with --tree FILE or the Hub), or neither (offline, against the artifact's own manifests)"
         ),
+    };
+    let sourced = match authority {
+        Authority::Publication => crate::upstream_config::sourced_config(
+            &args.dir,
+            &tree,
+            crate::upstream_config::Lookup {
+                source_tree: args.source_tree.as_deref(),
+                offline: args.tree.is_some(),
+                endpoint: args.endpoint.as_deref(),
+            },
+        )?,
+        Authority::OwnManifests if args.source_tree.is_some() => bail!(
+            "--source-tree verifies a file the publication lacks against its upstream: give it with --repo and --revision"
+        ),
+        Authority::OwnManifests => Vec::new(),
     };
     let against = match authority {
         Authority::Publication => format!("{}@{}", tree.repo, tree.revision),
@@ -84,9 +105,10 @@ pub fn run(args: &VerifyArgs) -> Result<ExitCode> {
     let started = Instant::now();
     // A kill keeps the per-file checkpoint; the next run continues from it.
     let never = std::sync::atomic::AtomicBool::new(false);
-    let result = minirun_store::verify_with(
+    let result = minirun_store::verify_sourced(
         &args.dir,
         &tree,
+        &sourced,
         authority,
         selection,
         minirun_store::Sealing {
@@ -111,6 +133,12 @@ pub fn run(args: &VerifyArgs) -> Result<ExitCode> {
         );
     }
     let evidence = verified.evidence;
+    for s in &sourced {
+        eprintln!(
+            "{} is not in the publication: verified against {}@{}, the upstream its index.json names",
+            s.file.path, s.origin.repo, s.origin.revision
+        );
+    }
     let seconds = started.elapsed().as_secs_f64();
     eprintln!(
         "verified: {} files match {against} ({:.1} s, {:.0} MB/s); evidence ({}) written to {}",

@@ -188,3 +188,187 @@ fn a_verify_killed_midway_resumes_from_its_checkpoint() {
     assert!(art.join(".minirun/evidence.json").exists());
     assert!(!checkpoint.exists());
 }
+
+const UPSTREAM: &str = "upstream/Model";
+const UPSTREAM_PIN: &str = "89abcdef0123456789abcdef0123456789abcdef";
+const PUBLICATION: &str = "team/Model-minirun";
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A Hub tree entry: LFS (SHA-256) or kept in git (SHA-1 of the blob).
+fn entry(path: &str, content: &[u8], lfs: bool) -> serde_json::Value {
+    use sha1::Digest as _;
+    let n = content.len();
+    if lfs {
+        let sha = hex(&sha2::Sha256::digest(content));
+        return serde_json::json!({"type": "file", "oid": "1".repeat(40), "size": n, "path": path,
+            "lfs": {"oid": sha, "size": n, "pointerSize": 134}});
+    }
+    let mut h = sha1::Sha1::new();
+    h.update(format!("blob {n}\0").as_bytes());
+    h.update(content);
+    serde_json::json!({"type": "file", "oid": hex(&h.finalize()), "size": n, "path": path})
+}
+
+type Repo = Vec<(String, Vec<u8>, bool)>;
+
+/// A publication without config.json whose index names its upstream, and that upstream.
+fn publication_and_upstream(art: &std::path::Path) -> (Repo, Repo) {
+    let index = format!(
+        "{{\"format\": \"quantized_tile_container\", \"source_repo\": \"{UPSTREAM}\", \"source_revision\": \"{UPSTREAM_PIN}\"}}\n"
+    );
+    let publication: Repo = vec![
+        ("index.json".into(), index.into_bytes(), false),
+        (
+            "layer00/layer00-w1.mxfp4tile".into(),
+            (0..50_000u32).map(|i| (i % 253) as u8).collect(),
+            true,
+        ),
+    ];
+    for (path, content, _) in &publication {
+        fs::create_dir_all(art.join(path).parent().unwrap()).unwrap();
+        fs::write(art.join(path), content).unwrap();
+    }
+    let upstream: Repo = vec![
+        (
+            "config.json".into(),
+            b"{\"model_type\": \"kimi_k3\"}\n".to_vec(),
+            false,
+        ),
+        ("model.safetensors".into(), vec![7; 1000], true),
+    ];
+    (publication, upstream)
+}
+
+fn listing(repo: &Repo) -> String {
+    serde_json::Value::Array(repo.iter().map(|(p, c, l)| entry(p, c, *l)).collect()).to_string()
+}
+
+#[test]
+fn a_publication_without_config_takes_it_verified_from_the_upstream_its_index_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let art = dir.path().join("art");
+    let (publication, upstream) = publication_and_upstream(&art);
+    let (pub_tree, up_tree) = (dir.path().join("pub.json"), dir.path().join("up.json"));
+    fs::write(&pub_tree, listing(&publication)).unwrap();
+    fs::write(&up_tree, listing(&upstream)).unwrap();
+    let art_s = art.to_str().unwrap();
+    let offline = [
+        "verify",
+        art_s,
+        "--repo",
+        PUBLICATION,
+        "--revision",
+        PIN,
+        "--tree",
+        pub_tree.to_str().unwrap(),
+    ];
+    let (code, err) = minirun(&offline);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains(&format!("{UPSTREAM}@{UPSTREAM_PIN}")) && err.contains("--source-tree"),
+        "{err}"
+    );
+    let with_source: Vec<&str> = offline
+        .iter()
+        .copied()
+        .chain(["--source-tree", up_tree.to_str().unwrap()])
+        .collect();
+    let (code, err) = minirun(&with_source);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("place it at"), "{err}");
+
+    fs::write(art.join("config.json"), b"{\"model_type\": \"kimi_k4\"}\n").unwrap();
+    let (code, err) = minirun(&with_source);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("config.json") && err.contains("hashes to"),
+        "{err}"
+    );
+
+    fs::write(art.join("config.json"), &upstream[0].1).unwrap();
+    let (code, err) = minirun(&with_source);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains(&format!("verified against {UPSTREAM}@{UPSTREAM_PIN}")),
+        "{err}"
+    );
+    let evidence: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(art.join(".minirun/evidence.json")).unwrap())
+            .unwrap();
+    let files = evidence["sealed"]["files"].as_array().unwrap();
+    let config = files.iter().find(|f| f["path"] == "config.json").unwrap();
+    assert_eq!(config["origin"]["repo"], UPSTREAM);
+    assert_eq!(config["origin"]["revision"], UPSTREAM_PIN);
+    assert!(
+        files
+            .iter()
+            .filter(|f| f["path"] != "config.json")
+            .all(|f| f.get("origin").is_none())
+    );
+
+    // From the Hub: config.json is fetched from the upstream, checked against its tree.
+    fs::remove_file(art.join("config.json")).unwrap();
+    let server = tiny_http::Server::http("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", server.server_addr().to_ip().unwrap());
+    let repos = [
+        (PUBLICATION, PIN, publication),
+        (UPSTREAM, UPSTREAM_PIN, upstream.clone()),
+    ];
+    std::thread::spawn(move || {
+        for request in server.incoming_requests() {
+            let response = answer(&repos, request.url());
+            let _ = request.respond(response);
+        }
+    });
+    let (code, err) = minirun(&[
+        "verify",
+        art_s,
+        "--repo",
+        PUBLICATION,
+        "--revision",
+        PIN,
+        "--endpoint",
+        &base,
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("fetched config.json"), "{err}");
+    assert_eq!(fs::read(art.join("config.json")).unwrap(), upstream[0].1);
+    assert!(!art.join(".minirun-partial").exists());
+}
+
+/// The Hub's tree, revision and resolve endpoints for `repos` (one page each).
+fn answer(
+    repos: &[(&str, &str, Repo)],
+    url: &str,
+) -> tiny_http::Response<std::io::Cursor<Vec<u8>>> {
+    let path = url.split('?').next().unwrap_or(url);
+    let respond = |status: u16, body: Vec<u8>, commit: &str| {
+        let header = tiny_http::Header::from_bytes("x-repo-commit", commit).unwrap();
+        tiny_http::Response::from_data(body)
+            .with_status_code(status)
+            .with_header(header)
+    };
+    for (repo, pin, files) in repos {
+        if path == format!("/api/models/{repo}/tree/{pin}") {
+            return respond(200, listing(files).into_bytes(), pin);
+        }
+        if path == format!("/api/models/{repo}/revision/{pin}") {
+            let siblings: Vec<_> = files
+                .iter()
+                .map(|(p, _, _)| serde_json::json!({"rfilename": p}))
+                .collect();
+            let body = serde_json::json!({"sha": pin, "siblings": siblings}).to_string();
+            return respond(200, body.into_bytes(), pin);
+        }
+        let resolved = path
+            .strip_prefix(&format!("/{repo}/resolve/{pin}/"))
+            .and_then(|file| files.iter().find(|(p, _, _)| p == file));
+        if let Some((_, content, _)) = resolved {
+            return respond(200, content.clone(), pin);
+        }
+    }
+    respond(404, b"{\"error\":\"Entry not found\"}".to_vec(), "")
+}

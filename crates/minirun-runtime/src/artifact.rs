@@ -34,6 +34,10 @@ pub enum ArtifactError {
         "{0} is not a complete artifact ({1}): pack it again with `minirun pack`, or download it with `minirun download`"
     )]
     Incomplete(String, &'static str),
+    #[error(
+        "{0} has no config.json. A publication without one (Kimi K3's) takes it from the upstream repository its index.json names: `minirun verify {0} --repo OWNER/NAME --revision SHA` fetches it from that upstream and verifies it against the upstream's tree"
+    )]
+    NoConfig(String),
     #[error("{path}: {reason}")]
     Invalid { path: String, reason: String },
     #[error("the artifact has no tensor {0} (the model's config.json needs it)")]
@@ -367,7 +371,18 @@ impl Access {
                 if e.repo.is_empty() {
                     "verified offline against the artifact's own manifests (which are not authenticated)".to_string()
                 } else {
-                    format!("verified ({}) against {}@{}", e.mode, e.repo, e.revision)
+                    let mut text =
+                        format!("verified ({}) against {}@{}", e.mode, e.repo, e.revision);
+                    for f in &e.files {
+                        if let Some(o) = &f.origin {
+                            let from = format!(
+                                "; {} against {}@{}, the upstream its index.json names",
+                                f.path, o.repo, o.revision
+                            );
+                            text.push_str(&from);
+                        }
+                    }
+                    text
                 }
             }
         }
@@ -410,7 +425,7 @@ impl Artifact {
         let files = access.files(root)?;
         files.check_complete()?;
         let config_json = read_metadata(&files, "config.json")?
-            .ok_or_else(|| ArtifactError::Incomplete(shown.clone(), "it has no config.json"))?;
+            .ok_or_else(|| ArtifactError::NoConfig(shown.clone()))?;
         let config_json = text("config.json", config_json)?;
         let tokenizer_json = read_metadata(&files, "tokenizer.json")?
             .map(|b| text("tokenizer.json", b))

@@ -34,6 +34,18 @@ pub struct EvidenceFile {
     /// Stored in LFS upstream (a weight payload) rather than in git (metadata).
     pub payload: bool,
     pub identity: FileIdentity,
+    /// Set for a file the publication does not hold, verified instead against the upstream
+    /// repository its `index.json` names (see [`Origin`]); absent for the publication's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<Origin>,
+}
+
+/// The repository and pinned revision whose tree a file outside the publication was verified
+/// against: the single upstream the publication's own (verified) `index.json` names.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Origin {
+    pub repo: String,
+    pub revision: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

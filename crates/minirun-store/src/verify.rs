@@ -12,7 +12,9 @@ use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
 use crate::checkpoint::{Checkpoint, CheckpointKey};
-use crate::evidence::{self, DigestRecord, EVIDENCE_DIR, Evidence, EvidenceFile, RootRecord};
+use crate::evidence::{
+    self, DigestRecord, EVIDENCE_DIR, Evidence, EvidenceFile, Origin, RootRecord,
+};
 use crate::root::{EntryKind, OpenError, Root};
 use crate::seal::SealKey;
 
@@ -70,6 +72,24 @@ pub enum VerifyError {
         "{path} holds {marker}: a pack into it was interrupted, so it is not a complete artifact; pack it again with `minirun pack`"
     )]
     Incomplete { path: String, marker: &'static str },
+    #[error(
+        "{path} is both in the publication and offered as a file from {origin}: the publication's own copy is the one verified"
+    )]
+    SourcedTwice { path: String, origin: String },
+    #[error(
+        "{path} is to be verified against {origin}, and only a verification against a publication can take files from the upstream it names"
+    )]
+    SourcedWithoutPublication { path: String, origin: String },
+}
+
+/// A root file the publication does not hold (Kimi K3 publishes no `config.json`), verified
+/// against the tree of the upstream repository and pinned revision that the publication's
+/// `index.json` names. The folder must hold it; the evidence records it with its [`Origin`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourcedFile {
+    /// The file as the upstream tree lists it (path, size, digest).
+    pub file: RepoFile,
+    pub origin: Origin,
 }
 
 /// What the digests being checked come from.
@@ -182,7 +202,21 @@ pub fn verify_with(
     selection: Selection,
     sealing: Sealing<'_>,
 ) -> Result<Verified, VerifyError> {
-    let result = verify_inner(root_path, tree, authority, selection, sealing);
+    verify_sourced(root_path, tree, &[], authority, selection, sealing)
+}
+
+/// [`verify_with`], and besides the publication's files the `sourced` ones, each hashed
+/// against its upstream tree's digest whatever the selection (they are metadata, and only
+/// evidence that holds them lets a run read them).
+pub fn verify_sourced(
+    root_path: &Path,
+    tree: &Tree,
+    sourced: &[SourcedFile],
+    authority: Authority,
+    selection: Selection,
+    sealing: Sealing<'_>,
+) -> Result<Verified, VerifyError> {
+    let result = verify_inner(root_path, tree, sourced, authority, selection, sealing);
     if result.is_err() {
         evidence::erase(root_path);
     }
@@ -192,6 +226,7 @@ pub fn verify_with(
 fn verify_inner(
     root_path: &Path,
     tree: &Tree,
+    sourced: &[SourcedFile],
     authority: Authority,
     selection: Selection,
     sealing: Sealing<'_>,
@@ -211,8 +246,9 @@ fn verify_inner(
             marker: INCOMPLETE_MARKER,
         });
     }
+    check_sourced(tree, sourced, authority)?;
     if authority == Authority::Publication {
-        check_file_set(root_path, tree)?;
+        check_file_set(root_path, tree, sourced)?;
     }
     check_index_pins(&root)?;
     let tree_identity = evidence::tree_identity(tree);
@@ -272,6 +308,12 @@ fn verify_inner(
         return Err(VerifyError::Stopped {
             done: records.len(),
         });
+    }
+    for s in sourced {
+        let mut record =
+            verify_file(&root, &s.file, progress).inspect_err(|_| checkpoint.remove())?;
+        record.origin = Some(s.origin.clone());
+        records.push(record);
     }
     records.sort_by(|a, b| a.path.cmp(&b.path));
     let mut seen = BTreeMap::new();
@@ -334,7 +376,7 @@ fn earlier_revision(root: &Root, tree: &Tree, key: &SealKey) -> BTreeMap<String,
 /// An earlier pass's record of `file`, if it is for the same size and digest and the file
 /// still has the identity recorded then (opened rooted, no content read).
 fn reusable(root: &Root, file: &RepoFile, earlier: Option<EvidenceFile>) -> Option<EvidenceFile> {
-    let earlier = earlier?;
+    let earlier = earlier.filter(|e| e.origin.is_none())?;
     let same_claim = earlier.expected_size == file.size
         && earlier.digest.algorithm == file.digest.algorithm()
         && earlier.digest.hex == file.digest.hex();
@@ -394,12 +436,32 @@ fn verify_file(
         },
         payload: evidence::is_payload(&file.digest),
         identity: before,
+        origin: None,
     })
 }
 
+/// Sourced files come only with a publication, and never in place of one of its files.
+fn check_sourced(
+    tree: &Tree,
+    sourced: &[SourcedFile],
+    authority: Authority,
+) -> Result<(), VerifyError> {
+    for s in sourced {
+        let path = s.file.path.clone();
+        let origin = format!("{}@{}", s.origin.repo, s.origin.revision);
+        if authority != Authority::Publication {
+            return Err(VerifyError::SourcedWithoutPublication { path, origin });
+        }
+        if tree.files.contains_key(&path) {
+            return Err(VerifyError::SourcedTwice { path, origin });
+        }
+    }
+    Ok(())
+}
+
 /// Every non-directory entry under the root (symbolic links included, never followed), minus
-/// the evidence folder, must be exactly the tree's files.
-fn check_file_set(root: &Path, tree: &Tree) -> Result<(), VerifyError> {
+/// the evidence folder, must be exactly the tree's files and the sourced ones.
+fn check_file_set(root: &Path, tree: &Tree, sourced: &[SourcedFile]) -> Result<(), VerifyError> {
     let mut present = BTreeSet::new();
     let mut stack = vec![String::new()];
     while let Some(relative) = stack.pop() {
@@ -428,7 +490,12 @@ fn check_file_set(root: &Path, tree: &Tree) -> Result<(), VerifyError> {
             }
         }
     }
-    let published: BTreeSet<String> = tree.files.keys().cloned().collect();
+    let published: BTreeSet<String> = tree
+        .files
+        .keys()
+        .cloned()
+        .chain(sourced.iter().map(|s| s.file.path.clone()))
+        .collect();
     let missing: Vec<String> = published.difference(&present).cloned().collect();
     let extra: Vec<String> = present.difference(&published).cloned().collect();
     if missing.is_empty() && extra.is_empty() {

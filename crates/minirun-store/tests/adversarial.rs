@@ -527,3 +527,128 @@ fn evidence_of_an_older_minirun_is_refused_naming_its_format_and_the_fix() {
         "{text}"
     );
 }
+
+fn sealing<'a>(key: &'a SealKey, stop: &'a AtomicBool) -> minirun_store::Sealing<'a> {
+    minirun_store::Sealing {
+        key,
+        progress: &|_| {},
+        stop,
+    }
+}
+
+/// A `config.json` the publication does not hold, as its upstream's tree lists it.
+fn upstream_config(dir: &Path, content: &[u8]) -> minirun_store::SourcedFile {
+    fs::write(dir.join("config.json"), content).unwrap();
+    minirun_store::SourcedFile {
+        file: RepoFile {
+            path: "config.json".into(),
+            size: content.len() as u64,
+            digest: digest_of(content, false),
+        },
+        origin: minirun_store::Origin {
+            repo: "upstream/Model".into(),
+            revision: "f".repeat(40),
+        },
+    }
+}
+
+#[test]
+fn a_file_from_the_named_upstream_is_verified_against_its_tree_and_recorded_with_its_origin() {
+    use minirun_store::{ArtifactFiles, Authority, LayoutError, Selection, verify_sourced};
+    let (key, stop) = (key(), AtomicBool::new(false));
+    let dir = tempfile::tempdir().unwrap();
+    let tree = artifact(dir.path());
+    let config = b"{\"model_type\": \"kimi_k3\"}\n";
+    let sourced = upstream_config(dir.path(), config);
+    let run = |sourced: &[minirun_store::SourcedFile], authority| {
+        verify_sourced(
+            dir.path(),
+            &tree,
+            sourced,
+            authority,
+            Selection::Full,
+            sealing(&key, &stop),
+        )
+    };
+    let verified = run(std::slice::from_ref(&sourced), Authority::Publication).unwrap();
+    let record = verified
+        .evidence
+        .files
+        .iter()
+        .find(|f| f.path == "config.json")
+        .unwrap();
+    assert_eq!(record.origin.as_ref(), Some(&sourced.origin));
+    assert_eq!(record.digest.algorithm, "git-blob-sha1");
+    assert!(
+        verified
+            .evidence
+            .files
+            .iter()
+            .all(|f| f.path == "config.json" || f.origin.is_none())
+    );
+    assert_eq!(
+        verified.evidence.tree_identity,
+        minirun_store::tree_identity(&tree),
+        "the plan identity is the publication's alone"
+    );
+    let files = ArtifactFiles::Verified(Box::new(HeldEvidence::load(dir.path(), &key).unwrap()));
+    let read = files
+        .read_metadata("config.json", 1 << 20)
+        .unwrap()
+        .unwrap();
+    assert_eq!((read.bytes.as_slice(), read.evidenced), (&config[..], true));
+
+    // Without the source, the same folder holds a file the publication does not.
+    let err = run(&[], Authority::Publication).unwrap_err();
+    assert!(
+        matches!(&err, VerifyError::Files { extra, .. } if extra == &["config.json"]),
+        "{err}"
+    );
+    // Content other than the upstream's fails, naming the file, and leaves no evidence.
+    let wrong = upstream_config(dir.path(), b"{\"model_type\": \"kimi_k4\"}\n");
+    let sourced_with_wrong_claim = minirun_store::SourcedFile {
+        file: sourced.file.clone(),
+        ..wrong
+    };
+    let err = run(
+        std::slice::from_ref(&sourced_with_wrong_claim),
+        Authority::Publication,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, VerifyError::WrongDigest { path, .. } if path == "config.json"),
+        "{err}"
+    );
+    assert!(HeldEvidence::load(dir.path(), &key).is_err());
+    // A sourced file must be present.
+    fs::remove_file(dir.path().join("config.json")).unwrap();
+    let err = run(std::slice::from_ref(&sourced), Authority::Publication).unwrap_err();
+    assert!(
+        matches!(&err, VerifyError::Files { missing, .. } if missing == &["config.json"]),
+        "{err}"
+    );
+    // Only a publication names an upstream, and its own copy of a file wins.
+    let err = run(std::slice::from_ref(&sourced), Authority::OwnManifests).unwrap_err();
+    assert!(
+        matches!(err, VerifyError::SourcedWithoutPublication { .. }),
+        "{err}"
+    );
+    let mut listed = sourced.clone();
+    listed.file.path = "index.json".into();
+    let err = run(&[listed], Authority::Publication).unwrap_err();
+    assert!(
+        matches!(&err, VerifyError::SourcedTwice { path, .. } if path == "index.json"),
+        "{err}"
+    );
+    // A file not in the evidence is still refused to a verified reader.
+    upstream_config(dir.path(), config);
+    run(&[], Authority::Publication).unwrap_err();
+    fs::remove_file(dir.path().join("config.json")).unwrap();
+    run(&[], Authority::Publication).unwrap();
+    fs::write(dir.path().join("config.json"), config).unwrap();
+    let files = ArtifactFiles::Verified(Box::new(HeldEvidence::load(dir.path(), &key).unwrap()));
+    assert!(matches!(
+        files.read_metadata("config.json", 1 << 20),
+        Err(LayoutError::NotEvidenced { .. })
+    ));
+}

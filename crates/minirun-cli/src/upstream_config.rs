@@ -1,0 +1,162 @@
+//! The `config.json` of a publication that holds none (Kimi K3 publishes its weights, tokenizer
+//! and index but no configuration): taken from the upstream repository and pinned revision that
+//! the publication's own `index.json` names, and verified against that upstream's tree.
+//!
+//! Nothing is defaulted: an index that names no single pinned upstream, or an upstream whose
+//! tree has no `config.json`, leaves the artifact without a configuration, and `minirun run`
+//! refuses it.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use minirun_format::artifact::INDEX_FILE;
+use minirun_format::identity::is_pinned_revision;
+use minirun_format::index::ArtifactIndex;
+use minirun_format::tree::{StreamHasher, Tree, TreeBuilder};
+use minirun_hub::{DownloadOptions, Hub};
+use minirun_store::{Origin, Root, SourcedFile};
+
+const CONFIG: &str = "config.json";
+/// Far above any index.json (the K3 one is 577 bytes).
+const MAX_INDEX_BYTES: u64 = 16 << 20;
+
+/// Where the upstream's tree comes from.
+pub struct Lookup<'a> {
+    /// A saved listing of the upstream tree (`--source-tree`).
+    pub source_tree: Option<&'a Path>,
+    /// The publication's tree was given as a file: ask no server.
+    pub offline: bool,
+    pub endpoint: Option<&'a str>,
+}
+
+/// The files to verify against the upstream besides the publication's own: `config.json` when
+/// the publication lacks one and its index names a single pinned upstream.
+pub fn sourced_config(
+    dir: &Path,
+    publication: &Tree,
+    lookup: Lookup<'_>,
+) -> Result<Vec<SourcedFile>> {
+    if publication.files.contains_key(CONFIG) {
+        if lookup.source_tree.is_some() {
+            bail!("the publication holds its own config.json; --source-tree is not needed");
+        }
+        return Ok(Vec::new());
+    }
+    let Some(origin) = named_upstream(dir, publication)? else {
+        if lookup.source_tree.is_some() {
+            bail!(
+                "the publication's index.json names no single upstream repository at a pinned revision, so no upstream config.json can be verified"
+            );
+        }
+        return Ok(Vec::new());
+    };
+    let upstream = upstream_tree(&origin, &lookup)?;
+    let Some(file) = upstream.files.get(CONFIG).cloned() else {
+        eprintln!(
+            "warning: neither the publication nor its upstream {}@{} holds a config.json: `minirun run` will refuse this artifact",
+            origin.repo, origin.revision
+        );
+        return Ok(Vec::new());
+    };
+    let target = dir.join(CONFIG);
+    if std::fs::symlink_metadata(&target).is_err() {
+        if lookup.offline {
+            bail!(
+                "the publication holds no config.json; its index.json names {repo}@{rev}, whose tree lists one ({size} bytes): \
+                 place it at {} (it is {url}) and verify again",
+                target.display(),
+                repo = origin.repo,
+                rev = origin.revision,
+                size = file.size,
+                url = format_args!(
+                    "https://huggingface.co/{}/blob/{}/config.json",
+                    origin.repo, origin.revision
+                ),
+            );
+        }
+        fetch(&upstream, CONFIG, dir, lookup.endpoint)?;
+    }
+    Ok(vec![SourcedFile { file, origin }])
+}
+
+/// The single upstream the publication's index.json names, read from bytes that match the
+/// publication's digest of that file.
+fn named_upstream(dir: &Path, publication: &Tree) -> Result<Option<Origin>> {
+    let Some(listed) = publication.files.get(INDEX_FILE) else {
+        return Ok(None);
+    };
+    let root = Root::open(dir).with_context(|| format!("cannot open {}", dir.display()))?;
+    let (file, _) = root.open_file(INDEX_FILE)?;
+    let bytes = minirun_store::read_bounded(file, INDEX_FILE, MAX_INDEX_BYTES)?;
+    let mut hasher = StreamHasher::new(&listed.digest, bytes.len() as u64);
+    hasher.update(&bytes);
+    if bytes.len() as u64 != listed.size || hasher.finish() != listed.digest {
+        bail!(
+            "{}: index.json is not the published one ({} bytes, the publication lists {}): verification would fail on it",
+            dir.display(),
+            bytes.len(),
+            listed.size
+        );
+    }
+    let index = ArtifactIndex::parse(&bytes);
+    let [source] = index.sources.as_slice() else {
+        return Ok(None);
+    };
+    Ok(source
+        .revision
+        .as_deref()
+        .filter(|rev| is_pinned_revision(rev))
+        .map(|rev| Origin {
+            repo: source.repo.clone(),
+            revision: rev.to_string(),
+        }))
+}
+
+fn upstream_tree(origin: &Origin, lookup: &Lookup<'_>) -> Result<Tree> {
+    let Some(path) = lookup.source_tree else {
+        if lookup.offline {
+            bail!(
+                "the publication holds no config.json; its index.json names {}@{}: give that repository's tree listing with --source-tree FILE, or leave out --tree to ask the Hub",
+                origin.repo,
+                origin.revision
+            );
+        }
+        return Hub::from_env(lookup.endpoint)?
+            .tree(&origin.repo, &origin.revision)
+            .with_context(|| format!("cannot list {}@{}", origin.repo, origin.revision));
+    };
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut builder = TreeBuilder::default();
+    builder
+        .add_page(&bytes)
+        .with_context(|| format!("{} is not a tree listing", path.display()))?;
+    Ok(builder.finish(&origin.repo, &origin.revision))
+}
+
+/// Downloads one file of `upstream` into `dir`, verified against its listed digest before it
+/// is renamed into place.
+fn fetch(upstream: &Tree, path: &str, dir: &Path, endpoint: Option<&str>) -> Result<()> {
+    let one = Tree {
+        repo: upstream.repo.clone(),
+        revision: upstream.revision.clone(),
+        files: upstream
+            .files
+            .iter()
+            .filter(|(p, _)| p.as_str() == path)
+            .map(|(p, f)| (p.clone(), f.clone()))
+            .collect(),
+    };
+    Hub::from_env(endpoint)?
+        .download(&one, dir, &DownloadOptions::default(), &|_| {})
+        .with_context(|| {
+            format!(
+                "cannot fetch {path} from {}@{}",
+                upstream.repo, upstream.revision
+            )
+        })?;
+    eprintln!(
+        "fetched {path} from {}@{} (the upstream the publication's index.json names)",
+        upstream.repo, upstream.revision
+    );
+    Ok(())
+}
