@@ -28,9 +28,9 @@ pub struct PackArgs {
     #[arg(long, value_name = "SHA", requires = "source_repo")]
     pub source_revision: Option<String>,
     /// The artifact layout to write: minirun's own, or the published Kimi K3 layout
-    /// (docs/formats/k3-published.md) from a K3 checkpoint under the upstream tensor names with
-    /// MXFP4 experts.
-    #[arg(long, value_enum, default_value_t = Layout::Minirun, conflicts_with = "source_repo")]
+    /// (docs/formats/k3-published.md) from a K3 checkpoint with MXFP4 routed experts and every
+    /// other tensor F32 or BF16, under the upstream tensor names or mlx-lm's.
+    #[arg(long, value_enum, default_value_t = Layout::Minirun)]
     pub layout: Layout,
     /// Print a JSON summary instead of text.
     #[arg(long)]
@@ -124,11 +124,18 @@ pub fn pack(args: &PackArgs) -> Result<ExitCode> {
 }
 
 fn pack_k3_published(args: &PackArgs) -> Result<ExitCode> {
+    let opts = PackOptions {
+        source_repo: args.source_repo.clone(),
+        source_revision: args.source_revision.clone(),
+    };
+    let bar = bytes_bar(&args.source);
     let start = Instant::now();
-    minirun_pack::k3_published::pack_k3_published(
+    let summary = minirun_pack::k3_published::pack_k3_published(
         &args.source,
         &args.out,
         minirun_pack::k3_published::BandSizes::default(),
+        &opts,
+        &|n| bar.inc(n),
     )
     .with_context(|| {
         format!(
@@ -137,20 +144,37 @@ fn pack_k3_published(args: &PackArgs) -> Result<ExitCode> {
             shown(&args.out)
         )
     })?;
+    bar.finish_and_clear();
     let seconds = start.elapsed().as_secs_f64();
     match args.json {
         true => println!(
             "{}",
-            serde_json::to_string_pretty(
-                &json!({ "artifact": shown(&args.out), "layout": "kimi-k3-published", "seconds": seconds })
-            )?
+            serde_json::to_string_pretty(&json!({
+                "artifact": shown(&args.out), "layout": "kimi-k3-published",
+                "seconds": seconds, "summary": summary,
+            }))?
         ),
-        false => println!(
-            "wrote {} -> {} in the published Kimi K3 layout in {seconds:.2} s\nnext: minirun info {}/layer00/manifest.json",
-            shown(&args.source),
-            shown(&args.out),
-            shown(&args.out)
-        ),
+        false => {
+            println!(
+                "wrote {} ({} names) -> {} in the published Kimi K3 layout: {} layers, {} payload files, {} bytes in {seconds:.2} s",
+                shown(&args.source),
+                summary.naming,
+                shown(&args.out),
+                summary.layers,
+                summary.payload_files,
+                summary.payload_bytes
+            );
+            println!("copied verbatim: {}", summary.copied_files.join(", "));
+            if opts.source_repo.is_none() {
+                eprintln!(
+                    "warning: no --source-repo/--source-revision: index.json names no upstream and carries no tokenizer identity"
+                );
+            }
+            println!(
+                "next: minirun info {}/layer00/manifest.json",
+                shown(&args.out)
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

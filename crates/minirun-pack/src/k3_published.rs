@@ -1,9 +1,10 @@
 //! Writes the published Kimi K3 layout (`docs/formats/k3-published.md`) from a K3 checkpoint
-//! stored under the upstream tensor names, with its routed experts in MLX MXFP4 (per-expert
-//! `block_sparse_moe.experts.E.w1/w3/w2` `weight` and `scales`) and every other tensor F32 or
-//! BF16: `global/` (embedding, LM head, `final.bin`), and per layer the row-banded
-//! deterministic blob with its manifest and the three banded expert containers, experts in the
-//! text order of their numbers. Every byte is copied from the checkpoint unchanged.
+//! under the upstream tensor names or mlx-lm's, with its routed experts in MLX MXFP4 and every
+//! other tensor F32 or BF16: `global/` (embedding, LM head, `final.bin`), and per layer the
+//! row-banded deterministic blob with its manifest and the three banded expert containers,
+//! experts in the text order of their numbers. The values are the checkpoint's, bit for bit:
+//! under the upstream names every byte is copied; mlx-lm's fused and renamed tensors are mapped
+//! back exactly ([`crate::k3_names`]). The expert containers are the same bytes either way.
 //!
 //! The band heights are this writer's choice (the layout's readers depend only on the band
 //! table and the container headers): a deterministic tensor's bands are as many rows as fit in
@@ -14,17 +15,20 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use minirun_format::artifact::INCOMPLETE_MARKER;
-use minirun_format::artifact::k3_published::{FINAL_TENSORS, slot_order};
+use minirun_format::artifact::k3_published::slot_order;
 use minirun_format::tile::{
     ALIGNMENT, ContainerWriter, ContentKind, Geometry, MXFP4_GROUP, QuantMode, ScaleDtype,
 };
 use safetensors::tensor::Dtype;
 use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 
 use crate::PackError;
 use crate::checkpoint::Checkpoint;
-use crate::pack::{copy_verbatim, prepare_output};
-use crate::shard::{TensorSource, read_slice_into};
+pub use crate::k3_names::Naming;
+use crate::k3_names::{EXPERT_PROJECTIONS, K3Plan, LayerExperts, LayerPlan, Planned};
+use crate::pack::{PackOptions, check_provenance, copy_verbatim, prepare_output};
+use crate::shard::TensorSource;
 
 /// Band heights.
 #[derive(Debug, Clone, Copy)]
@@ -45,6 +49,17 @@ impl Default for BandSizes {
     }
 }
 
+/// What a write did.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct K3Summary {
+    /// `upstream` or `mlx`: which names the checkpoint used.
+    pub naming: &'static str,
+    pub layers: usize,
+    pub payload_files: usize,
+    pub payload_bytes: u64,
+    pub copied_files: Vec<String>,
+}
+
 fn refused(what: impl Into<String>, reason: impl Into<String>) -> PackError {
     PackError::Refused {
         what: what.into(),
@@ -59,19 +74,21 @@ fn size(text: &Value, key: &str) -> Result<usize, PackError> {
         .ok_or_else(|| refused("config.json", format!("text_config.{key} is missing")))
 }
 
-fn width(t: &TensorSource) -> Result<u64, PackError> {
+fn width(t: &Planned) -> Result<u64, PackError> {
     match t.dtype {
         Dtype::F32 => Ok(4),
         Dtype::BF16 => Ok(2),
         other => Err(refused(
             &t.name,
-            format!("is {other:?}; the published layout stores non-expert tensors as F32 or BF16"),
+            format!(
+                "is {other:?}; the published layout stores non-expert tensors as F32 or BF16 (a checkpoint quantized beyond its routed experts cannot be written into it)"
+            ),
         )),
     }
 }
 
 /// `[rows, cols]` of a tensor as its band table states it (a 1-D tensor is one row).
-fn rows_cols(t: &TensorSource) -> (u64, u64) {
+fn rows_cols(t: &Planned) -> (u64, u64) {
     match t.shape.as_slice() {
         [] => (1, 1),
         [n] => (1, *n as u64),
@@ -98,66 +115,118 @@ fn role(name: &str) -> &'static str {
 }
 
 /// Writes the published layout of the checkpoint at `source` into `out` (absent, empty, or an
-/// earlier pack's output, as for [`crate::pack()`]).
-pub fn pack_k3_published(source: &Path, out: &Path, bands: BandSizes) -> Result<(), PackError> {
+/// earlier pack's output, as for [`crate::pack()`]). With the upstream's repository and pinned
+/// revision in `opts`, `index.json` names them as the published one does, with the tokenizer's
+/// identity. `progress` is called with payload bytes as they are written.
+pub fn pack_k3_published(
+    source: &Path,
+    out: &Path,
+    bands: BandSizes,
+    opts: &PackOptions,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<K3Summary, PackError> {
+    check_provenance(opts)?;
     let ckpt = Checkpoint::open(source)?;
-    let text = ckpt.config.get("text_config").ok_or_else(|| {
-        refused(
-            "config.json",
-            "has no text_config: not a Kimi K3 configuration",
-        )
-    })?;
-    let layers = size(text, "num_hidden_layers")?;
-    let root = match ckpt
-        .tensors
-        .contains_key("language_model.model.embed_tokens.weight")
-    {
-        true => "language_model.",
-        false => "",
-    };
+    let plan = K3Plan::new(&ckpt)?;
+    let text = ckpt
+        .config
+        .get("text_config")
+        .ok_or_else(|| refused("config.json", "has no text_config"))?;
+    check_written_dtypes(&plan)?;
     prepare_output(out)?;
-    let mut total = write_globals(&ckpt, out, text, root)?;
+    let mut total = write_globals(&ckpt, &plan, out, text)?;
+    progress(total);
     let mut files = 3;
-    for layer in 0..layers {
-        let (n, bytes) = write_layer(&ckpt, out, text, root, layer, bands)?;
+    for (layer, layer_plan) in plan.layers.iter().enumerate() {
+        let (n, bytes) = write_layer(&ckpt, layer_plan, out, layer, bands, progress)?;
         files += n;
         total += bytes;
     }
     for name in &ckpt.other_files {
         copy_verbatim(&ckpt.dir.join(name), &out.join(name))?;
     }
-    let index = json!({
-        "format": "quantized_tile_container",
-        "format_version": 1,
-        "relationship": "byte_preserving_repack",
-        "layers": layers,
-        "globals": 1,
-        "files": files,
-        "bytes": total,
-    });
+    let index = index_json(&ckpt, opts, plan.layers.len(), files, total)?;
     atomic_file::write_bytes(&out.join("index.json"), format!("{index:#}\n").as_bytes())?;
     std::fs::remove_file(out.join(INCOMPLETE_MARKER)).map_err(|e| PackError::io(out, e))?;
     atomic_file::sync_dir(out).map_err(|e| PackError::io(out, e.source))?;
+    Ok(K3Summary {
+        naming: match plan.naming {
+            Naming::Upstream => "upstream",
+            Naming::Mlx => "mlx",
+        },
+        layers: plan.layers.len(),
+        payload_files: files,
+        payload_bytes: total,
+        copied_files: ckpt.other_files.clone(),
+    })
+}
+
+/// Every deterministic tensor is refused before a byte is written when it is not F32 or BF16.
+fn check_written_dtypes(plan: &K3Plan) -> Result<(), PackError> {
+    for t in plan.layers.iter().flat_map(|l| l.deterministic.iter()) {
+        width(t)?;
+    }
     Ok(())
 }
 
-fn tensor<'c>(ckpt: &'c Checkpoint, name: &str) -> Result<&'c TensorSource, PackError> {
-    ckpt.tensors
-        .get(name)
-        .ok_or_else(|| refused(name, "is not in the checkpoint"))
+/// The published index: format, the upstream it repacks (when known) and the tokenizer's
+/// identity, totals.
+fn index_json(
+    ckpt: &Checkpoint,
+    opts: &PackOptions,
+    layers: usize,
+    files: usize,
+    bytes: u64,
+) -> Result<Value, PackError> {
+    let mut index = json!({
+        "format": "quantized_tile_container",
+        "format_version": 1,
+    });
+    if let (Some(repo), Some(revision)) = (&opts.source_repo, &opts.source_revision) {
+        index["source_repo"] = repo.as_str().into();
+        index["source_revision"] = revision.as_str().into();
+    }
+    index["relationship"] = "byte_preserving_repack".into();
+    index["layers"] = layers.into();
+    index["globals"] = 1.into();
+    index["files"] = files.into();
+    index["bytes"] = bytes.into();
+    let licence = ckpt
+        .other_files
+        .iter()
+        .find(|f| f.to_ascii_lowercase().starts_with("licen"));
+    let tokenizer = ckpt.other_files.iter().any(|f| f == "tiktoken.model");
+    if let (Some(repo), Some(revision), Some(licence), true) =
+        (&opts.source_repo, &opts.source_revision, licence, tokenizer)
+    {
+        let path = ckpt.dir.join("tiktoken.model");
+        let data = std::fs::read(&path).map_err(|e| PackError::io(&path, e))?;
+        index["tokenizer"] = json!({
+            "file": "tiktoken.model",
+            "bytes": data.len(),
+            "sha256": minirun_format::tile::hex(&Sha256::digest(&data)),
+            "source_repo": repo,
+            "source_revision": revision,
+            "license": licence,
+        });
+    }
+    Ok(index)
 }
 
 fn bytes_of(ckpt: &Checkpoint, t: &TensorSource) -> Result<Vec<u8>, PackError> {
-    let mut buf = Vec::new();
-    read_slice_into(&ckpt.dir, t, 0, t.len, &mut buf)?;
-    Ok(buf)
+    crate::k3_names::Piece::Bytes {
+        from: t,
+        start: 0,
+        len: t.len,
+    }
+    .read(ckpt)
 }
 
 fn write_globals(
     ckpt: &Checkpoint,
+    plan: &K3Plan,
     out: &Path,
     text: &Value,
-    root: &str,
 ) -> Result<u64, PackError> {
     let (vocab, hidden) = (
         size(text, "vocab_size")? as u64,
@@ -166,30 +235,20 @@ fn write_globals(
     let dir = out.join("global");
     std::fs::create_dir_all(&dir).map_err(|e| PackError::io(&dir, e))?;
     let mut total = 0;
-    for (file, name) in [
-        (
-            "embed_tokens.bin",
-            format!("{root}model.embed_tokens.weight"),
-        ),
-        ("lm_head.bin", format!("{root}lm_head.weight")),
+    for (file, t) in [
+        ("embed_tokens.bin", plan.embed),
+        ("lm_head.bin", plan.lm_head),
     ] {
-        let t = tensor(ckpt, &name)?;
         if t.dtype != Dtype::BF16 || t.len != vocab * hidden * 2 {
-            return Err(refused(&name, format!("is not BF16 [{vocab}, {hidden}]")));
+            return Err(refused(&t.name, format!("is not BF16 [{vocab}, {hidden}]")));
         }
         atomic_file::write_bytes(&dir.join(file), &bytes_of(ckpt, t)?)?;
         total += t.len;
     }
     let mut final_bin = vec![0u8; 3 * ALIGNMENT as usize];
-    for (unit, which) in FINAL_TENSORS.iter().enumerate() {
-        let name = match *which {
-            "norm" => format!("{root}model.norm.weight"),
-            "output_attn_res_norm" => format!("{root}model.output_attn_res.norm_weight"),
-            _ => format!("{root}model.output_attn_res.proj_weight"),
-        };
-        let t = tensor(ckpt, &name)?;
+    for (unit, t) in plan.finals.iter().enumerate() {
         if t.dtype != Dtype::BF16 || t.len != hidden * 2 || t.len > ALIGNMENT {
-            return Err(refused(&name, format!("is not a BF16 [{hidden}] vector")));
+            return Err(refused(&t.name, format!("is not a BF16 [{hidden}] vector")));
         }
         let at = unit * ALIGNMENT as usize;
         final_bin[at..at + t.len as usize].copy_from_slice(&bytes_of(ckpt, t)?);
@@ -207,35 +266,29 @@ fn write_globals(
 /// Writes layer `layer`; returns its payload files and bytes.
 fn write_layer(
     ckpt: &Checkpoint,
+    plan: &LayerPlan,
     out: &Path,
-    text: &Value,
-    root: &str,
     layer: usize,
     bands: BandSizes,
+    progress: &(dyn Fn(u64) + Sync),
 ) -> Result<(usize, u64), PackError> {
     let unit = format!("layer{layer:02}");
     let dir = out.join(&unit);
     std::fs::create_dir_all(&dir).map_err(|e| PackError::io(&dir, e))?;
-    let prefix = format!("{root}model.layers.{layer}.");
-    let experts_prefix = format!("{prefix}block_sparse_moe.experts.");
-    let deterministic: Vec<&TensorSource> = ckpt
-        .tensors
-        .range(prefix.clone()..)
-        .take_while(|(name, _)| name.starts_with(&prefix))
-        .filter(|(name, _)| !name.starts_with(&experts_prefix))
-        .map(|(_, t)| t)
-        .collect();
     let blob = format!("{unit}-deterministic.bin");
     let mut units = Vec::new();
     let mut by_role: BTreeMap<&str, u64> = BTreeMap::new();
     let mut offset = 0u64;
     atomic_file::write_with(&dir.join(&blob), atomic_file::Options::default(), |file| {
         let mut w = BufWriter::with_capacity(4 << 20, file);
-        for t in &deterministic {
+        for t in &plan.deterministic {
             let (rows, cols) = rows_cols(t);
             let row_bytes = cols * width(t)?;
             let per_band = (bands.band_bytes / row_bytes).max(1);
-            let data = bytes_of(ckpt, t)?;
+            let data = t.piece.read(ckpt)?;
+            if data.len() as u64 != rows * row_bytes {
+                return Err(refused(&t.name, "holds other than its shape's bytes"));
+            }
             let mut row = 0;
             while row < rows {
                 let n = per_band.min(rows - row);
@@ -255,6 +308,7 @@ fn write_layer(
                 offset += length;
                 row += n;
             }
+            progress(data.len() as u64);
         }
         w.flush().map_err(|e| PackError::io(&blob, e))
     })?;
@@ -269,59 +323,43 @@ fn write_layer(
         &dir.join("manifest.json"),
         format!("{manifest:#}\n").as_bytes(),
     )?;
-    let experts = size(text, "num_experts")?;
-    if !ckpt
-        .tensors
-        .contains_key(&format!("{experts_prefix}0.w1.weight"))
-    {
+    let Some(experts) = &plan.experts else {
         return Ok((1, offset));
-    }
-    let mut files = 1;
+    };
     let mut total = offset;
-    for (projection, rows) in [
-        ("w1", bands.expert_band_rows.0),
-        ("w3", bands.expert_band_rows.0),
-        ("w2", bands.expert_band_rows.1),
-    ] {
-        total += write_experts(
-            ckpt,
-            &dir,
-            &unit,
-            &experts_prefix,
-            projection,
-            experts,
-            rows,
-        )?;
-        files += 1;
+    for (k, (projection, _)) in EXPERT_PROJECTIONS.iter().enumerate() {
+        let rows = match *projection {
+            "w2" => bands.expert_band_rows.1,
+            _ => bands.expert_band_rows.0,
+        };
+        total += write_experts(ckpt, experts, k, &dir, &unit, rows, progress)?;
     }
-    Ok((files, total))
+    Ok((4, total))
 }
 
 /// One projection's container: tile `slot * bands + band` is band `band` of the expert in
 /// `slot`.
 fn write_experts(
     ckpt: &Checkpoint,
+    experts: &LayerExperts,
+    k: usize,
     dir: &Path,
     unit: &str,
-    prefix: &str,
-    projection: &str,
-    experts: usize,
     band_rows: usize,
+    progress: &(dyn Fn(u64) + Sync),
 ) -> Result<u64, PackError> {
-    let first = tensor(ckpt, &format!("{prefix}0.{projection}.weight"))?;
-    let (out_rows, packed_cols) = match first.shape.as_slice() {
-        [r, c] => (*r, *c),
-        _ => return Err(refused(&first.name, "is not a matrix")),
-    };
-    let cols = packed_cols * 8;
-    if first.dtype != Dtype::U32 || band_rows == 0 || !out_rows.is_multiple_of(band_rows) {
+    let projection = EXPERT_PROJECTIONS[k].0;
+    let name = format!("{unit}-{projection}.mxfp4tile");
+    let (out_rows, cols) = experts.shapes[k];
+    if band_rows == 0 || !out_rows.is_multiple_of(band_rows) {
         return Err(refused(
-            &first.name,
+            &name,
             format!(
-                "is not MLX MXFP4 (U32) in rows that bands of {band_rows} divide ({out_rows} rows): the published layout bands each expert's rows, and an MXFP4 band must fill whole 16 KiB pages"
+                "{out_rows} rows of {projection} are not whole bands of {band_rows}: the published layout bands each expert's rows"
             ),
         ));
     }
+    let count = experts.pieces[k].len();
     let bands = out_rows / band_rows;
     let geometry = Geometry {
         mode: QuantMode::Mxfp4,
@@ -331,9 +369,8 @@ fn write_experts(
         bits: 4,
         scale_dtype: ScaleDtype::E8m0,
         scale_block_rows: 1,
-        tile_count: (experts * bands) as u32,
+        tile_count: (count * bands) as u32,
     };
-    let name = format!("{unit}-{projection}.mxfp4tile");
     let mut bytes = 0;
     atomic_file::write_with(&dir.join(&name), atomic_file::Options::default(), |file| {
         let buffered = BufWriter::with_capacity(4 << 20, file);
@@ -342,15 +379,10 @@ fn write_experts(
         let kind = ContentKind::SyntheticDeterministic;
         let mut writer = ContainerWriter::new(buffered, geometry, kind, 0, false)
             .map_err(|e| refused(&name, e.to_string()))?;
-        for e in slot_order(experts) {
-            let packed = bytes_of(
-                ckpt,
-                tensor(ckpt, &format!("{prefix}{e}.{projection}.weight"))?,
-            )?;
-            let scales = bytes_of(
-                ckpt,
-                tensor(ckpt, &format!("{prefix}{e}.{projection}.scales"))?,
-            )?;
+        for e in slot_order(count) {
+            let pieces = &experts.pieces[k][e];
+            let packed = pieces.packed.read(ckpt)?;
+            let scales = pieces.scales.read(ckpt)?;
             let (p, s) = (packed.len() / bands, scales.len() / bands);
             for b in 0..bands {
                 writer
@@ -361,6 +393,7 @@ fn write_experts(
                     )
                     .map_err(|e| refused(&name, e.to_string()))?;
             }
+            progress((packed.len() + scales.len()) as u64);
         }
         let (mut buffered, container) =
             writer.finish().map_err(|e| refused(&name, e.to_string()))?;

@@ -3,6 +3,7 @@
 
 pub mod check;
 pub mod checkpoint;
+mod k3_names;
 pub mod k3_published;
 pub mod pack;
 pub mod recognize;

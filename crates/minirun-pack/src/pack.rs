@@ -160,7 +160,7 @@ fn refused(what: impl Into<String>, reason: impl Into<String>) -> PackError {
     }
 }
 
-fn check_provenance(opts: &PackOptions) -> Result<(), PackError> {
+pub(crate) fn check_provenance(opts: &PackOptions) -> Result<(), PackError> {
     match (&opts.source_repo, &opts.source_revision) {
         (None, None) => Ok(()),
         (Some(repo), Some(rev)) => {

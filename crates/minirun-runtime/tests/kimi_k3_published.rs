@@ -67,17 +67,22 @@ impl Random {
     }
 }
 
-/// `hf-k3mix` with a wider mixture of experts, written to `dir`.
-fn widened(dir: &Path) {
-    use safetensors::tensor::{Dtype, TensorView};
-    let bytes = std::fs::read(tiny().join("model.safetensors")).unwrap();
+type Tensors = std::collections::BTreeMap<String, (safetensors::Dtype, Vec<usize>, Vec<u8>)>;
+
+fn read_tensors(dir: &Path, keep: impl Fn(&str) -> bool) -> Tensors {
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut tensors: std::collections::BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)> = st
-        .tensors()
+    st.tensors()
         .into_iter()
-        .filter(|(name, _)| !name.contains(".block_sparse_moe."))
+        .filter(|(name, _)| keep(name))
         .map(|(name, t)| (name, (t.dtype(), t.shape().to_vec(), t.data().to_vec())))
-        .collect();
+        .collect()
+}
+
+/// The wider mixture of experts of layers 1 to 5, under the upstream names.
+fn wide_moe() -> Tensors {
+    use safetensors::Dtype;
+    let mut tensors = Tensors::new();
     let mut random = Random(7);
     let hidden = 128;
     for layer in 1..6 {
@@ -132,6 +137,75 @@ fn widened(dir: &Path) {
             }
         }
     }
+    tensors
+}
+
+/// [`wide_moe`] under mlx-lm's names: `mlp.*`, the correction bias beside the router, and the
+/// experts stacked as `switch_mlp`.
+fn mlx_names(moe: Tensors) -> Tensors {
+    let mut out = Tensors::new();
+    // Per stacked name: (expert, shape, bytes) of each expert.
+    type Experts = Vec<(usize, Vec<usize>, Vec<u8>)>;
+    let mut stacks: std::collections::BTreeMap<String, Experts> = Default::default();
+    for (name, (dtype, shape, data)) in moe {
+        let name = name.replace(".block_sparse_moe.", ".mlp.");
+        let name = name.replace(".gate.e_score_correction_bias", ".e_score_correction_bias");
+        let Some((layer, rest)) = name.split_once(".mlp.experts.") else {
+            out.insert(name, (dtype, shape, data));
+            continue;
+        };
+        let (e, rest) = rest.split_once('.').unwrap();
+        let (w, suffix) = rest.split_once('.').unwrap();
+        let mlx = match w {
+            "w1" => "gate_proj",
+            "w3" => "up_proj",
+            _ => "down_proj",
+        };
+        let key = format!("{layer}.mlp.switch_mlp.{mlx}.{suffix}");
+        stacks
+            .entry(key)
+            .or_default()
+            .push((e.parse().unwrap(), shape, data));
+    }
+    for (key, mut experts) in stacks {
+        experts.sort_by_key(|(e, _, _)| *e);
+        let dtype = match key.ends_with(".weight") {
+            true => safetensors::Dtype::U32,
+            false => safetensors::Dtype::U8,
+        };
+        let mut shape = vec![experts.len()];
+        shape.extend(&experts[0].1);
+        let data = experts.into_iter().flat_map(|(_, _, d)| d).collect();
+        out.insert(key, (dtype, shape, data));
+    }
+    out
+}
+
+/// The naming of the checkpoint [`widened`] writes.
+#[derive(Clone, Copy)]
+enum Names {
+    /// `hf-k3mix`'s: the upstream names.
+    Upstream,
+    /// `mlx-k3mix`'s: mlx-lm's, from which `tools/make_k3_hf_fixture.py` made `hf-k3mix`.
+    Mlx,
+}
+
+/// `hf-k3mix` (or `mlx-k3mix`) with a wider mixture of experts, written to `dir`.
+fn widened(dir: &Path, names: Names) {
+    use safetensors::tensor::TensorView;
+    let base = match names {
+        Names::Upstream => tiny(),
+        Names::Mlx => tiny().with_file_name("mlx-k3mix"),
+    };
+    let moe_layer = |name: &str| (1..6).any(|l| name.contains(&format!(".layers.{l}.mlp.")));
+    let mut tensors = match names {
+        Names::Upstream => read_tensors(&base, |n| !n.contains(".block_sparse_moe.")),
+        Names::Mlx => read_tensors(&base, |n| !moe_layer(n)),
+    };
+    tensors.extend(match names {
+        Names::Upstream => wide_moe(),
+        Names::Mlx => mlx_names(wide_moe()),
+    });
     let views: Vec<(String, TensorView)> = tensors
         .iter()
         .map(|(name, (dtype, shape, data))| {
@@ -143,7 +217,7 @@ fn widened(dir: &Path) {
         .collect();
     safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
     let mut config: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(tiny().join("config.json")).unwrap()).unwrap();
+        serde_json::from_slice(&std::fs::read(base.join("config.json")).unwrap()).unwrap();
     let text = &mut config["text_config"];
     text["num_experts"] = EXPERTS.into();
     text["num_experts_per_token"] = 2.into();
@@ -151,13 +225,13 @@ fn widened(dir: &Path) {
     text["routed_expert_hidden_size"] = WIDTH.into();
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
     for name in ["tokenizer.json", "tokenizer_config.json"] {
-        std::fs::copy(tiny().join(name), dir.join(name)).unwrap();
+        std::fs::copy(base.join(name), dir.join(name)).unwrap();
     }
 }
 
 fn source() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    widened(dir.path());
+    widened(dir.path(), Names::Upstream);
     dir
 }
 
@@ -165,7 +239,14 @@ fn source() -> tempfile::TempDir {
 fn the_written_layout_reads_back_by_its_own_rules() {
     let checkpoint = source();
     let out = tempfile::tempdir().unwrap();
-    pack_k3_published(checkpoint.path(), out.path(), BANDS).unwrap();
+    pack_k3_published(
+        checkpoint.path(),
+        out.path(),
+        BANDS,
+        &PackOptions::default(),
+        &|_| {},
+    )
+    .unwrap();
     let manifest = std::fs::read(out.path().join("layer01/manifest.json")).unwrap();
     let m = K3LayerManifest::parse(&manifest, "layer01/manifest.json", 1).unwrap();
     let tensors = m.tensors("layer01/manifest.json").unwrap();
@@ -198,7 +279,14 @@ fn the_published_layout_runs_with_the_bits_of_minirun_s_own() {
     )
     .unwrap();
     let published = tempfile::tempdir().unwrap();
-    pack_k3_published(checkpoint.path(), published.path(), BANDS).unwrap();
+    pack_k3_published(
+        checkpoint.path(),
+        published.path(),
+        BANDS,
+        &PackOptions::default(),
+        &|_| {},
+    )
+    .unwrap();
     let prompt = prompt();
 
     let own = Session::open(own.path(), Trust::Unverified).unwrap();
@@ -234,7 +322,14 @@ fn bands_stored_out_of_row_order_read_the_same_tensor() {
     use minirun_runtime::artifact::{Access, Artifact};
     let checkpoint = source();
     let out = tempfile::tempdir().unwrap();
-    pack_k3_published(checkpoint.path(), out.path(), BANDS).unwrap();
+    pack_k3_published(
+        checkpoint.path(),
+        out.path(),
+        BANDS,
+        &PackOptions::default(),
+        &|_| {},
+    )
+    .unwrap();
     let name = "language_model.model.layers.0.self_attn.q_proj.weight";
     let read = |dir: &Path| {
         let artifact = Artifact::open(dir, Access::Unverified).unwrap();
@@ -271,5 +366,206 @@ fn bands_stored_out_of_row_order_read_the_same_tensor() {
             .map(|v| v.to_bits())
             .collect::<Vec<_>>(),
         want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
+}
+
+/// Every file under `dir`, by relative path.
+fn files_of(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                let relative = path
+                    .strip_prefix(dir)
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned();
+                out.insert(relative, std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    out
+}
+
+/// mlx-lm's fused and renamed tensors are mapped back exactly: the checkpoint under mlx-lm's
+/// names (`mlx-k3mix`, widened) writes the same bytes, file for file, as the one under the
+/// upstream names (`hf-k3mix`, which `tools/make_k3_hf_fixture.py` made from it and mlx-lm
+/// loads back to the same logits).
+#[test]
+fn mlx_lm_s_names_write_the_same_published_files_as_the_upstream_names() {
+    let write = |names| {
+        let checkpoint = tempfile::tempdir().unwrap();
+        widened(checkpoint.path(), names);
+        let out = tempfile::tempdir().unwrap();
+        let opts = PackOptions::default();
+        let summary =
+            pack_k3_published(checkpoint.path(), out.path(), BANDS, &opts, &|_| {}).unwrap();
+        (files_of(out.path()), summary.naming)
+    };
+    let (upstream, naming) = write(Names::Upstream);
+    assert_eq!(naming, "upstream");
+    let (mlx, naming) = write(Names::Mlx);
+    assert_eq!(naming, "mlx");
+    assert_eq!(
+        upstream.keys().collect::<Vec<_>>(),
+        mlx.keys().collect::<Vec<_>>()
+    );
+    for (path, bytes) in &upstream {
+        assert!(bytes == &mlx[path], "{path} differs");
+    }
+    assert!(upstream.contains_key("layer03/layer03-w2.mxfp4tile"));
+}
+
+/// A tensor no rule takes is refused by name before anything is written.
+#[test]
+fn a_tensor_the_layout_cannot_hold_is_refused_by_name() {
+    use safetensors::tensor::TensorView;
+    let checkpoint = source();
+    let mut tensors = read_tensors(checkpoint.path(), |_| true);
+    tensors.insert(
+        "mtp.0.eh_proj.weight".into(),
+        (safetensors::Dtype::BF16, vec![2], vec![0; 4]),
+    );
+    let views: Vec<(String, TensorView)> = tensors
+        .iter()
+        .map(|(n, (d, s, b))| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
+    safetensors::serialize_to_file(views, None, &checkpoint.path().join("model.safetensors"))
+        .unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let err = pack_k3_published(
+        checkpoint.path(),
+        out.path(),
+        BANDS,
+        &PackOptions::default(),
+        &|_| {},
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("mtp.0.eh_proj.weight") && err.contains("no rule"),
+        "{err}"
+    );
+    assert!(files_of(out.path()).is_empty(), "nothing written");
+}
+
+const UPSTREAM: &str = "moonshotai/Kimi-K3";
+const UPSTREAM_PIN: &str = "9f62e4e9fffbd0a83ddd60e1c209d828994b3569";
+
+fn repo_file(dir: &Path, path: &str) -> minirun_format::tree::RepoFile {
+    use minirun_format::tree::{FileDigest, StreamHasher};
+    let bytes = std::fs::read(dir.join(path)).unwrap();
+    let mut h = StreamHasher::new(&FileDigest::Sha256([0; 32]), bytes.len() as u64);
+    h.update(&bytes);
+    minirun_format::tree::RepoFile {
+        path: path.to_string(),
+        size: bytes.len() as u64,
+        digest: h.finish(),
+    }
+}
+
+/// As published: no config.json in the publication, whose index.json names the upstream
+/// repository and revision. Verification takes config.json from that upstream's tree, and the
+/// verified run gives the bits of the unverified one.
+#[test]
+fn a_publication_without_config_runs_verified_with_the_upstream_s_config() {
+    use minirun_store::{Authority, Origin, SealKey, Selection, SourcedFile};
+    let checkpoint = source();
+    let out = tempfile::tempdir().unwrap();
+    let opts = PackOptions {
+        source_repo: Some(UPSTREAM.into()),
+        source_revision: Some(UPSTREAM_PIN.into()),
+    };
+    pack_k3_published(checkpoint.path(), out.path(), BANDS, &opts, &|_| {}).unwrap();
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("index.json")).unwrap()).unwrap();
+    assert_eq!(
+        (&index["source_repo"], &index["source_revision"]),
+        (&UPSTREAM.into(), &UPSTREAM_PIN.into())
+    );
+    let session = Session::open(out.path(), Trust::Unverified).unwrap();
+    let (want, _) = greedy_bits(&session.model().unwrap(), &prompt(), STEPS);
+    drop(session);
+
+    let config = std::fs::read(out.path().join("config.json")).unwrap();
+    std::fs::remove_file(out.path().join("config.json")).unwrap();
+    let publication = minirun_format::tree::Tree {
+        repo: "team/Kimi-K3-minirun".into(),
+        revision: "1".repeat(40),
+        files: files_of(out.path())
+            .keys()
+            .map(|p| (p.clone(), repo_file(out.path(), p)))
+            .collect(),
+    };
+    let key = SealKey::load_or_create(
+        &Path::new(env!("CARGO_TARGET_TMPDIR")).join("k3-published-tests.key"),
+    )
+    .unwrap();
+    std::fs::write(out.path().join("config.json"), &config).unwrap();
+    let sourced = SourcedFile {
+        file: repo_file(out.path(), "config.json"),
+        origin: Origin {
+            repo: UPSTREAM.into(),
+            revision: UPSTREAM_PIN.into(),
+        },
+    };
+    minirun_store::verify_sourced(
+        out.path(),
+        &publication,
+        &[sourced],
+        Authority::Publication,
+        Selection::Full,
+        minirun_store::Sealing {
+            key: &key,
+            progress: &|_| {},
+            stop: &std::sync::atomic::AtomicBool::new(false),
+        },
+    )
+    .unwrap();
+    let session = Session::open(out.path(), Trust::Verified(key.clone())).unwrap();
+    let header = session.header().join("\n");
+    assert!(
+        header.contains(&format!("config.json against {UPSTREAM}@{UPSTREAM_PIN}")),
+        "{header}"
+    );
+    let (got, _) = greedy_bits(&session.model().unwrap(), &prompt(), STEPS);
+    assert!(got == want, "verified: other logits");
+
+    // Without that evidence, a config.json placed beside the publication is not read.
+    minirun_store::verify(
+        out.path(),
+        &publication,
+        &key,
+        &|_| {},
+        &std::sync::atomic::AtomicBool::new(false),
+    )
+    .unwrap_err();
+    std::fs::remove_file(out.path().join("config.json")).unwrap();
+    minirun_store::verify(
+        out.path(),
+        &publication,
+        &key,
+        &|_| {},
+        &std::sync::atomic::AtomicBool::new(false),
+    )
+    .unwrap();
+    std::fs::write(out.path().join("config.json"), &config).unwrap();
+    let err = Session::open(out.path(), Trust::Verified(key.clone()))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("config.json"), "{err}");
+    std::fs::remove_file(out.path().join("config.json")).unwrap();
+    let err = Session::open(out.path(), Trust::Verified(key))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("has no config.json") && err.contains("minirun verify"),
+        "{err}"
     );
 }
