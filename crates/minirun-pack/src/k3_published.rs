@@ -138,7 +138,8 @@ pub fn pack_k3_published(
     progress(total);
     let mut files = 3;
     for (layer, layer_plan) in plan.layers.iter().enumerate() {
-        let (n, bytes) = write_layer(&ckpt, layer_plan, out, layer, bands, progress)?;
+        let upstream = opts.source_repo.as_deref();
+        let (n, bytes) = write_layer(&ckpt, layer_plan, out, layer, bands, upstream, progress)?;
         files += n;
         total += bytes;
     }
@@ -263,13 +264,15 @@ fn write_globals(
     Ok(total + final_bin.len() as u64)
 }
 
-/// Writes layer `layer`; returns its payload files and bytes.
+/// Writes layer `layer` (its manifest naming the upstream repository when known, as the
+/// published ones do); returns its payload files and bytes.
 fn write_layer(
     ckpt: &Checkpoint,
     plan: &LayerPlan,
     out: &Path,
     layer: usize,
     bands: BandSizes,
+    upstream: Option<&str>,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<(usize, u64), PackError> {
     let unit = format!("layer{layer:02}");
@@ -312,12 +315,16 @@ fn write_layer(
         }
         w.flush().map_err(|e| PackError::io(&blob, e))
     })?;
-    let manifest = json!({
-        "format": "quantized_tile_container", "format_version": 1, "layer": layer, "dense": true,
-        "nonexpert": {
-            "file": blob, "bytes": offset, "unit_count": units.len(),
-            "bytes_by_role": by_role, "units": units,
-        },
+    let max_unit_bytes = units.iter().filter_map(|u| u["length"].as_u64()).max();
+    let mut manifest = json!({"format": "quantized_tile_container", "format_version": 1});
+    if let Some(repo) = upstream {
+        manifest["source_repo"] = repo.into();
+    }
+    manifest["layer"] = layer.into();
+    manifest["dense"] = true.into();
+    manifest["nonexpert"] = json!({
+        "file": blob, "bytes": offset, "unit_count": units.len(),
+        "max_unit_bytes": max_unit_bytes, "bytes_by_role": by_role, "units": units,
     });
     atomic_file::write_bytes(
         &dir.join("manifest.json"),

@@ -487,6 +487,10 @@ fn a_publication_without_config_runs_verified_with_the_upstream_s_config() {
         (&index["source_repo"], &index["source_revision"]),
         (&UPSTREAM.into(), &UPSTREAM_PIN.into())
     );
+    let layer: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("layer02/manifest.json")).unwrap())
+            .unwrap();
+    assert_eq!(layer["source_repo"], UPSTREAM);
     let session = Session::open(out.path(), Trust::Unverified).unwrap();
     let (want, _) = greedy_bits(&session.model().unwrap(), &prompt(), STEPS);
     drop(session);
