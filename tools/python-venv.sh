@@ -9,6 +9,8 @@
 #   ENV        venv                  requirements
 #   reference  target/bench-venv     bench/requirements-reference.txt (PyTorch, about 5.4 GiB)
 #   oracle     target/oracle-venv    tools/requirements-oracle.txt (mlx[cpu], mlx-lm)
+#   torch-oracle target/torch-oracle-venv tools/requirements-torch-oracle.txt (PyTorch,
+#              transformers; about 5.6 GiB)
 # Environment:
 #   PYTHON3   the interpreter that creates the environment (default python3; the pins were
 #             measured with CPython 3.11)
@@ -16,7 +18,7 @@
 # The environment is made with `python3 -m venv`, then `pip install -r REQUIREMENTS`. It is
 # reused while the requirements file is unchanged (its SHA-256 is recorded in the environment
 # once pip has succeeded); an edited requirements file, or an install that was interrupted,
-# runs pip again. To start over: rm -rf target/bench-venv (or target/oracle-venv).
+# runs pip again. To start over: rm -rf target/bench-venv (or the other venv).
 # Progress goes to stderr. Exit status 2 when the environment cannot be made.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -24,8 +26,9 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 case "${1:-}" in
   reference) venv="$ROOT/target/bench-venv"; requirements="$ROOT/bench/requirements-reference.txt" ;;
   oracle) venv="$ROOT/target/oracle-venv"; requirements="$ROOT/tools/requirements-oracle.txt" ;;
+  torch-oracle) venv="$ROOT/target/torch-oracle-venv"; requirements="$ROOT/tools/requirements-torch-oracle.txt" ;;
   -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
-  *) echo "usage: $0 reference|oracle [SCRIPT ARGS...] (see --help)" >&2; exit 2 ;;
+  *) echo "usage: $0 reference|oracle|torch-oracle [SCRIPT ARGS...] (see --help)" >&2; exit 2 ;;
 esac
 shift
 
