@@ -6,7 +6,9 @@
 //! - gpt-oss MXFP4 (`quantization_config.quant_method = "mxfp4"`): U8 `*_blocks` [.., rows,
 //!   cols/32, 16] + U8 `*_scales` [.., rows, cols/32];
 //! - FP8 e4m3 block (`quant_method = "fp8"`, `weight_block_size`): F8_E4M3 `P.weight` +
-//!   `P.weight_scale_inv` (the scale element type as stored);
+//!   `P.weight_scale_inv` or (DeepSeek V4's name) `P.scale`, the scale element type as stored;
+//!   with `expert_dtype = "fp4"` (DeepSeek V4), I8 `P.weight` packing two E2M1 codes a byte
+//!   (the earlier column in the low nibble) + E8M0 `P.scale` per 32 columns: MXFP4's bytes;
 //! - everything else: a plain tensor, whose bytes travel verbatim.
 
 use std::collections::BTreeSet;
@@ -65,7 +67,11 @@ enum Scheme {
     None,
     Mlx(Value),
     GptOssMxfp4,
-    Fp8Block { rows: u32, cols: u32 },
+    Fp8Block {
+        rows: u32,
+        cols: u32,
+        fp4_experts: bool,
+    },
 }
 
 /// Classifies every tensor of the checkpoint.
@@ -119,6 +125,7 @@ fn declared_scheme(config: &Value) -> Result<Scheme, PackError> {
                     Ok(Scheme::Fp8Block {
                         rows: *rows,
                         cols: *cols,
+                        fp4_experts: expert_dtype(config, qc)?,
                     })
                 }
                 _ => Err(refused(
@@ -136,6 +143,33 @@ fn declared_scheme(config: &Value) -> Result<Scheme, PackError> {
     }
 }
 
+/// Whether an FP8 checkpoint stores its experts FP4 (`expert_dtype`, at the top level as
+/// DeepSeek V4 Flash ships it, or in `quantization_config`): `fp4` or `fp8`, nothing else.
+fn expert_dtype(config: &Value, qc: &Value) -> Result<bool, PackError> {
+    let declared = [config.get("expert_dtype"), qc.get("expert_dtype")];
+    let mut fp4 = None;
+    for value in declared.into_iter().flatten() {
+        let this = match value.as_str() {
+            Some("fp4") => true,
+            Some("fp8") => false,
+            _ => {
+                return Err(refused(
+                    "config.json",
+                    format!("expert_dtype {value} is neither \"fp4\" nor \"fp8\""),
+                ));
+            }
+        };
+        if fp4.is_some_and(|f| f != this) {
+            return Err(refused(
+                "config.json",
+                "expert_dtype differs between the top level and quantization_config",
+            ));
+        }
+        fp4 = Some(this);
+    }
+    Ok(fp4.unwrap_or(false))
+}
+
 /// If `t` is the packed tensor of a quantized matrix under `scheme`, that matrix.
 fn quantized_at(
     ckpt: &Checkpoint,
@@ -151,9 +185,16 @@ fn quantized_at(
             Some(stem) => gpt_oss_matrix(ckpt, stem, t).map(Some),
             None => Ok(None),
         },
-        Scheme::Fp8Block { rows, cols } => match t.name.strip_suffix(".weight") {
+        Scheme::Fp8Block {
+            rows,
+            cols,
+            fp4_experts,
+        } => match t.name.strip_suffix(".weight") {
             Some(module) if t.dtype == Dtype::F8_E4M3 => {
                 fp8_matrix(ckpt, module, t, *rows, *cols).map(Some)
+            }
+            Some(module) if t.dtype == Dtype::I8 && *fp4_experts => {
+                fp4_matrix(ckpt, module, t).map(Some)
             }
             _ => Ok(None),
         },
@@ -373,7 +414,16 @@ fn fp8_matrix(
     block_rows: u32,
     block_cols: u32,
 ) -> Result<QuantMatrix, PackError> {
-    let scales = sibling(ckpt, &format!("{module}.weight_scale_inv"), &weight.name)?;
+    let scales = match ckpt.tensors.get(&format!("{module}.scale")) {
+        Some(deepseek_v4)
+            if !ckpt
+                .tensors
+                .contains_key(&format!("{module}.weight_scale_inv")) =>
+        {
+            deepseek_v4
+        }
+        _ => sibling(ckpt, &format!("{module}.weight_scale_inv"), &weight.name)?,
+    };
     let experts = experts_of(&weight.shape, 2, &weight.name)?;
     let (rows, cols) = (dim(&weight.shape, 2), dim(&weight.shape, 1));
     let grid = (
@@ -409,12 +459,60 @@ fn fp8_matrix(
     })
 }
 
+/// DeepSeek V4's FP4 experts: I8 `[rows, cols/2]` codes and E8M0 `[rows, cols/32]` scales,
+/// the bytes of an MXFP4 matrix.
+fn fp4_matrix(
+    ckpt: &Checkpoint,
+    module: &str,
+    weight: &TensorSource,
+) -> Result<QuantMatrix, PackError> {
+    let scales = sibling(ckpt, &format!("{module}.scale"), &weight.name)?;
+    let experts = experts_of(&weight.shape, 2, &weight.name)?;
+    let (rows, half) = (dim(&weight.shape, 2), dim(&weight.shape, 1));
+    let cols = half.saturating_mul(2);
+    let ok = matches!(scales.dtype, Dtype::F8_E8M0 | Dtype::U8)
+        && scales.shape.len() == weight.shape.len()
+        && same_leading(&weight.shape, &scales.shape, 2)
+        && dim(&scales.shape, 2) == rows
+        && cols.is_multiple_of(32)
+        && dim(&scales.shape, 1) == cols / 32;
+    if !ok {
+        return Err(refused(
+            &weight.name,
+            format!(
+                "FP4 experts need I8 codes [.., rows, cols/2] and E8M0 scales [.., rows, cols/32]; found {:?} and {} {:?} {:?}",
+                weight.shape, scales.name, scales.dtype, scales.shape
+            ),
+        ));
+    }
+    Ok(QuantMatrix {
+        module: module.to_string(),
+        scheme: "deepseek-fp4",
+        mode: QuantMode::Mxfp4,
+        bits: 4,
+        group: 32,
+        scale_dtype: ScaleDtype::E8m0,
+        block_rows: 1,
+        experts,
+        rows: to_u32(rows, &weight.name)?,
+        cols: to_u32(cols, &weight.name)?,
+        packed: weight.clone(),
+        scales: scales.clone(),
+        biases: None,
+    })
+}
+
 /// A tensor that looks like a quantized payload but belongs to no recognised matrix is a
 /// layout this packer does not know: refuse rather than copy it as if it were plain.
 fn refuse_unrecognised_quantized(t: &TensorSource, scheme: &Scheme) -> Result<(), PackError> {
     let suspicious = match t.dtype {
-        Dtype::F8_E4M3 | Dtype::F8_E5M2 | Dtype::F4 | Dtype::F6_E2M3 | Dtype::F6_E3M2 => true,
-        Dtype::U32 => t.name.ends_with(".weight"),
+        Dtype::F8_E4M3
+        | Dtype::F8_E5M2
+        | Dtype::F8_E8M0
+        | Dtype::F4
+        | Dtype::F6_E2M3
+        | Dtype::F6_E3M2 => true,
+        Dtype::U32 | Dtype::I8 => t.name.ends_with(".weight"),
         _ => {
             t.name.ends_with("_blocks")
                 || t.name.ends_with(".scales")

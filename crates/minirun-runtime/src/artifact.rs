@@ -716,6 +716,44 @@ impl Artifact {
         Ok((0..len).map(|i| dtype.read(bytes, i)).collect())
     }
 
+    /// A plain integer tensor of `len` elements (I64 or I32, little-endian), widened to i64:
+    /// DeepSeek V4's `tid2eid` tables.
+    pub fn integers(&self, name: &str, len: usize) -> Result<Vec<i64>, ArtifactError> {
+        let (bytes, member) = self.member(name)?;
+        let width = match member.source.dtype.as_str() {
+            "I64" => 8,
+            "I32" => 4,
+            other => {
+                return Err(tensor_err(
+                    name,
+                    format!("is {other}, not an integer tensor"),
+                ));
+            }
+        };
+        let shape_len = member
+            .source
+            .shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d));
+        if shape_len != Some(len) || bytes.len() != len * width || member.quantization.is_some() {
+            return Err(tensor_err(
+                name,
+                format!(
+                    "has shape {:?} in {} bytes; the config needs {len} integers",
+                    member.source.shape,
+                    bytes.len()
+                ),
+            ));
+        }
+        Ok(bytes
+            .chunks_exact(width)
+            .map(|b| match b.try_into() {
+                Ok(eight) => i64::from_le_bytes(eight),
+                Err(_) => i64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            })
+            .collect())
+    }
+
     /// A blob member's description, without reading it.
     fn member_entry(&self, name: &str) -> Result<(usize, &Member), ArtifactError> {
         match self.tensors.get(name) {
@@ -1041,10 +1079,15 @@ impl Artifact {
             });
         };
         let format = quantized_format(name, q)?;
+        // DeepSeek V4 names both its FP8 block scales and its FP4 expert scales `.scale`.
+        let either = |usual: String| match self.tensors.contains_key(&usual) {
+            true => usual,
+            false => format!("{module}.scale"),
+        };
         let (scales_name, biases_name) = match q.layout {
-            QuantMode::Fp8E4m3Block => (format!("{name}_scale_inv"), None),
+            QuantMode::Fp8E4m3Block => (either(format!("{name}_scale_inv")), None),
             QuantMode::Affine => (format!("{module}.scales"), Some(format!("{module}.biases"))),
-            QuantMode::Mxfp4 => (format!("{module}.scales"), None),
+            QuantMode::Mxfp4 => (either(format!("{module}.scales")), None),
         };
         let (scales_file, scales_member) = self.member_entry(&scales_name)?;
         let expected_scale_dtype = match q.scale_dtype {
@@ -1093,6 +1136,9 @@ impl Artifact {
                 stored_cols.saturating_mul(32) / bits as usize
             }
             Format::Mxfp4 if member.source.dtype == "U32" => stored_cols.saturating_mul(8),
+            Format::Mxfp4 if matches!(member.source.dtype.as_str(), "I8" | "U8") => {
+                stored_cols.saturating_mul(2)
+            }
             Format::Fp8Block { .. } => stored_cols,
             _ => {
                 return Err(tensor_err(

@@ -105,6 +105,8 @@ pub(crate) enum Activation {
     Silu,
     /// SiTU (Kimi K3): `β·tanh(gate/β)·σ(gate) · β_lin·tanh(up/β_lin)`.
     Situ { beta: f32, linear_beta: f32 },
+    /// DeepSeek V4's clamped SwiGLU: `silu(min(gate, limit)) * clamp(up, -limit, limit)`.
+    ClampedSilu { limit: f32 },
 }
 
 impl Activation {
@@ -115,6 +117,7 @@ impl Activation {
                 let a = beta * (gate / beta).tanh() * sigmoid(gate);
                 a * (linear_beta * (up / linear_beta).tanh())
             }
+            Activation::ClampedSilu { limit } => silu(gate.min(limit)) * up.clamp(-limit, limit),
         }
     }
 }

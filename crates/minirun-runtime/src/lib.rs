@@ -5,6 +5,8 @@ pub mod artifact;
 pub mod budget;
 pub mod config;
 pub mod deepseek;
+pub mod deepseek_v4;
+pub mod deepseek_v4_config;
 pub mod experts;
 pub mod generate;
 pub mod kernels;

@@ -4,6 +4,8 @@
 use crate::artifact::{Artifact, ArtifactError};
 use crate::config::{ConfigError, DeepSeekV3Config};
 use crate::deepseek::{self, DeepSeekV3};
+use crate::deepseek_v4::{self, DeepSeekV4};
+use crate::deepseek_v4_config::DeepSeekV4Config;
 use crate::kimi_k3::{self, KimiK3};
 use crate::kimi_k3_config::KimiK3Config;
 use crate::layers::{ModelError, StepStats};
@@ -48,18 +50,22 @@ pub trait Decoder {
 #[derive(Debug, Clone)]
 pub enum Architecture {
     DeepSeekV3(DeepSeekV3Config),
+    DeepSeekV4(DeepSeekV4Config),
     KimiK3(KimiK3Config),
 }
 
 impl Architecture {
-    /// `model_type` picks the reader: `kimi_k3` is Kimi K3's; every other one goes to the
-    /// DeepSeek-V3 reader, which names what it does not run.
+    /// `model_type` picks the reader: `kimi_k3` is Kimi K3's, `deepseek_v4` DeepSeek V4's;
+    /// every other one goes to the DeepSeek-V3 reader, which names what it does not run.
     pub fn parse(config_json: &str) -> Result<Architecture, ConfigError> {
         let model_type = serde_json::from_str::<serde_json::Value>(config_json)
             .ok()
             .and_then(|v| v.get("model_type")?.as_str().map(str::to_string));
         match model_type.as_deref() {
             Some("kimi_k3") => Ok(Architecture::KimiK3(KimiK3Config::parse(config_json)?)),
+            Some("deepseek_v4") => Ok(Architecture::DeepSeekV4(DeepSeekV4Config::parse(
+                config_json,
+            )?)),
             _ => Ok(Architecture::DeepSeekV3(DeepSeekV3Config::parse(
                 config_json,
             )?)),
@@ -69,6 +75,7 @@ impl Architecture {
     pub fn eos_token_ids(&self) -> &[u32] {
         match self {
             Architecture::DeepSeekV3(c) => &c.eos_token_ids,
+            Architecture::DeepSeekV4(c) => &c.eos_token_ids,
             Architecture::KimiK3(c) => &c.eos_token_ids,
         }
     }
@@ -76,6 +83,7 @@ impl Architecture {
     pub fn vocab_size(&self) -> usize {
         match self {
             Architecture::DeepSeekV3(c) => c.vocab_size,
+            Architecture::DeepSeekV4(c) => c.vocab_size,
             Architecture::KimiK3(c) => c.vocab_size,
         }
     }
@@ -87,6 +95,25 @@ impl Architecture {
                 "deepseek_v3: {} layers, {} routed experts ({} per token), vocab {}",
                 c.num_hidden_layers, c.n_routed_experts, c.num_experts_per_tok, c.vocab_size
             ),
+            Architecture::DeepSeekV4(c) => {
+                let count = |f: fn(&crate::deepseek_v4_config::Attention) -> bool| {
+                    c.attention.iter().filter(|a| f(a)).count()
+                };
+                use crate::deepseek_v4_config::Attention as A;
+                format!(
+                    "deepseek_v4: {} layers ({} sliding-window, {} compressed sparse, {} heavily compressed; {} hash-routed), {} routed experts ({} per token), {} hyper-connection streams, vocab {}; its {} multi-token-prediction layers are not run",
+                    c.num_hidden_layers,
+                    count(|a| matches!(a, A::Sliding)),
+                    count(|a| matches!(a, A::CompressedSparse { .. })),
+                    count(|a| matches!(a, A::HeavilyCompressed { .. })),
+                    c.hash_layers,
+                    c.n_routed_experts,
+                    c.num_experts_per_tok,
+                    c.hc_mult,
+                    c.vocab_size,
+                    c.num_nextn_predict_layers
+                )
+            }
             Architecture::KimiK3(c) => format!(
                 "kimi_k3: {} layers ({} KDA, {} MLA), {} routed experts ({} per token) in a latent width of {}, vocab {}",
                 c.num_hidden_layers,
@@ -103,6 +130,7 @@ impl Architecture {
     fn shape(&self) -> &dyn ShapeOf {
         match self {
             Architecture::DeepSeekV3(c) => c,
+            Architecture::DeepSeekV4(c) => c,
             Architecture::KimiK3(c) => c,
         }
     }
@@ -130,6 +158,9 @@ impl Architecture {
             Architecture::DeepSeekV3(c) => {
                 Model::DeepSeekV3(DeepSeekV3::load(artifact, c.clone())?)
             }
+            Architecture::DeepSeekV4(c) => {
+                Model::DeepSeekV4(DeepSeekV4::load(artifact, c.clone())?)
+            }
             Architecture::KimiK3(c) => Model::KimiK3(KimiK3::load(artifact, c.clone())?),
         })
     }
@@ -143,6 +174,12 @@ impl Architecture {
     ) -> Result<Model<'a>, ModelError> {
         Ok(match self {
             Architecture::DeepSeekV3(c) => Model::DeepSeekV3(DeepSeekV3::load_planned(
+                artifact,
+                c.clone(),
+                plan,
+                experts,
+            )?),
+            Architecture::DeepSeekV4(c) => Model::DeepSeekV4(DeepSeekV4::load_planned(
                 artifact,
                 c.clone(),
                 plan,
@@ -186,12 +223,14 @@ impl<S: Shape> ShapeOf for S {
 /// A model of an architecture this build runs.
 pub enum Model<'a> {
     DeepSeekV3(DeepSeekV3<'a>),
+    DeepSeekV4(DeepSeekV4<'a>),
     KimiK3(KimiK3<'a>),
 }
 
 /// A [`Model`]'s cache.
 pub enum ModelCache {
     DeepSeekV3(deepseek::Cache),
+    DeepSeekV4(deepseek_v4::Cache),
     KimiK3(kimi_k3::Cache),
 }
 
@@ -201,6 +240,7 @@ impl Decoder for Model<'_> {
     fn new_cache(&self) -> ModelCache {
         match self {
             Model::DeepSeekV3(m) => ModelCache::DeepSeekV3(m.new_cache()),
+            Model::DeepSeekV4(m) => ModelCache::DeepSeekV4(m.new_cache()),
             Model::KimiK3(m) => ModelCache::KimiK3(m.new_cache()),
         }
     }
@@ -208,6 +248,7 @@ impl Decoder for Model<'_> {
     fn cached(&self, cache: &ModelCache) -> usize {
         match cache {
             ModelCache::DeepSeekV3(c) => c.len,
+            ModelCache::DeepSeekV4(c) => c.len,
             ModelCache::KimiK3(c) => c.len,
         }
     }
@@ -215,6 +256,7 @@ impl Decoder for Model<'_> {
     fn max_positions(&self) -> usize {
         match self {
             Model::DeepSeekV3(m) => m.max_positions(),
+            Model::DeepSeekV4(m) => m.max_positions(),
             Model::KimiK3(m) => m.max_positions(),
         }
     }
@@ -227,6 +269,7 @@ impl Decoder for Model<'_> {
     ) -> Result<Vec<f32>, ModelError> {
         match (self, cache) {
             (Model::DeepSeekV3(m), ModelCache::DeepSeekV3(c)) => m.prefill(tokens, c, stats),
+            (Model::DeepSeekV4(m), ModelCache::DeepSeekV4(c)) => m.prefill(tokens, c, stats),
             (Model::KimiK3(m), ModelCache::KimiK3(c)) => m.prefill(tokens, c, stats),
             _ => Err(ModelError::ForeignCache),
         }
@@ -235,6 +278,7 @@ impl Decoder for Model<'_> {
     fn expert_memory(&self) -> Option<(u64, u64)> {
         match self {
             Model::DeepSeekV3(m) => m.expert_memory(),
+            Model::DeepSeekV4(m) => m.expert_memory(),
             Model::KimiK3(m) => m.expert_memory(),
         }
     }

@@ -63,11 +63,26 @@ impl Rope {
         Rope { freqs, mscale }
     }
 
+    /// The rotary dims this rotation covers.
+    pub fn dims(&self) -> usize {
+        2 * self.freqs.len()
+    }
+
     /// Rotates `x` (one head's rotary dims) in place for `position`.
     pub fn apply(&self, x: &mut [f32], position: usize) {
+        self.rotate(x, position, 1.0);
+    }
+
+    /// Rotates `x` back by `position`'s angle (the sine negated), as V4 undoes the rotation
+    /// its values carry on the attention output.
+    pub fn apply_inverse(&self, x: &mut [f32], position: usize) {
+        self.rotate(x, position, -1.0);
+    }
+
+    fn rotate(&self, x: &mut [f32], position: usize, direction: f32) {
         for (pair, &freq) in x.chunks_exact_mut(2).zip(&self.freqs) {
             let angle = position as f64 / f64::from(freq);
-            let (sin, cos) = (angle.sin() as f32, angle.cos() as f32);
+            let (sin, cos) = (angle.sin() as f32 * direction, angle.cos() as f32);
             let (a, b) = (pair[0] * self.mscale, pair[1] * self.mscale);
             pair[0] = a * cos - b * sin;
             pair[1] = a * sin + b * cos;

@@ -1,0 +1,1171 @@
+//! The DeepSeek V4 architecture, as transformers 5.24.0's `DeepseekV4ForCausalLM` computes it:
+//!
+//! - hyper-connections: the residual is `hc_mult` streams; before each sub-block a learned
+//!   projection of the (normalised) streams gives the weights that collapse them into the
+//!   sub-block's input, spread its output back, and mix the streams (that mixing matrix made
+//!   doubly stochastic by Sinkhorn iterations); a last such collapse (`hc_head`) before the norm;
+//! - attention with one shared K=V head: queries through a low-rank projection and a per-head
+//!   unweighted norm, interleaved RoPE on each head's last `qk_rope_head_dim` channels (plain on
+//!   sliding-window layers, YaRN with its own base on compressed ones), a sliding window of
+//!   keys, per-head sinks, the rotation undone on the output, and a grouped low-rank output
+//!   projection;
+//! - compressed attention on some layers: every `rate` tokens a compressor pools its window's
+//!   projections (softmax gates with a learned position bias) into one more key; heavily
+//!   compressed layers attend to all of them, compressed sparse layers pool overlapping windows
+//!   of `2 rate` and attend to the `index_topk` a lightning indexer (its own compressor, queries
+//!   and ReLU scores) picks;
+//! - a mixture of experts on every layer: sqrt(softplus) scores, top-k of the bias-corrected
+//!   scores (or, on the first layers, the experts the token's `tid2eid` row names), weights
+//!   renormalised and scaled, one shared expert; SwiGLU clamped.
+//!
+//! Multi-token-prediction layers (`mtp.*`) are not run. A prompt runs in chunks: each product
+//! is taken for the whole chunk (`matmul`), the window, compressors and indexer step position
+//! by position, so a chunk gives every position the bits a step gives it. Ties in a top-k go to
+//! the lower index.
+
+use crate::artifact::{Artifact, ArtifactError, StackLayout};
+use crate::deepseek_v4_config::{Attention, DeepSeekV4Config};
+use crate::experts::{ExpertCache, routed_experts};
+use crate::kernels::{KernelError, QMatrix};
+use crate::layer_stream::{self, LayerStream, LoadedLayer, Source};
+use crate::layers::{
+    Activation, Mlp, ModelError, RoutedExperts, StepStats, Streaming, apply, apply_batch, rms_norm,
+    run_routed, sigmoid,
+};
+use crate::model::Decoder;
+use crate::plan::{DEFAULT_READS_IN_FLIGHT, ExpertMap, Mode, Plan, Shape};
+use crate::rope::Rope;
+
+/// Prompt positions run through the layers together.
+pub const PREFILL_CHUNK: usize = 64;
+
+/// The per-expert projections' names in DeepSeek's checkpoints: gate, up, down.
+pub const EXPERT_PROJECTIONS: [&str; 3] = ["w1", "w3", "w2"];
+
+/// Added to the chosen experts' weight sum before dividing (transformers' router).
+const RENORMALIZE_EPS: f32 = 1e-20;
+
+/// A hyper-connection's parameters: `fn` `[(2 + n) n, n hidden]`, `base`, and the three scales.
+struct HyperConnection {
+    weights: Vec<f32>,
+    base: Vec<f32>,
+    scale: [f32; 3],
+}
+
+/// A compressor: projections of each token to its window's values and gates, the gates' bias
+/// per position in the window, and the norm of a pooled entry.
+struct Compressor<'a> {
+    kv: QMatrix<'a>,
+    gate: QMatrix<'a>,
+    /// `[rate, width]`.
+    position_bias: Vec<f32>,
+    norm: Vec<f32>,
+    rate: usize,
+    /// The pooled entry's width; the projections are twice as wide when windows overlap.
+    dim: usize,
+    overlapping: bool,
+}
+
+struct Indexer<'a> {
+    compressor: Compressor<'a>,
+    q_b: QMatrix<'a>,
+    weights: QMatrix<'a>,
+}
+
+struct AttentionWeights<'a> {
+    q_a: QMatrix<'a>,
+    q_a_norm: Vec<f32>,
+    q_b: QMatrix<'a>,
+    kv: QMatrix<'a>,
+    kv_norm: Vec<f32>,
+    o_a: QMatrix<'a>,
+    o_b: QMatrix<'a>,
+    sinks: Vec<f32>,
+    compressor: Option<Compressor<'a>>,
+    indexer: Option<Indexer<'a>>,
+}
+
+struct Moe<'a> {
+    router: QMatrix<'a>,
+    /// The correction bias of a top-k layer; `None` on a hash-routed one.
+    correction_bias: Option<Vec<f32>>,
+    experts: RoutedExperts<'a>,
+    shared: Mlp<'a>,
+}
+
+struct Layer<'a> {
+    attn_hc: HyperConnection,
+    ffn_hc: HyperConnection,
+    attn_norm: Vec<f32>,
+    ffn_norm: Vec<f32>,
+    attention: AttentionWeights<'a>,
+    moe: Moe<'a>,
+}
+
+/// A compressor's state: the entries it emitted, the tokens of the window still open, and (for
+/// overlapping windows) the last closed window's first halves.
+#[derive(Clone, Default)]
+struct CompressorState {
+    /// `[entries, dim]`, normalised and rotated.
+    entries: Vec<f32>,
+    open_kv: Vec<Vec<f32>>,
+    open_gate: Vec<Vec<f32>>,
+    /// The previous window's `[rate, dim]` values and biased gates (first halves).
+    overlap: Option<(Vec<f32>, Vec<f32>)>,
+}
+
+impl CompressorState {
+    fn count(&self, dim: usize) -> usize {
+        self.entries.len() / dim
+    }
+}
+
+#[derive(Clone, Default)]
+struct LayerCache {
+    /// The last `sliding_window - 1` K=V rows, oldest first, `[rows, head_dim]`.
+    window: Vec<f32>,
+    compressor: CompressorState,
+    indexer: CompressorState,
+}
+
+/// The cache: per layer the window, the compressors' states; and the token ids seen (hash
+/// routing reads the current one).
+pub struct Cache {
+    layers: Vec<LayerCache>,
+    pub len: usize,
+    /// Set when a step failed after changing a layer's state, which no truncation undoes.
+    broken: bool,
+}
+
+pub struct DeepSeekV4<'a> {
+    pub config: DeepSeekV4Config,
+    artifact: &'a Artifact,
+    embed: QMatrix<'a>,
+    layers: Vec<Option<Box<Layer<'a>>>>,
+    stream: LayerStream,
+    experts: Option<ExpertMap>,
+    /// Per layer, the token's hash-routed experts (`[vocab, k]`), on hash layers.
+    hash_tables: Vec<Option<Vec<i64>>>,
+    head_hc: (Vec<f32>, Vec<f32>, f32),
+    norm: Vec<f32>,
+    lm_head: QMatrix<'a>,
+    main_rope: Rope,
+    compress_rope: Rope,
+    cache: Option<ExpertCache>,
+    reads_in_flight: usize,
+}
+
+fn tensor_err(name: &str, reason: impl Into<String>) -> ArtifactError {
+    ArtifactError::Tensor {
+        name: name.to_string(),
+        reason: reason.into(),
+    }
+}
+
+struct Loader<'a, 'm> {
+    artifact: &'a Artifact,
+    source: Source<'a>,
+    c: &'m DeepSeekV4Config,
+    streamed: Option<&'m ExpertMap>,
+}
+
+impl<'a> Loader<'a, '_> {
+    fn one(&self, module: &str, rows: usize, cols: usize) -> Result<QMatrix<'a>, ArtifactError> {
+        self.source
+            .matrix(module, rows, cols)?
+            .single(&format!("{module}.weight"))
+    }
+
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ArtifactError> {
+        self.artifact.vector(name, len)
+    }
+
+    fn hyper_connection(
+        &self,
+        prefix: &str,
+        which: &str,
+    ) -> Result<HyperConnection, ArtifactError> {
+        let (n, hidden) = (self.c.hc_mult, self.c.hidden_size);
+        let mix = (2 + n) * n;
+        let scale = self.vector(&format!("{prefix}.hc_{which}_scale"), 3)?;
+        Ok(HyperConnection {
+            weights: self.vector(&format!("{prefix}.hc_{which}_fn"), mix * n * hidden)?,
+            base: self.vector(&format!("{prefix}.hc_{which}_base"), mix)?,
+            scale: [scale[0], scale[1], scale[2]],
+        })
+    }
+
+    fn compressor(
+        &self,
+        prefix: &str,
+        rate: usize,
+        dim: usize,
+        overlapping: bool,
+    ) -> Result<Compressor<'a>, ArtifactError> {
+        let (hidden, width) = (self.c.hidden_size, if overlapping { 2 * dim } else { dim });
+        Ok(Compressor {
+            kv: self.one(&format!("{prefix}.wkv"), width, hidden)?,
+            gate: self.one(&format!("{prefix}.wgate"), width, hidden)?,
+            position_bias: self.vector(&format!("{prefix}.ape"), rate * width)?,
+            norm: self.vector(&format!("{prefix}.norm.weight"), dim)?,
+            rate,
+            dim,
+            overlapping,
+        })
+    }
+
+    fn attention(
+        &self,
+        prefix: &str,
+        kind: Attention,
+    ) -> Result<AttentionWeights<'a>, ArtifactError> {
+        let c = self.c;
+        let (hidden, heads, d) = (c.hidden_size, c.num_attention_heads, c.head_dim);
+        let attn = format!("{prefix}.attn");
+        let (compressor, indexer) = match kind {
+            Attention::Sliding => (None, None),
+            Attention::HeavilyCompressed { rate } => (
+                Some(self.compressor(&format!("{attn}.compressor"), rate, d, false)?),
+                None,
+            ),
+            Attention::CompressedSparse { rate } => {
+                let idx = format!("{attn}.indexer");
+                let (ih, id) = (c.index_n_heads, c.index_head_dim);
+                (
+                    Some(self.compressor(&format!("{attn}.compressor"), rate, d, true)?),
+                    Some(Indexer {
+                        compressor: self.compressor(
+                            &format!("{idx}.compressor"),
+                            rate,
+                            id,
+                            true,
+                        )?,
+                        q_b: self.one(&format!("{idx}.wq_b"), ih * id, c.q_lora_rank)?,
+                        weights: self.one(&format!("{idx}.weights_proj"), ih, hidden)?,
+                    }),
+                )
+            }
+        };
+        Ok(AttentionWeights {
+            q_a: self.one(&format!("{attn}.wq_a"), c.q_lora_rank, hidden)?,
+            q_a_norm: self.vector(&format!("{attn}.q_norm.weight"), c.q_lora_rank)?,
+            q_b: self.one(&format!("{attn}.wq_b"), heads * d, c.q_lora_rank)?,
+            kv: self.one(&format!("{attn}.wkv"), d, hidden)?,
+            kv_norm: self.vector(&format!("{attn}.kv_norm.weight"), d)?,
+            o_a: self.one(
+                &format!("{attn}.wo_a"),
+                c.o_groups * c.o_lora_rank,
+                heads * d / c.o_groups,
+            )?,
+            o_b: self.one(&format!("{attn}.wo_b"), hidden, c.o_groups * c.o_lora_rank)?,
+            sinks: self.vector(&format!("{attn}.attn_sink"), heads)?,
+            compressor,
+            indexer,
+        })
+    }
+
+    fn activation(&self) -> Activation {
+        Activation::ClampedSilu {
+            limit: self.c.swiglu_limit,
+        }
+    }
+
+    fn mlp(&self, prefix: &str) -> Result<Mlp<'a>, ArtifactError> {
+        let (hidden, inner) = (self.c.hidden_size, self.c.moe_intermediate_size);
+        let [gate, up, down] = EXPERT_PROJECTIONS;
+        Ok(Mlp {
+            gate: self.one(&format!("{prefix}.{gate}"), inner, hidden)?,
+            up: self.one(&format!("{prefix}.{up}"), inner, hidden)?,
+            down: self.one(&format!("{prefix}.{down}"), hidden, inner)?,
+            activation: self.activation(),
+        })
+    }
+
+    fn experts(&self, prefix: &str) -> Result<Vec<Mlp<'a>>, ArtifactError> {
+        let c = self.c;
+        let (hidden, inner) = (c.hidden_size, c.moe_intermediate_size);
+        let [gate, up, down] = EXPERT_PROJECTIONS;
+        let one = |e: usize, name: &str, rows, cols| -> Result<QMatrix<'a>, ArtifactError> {
+            let module = format!("{prefix}.experts.{e}.{name}");
+            self.artifact
+                .matrix(&module, rows, cols)?
+                .single(&format!("{module}.weight"))
+        };
+        (0..c.n_routed_experts)
+            .map(|e| {
+                Ok(Mlp {
+                    gate: one(e, gate, inner, hidden)?,
+                    up: one(e, up, inner, hidden)?,
+                    down: one(e, down, hidden, inner)?,
+                    activation: self.activation(),
+                })
+            })
+            .collect()
+    }
+
+    fn moe(&self, prefix: &str, layer: usize) -> Result<Moe<'a>, ArtifactError> {
+        let c = self.c;
+        let ffn = format!("{prefix}.ffn");
+        let experts = match self.streamed.and_then(|m| m.get(layer)?.clone()) {
+            Some(parts) => RoutedExperts::Streamed { layer, parts },
+            None => RoutedExperts::Resident(self.experts(&ffn)?),
+        };
+        Ok(Moe {
+            router: self.one(&format!("{ffn}.gate"), c.n_routed_experts, c.hidden_size)?,
+            correction_bias: match c.is_hash(layer) {
+                true => None,
+                false => Some(self.vector(&format!("{ffn}.gate.bias"), c.n_routed_experts)?),
+            },
+            experts,
+            shared: self.mlp(&format!("{ffn}.shared_experts"))?,
+        })
+    }
+
+    fn layer(&self, i: usize) -> Result<Layer<'a>, ArtifactError> {
+        let c = self.c;
+        let prefix = format!("layers.{i}");
+        Ok(Layer {
+            attn_hc: self.hyper_connection(&prefix, "attn")?,
+            ffn_hc: self.hyper_connection(&prefix, "ffn")?,
+            attn_norm: self.vector(&format!("{prefix}.attn_norm.weight"), c.hidden_size)?,
+            ffn_norm: self.vector(&format!("{prefix}.ffn_norm.weight"), c.hidden_size)?,
+            attention: self.attention(&prefix, c.attention[i])?,
+            moe: self.moe(&prefix, i)?,
+        })
+    }
+}
+
+/// Every deterministic matrix of layer `i`, `(module, rows, cols)`: what a streamed layer reads
+/// each step.
+fn layer_matrices(c: &DeepSeekV4Config, i: usize) -> Vec<(String, usize, usize)> {
+    let (hidden, heads, d) = (c.hidden_size, c.num_attention_heads, c.head_dim);
+    let attn = format!("layers.{i}.attn");
+    let ffn = format!("layers.{i}.ffn");
+    let inner = c.moe_intermediate_size;
+    let mut m = vec![
+        (format!("{attn}.wq_a"), c.q_lora_rank, hidden),
+        (format!("{attn}.wq_b"), heads * d, c.q_lora_rank),
+        (format!("{attn}.wkv"), d, hidden),
+        (
+            format!("{attn}.wo_a"),
+            c.o_groups * c.o_lora_rank,
+            heads * d / c.o_groups,
+        ),
+        (format!("{attn}.wo_b"), hidden, c.o_groups * c.o_lora_rank),
+        (format!("{ffn}.gate"), c.n_routed_experts, hidden),
+        (format!("{ffn}.shared_experts.w1"), inner, hidden),
+        (format!("{ffn}.shared_experts.w3"), inner, hidden),
+        (format!("{ffn}.shared_experts.w2"), hidden, inner),
+    ];
+    let mut compressor = |prefix: String, width: usize| {
+        m.push((format!("{prefix}.wkv"), width, hidden));
+        m.push((format!("{prefix}.wgate"), width, hidden));
+    };
+    match c.attention[i] {
+        Attention::Sliding => {}
+        Attention::HeavilyCompressed { .. } => compressor(format!("{attn}.compressor"), d),
+        Attention::CompressedSparse { .. } => {
+            compressor(format!("{attn}.compressor"), 2 * d);
+            compressor(format!("{attn}.indexer.compressor"), 2 * c.index_head_dim);
+            m.push((
+                format!("{attn}.indexer.wq_b"),
+                c.index_n_heads * c.index_head_dim,
+                c.q_lora_rank,
+            ));
+            m.push((
+                format!("{attn}.indexer.weights_proj"),
+                c.index_n_heads,
+                hidden,
+            ));
+        }
+    }
+    m
+}
+
+impl Shape for DeepSeekV4Config {
+    fn layer_count(&self) -> usize {
+        self.num_hidden_layers
+    }
+
+    fn experts_per_token(&self) -> usize {
+        self.num_experts_per_tok
+    }
+
+    fn cache_bytes(&self, context_tokens: usize) -> u64 {
+        DeepSeekV4Config::cache_bytes(self, context_tokens)
+    }
+
+    fn routed_experts(
+        &self,
+        artifact: &Artifact,
+        layer: usize,
+    ) -> Option<Result<Vec<crate::experts::ExpertParts>, ArtifactError>> {
+        let sizes = (
+            self.hidden_size,
+            self.moe_intermediate_size,
+            self.n_routed_experts,
+        );
+        Some(routed_experts(
+            artifact,
+            &format!("layers.{layer}.ffn"),
+            sizes,
+            EXPERT_PROJECTIONS,
+        ))
+    }
+
+    fn streamable_matrices(
+        &self,
+        artifact: &Artifact,
+        layer: usize,
+    ) -> Result<Vec<StackLayout>, ArtifactError> {
+        layer_matrices(self, layer)
+            .iter()
+            .map(|(module, rows, cols)| artifact.stack_layout(module, *rows, *cols))
+            .collect()
+    }
+}
+
+impl Decoder for DeepSeekV4<'_> {
+    type Cache = Cache;
+
+    fn new_cache(&self) -> Cache {
+        Cache {
+            layers: vec![LayerCache::default(); self.config.num_hidden_layers],
+            len: 0,
+            broken: false,
+        }
+    }
+
+    fn cached(&self, cache: &Cache) -> usize {
+        cache.len
+    }
+
+    fn max_positions(&self) -> usize {
+        self.config.max_position_embeddings
+    }
+
+    /// Runs `tokens` at the next positions of `cache`, [`PREFILL_CHUNK`] at a time, returning
+    /// the logits of the last. A bad token or a full context is refused before the cache
+    /// changes; an error after that leaves the cache broken, refused by every later call.
+    fn prefill(
+        &self,
+        tokens: &[u32],
+        cache: &mut Cache,
+        stats: &mut StepStats,
+    ) -> Result<Vec<f32>, ModelError> {
+        let c = &self.config;
+        if cache.broken {
+            return Err(ModelError::BrokenCache);
+        }
+        if tokens.is_empty() {
+            return Err(ModelError::EmptyPrompt);
+        }
+        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(ModelError::Token(token, c.vocab_size));
+        }
+        let last = cache.len + tokens.len() - 1;
+        if last >= c.max_position_embeddings {
+            return Err(ModelError::Position(last, c.max_position_embeddings));
+        }
+        let mut logits = Vec::new();
+        for (n, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
+            let wanted = (n + 1) * PREFILL_CHUNK >= tokens.len();
+            match self.forward_positions(chunk, wanted, cache, stats) {
+                Ok(out) => logits = out,
+                Err(e) => {
+                    cache.broken = true;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(logits)
+    }
+
+    fn expert_memory(&self) -> Option<(u64, u64)> {
+        self.cache.as_ref().map(ExpertCache::usage)
+    }
+}
+
+impl<'a> DeepSeekV4<'a> {
+    /// The model with every weight resident.
+    pub fn load(
+        artifact: &'a Artifact,
+        config: DeepSeekV4Config,
+    ) -> Result<DeepSeekV4<'a>, ModelError> {
+        DeepSeekV4::build(artifact, config, None, &[])
+    }
+
+    /// The model as `plan` says (see `KimiK3::load_planned`).
+    pub fn load_planned(
+        artifact: &'a Artifact,
+        config: DeepSeekV4Config,
+        plan: &Plan,
+        experts: ExpertMap,
+    ) -> Result<DeepSeekV4<'a>, ModelError> {
+        if plan.mode == Mode::Resident {
+            return DeepSeekV4::build(artifact, config, None, &[]);
+        }
+        let experts = plan.streamed_experts(experts);
+        let mut model = DeepSeekV4::build(artifact, config, Some(experts), &plan.streamed_layers)?;
+        model.cache = Some(plan.start_streaming(artifact));
+        model.stream.read_ahead = plan.read_ahead;
+        model.reads_in_flight = plan.reads_in_flight;
+        Ok(model)
+    }
+
+    fn build(
+        artifact: &'a Artifact,
+        config: DeepSeekV4Config,
+        experts: Option<ExpertMap>,
+        streamed_layers: &[usize],
+    ) -> Result<DeepSeekV4<'a>, ModelError> {
+        let c = &config;
+        let loader = Loader {
+            artifact,
+            source: Source::Resident(artifact),
+            c,
+            streamed: experts.as_ref(),
+        };
+        let (layers, stream) =
+            layer_stream::held_or_streamed(artifact, c, streamed_layers, |i| loader.layer(i))?;
+        let hash_tables = (0..c.num_hidden_layers)
+            .map(|i| c.is_hash(i).then(|| hash_table(artifact, c, i)).transpose())
+            .collect::<Result<Vec<_>, _>>()?;
+        let n = c.hc_mult;
+        let head_scale = artifact.vector("hc_head_scale", 1)?;
+        let rd = c.qk_rope_head_dim;
+        let mut compress_rope = Rope::new(
+            rd,
+            c.compress_rope_theta,
+            c.yarn
+                .as_ref()
+                .map(|y| crate::config::Yarn {
+                    factor: y.factor,
+                    original_max_position_embeddings: y.original_max_position_embeddings,
+                    beta_fast: y.beta_fast,
+                    beta_slow: y.beta_slow,
+                    mscale: 1.0,
+                    mscale_all_dim: 1.0,
+                })
+                .as_ref(),
+        );
+        // V4 fixes YaRN's attention factor at 1.
+        compress_rope.mscale = 1.0;
+        Ok(DeepSeekV4 {
+            embed: loader.one("embed", c.vocab_size, c.hidden_size)?,
+            lm_head: loader.one("head", c.vocab_size, c.hidden_size)?,
+            head_hc: (
+                artifact.vector("hc_head_fn", n * n * c.hidden_size)?,
+                artifact.vector("hc_head_base", n)?,
+                head_scale[0],
+            ),
+            norm: artifact.vector("norm.weight", c.hidden_size)?,
+            main_rope: Rope::new(rd, c.rope_theta, None),
+            compress_rope,
+            hash_tables,
+            layers,
+            stream,
+            experts,
+            artifact,
+            cache: None,
+            reads_in_flight: DEFAULT_READS_IN_FLIGHT,
+            config,
+        })
+    }
+
+    fn forward_positions(
+        &self,
+        tokens: &[u32],
+        logits: bool,
+        cache: &mut Cache,
+        stats: &mut StepStats,
+    ) -> Result<Vec<f32>, ModelError> {
+        let c = &self.config;
+        let (n, hidden) = (c.hc_mult, c.hidden_size);
+        let mut streams = Vec::with_capacity(tokens.len());
+        for &token in tokens {
+            let mut h = vec![0f32; hidden];
+            self.embed.dequantize_row(token as usize, &mut h)?;
+            stats.weight_bytes += (self.embed.stored_bytes() / self.embed.rows) as u64;
+            streams.push(h.repeat(n));
+        }
+        let mut state = (streams, cache);
+        self.stream.run(
+            self.artifact,
+            &mut state,
+            stats,
+            |(streams, cache), i, loaded, stats| {
+                let built;
+                let layer = match (loaded, &self.layers[i]) {
+                    (Some(loaded), _) => {
+                        built = self.streamed_layer(i, loaded)?;
+                        &built
+                    }
+                    (None, Some(layer)) => layer,
+                    (None, None) => {
+                        return Err(ModelError::Artifact(tensor_err(
+                            &format!("layers.{i}"),
+                            "is neither held nor streamed",
+                        )));
+                    }
+                };
+                let start = cache.len;
+                let layer_cache = cache.layers.get_mut(i).ok_or(KernelError::Length {
+                    what: "cache layers",
+                    expected: i + 1,
+                    actual: 0,
+                })?;
+                self.run_layer(i, layer, tokens, streams, start, layer_cache, stats)
+            },
+            |(streams, cache), stats| {
+                cache.len += tokens.len();
+                match (logits, streams.last()) {
+                    (true, Some(x)) => {
+                        let (weights, base, scale) = &self.head_hc;
+                        let h = head_collapse(x, weights, base, *scale, c);
+                        let x = rms_norm(&h, &self.norm, c.rms_norm_eps);
+                        Ok(apply(&self.lm_head, &x, stats)?)
+                    }
+                    _ => Ok(Vec::new()),
+                }
+            },
+        )
+    }
+
+    fn streamed_layer<'l>(
+        &'l self,
+        i: usize,
+        loaded: &'l LoadedLayer,
+    ) -> Result<Layer<'l>, ModelError> {
+        let loader = Loader {
+            artifact: self.artifact,
+            source: Source::Streamed(loaded),
+            c: &self.config,
+            streamed: self.experts.as_ref(),
+        };
+        Ok(loader.layer(i)?)
+    }
+
+    /// One layer for a chunk of positions: attention, then the mixture of experts, each inside
+    /// its hyper-connection.
+    #[allow(clippy::too_many_arguments)]
+    fn run_layer(
+        &self,
+        i: usize,
+        layer: &Layer,
+        tokens: &[u32],
+        streams: &mut [Vec<f32>],
+        start: usize,
+        state: &mut LayerCache,
+        stats: &mut StepStats,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let mixes: Vec<Mixing> = streams
+            .iter()
+            .map(|x| Mixing::of(&layer.attn_hc, x, c))
+            .collect();
+        let xs: Vec<Vec<f32>> = mixes
+            .iter()
+            .map(|m| rms_norm(&m.collapsed, &layer.attn_norm, c.rms_norm_eps))
+            .collect();
+        let attended =
+            self.attention(&layer.attention, c.attention[i], &xs, start, state, stats)?;
+        for ((x, m), out) in streams.iter_mut().zip(&mixes).zip(&attended) {
+            *x = m.expand(x, out);
+        }
+        let mixes: Vec<Mixing> = streams
+            .iter()
+            .map(|x| Mixing::of(&layer.ffn_hc, x, c))
+            .collect();
+        let xs: Vec<Vec<f32>> = mixes
+            .iter()
+            .map(|m| rms_norm(&m.collapsed, &layer.ffn_norm, c.rms_norm_eps))
+            .collect();
+        let out = self.moe(&layer.moe, i, tokens, &xs, stats)?;
+        for ((x, m), out) in streams.iter_mut().zip(&mixes).zip(&out) {
+            *x = m.expand(x, out);
+        }
+        Ok(())
+    }
+
+    /// Attention for a chunk: the projections for every position at once, then per position
+    /// the window, the compressors and the indexer in order through the cache.
+    fn attention(
+        &self,
+        w: &AttentionWeights,
+        kind: Attention,
+        xs: &[Vec<f32>],
+        start: usize,
+        state: &mut LayerCache,
+        stats: &mut StepStats,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let c = &self.config;
+        let (heads, d, rd, eps) = (
+            c.num_attention_heads,
+            c.head_dim,
+            c.qk_rope_head_dim,
+            c.rms_norm_eps,
+        );
+        let rope = match kind {
+            Attention::Sliding => &self.main_rope,
+            _ => &self.compress_rope,
+        };
+        let q_residual: Vec<Vec<f32>> = apply_batch(&w.q_a, xs, stats)?
+            .iter()
+            .map(|q| rms_norm(q, &w.q_a_norm, eps))
+            .collect();
+        let queries = apply_batch(&w.q_b, &q_residual, stats)?;
+        let kvs = apply_batch(&w.kv, xs, stats)?;
+        let projected = match &w.compressor {
+            Some(comp) => Some(project(comp, xs, stats)?),
+            None => None,
+        };
+        let indexed = match &w.indexer {
+            Some(idx) => Some((
+                project(&idx.compressor, xs, stats)?,
+                apply_batch(&idx.q_b, &q_residual, stats)?,
+                apply_batch(&idx.weights, xs, stats)?,
+            )),
+            None => None,
+        };
+        let mut outs = Vec::with_capacity(xs.len());
+        for (p, (q, kv)) in queries.iter().zip(&kvs).enumerate() {
+            let position = start + p;
+            let mut q = q.clone();
+            for head in q.chunks_exact_mut(d) {
+                unweighted_norm(head, eps);
+                rope.apply(&mut head[d - rd..], position);
+            }
+            let mut kv = rms_norm(kv, &w.kv_norm, eps);
+            rope.apply(&mut kv[d - rd..], position);
+            let mut keys = state.window.clone();
+            keys.extend_from_slice(&kv);
+            let keep = (c.sliding_window - 1) * d;
+            state.window = keys[keys.len().saturating_sub(keep)..].to_vec();
+            if let (Some(comp), Some(proj)) = (&w.compressor, &projected) {
+                comp.push(
+                    &mut state.compressor,
+                    &proj.0[p],
+                    &proj.1[p],
+                    &self.compress_rope,
+                    eps,
+                );
+                let entries = &state.compressor.entries;
+                let chosen: Vec<usize> = match (&w.indexer, &indexed) {
+                    (Some(idx), Some((iproj, iq, iw))) => {
+                        idx.compressor.push(
+                            &mut state.indexer,
+                            &iproj.0[p],
+                            &iproj.1[p],
+                            &self.compress_rope,
+                            eps,
+                        );
+                        self.select(&state.indexer, &iq[p], &iw[p], position)
+                    }
+                    _ => (0..entries.len() / d).collect(),
+                };
+                for e in chosen {
+                    keys.extend_from_slice(&entries[e * d..(e + 1) * d]);
+                }
+            }
+            let mut out = attend(&q, &keys, &w.sinks, heads, d);
+            for head in out.chunks_exact_mut(d) {
+                rope.apply_inverse(&mut head[d - rd..], position);
+            }
+            outs.push(self.grouped_output(&w.o_a, &out, stats)?);
+        }
+        Ok(apply_batch(&w.o_b, &outs, stats)?)
+    }
+
+    /// `o_a` per group: group g's heads through rows `[g·o_lora, (g+1)·o_lora)`.
+    fn grouped_output(
+        &self,
+        o_a: &QMatrix,
+        heads_out: &[f32],
+        stats: &mut StepStats,
+    ) -> Result<Vec<f32>, KernelError> {
+        let c = &self.config;
+        let (groups, rank) = (c.o_groups, c.o_lora_rank);
+        let width = heads_out.len() / groups;
+        let mut y = vec![0f32; groups * rank];
+        for (g, (x, out)) in heads_out
+            .chunks_exact(width)
+            .zip(y.chunks_exact_mut(rank))
+            .enumerate()
+        {
+            o_a.matvec_rows(g * rank..(g + 1) * rank, x, out)?;
+        }
+        stats.weight_bytes += o_a.stored_bytes() as u64;
+        Ok(y)
+    }
+
+    /// The lightning indexer's choice for the query at `position`: the `index_topk` emitted
+    /// entries with the highest `Σ_h w_h · relu(q_h · k) / sqrt(dim)`, where
+    /// `w = weights_proj(x) / sqrt(heads)`; fewer when fewer are emitted. Ascending order.
+    fn select(
+        &self,
+        state: &CompressorState,
+        q: &[f32],
+        weights: &[f32],
+        position: usize,
+    ) -> Vec<usize> {
+        let c = &self.config;
+        let (heads, dim, rd) = (c.index_n_heads, c.index_head_dim, c.qk_rope_head_dim);
+        let mut q = q.to_vec();
+        for head in q.chunks_exact_mut(dim) {
+            self.compress_rope.apply(&mut head[dim - rd..], position);
+        }
+        let score_scale = (dim as f32).powf(-0.5);
+        let weight_scale = (heads as f32).powf(-0.5);
+        let count = state.count(dim);
+        let scores: Vec<f32> = (0..count)
+            .map(|e| {
+                let key = &state.entries[e * dim..(e + 1) * dim];
+                q.chunks_exact(dim)
+                    .zip(weights)
+                    .map(|(qh, &w)| {
+                        let dot: f32 = qh.iter().zip(key).map(|(a, b)| a * b).sum();
+                        dot.max(0.0) * score_scale * (w * weight_scale)
+                    })
+                    .sum()
+            })
+            .collect();
+        let mut order: Vec<usize> = (0..count).collect();
+        order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+        order.truncate(c.index_topk);
+        order.sort_unstable();
+        order
+    }
+
+    /// The mixture of experts for a chunk.
+    fn moe(
+        &self,
+        moe: &Moe,
+        layer: usize,
+        tokens: &[u32],
+        xs: &[Vec<f32>],
+        stats: &mut StepStats,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let c = &self.config;
+        let logits = apply_batch(&moe.router, xs, stats)?;
+        let routes: Vec<Vec<(usize, f32)>> = logits
+            .iter()
+            .zip(tokens)
+            .map(|(l, &t)| self.route(l, layer, t, moe.correction_bias.as_deref()))
+            .collect::<Result<_, _>>()?;
+        let streaming: Option<Streaming> = self
+            .cache
+            .as_ref()
+            .map(|cache| (self.artifact, cache, self.reads_in_flight));
+        let shared = |stats: &mut StepStats| -> Result<Vec<Vec<f32>>, ModelError> {
+            Ok(moe.shared.forward(xs, stats)?)
+        };
+        let (outputs, shared) = run_routed(
+            &moe.experts,
+            Activation::ClampedSilu {
+                limit: c.swiglu_limit,
+            },
+            &routes,
+            xs,
+            streaming,
+            c.num_experts_per_tok,
+            shared,
+            stats,
+        )?;
+        let mut ys = vec![vec![0f32; c.hidden_size]; xs.len()];
+        for ((y, chosen), outs) in ys.iter_mut().zip(&routes).zip(&outputs) {
+            for (&(_, weight), out) in chosen.iter().zip(outs) {
+                y.iter_mut().zip(out).for_each(|(s, o)| *s += o * weight);
+            }
+        }
+        for (y, s) in ys.iter_mut().zip(&shared) {
+            y.iter_mut().zip(s).for_each(|(y, s)| *y += s);
+        }
+        Ok(ys)
+    }
+
+    /// The experts for one token: the top `k` of `sqrt(softplus(logit)) + bias`, or the
+    /// token's `tid2eid` row on a hash layer; weighted by their scores renormalised and scaled.
+    fn route(
+        &self,
+        logits: &[f32],
+        layer: usize,
+        token: u32,
+        bias: Option<&[f32]>,
+    ) -> Result<Vec<(usize, f32)>, ModelError> {
+        let c = &self.config;
+        let k = c.num_experts_per_tok;
+        let scores: Vec<f32> = logits.iter().map(|&l| softplus(l).sqrt()).collect();
+        let chosen: Vec<usize> = match (bias, self.hash_tables.get(layer).and_then(Option::as_ref))
+        {
+            (Some(bias), _) => {
+                let choice: Vec<f32> = scores.iter().zip(bias).map(|(s, b)| s + b).collect();
+                let mut order: Vec<usize> = (0..choice.len()).collect();
+                order.sort_by(|&a, &b| choice[b].total_cmp(&choice[a]).then(a.cmp(&b)));
+                order.truncate(k);
+                order
+            }
+            (None, Some(table)) => {
+                let row = &table[token as usize * k..(token as usize + 1) * k];
+                row.iter().map(|&e| e as usize).collect()
+            }
+            (None, None) => {
+                return Err(ModelError::Artifact(tensor_err(
+                    &format!("layers.{layer}.ffn.gate"),
+                    "has neither a correction bias nor a tid2eid table",
+                )));
+            }
+        };
+        let mut weights: Vec<f32> = chosen.iter().map(|&e| scores[e]).collect();
+        let sum: f32 = weights.iter().sum::<f32>() + RENORMALIZE_EPS;
+        weights.iter_mut().for_each(|w| *w /= sum);
+        Ok(chosen
+            .into_iter()
+            .zip(weights)
+            .map(|(e, w)| (e, w * c.routed_scaling_factor))
+            .collect())
+    }
+}
+
+/// A hash layer's `tid2eid` table, every entry checked to name an expert.
+fn hash_table(
+    artifact: &Artifact,
+    c: &DeepSeekV4Config,
+    layer: usize,
+) -> Result<Vec<i64>, ArtifactError> {
+    let name = format!("layers.{layer}.ffn.gate.tid2eid");
+    let table = artifact.integers(&name, c.vocab_size * c.num_experts_per_tok)?;
+    if let Some(bad) = table
+        .iter()
+        .find(|&&e| e < 0 || e as usize >= c.n_routed_experts)
+    {
+        return Err(tensor_err(
+            &name,
+            format!("names expert {bad}; the layer has {}", c.n_routed_experts),
+        ));
+    }
+    Ok(table)
+}
+
+/// `softplus(x) = ln(1 + e^x)`, `x` itself above 20 (torch's threshold).
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 { x } else { x.exp().ln_1p() }
+}
+
+/// `x · rsqrt(mean(x²) + eps)` in place (no weight).
+fn unweighted_norm(x: &mut [f32], eps: f32) {
+    let mean = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let inv = 1.0 / (mean + eps).sqrt();
+    x.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// Each position's compressor projections: `(values, gates)`.
+type Projected = (Vec<Vec<f32>>, Vec<Vec<f32>>);
+
+fn project(
+    comp: &Compressor,
+    xs: &[Vec<f32>],
+    stats: &mut StepStats,
+) -> Result<Projected, KernelError> {
+    Ok((
+        apply_batch(&comp.kv, xs, stats)?,
+        apply_batch(&comp.gate, xs, stats)?,
+    ))
+}
+
+impl Compressor<'_> {
+    /// Takes one token's projections; when they close a window, pools it into an entry:
+    /// per channel, the values weighted by the softmax of their biased gates over the window
+    /// (an overlapping window also over the previous window's first halves), normed, and
+    /// rotated at the window's first position.
+    fn push(&self, state: &mut CompressorState, kv: &[f32], gate: &[f32], rope: &Rope, eps: f32) {
+        let width = kv.len();
+        let slot = state.open_kv.len();
+        let biased: Vec<f32> = gate
+            .iter()
+            .zip(&self.position_bias[slot * width..(slot + 1) * width])
+            .map(|(g, b)| g + b)
+            .collect();
+        state.open_kv.push(kv.to_vec());
+        state.open_gate.push(biased);
+        if state.open_kv.len() < self.rate {
+            return;
+        }
+        let dim = self.dim;
+        let window = state.count(dim);
+        // The slots pooled: (values, gates) rows of `dim`.
+        let mut rows: Vec<(&[f32], &[f32])> = Vec::with_capacity(2 * self.rate);
+        let (current_kv, current_gate) = (&state.open_kv, &state.open_gate);
+        let previous;
+        if self.overlapping {
+            if let Some((pk, pg)) = &state.overlap {
+                previous = (pk.clone(), pg.clone());
+                for r in 0..self.rate {
+                    rows.push((
+                        &previous.0[r * dim..(r + 1) * dim],
+                        &previous.1[r * dim..(r + 1) * dim],
+                    ));
+                }
+            }
+            for (k, g) in current_kv.iter().zip(current_gate) {
+                rows.push((&k[dim..], &g[dim..]));
+            }
+        } else {
+            for (k, g) in current_kv.iter().zip(current_gate) {
+                rows.push((&k[..], &g[..]));
+            }
+        }
+        let mut pooled = vec![0f32; dim];
+        for (ch, out) in pooled.iter_mut().enumerate() {
+            let max = rows
+                .iter()
+                .map(|(_, g)| g[ch])
+                .fold(f32::NEG_INFINITY, f32::max);
+            let exps: Vec<f32> = rows.iter().map(|(_, g)| (g[ch] - max).exp()).collect();
+            let total: f32 = exps.iter().sum();
+            *out = rows
+                .iter()
+                .zip(&exps)
+                .map(|((k, _), e)| k[ch] * (e / total))
+                .sum();
+        }
+        let mut entry = rms_norm(&pooled, &self.norm, eps);
+        let rd = rope.dims();
+        rope.apply(&mut entry[dim - rd..], window * self.rate);
+        if self.overlapping {
+            let first = |rows: &[Vec<f32>]| -> Vec<f32> {
+                rows.iter().flat_map(|r| r[..dim].iter().copied()).collect()
+            };
+            state.overlap = Some((first(&state.open_kv), first(&state.open_gate)));
+        }
+        state.entries.extend_from_slice(&entry);
+        state.open_kv.clear();
+        state.open_gate.clear();
+    }
+}
+
+/// One position's attention over `keys` (`[n, dim]`, values the same rows) with a sink logit
+/// per head: `softmax([q·k / sqrt(dim)..., sink])` without the sink's share, mixing the rows.
+fn attend(q: &[f32], keys: &[f32], sinks: &[f32], heads: usize, dim: usize) -> Vec<f32> {
+    let scale = (dim as f32).powf(-0.5);
+    let rows = keys.len() / dim;
+    let mut out = vec![0f32; heads * dim];
+    for ((qh, oh), &sink) in q
+        .chunks_exact(dim)
+        .zip(out.chunks_exact_mut(dim))
+        .zip(sinks)
+        .take(heads)
+    {
+        let scores: Vec<f32> = keys
+            .chunks_exact(dim)
+            .map(|k| qh.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale)
+            .collect();
+        let max = scores.iter().copied().fold(sink, f32::max);
+        let exps: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
+        let total: f32 = exps.iter().sum::<f32>() + (sink - max).exp();
+        for (k, e) in keys.chunks_exact(dim).zip(&exps).take(rows) {
+            let p = e / total;
+            oh.iter_mut().zip(k).for_each(|(o, v)| *o += p * v);
+        }
+    }
+    out
+}
+
+/// A hyper-connection's weights for one position: the collapsed input, and how to spread the
+/// sub-block's output back over the streams and mix them.
+struct Mixing {
+    collapsed: Vec<f32>,
+    post: Vec<f32>,
+    /// `comb[j][k]`: stream j's share in new stream k.
+    comb: Vec<f32>,
+}
+
+/// `x · rsqrt(mean(x²) + eps)` of the flattened streams, then `weights · that`.
+fn stream_mixes(x: &[f32], weights: &[f32], eps: f32) -> Vec<f32> {
+    let mut normed = x.to_vec();
+    unweighted_norm(&mut normed, eps);
+    weights
+        .chunks_exact(x.len())
+        .map(|row| row.iter().zip(&normed).map(|(w, v)| w * v).sum())
+        .collect()
+}
+
+impl Mixing {
+    fn of(hc: &HyperConnection, streams: &[f32], c: &DeepSeekV4Config) -> Mixing {
+        let (n, hidden, eps) = (c.hc_mult, c.hidden_size, c.hc_eps);
+        let mixes = stream_mixes(streams, &hc.weights, c.rms_norm_eps);
+        let pre: Vec<f32> = (0..n)
+            .map(|j| sigmoid(mixes[j] * hc.scale[0] + hc.base[j]) + eps)
+            .collect();
+        let post: Vec<f32> = (0..n)
+            .map(|j| 2.0 * sigmoid(mixes[n + j] * hc.scale[1] + hc.base[n + j]))
+            .collect();
+        let mut comb: Vec<f32> = (0..n * n)
+            .map(|i| mixes[2 * n + i] * hc.scale[2] + hc.base[2 * n + i])
+            .collect();
+        for row in comb.chunks_exact_mut(n) {
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            row.iter_mut().for_each(|v| *v = (*v - max).exp());
+            let total: f32 = row.iter().sum();
+            row.iter_mut().for_each(|v| *v = *v / total + eps);
+        }
+        let normalize_columns = |comb: &mut [f32]| {
+            for k in 0..n {
+                let total: f32 = (0..n).map(|j| comb[j * n + k]).sum::<f32>() + eps;
+                (0..n).for_each(|j| comb[j * n + k] /= total);
+            }
+        };
+        normalize_columns(&mut comb);
+        for _ in 1..c.hc_sinkhorn_iters {
+            for row in comb.chunks_exact_mut(n) {
+                let total: f32 = row.iter().sum::<f32>() + eps;
+                row.iter_mut().for_each(|v| *v /= total);
+            }
+            normalize_columns(&mut comb);
+        }
+        let mut collapsed = vec![0f32; hidden];
+        for (x, &p) in streams.chunks_exact(hidden).zip(&pre) {
+            collapsed.iter_mut().zip(x).for_each(|(c, v)| *c += p * v);
+        }
+        Mixing {
+            collapsed,
+            post,
+            comb,
+        }
+    }
+
+    /// New streams: `post[k] · out + Σ_j comb[j][k] · streams[j]`.
+    fn expand(&self, streams: &[f32], out: &[f32]) -> Vec<f32> {
+        let n = self.post.len();
+        let hidden = out.len();
+        let mut next = vec![0f32; n * hidden];
+        for (k, y) in next.chunks_exact_mut(hidden).enumerate() {
+            y.iter_mut()
+                .zip(out)
+                .for_each(|(y, o)| *y = self.post[k] * o);
+            for (j, x) in streams.chunks_exact(hidden).enumerate() {
+                let w = self.comb[j * n + k];
+                y.iter_mut().zip(x).for_each(|(y, v)| *y += w * v);
+            }
+        }
+        next
+    }
+}
+
+/// `hc_head`: the streams collapsed by `sigmoid(mixes · scale + base) + eps`.
+fn head_collapse(
+    streams: &[f32],
+    weights: &[f32],
+    base: &[f32],
+    scale: f32,
+    c: &DeepSeekV4Config,
+) -> Vec<f32> {
+    let hidden = c.hidden_size;
+    let mixes = stream_mixes(streams, weights, c.rms_norm_eps);
+    let mut h = vec![0f32; hidden];
+    for ((x, m), b) in streams.chunks_exact(hidden).zip(&mixes).zip(base) {
+        let p = sigmoid(m * scale + b) + c.hc_eps;
+        h.iter_mut().zip(x).for_each(|(h, v)| *h += p * v);
+    }
+    h
+}

@@ -1,0 +1,153 @@
+//! DeepSeek V4 against transformers: the tiny checkpoint under `tests/data/deepseek-v4/` (made
+//! by `tools/make_dsv4_fixtures.py` in DeepSeek's own storage: FP8 block-scaled projections, FP4
+//! experts, BF16 compressors and router, F32 hyper-connections; its oracle is transformers
+//! 5.24.0's `DeepseekV4ForCausalLM` in float32 on the same stored bits) is packed with
+//! `minirun pack`'s library, loaded from the artifact and run one token at a time. At every
+//! prompt position the logits must be within `TOLERANCE` of transformers' full-prompt pass, the
+//! top-1 token the same wherever its margin exceeds `MARGIN`; the 32-token greedy continuation
+//! must be transformers'; the prompt in one chunk gives the stepwise bits.
+//!
+//! Why `TOLERANCE` = 1e-4: both sides compute in f32 from the same stored bits and differ in
+//! the order of their sums; transformers' own full and cached passes differ by up to 1.6e-5
+//! here (`prefill_vs_decode_max_abs`), and its fixture skips seeds whose router or indexer
+//! selections are closer than 1e-4. A real error (a window one key short, a compressor's
+//! overlap dropped, the output rotation not undone) moves logits by 0.01 or more.
+
+use std::path::{Path, PathBuf};
+
+use minirun_pack::{PackOptions, pack};
+use minirun_runtime::artifact::{Access, Artifact};
+use minirun_runtime::deepseek_v4::DeepSeekV4;
+use minirun_runtime::deepseek_v4_config::DeepSeekV4Config;
+use minirun_runtime::generate::argmax;
+use minirun_runtime::layers::StepStats;
+use minirun_runtime::model::Decoder;
+use serde_json::Value;
+
+const TOLERANCE: f32 = 1e-4;
+const MARGIN: f32 = 1e-3;
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/deepseek-v4/tiny-fp8-fp4")
+}
+
+fn packed() -> tempfile::TempDir {
+    let out = tempfile::tempdir().expect("a temporary directory");
+    pack(&fixture(), out.path(), &PackOptions::default(), &|_| {}).expect("it packs");
+    out
+}
+
+fn read_logits(path: &Path, vocab: usize) -> Vec<Vec<f32>> {
+    let bytes = std::fs::read(path).expect("the logits file");
+    let all: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    all.chunks(vocab).map(<[f32]>::to_vec).collect()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .expect("a list of ids")
+        .iter()
+        .map(|i| i.as_u64().expect("an id") as u32)
+        .collect()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+fn top1_margin(row: &[f32]) -> f32 {
+    let mut sorted = row.to_vec();
+    sorted.sort_by(|a, b| b.total_cmp(a));
+    sorted[0] - sorted[1]
+}
+
+fn matches_transformers(prompt_name: &str) {
+    let dir = packed();
+    let artifact = Artifact::open(dir.path(), Access::Unverified).expect("the artifact opens");
+    let config = DeepSeekV4Config::parse(&artifact.config_json).expect("the config parses");
+    let vocab = config.vocab_size;
+    let model = DeepSeekV4::load(&artifact, config).expect("the model loads");
+    let oracle: Value =
+        serde_json::from_slice(&std::fs::read(fixture().join("oracle.json")).unwrap()).unwrap();
+    let entry = oracle["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == prompt_name)
+        .expect("the prompt is in the oracle");
+    let prompt = ids(&entry["token_ids"]);
+    let expected = read_logits(
+        &fixture().join(entry["logits_file"].as_str().unwrap()),
+        vocab,
+    );
+    assert_eq!(expected.len(), prompt.len());
+
+    let mut cache = model.new_cache();
+    let mut logits = Vec::new();
+    let mut worst = 0f32;
+    for (position, (&token, want)) in prompt.iter().zip(&expected).enumerate() {
+        logits = model
+            .step(token, &mut cache, &mut StepStats::default())
+            .unwrap();
+        let delta = logits
+            .iter()
+            .zip(want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        worst = worst.max(delta);
+        assert!(
+            delta <= TOLERANCE,
+            "{prompt_name} position {position}: max |logit delta| {delta}"
+        );
+        if top1_margin(want) > MARGIN {
+            assert_eq!(
+                argmax(&logits),
+                argmax(want),
+                "{prompt_name} position {position}: top-1 differs"
+            );
+        }
+    }
+
+    let mut batched = model.new_cache();
+    let at_once = model
+        .prefill(&prompt, &mut batched, &mut StepStats::default())
+        .unwrap();
+    assert_eq!(
+        bits(&at_once),
+        bits(&logits),
+        "{prompt_name}: the prompt in one chunk gives the last position other bits than stepping"
+    );
+    let mut greedy = Vec::new();
+    for _ in 0..32 {
+        let token = argmax(&logits);
+        greedy.push(token);
+        logits = model
+            .step(token, &mut cache, &mut StepStats::default())
+            .unwrap();
+        let chunked = model
+            .step(token, &mut batched, &mut StepStats::default())
+            .unwrap();
+        assert_eq!(
+            bits(&chunked),
+            bits(&logits),
+            "{prompt_name}: caches diverge"
+        );
+    }
+    assert_eq!(greedy, ids(&entry["greedy_32"]), "{prompt_name}: greedy");
+    eprintln!("{prompt_name}: max |logit delta| vs transformers {worst:.2e}");
+}
+
+#[test]
+fn a_sentence_matches_transformers() {
+    matches_transformers("sentence");
+}
+
+/// 40 positions: ten CSA windows (the indexer picks 3 of up to 9 visible entries), five HCA
+/// windows, the sliding window passed many times over.
+#[test]
+fn forty_raw_ids_match_transformers() {
+    matches_transformers("ids");
+}
