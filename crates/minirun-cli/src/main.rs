@@ -56,8 +56,8 @@ failed tile; 2 a file no minirun or dormouse format recognises.")]
     /// with every file's SHA-256 per unit, and index.json.
     #[command(
         after_help = "Recognised upstream layouts: MLX affine and mxfp4 (config.json `quantization`),
-gpt-oss MXFP4 (`*_blocks` + `*_scales`), FP8 e4m3 with block scales (`weight_scale_inv`), and
-unquantized tensors. Anything else that looks quantized is refused, never guessed.
+gpt-oss MXFP4 (`*_blocks` + `*_scales`), FP8 e4m3 with block scales (`weight_scale_inv`, or
+DeepSeek V4's `scale`), DeepSeek V4's FP4 experts (`expert_dtype: fp4`), and unquantized tensors. Anything else that looks quantized is refused, never guessed.
 
 Example:
   minirun pack --source ./Qwen3-MLX-4bit --out ./Qwen3-MLX-4bit-minirun \\

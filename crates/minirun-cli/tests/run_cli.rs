@@ -279,3 +279,59 @@ fn a_kimi_k3_artifact_runs_verified_and_streams_at_the_floor() {
         floor["plan"]["uncached_read_per_token"]
     );
 }
+
+/// DeepSeek V4 from DeepSeek's own storage (FP8 block scales, FP4 experts): packed, verified
+/// and run, resident and at the floor with the same tokens, which are transformers' greedy
+/// continuation of the prompt.
+#[test]
+fn a_deepseek_v4_artifact_runs_verified_and_streams_at_the_floor() {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../minirun-runtime/tests/data/deepseek-v4/tiny-fp8-fp4");
+    let oracle: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(source.join("oracle.json")).unwrap()).unwrap();
+    let sentence = &oracle["prompts"][0];
+    assert_eq!(sentence["name"], "sentence");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_str().unwrap();
+    let out = minirun(&["pack", "--source", source.to_str().unwrap(), "--out", path]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = minirun(&["verify", path]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let args = [
+        "run",
+        path,
+        "--prompt",
+        "The clockmaker opened the map by the sea.",
+        "--max-tokens",
+        "12",
+        "--ignore-eos",
+    ];
+    let shown = minirun(&args);
+    assert!(shown.status.success(), "{}", stderr(&shown));
+    assert!(
+        stderr(&shown).contains("deepseek_v4: 5 layers"),
+        "{}",
+        stderr(&shown)
+    );
+    let args = [&args[..], &["--json"]].concat();
+    let resident = minirun(&args);
+    let resident: serde_json::Value = serde_json::from_slice(&resident.stdout).unwrap();
+    assert_eq!(resident["plan"]["mode"], "resident");
+    let greedy: Vec<serde_json::Value> = sentence["greedy_32"].as_array().unwrap()[..12].to_vec();
+    assert_eq!(
+        resident["generated_token_ids"],
+        serde_json::Value::Array(greedy)
+    );
+    let floor = minirun(&[&args[..], &["--budget", "floor"]].concat());
+    assert!(floor.status.success(), "{}", stderr(&floor));
+    let floor: serde_json::Value = serde_json::from_slice(&floor.stdout).unwrap();
+    assert_eq!(floor["plan"]["mode"], "streamed");
+    assert_eq!(
+        floor["generated_token_ids"],
+        resident["generated_token_ids"]
+    );
+    assert_eq!(
+        floor["expert_read_bytes_per_token"],
+        floor["plan"]["uncached_read_per_token"]
+    );
+}

@@ -351,6 +351,67 @@ fn fp8_with_e8m0_block_scales_becomes_v3_containers() {
     check(out.path(), src.path(), &|_| {}).unwrap();
 }
 
+/// DeepSeek V4 Flash's own names: FP8 block scales as `.scale`, and with `expert_dtype: fp4` the
+/// experts' I8 FP4 codes with E8M0 `.scale` per 32 columns, packed as MXFP4 containers that
+/// `check` passes; FP4 codes without their scales, or a config that does not say FP4, are refused.
+#[test]
+fn deepseek_v4_scale_names_and_fp4_experts_are_packed() {
+    let write = |dir: &std::path::Path, config: &str, with_scale: bool| {
+        let weight: Vec<u8> = (0..256 * 384).map(|i| (i * 7 % 251) as u8).collect();
+        let scales: Vec<u8> = (0..2 * 3).map(|i| 120 + i as u8).collect();
+        let codes: Vec<u8> = (0..1024 * 512).map(|i| (i * 13 % 256) as u8).collect();
+        let expert_scales: Vec<u8> = (0..1024 * 32).map(|i| 118 + (i % 5) as u8).collect();
+        let mut views = vec![
+            (
+                "layers.0.attn.wq_a.weight".to_string(),
+                TensorView::new(Dtype::F8_E4M3, vec![256, 384], &weight).unwrap(),
+            ),
+            (
+                "layers.0.attn.wq_a.scale".to_string(),
+                TensorView::new(Dtype::F8_E8M0, vec![2, 3], &scales).unwrap(),
+            ),
+            (
+                "layers.0.ffn.experts.0.w1.weight".to_string(),
+                TensorView::new(Dtype::I8, vec![1024, 512], &codes).unwrap(),
+            ),
+        ];
+        if with_scale {
+            views.push((
+                "layers.0.ffn.experts.0.w1.scale".to_string(),
+                TensorView::new(Dtype::F8_E8M0, vec![1024, 32], &expert_scales).unwrap(),
+            ));
+        }
+        safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+        fs::write(dir.join("config.json"), config).unwrap();
+    };
+    let fp4 = r#"{"model_type": "deepseek_v4", "expert_dtype": "fp4", "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}"#;
+    let src = tempfile::tempdir().unwrap();
+    write(src.path(), fp4, true);
+    let out = tempfile::tempdir().unwrap();
+    let summary = pack(src.path(), out.path(), &PackOptions::default(), &|_| {}).unwrap();
+    assert_eq!(summary.tile_containers, 2);
+    let expert = fs::read(
+        out.path()
+            .join("layer00/layers.0.ffn.experts.0.w1.mxfp4tile"),
+    )
+    .unwrap();
+    let c = TileContainer::parse(&expert, expert.len() as u64).unwrap();
+    assert_eq!((c.geometry.rows, c.geometry.cols), (1024, 1024));
+    check(out.path(), src.path(), &|_| {}).unwrap();
+
+    let src = tempfile::tempdir().unwrap();
+    write(src.path(), fp4, false);
+    let err = pack(src.path(), out.path(), &PackOptions::default(), &|_| {}).unwrap_err();
+    assert!(err.to_string().contains("w1.scale is missing"), "{err}");
+    let fp8 = fp4.replace(r#""expert_dtype": "fp4", "#, "");
+    write(src.path(), &fp8, true);
+    let err = pack(src.path(), out.path(), &PackOptions::default(), &|_| {}).unwrap_err();
+    assert!(err.to_string().contains("looks quantized"), "{err}");
+    write(src.path(), &fp4.replace("fp4", "fp6"), true);
+    let err = pack(src.path(), out.path(), &PackOptions::default(), &|_| {}).unwrap_err();
+    assert!(err.to_string().contains("expert_dtype"), "{err}");
+}
+
 #[test]
 fn check_refuses_an_incomplete_or_padded_artifact() {
     let out = tempfile::tempdir().unwrap();
