@@ -27,9 +27,11 @@ pub struct PackArgs {
     /// The pinned upstream commit (40 lowercase hex characters).
     #[arg(long, value_name = "SHA", requires = "source_repo")]
     pub source_revision: Option<String>,
-    /// The artifact layout to write: minirun's own, or the published Kimi K3 layout
+    /// The artifact layout to write: minirun's own; the published Kimi K3 layout
     /// (docs/formats/k3-published.md) from a K3 checkpoint with MXFP4 routed experts and every
-    /// other tensor F32 or BF16, under the upstream tensor names or mlx-lm's.
+    /// other tensor F32 or BF16, under the upstream tensor names or mlx-lm's; or the published
+    /// DeepSeek V4 layout (docs/formats/v4-published.md) from a checkpoint in DeepSeek's own
+    /// storage (needs --source-repo and --source-revision, which every manifest names).
     #[arg(long, value_enum, default_value_t = Layout::Minirun)]
     pub layout: Layout,
     /// Print a JSON summary instead of text.
@@ -43,6 +45,7 @@ pub struct PackArgs {
 pub enum Layout {
     Minirun,
     KimiK3Published,
+    DeepseekV4Published,
 }
 
 #[derive(Args)]
@@ -73,8 +76,10 @@ fn bytes_bar(source: &std::path::Path) -> ProgressBar {
 }
 
 pub fn pack(args: &PackArgs) -> Result<ExitCode> {
-    if args.layout == Layout::KimiK3Published {
-        return pack_k3_published(args);
+    match args.layout {
+        Layout::KimiK3Published => return pack_k3_published(args),
+        Layout::DeepseekV4Published => return pack_v4_published(args),
+        Layout::Minirun => {}
     }
     let opts = PackOptions {
         source_repo: args.source_repo.clone(),
@@ -172,6 +177,54 @@ fn pack_k3_published(args: &PackArgs) -> Result<ExitCode> {
             }
             println!(
                 "next: minirun info {}/layer00/manifest.json",
+                shown(&args.out)
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn pack_v4_published(args: &PackArgs) -> Result<ExitCode> {
+    let opts = PackOptions {
+        source_repo: args.source_repo.clone(),
+        source_revision: args.source_revision.clone(),
+    };
+    let bar = bytes_bar(&args.source);
+    let start = Instant::now();
+    let summary =
+        minirun_pack::v4_published::pack_v4_published(&args.source, &args.out, &opts, &|n| {
+            bar.inc(n)
+        })
+        .with_context(|| {
+            format!(
+                "cannot write {} in the published DeepSeek V4 layout into {}",
+                shown(&args.source),
+                shown(&args.out)
+            )
+        })?;
+    bar.finish_and_clear();
+    let seconds = start.elapsed().as_secs_f64();
+    match args.json {
+        true => println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "artifact": shown(&args.out), "layout": "deepseek-v4-published",
+                "seconds": seconds, "summary": summary,
+            }))?
+        ),
+        false => {
+            println!(
+                "wrote {} -> {} in the published DeepSeek V4 layout: {} units, {} payload files, {} bytes in {seconds:.2} s",
+                shown(&args.source),
+                shown(&args.out),
+                summary.units,
+                summary.payload_files,
+                summary.payload_bytes
+            );
+            println!("copied verbatim: {}", summary.copied_files.join(", "));
+            println!(
+                "next: minirun verify {} --repo OWNER/NAME --revision SHA (once published; offline verification reads minirun's own layout only), or minirun run {} --unverified",
+                shown(&args.out),
                 shown(&args.out)
             );
         }

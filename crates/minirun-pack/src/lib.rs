@@ -9,6 +9,7 @@ pub mod pack;
 pub mod recognize;
 pub mod shard;
 pub mod synthetic_model;
+pub mod v4_published;
 
 pub use check::{CheckError, CheckReport, Difference, check};
 pub use pack::{PackOptions, PackSummary, pack};

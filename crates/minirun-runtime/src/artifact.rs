@@ -21,6 +21,7 @@ use minirun_store::{
 use crate::kernels::{BlockScale, FloatType, Format, QMatrix};
 
 mod k3_layout;
+mod v4_layout;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ArtifactError {
@@ -95,9 +96,10 @@ enum Location {
         member: Box<Member>,
         resident: OnceLock<Vec<u8>>,
     },
-    Tiled {
-        file: usize,
-    },
+    /// A container's tiles, all of them (a matrix or a stack), or only `tile` (one routed
+    /// expert of the published DeepSeek V4 layout, whose containers order experts by
+    /// `expert_order`).
+    Tiled { file: usize, tile: Option<u64> },
     /// Row bands in one file, read as one range and joined (the published Kimi K3 layout): a
     /// deterministic tensor's bands, or an expert projection's consecutive tiles. `member`
     /// describes a float tensor (for [`Artifact::vector`]).
@@ -435,7 +437,8 @@ impl Artifact {
             .transpose()?;
         let tiktoken_model = read_metadata(&files, "tiktoken.model")?;
         let published_k3 = k3_layout::is_k3_published(&files)?;
-        let manifests = match published_k3 {
+        let published_v4 = v4_layout::is_v4_published(&files)?;
+        let manifests = match published_k3 || published_v4 {
             true => Vec::new(),
             false => files.unit_manifests()?,
         };
@@ -460,6 +463,9 @@ impl Artifact {
         }
         if published_k3 {
             artifact.add_k3_published()?;
+        }
+        if published_v4 {
+            artifact.add_v4_published()?;
         }
         if artifact.payload.is_empty() {
             return Err(ArtifactError::Incomplete(shown, "it has no unit manifests"));
@@ -584,7 +590,11 @@ impl Artifact {
                     ));
                 }
                 self.payload[file].container = Some(Box::new(container));
-                self.insert(&path, &packed.source_tensor, Location::Tiled { file })?;
+                self.insert(
+                    &path,
+                    &packed.source_tensor,
+                    Location::Tiled { file, tile: None },
+                )?;
             }
         }
         Ok(())
@@ -977,7 +987,7 @@ impl Artifact {
         let name = format!("{module}.weight");
         let layout = match self.tensors.get(&name) {
             None => return Err(ArtifactError::Missing(name)),
-            Some(Location::Tiled { file }) => self.tiled(&name, *file)?,
+            Some(Location::Tiled { file, tile }) => self.tiled(&name, *file, *tile)?,
             Some(Location::Member { .. }) => self.plain_matrix(module, &name)?,
             Some(Location::Banded {
                 format,
@@ -1005,7 +1015,12 @@ impl Artifact {
         Ok(layout)
     }
 
-    fn tiled(&self, name: &str, file: usize) -> Result<StackLayout, ArtifactError> {
+    fn tiled(
+        &self,
+        name: &str,
+        file: usize,
+        only: Option<u64>,
+    ) -> Result<StackLayout, ArtifactError> {
         let Some(c) = &self.payload[file].container else {
             return Err(tensor_err(name, "has no container header".into()));
         };
@@ -1030,7 +1045,12 @@ impl Artifact {
             },
         };
         let mut parts = Vec::new();
-        for index in 0..u64::from(g.tile_count) {
+        let tiles = match only {
+            Some(t) if t < u64::from(g.tile_count) => t..t + 1,
+            Some(t) => return Err(tensor_err(name, format!("has no tile {t}"))),
+            None => 0..u64::from(g.tile_count),
+        };
+        for index in tiles {
             let err = |e: minirun_format::tile::TileError| tensor_err(name, e.to_string());
             let tile = c.tile_range(index).map_err(err)?;
             let relative = |r: Range<u64>| r.start - tile.start..r.end - tile.start;

@@ -18,6 +18,7 @@ pub mod index_writer;
 pub mod k3_published;
 pub mod manifest;
 mod units;
+pub mod v4_published;
 
 pub use manifest::{FileEntry, Member, QuantRole, Quantization, SourceRef, UnitManifest};
 pub use units::{

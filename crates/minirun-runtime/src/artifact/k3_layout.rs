@@ -64,7 +64,7 @@ impl Artifact {
         Ok(file)
     }
 
-    fn add_listed_file(&mut self, path: &str, bytes: u64) -> usize {
+    pub(super) fn add_listed_file(&mut self, path: &str, bytes: u64) -> usize {
         self.payload.push(PayloadEntry {
             path: path.to_string(),
             bytes,
@@ -75,7 +75,7 @@ impl Artifact {
         self.payload.len() - 1
     }
 
-    fn add_member(&mut self, file: usize, m: Member) -> Result<(), ArtifactError> {
+    pub(super) fn add_member(&mut self, file: usize, m: Member) -> Result<(), ArtifactError> {
         let path = self.payload[file].path.clone();
         let name = m.source.source_tensor.clone();
         let location = Location::Member {

@@ -2,6 +2,8 @@
 //! artifacts, and work on a thread pool of a given size.
 #![allow(dead_code)]
 
+pub mod wide_v4;
+
 use std::path::{Path, PathBuf};
 
 use minirun_pack::synthetic_model::{SyntheticShape, write_synthetic_deepseek};
