@@ -1,10 +1,11 @@
-//! The `config.json` of a publication that holds none (Kimi K3 publishes its weights, tokenizer
-//! and index but no configuration): taken from the upstream repository and pinned revision that
-//! the publication's own `index.json` names, and verified against that upstream's tree.
+//! The root files a publication does not hold but a run needs, taken from the upstream
+//! repository and pinned revision that the publication's own `index.json` names, and verified
+//! against that upstream's tree: `config.json` (Kimi K3 and DeepSeek V4 publish none) and, when
+//! the publication carries no tokenizer at all (DeepSeek V4's recorded revision), the upstream's
+//! `tokenizer.json` and `tokenizer_config.json`.
 //!
 //! Nothing is defaulted: an index that names no single pinned upstream, or an upstream whose
-//! tree has no `config.json`, leaves the artifact without a configuration, and `minirun run`
-//! refuses it.
+//! tree lacks a file, leaves the artifact without it, and `minirun run` refuses what it needs.
 
 use std::path::Path;
 
@@ -17,6 +18,10 @@ use minirun_hub::{DownloadOptions, Hub};
 use minirun_store::{Origin, Root, SourcedFile};
 
 const CONFIG: &str = "config.json";
+/// A publication holding any of these has its tokenizer.
+const TOKENIZERS: [&str; 3] = ["tokenizer.json", "tiktoken.model", "tokenizer.model"];
+/// What is taken from the upstream for a publication without a tokenizer.
+const UPSTREAM_TOKENIZER: [&str; 2] = ["tokenizer.json", "tokenizer_config.json"];
 /// Far above any index.json (the K3 one is 577 bytes).
 const MAX_INDEX_BYTES: u64 = 16 << 20;
 
@@ -29,54 +34,68 @@ pub struct Lookup<'a> {
     pub endpoint: Option<&'a str>,
 }
 
-/// The files to verify against the upstream besides the publication's own: `config.json` when
-/// the publication lacks one and its index names a single pinned upstream.
+/// The files to verify against the upstream besides the publication's own.
 pub fn sourced_config(
     dir: &Path,
     publication: &Tree,
     lookup: Lookup<'_>,
 ) -> Result<Vec<SourcedFile>> {
-    if publication.files.contains_key(CONFIG) {
+    let mut wanted: Vec<&str> = Vec::new();
+    if !publication.files.contains_key(CONFIG) {
+        wanted.push(CONFIG);
+    }
+    if !TOKENIZERS
+        .iter()
+        .any(|t| publication.files.contains_key(*t))
+    {
+        wanted.extend(UPSTREAM_TOKENIZER);
+    }
+    if wanted.is_empty() {
         if lookup.source_tree.is_some() {
-            bail!("the publication holds its own config.json; --source-tree is not needed");
+            bail!(
+                "the publication holds its own config.json and tokenizer; --source-tree is not needed"
+            );
         }
         return Ok(Vec::new());
     }
     let Some(origin) = named_upstream(dir, publication)? else {
         if lookup.source_tree.is_some() {
             bail!(
-                "the publication's index.json names no single upstream repository at a pinned revision, so no upstream config.json can be verified"
+                "the publication's index.json names no single upstream repository at a pinned revision, so no upstream file can be verified"
             );
         }
         return Ok(Vec::new());
     };
     let upstream = upstream_tree(&origin, &lookup)?;
-    let Some(file) = upstream.files.get(CONFIG).cloned() else {
-        eprintln!(
-            "warning: neither the publication nor its upstream {}@{} holds a config.json: `minirun run` will refuse this artifact",
-            origin.repo, origin.revision
-        );
-        return Ok(Vec::new());
-    };
-    let target = dir.join(CONFIG);
-    if std::fs::symlink_metadata(&target).is_err() {
-        if lookup.offline {
-            bail!(
-                "the publication holds no config.json; its index.json names {repo}@{rev}, whose tree lists one ({size} bytes): \
-                 place it at {} (it is {url}) and verify again",
-                target.display(),
-                repo = origin.repo,
-                rev = origin.revision,
-                size = file.size,
-                url = format_args!(
-                    "https://huggingface.co/{}/blob/{}/config.json",
-                    origin.repo, origin.revision
-                ),
+    let mut sourced = Vec::new();
+    for name in wanted {
+        let Some(file) = upstream.files.get(name).cloned() else {
+            eprintln!(
+                "warning: neither the publication nor its upstream {}@{} holds {name}: `minirun run` refuses an artifact without what it needs",
+                origin.repo, origin.revision
             );
+            continue;
+        };
+        let target = dir.join(name);
+        if std::fs::symlink_metadata(&target).is_err() {
+            if lookup.offline {
+                bail!(
+                    "the publication holds no {name}; its index.json names {repo}@{rev}, whose tree lists one ({size} bytes): \
+                     place it at {} (it is https://huggingface.co/{repo}/blob/{rev}/{name}) and verify again",
+                    target.display(),
+                    repo = origin.repo,
+                    rev = origin.revision,
+                    size = file.size,
+                );
+            }
+            fetch(&upstream, name, dir, lookup.endpoint)?;
         }
-        fetch(&upstream, CONFIG, dir, lookup.endpoint)?;
+        sourced.push(SourcedFile {
+            file,
+            origin: origin.clone(),
+        });
     }
-    Ok(vec![SourcedFile { file, origin }])
+    Ok(sourced)
 }
 
 /// The single upstream the publication's index.json names, read from bytes that match the
@@ -116,7 +135,7 @@ fn upstream_tree(origin: &Origin, lookup: &Lookup<'_>) -> Result<Tree> {
     let Some(path) = lookup.source_tree else {
         if lookup.offline {
             bail!(
-                "the publication holds no config.json; its index.json names {}@{}: give that repository's tree listing with --source-tree FILE, or leave out --tree to ask the Hub",
+                "the publication lacks files a run needs (config.json, or its tokenizer); its index.json names {}@{}: give that repository's tree listing with --source-tree FILE, or leave out --tree to ask the Hub",
                 origin.repo,
                 origin.revision
             );

@@ -26,10 +26,10 @@ pub struct VerifyArgs {
     /// concatenated) instead of asking the Hub.
     #[arg(long, value_name = "FILE")]
     tree: Option<PathBuf>,
-    /// Where the publication holds no config.json (Kimi K3): the tree listing of the upstream
-    /// repository its index.json names, at the revision it names, to verify the config.json
-    /// placed in the artifact against (saved like --tree). Without it, the Hub is asked, and
-    /// fetches the file when the artifact lacks it.
+    /// Where the publication holds no config.json (Kimi K3, DeepSeek V4) or no tokenizer: the
+    /// tree listing of the upstream repository its index.json names, at the revision it names,
+    /// to verify the files placed in the artifact against (saved like --tree). Without it, the
+    /// Hub is asked, and fetches what the artifact lacks.
     #[arg(long, value_name = "FILE")]
     source_tree: Option<PathBuf>,
     /// The Hub's origin (default: $HF_ENDPOINT, else https://huggingface.co).

@@ -238,6 +238,11 @@ fn publication_and_upstream(art: &std::path::Path) -> (Repo, Repo) {
             false,
         ),
         ("model.safetensors".into(), vec![7; 1000], true),
+        (
+            "tokenizer.json".into(),
+            b"{\"model\": {}}\n".to_vec(),
+            false,
+        ),
     ];
     (publication, upstream)
 }
@@ -280,7 +285,15 @@ fn a_publication_without_config_takes_it_verified_from_the_upstream_its_index_na
     assert_eq!(code, Some(1));
     assert!(err.contains("place it at"), "{err}");
 
+    // The publication has no tokenizer either: the upstream's is wanted too.
     fs::write(art.join("config.json"), b"{\"model_type\": \"kimi_k4\"}\n").unwrap();
+    let (code, err) = minirun(&with_source);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("tokenizer.json") && err.contains("place it at"),
+        "{err}"
+    );
+    fs::write(art.join("tokenizer.json"), &upstream[2].1).unwrap();
     let (code, err) = minirun(&with_source);
     assert_eq!(code, Some(1));
     assert!(
@@ -292,6 +305,10 @@ fn a_publication_without_config_takes_it_verified_from_the_upstream_its_index_na
     let (code, err) = minirun(&with_source);
     assert_eq!(code, Some(0), "{err}");
     assert!(
+        err.contains("tokenizer_config.json"),
+        "the upstream has none: {err}"
+    );
+    assert!(
         err.contains(&format!("verified against {UPSTREAM}@{UPSTREAM_PIN}")),
         "{err}"
     );
@@ -299,18 +316,22 @@ fn a_publication_without_config_takes_it_verified_from_the_upstream_its_index_na
         serde_json::from_str(&fs::read_to_string(art.join(".minirun/evidence.json")).unwrap())
             .unwrap();
     let files = evidence["sealed"]["files"].as_array().unwrap();
-    let config = files.iter().find(|f| f["path"] == "config.json").unwrap();
-    assert_eq!(config["origin"]["repo"], UPSTREAM);
-    assert_eq!(config["origin"]["revision"], UPSTREAM_PIN);
+    for name in ["config.json", "tokenizer.json"] {
+        let sourced = files.iter().find(|f| f["path"] == name).unwrap();
+        assert_eq!(sourced["origin"]["repo"], UPSTREAM);
+        assert_eq!(sourced["origin"]["revision"], UPSTREAM_PIN);
+    }
     assert!(
         files
             .iter()
-            .filter(|f| f["path"] != "config.json")
+            .filter(|f| f["path"] != "config.json" && f["path"] != "tokenizer.json")
             .all(|f| f.get("origin").is_none())
     );
 
-    // From the Hub: config.json is fetched from the upstream, checked against its tree.
+    // From the Hub: config.json and the tokenizer are fetched from the upstream, checked
+    // against its tree.
     fs::remove_file(art.join("config.json")).unwrap();
+    fs::remove_file(art.join("tokenizer.json")).unwrap();
     let server = tiny_http::Server::http("127.0.0.1:0").unwrap();
     let base = format!("http://{}", server.server_addr().to_ip().unwrap());
     let repos = [
@@ -334,8 +355,12 @@ fn a_publication_without_config_takes_it_verified_from_the_upstream_its_index_na
         &base,
     ]);
     assert_eq!(code, Some(0), "{err}");
-    assert!(err.contains("fetched config.json"), "{err}");
+    assert!(
+        err.contains("fetched config.json") && err.contains("fetched tokenizer.json"),
+        "{err}"
+    );
     assert_eq!(fs::read(art.join("config.json")).unwrap(), upstream[0].1);
+    assert_eq!(fs::read(art.join("tokenizer.json")).unwrap(), upstream[2].1);
     assert!(!art.join(".minirun-partial").exists());
 }
 

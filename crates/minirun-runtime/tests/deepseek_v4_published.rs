@@ -73,6 +73,27 @@ fn the_published_layout_runs_with_the_bits_of_minirun_s_own() {
         "wq_a, wq_b, wkv, wo_a, wo_b, indexer wq_b; shared w1/w2/w3"
     );
     assert!(m.file("layers01-w2.mxfp4tile").is_some() && m.file("layers01-plain.bin").is_some());
+    // FP8 matrices are version-3 containers with their digest, experts version 2 with one
+    // digest per expert; both checkpoint-derived.
+    let header = |name: &str| {
+        let bytes = std::fs::read(published.path().join("layers01").join(name)).unwrap();
+        minirun_format::tile::TileContainer::parse(&bytes[..16384], bytes.len() as u64).unwrap()
+    };
+    let wq_a = header("layers01-attn_wq_a_weight.fp8tile");
+    let w1 = header("layers01-w1.mxfp4tile");
+    assert_eq!((wq_a.version, wq_a.digests.map(|d| d.len())), (3, Some(1)));
+    assert_eq!(
+        (
+            w1.version,
+            w1.digests.as_ref().map(Vec::len),
+            w1.geometry.tile_count
+        ),
+        (2, Some(12), 12)
+    );
+    assert_eq!(
+        w1.content_kind,
+        minirun_format::tile::ContentKind::CheckpointDerived
+    );
 
     let prompt: Vec<u32> = (0..9).map(|i| (i * 41 + 3) % 512).collect();
     let own = Session::open(own.path(), Trust::Unverified).unwrap();
