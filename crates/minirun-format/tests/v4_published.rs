@@ -61,6 +61,9 @@ fn the_golden_manifest_reads_as_v4_flash_layer_2() {
     );
 }
 
+/// An edit of the golden manifest, and what the refusal must say.
+type Case = (Box<dyn FnOnce(&mut Value)>, &'static str);
+
 fn refused(edit: impl FnOnce(&mut Value)) -> String {
     let mut v = golden();
     edit(&mut v);
@@ -73,7 +76,7 @@ fn refused(edit: impl FnOnce(&mut Value)) -> String {
 #[test]
 fn each_broken_rule_is_refused_by_name() {
     let plain = 12;
-    let cases: Vec<(Box<dyn FnOnce(&mut Value)>, &str)> = vec![
+    let cases: Vec<Case> = vec![
         (Box::new(|v| v["unit"] = json!("layers03")), "its unit is"),
         (
             Box::new(|v| v["source_revision"] = json!("")),
