@@ -81,10 +81,7 @@ pub fn pack(args: &PackArgs) -> Result<ExitCode> {
         Layout::DeepseekV4Published => return pack_v4_published(args),
         Layout::Minirun => {}
     }
-    let opts = PackOptions {
-        source_repo: args.source_repo.clone(),
-        source_revision: args.source_revision.clone(),
-    };
+    let opts = provenance(args);
     let bar = bytes_bar(&args.source);
     let start = Instant::now();
     let summary = minirun_pack::pack(&args.source, &args.out, &opts, &|n| bar.inc(n))
@@ -128,11 +125,38 @@ pub fn pack(args: &PackArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn pack_k3_published(args: &PackArgs) -> Result<ExitCode> {
-    let opts = PackOptions {
+/// The upstream's identity, as the published layouts record it.
+fn provenance(args: &PackArgs) -> PackOptions {
+    PackOptions {
         source_repo: args.source_repo.clone(),
         source_revision: args.source_revision.clone(),
-    };
+    }
+}
+
+/// What a write into a published layout says: the JSON summary, or its lines.
+struct Report<'a, S> {
+    layout: &'a str,
+    seconds: f64,
+    summary: &'a S,
+    lines: Vec<String>,
+}
+
+fn report<S: serde::Serialize>(args: &PackArgs, r: Report<'_, S>) -> Result<ExitCode> {
+    match args.json {
+        true => println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "artifact": shown(&args.out), "layout": r.layout,
+                "seconds": r.seconds, "summary": r.summary,
+            }))?
+        ),
+        false => r.lines.iter().for_each(|line| println!("{line}")),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn pack_k3_published(args: &PackArgs) -> Result<ExitCode> {
+    let opts = provenance(args);
     let bar = bytes_bar(&args.source);
     let start = Instant::now();
     let summary = minirun_pack::k3_published::pack_k3_published(
@@ -151,85 +175,79 @@ fn pack_k3_published(args: &PackArgs) -> Result<ExitCode> {
     })?;
     bar.finish_and_clear();
     let seconds = start.elapsed().as_secs_f64();
-    match args.json {
-        true => println!(
-            "{}",
-            serde_json::to_string_pretty(&json!({
-                "artifact": shown(&args.out), "layout": "kimi-k3-published",
-                "seconds": seconds, "summary": summary,
-            }))?
-        ),
-        false => {
-            println!(
-                "wrote {} ({} names) -> {} in the published Kimi K3 layout: {} layers, {} payload files, {} bytes in {seconds:.2} s",
-                shown(&args.source),
-                summary.naming,
-                shown(&args.out),
-                summary.layers,
-                summary.payload_files,
-                summary.payload_bytes
-            );
-            println!("copied verbatim: {}", summary.copied_files.join(", "));
-            if opts.source_repo.is_none() {
-                eprintln!(
-                    "warning: no --source-repo/--source-revision: index.json names no upstream and carries no tokenizer identity"
-                );
-            }
-            println!(
-                "next: minirun info {}/layer00/manifest.json",
-                shown(&args.out)
-            );
-        }
+    if opts.source_repo.is_none() && !args.json {
+        eprintln!(
+            "warning: no --source-repo/--source-revision: index.json names no upstream and carries no tokenizer identity"
+        );
     }
-    Ok(ExitCode::SUCCESS)
+    let lines = vec![
+        format!(
+            "wrote {} ({} names) -> {} in the published Kimi K3 layout: {} layers, {} payload files, {} bytes in {seconds:.2} s",
+            shown(&args.source),
+            summary.naming,
+            shown(&args.out),
+            summary.layers,
+            summary.payload_files,
+            summary.payload_bytes
+        ),
+        format!("copied verbatim: {}", summary.copied_files.join(", ")),
+        format!(
+            "next: minirun info {}/layer00/manifest.json",
+            shown(&args.out)
+        ),
+    ];
+    report(
+        args,
+        Report {
+            layout: "kimi-k3-published",
+            seconds,
+            summary: &summary,
+            lines,
+        },
+    )
 }
 
 fn pack_v4_published(args: &PackArgs) -> Result<ExitCode> {
-    let opts = PackOptions {
-        source_repo: args.source_repo.clone(),
-        source_revision: args.source_revision.clone(),
-    };
     let bar = bytes_bar(&args.source);
     let start = Instant::now();
-    let summary =
-        minirun_pack::v4_published::pack_v4_published(&args.source, &args.out, &opts, &|n| {
-            bar.inc(n)
-        })
-        .with_context(|| {
-            format!(
-                "cannot write {} in the published DeepSeek V4 layout into {}",
-                shown(&args.source),
-                shown(&args.out)
-            )
-        })?;
+    let summary = minirun_pack::v4_published::pack_v4_published(
+        &args.source,
+        &args.out,
+        &provenance(args),
+        &|n| bar.inc(n),
+    )
+    .with_context(|| {
+        format!(
+            "cannot write {} in the published DeepSeek V4 layout into {}",
+            shown(&args.source),
+            shown(&args.out)
+        )
+    })?;
     bar.finish_and_clear();
     let seconds = start.elapsed().as_secs_f64();
-    match args.json {
-        true => println!(
-            "{}",
-            serde_json::to_string_pretty(&json!({
-                "artifact": shown(&args.out), "layout": "deepseek-v4-published",
-                "seconds": seconds, "summary": summary,
-            }))?
+    let out = shown(&args.out);
+    let lines = vec![
+        format!(
+            "wrote {} -> {out} in the published DeepSeek V4 layout: {} units, {} payload files, {} bytes in {seconds:.2} s",
+            shown(&args.source),
+            summary.units,
+            summary.payload_files,
+            summary.payload_bytes
         ),
-        false => {
-            println!(
-                "wrote {} -> {} in the published DeepSeek V4 layout: {} units, {} payload files, {} bytes in {seconds:.2} s",
-                shown(&args.source),
-                shown(&args.out),
-                summary.units,
-                summary.payload_files,
-                summary.payload_bytes
-            );
-            println!("copied verbatim: {}", summary.copied_files.join(", "));
-            println!(
-                "next: minirun verify {} --repo OWNER/NAME --revision SHA (once published; offline verification reads minirun's own layout only), or minirun run {} --unverified",
-                shown(&args.out),
-                shown(&args.out)
-            );
-        }
-    }
-    Ok(ExitCode::SUCCESS)
+        format!("copied verbatim: {}", summary.copied_files.join(", ")),
+        format!(
+            "next: minirun verify {out} --repo OWNER/NAME --revision SHA (once published; offline verification reads minirun's own layout only), or minirun run {out} --unverified"
+        ),
+    ];
+    report(
+        args,
+        Report {
+            layout: "deepseek-v4-published",
+            seconds,
+            summary: &summary,
+            lines,
+        },
+    )
 }
 
 pub fn check(args: &CheckArgs) -> Result<ExitCode> {

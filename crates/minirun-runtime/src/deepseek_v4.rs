@@ -29,8 +29,8 @@ use crate::experts::{ExpertCache, routed_experts};
 use crate::kernels::{KernelError, QMatrix};
 use crate::layer_stream::{self, LayerStream, LoadedLayer, Source};
 use crate::layers::{
-    Activation, Mlp, ModelError, RoutedExperts, StepStats, Streaming, apply, apply_batch, rms_norm,
-    run_routed, sigmoid,
+    Activation, Mlp, ModelError, RoutedExperts, StepStats, Streaming, apply, apply_batch,
+    check_prompt, in_chunks, rms_norm, run_routed, sigmoid,
 };
 use crate::model::Decoder;
 use crate::plan::{DEFAULT_READS_IN_FLIGHT, ExpertMap, Mode, Plan, Shape};
@@ -454,31 +454,18 @@ impl Decoder for DeepSeekV4<'_> {
         stats: &mut StepStats,
     ) -> Result<Vec<f32>, ModelError> {
         let c = &self.config;
-        if cache.broken {
-            return Err(ModelError::BrokenCache);
-        }
-        if tokens.is_empty() {
-            return Err(ModelError::EmptyPrompt);
-        }
-        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-            return Err(ModelError::Token(token, c.vocab_size));
-        }
-        let last = cache.len + tokens.len() - 1;
-        if last >= c.max_position_embeddings {
-            return Err(ModelError::Position(last, c.max_position_embeddings));
-        }
-        let mut logits = Vec::new();
-        for (n, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
-            let wanted = (n + 1) * PREFILL_CHUNK >= tokens.len();
-            match self.forward_positions(chunk, wanted, cache, stats) {
-                Ok(out) => logits = out,
-                Err(e) => {
-                    cache.broken = true;
-                    return Err(e);
-                }
-            }
-        }
-        Ok(logits)
+        check_prompt(
+            tokens,
+            cache.len,
+            cache.broken,
+            c.vocab_size,
+            c.max_position_embeddings,
+        )?;
+        let result = in_chunks(tokens, PREFILL_CHUNK, |chunk, wanted| {
+            self.forward_positions(chunk, wanted, cache, stats)
+        });
+        cache.broken |= result.is_err();
+        result
     }
 
     fn expert_memory(&self) -> Option<(u64, u64)> {

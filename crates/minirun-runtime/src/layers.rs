@@ -62,6 +62,45 @@ pub(crate) fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
 
+/// What the prefill of a model whose cache cannot be rewound checks before the cache changes:
+/// the cache is whole, the prompt is not empty, its tokens are in the vocabulary, and it fits
+/// the context.
+pub(crate) fn check_prompt(
+    tokens: &[u32],
+    cached: usize,
+    broken: bool,
+    vocab: usize,
+    max_positions: usize,
+) -> Result<(), ModelError> {
+    if broken {
+        return Err(ModelError::BrokenCache);
+    }
+    if tokens.is_empty() {
+        return Err(ModelError::EmptyPrompt);
+    }
+    if let Some(&token) = tokens.iter().find(|&&t| t as usize >= vocab) {
+        return Err(ModelError::Token(token, vocab));
+    }
+    let last = cached + tokens.len() - 1;
+    if last >= max_positions {
+        return Err(ModelError::Position(last, max_positions));
+    }
+    Ok(())
+}
+
+/// `forward` over `tokens` `chunk` at a time, the logits asked of the last chunk only; those.
+pub(crate) fn in_chunks(
+    tokens: &[u32],
+    chunk: usize,
+    mut forward: impl FnMut(&[u32], bool) -> Result<Vec<f32>, ModelError>,
+) -> Result<Vec<f32>, ModelError> {
+    let mut logits = Vec::new();
+    for (n, part) in tokens.chunks(chunk).enumerate() {
+        logits = forward(part, (n + 1) * chunk >= tokens.len())?;
+    }
+    Ok(logits)
+}
+
 /// `y = W x` into a new vector, counting the bytes read.
 pub(crate) fn apply(
     m: &QMatrix,
