@@ -110,11 +110,14 @@ impl Session {
         };
         let artifact = Artifact::open(path, access)?;
         let architecture = Architecture::parse(&artifact.config_json)?;
-        let text = Text::open(
+        let mut text = Text::open(
             artifact.tokenizer_json.as_deref(),
             artifact.tokenizer_config_json.as_deref(),
             artifact.tiktoken_model.as_deref(),
         )?;
+        if matches!(architecture, Architecture::DeepSeekV4(_)) {
+            text = text.with_v4_template()?;
+        }
         let vocab = architecture.vocab_size();
         if text.vocab_size() > vocab {
             return Err(SessionError::Text(TextError::Tokenizer(format!(

@@ -33,8 +33,45 @@ enum Inner {
     HuggingFace {
         tokenizer: Box<tokenizers::Tokenizer>,
         config: Option<Value>,
+        /// DeepSeek V4's template, when the tokenizer config carries none (the publisher
+        /// compiles it into its app rather than shipping one).
+        v4_template: bool,
     },
     Kimi(Box<KimiText>),
+}
+
+/// DeepSeek V4's control tokens (full-width bars, U+2581 for the spaces).
+pub const V4_BOS: &str = "<\u{ff5c}begin\u{2581}of\u{2581}sentence\u{ff5c}>";
+pub const V4_EOS: &str = "<\u{ff5c}end\u{2581}of\u{2581}sentence\u{ff5c}>";
+pub const V4_USER: &str = "<\u{ff5c}User\u{ff5c}>";
+pub const V4_ASSISTANT: &str = "<\u{ff5c}Assistant\u{ff5c}>";
+pub const V4_END_THINK: &str = "</think>";
+
+/// DeepSeek V4's no-thinking chat: the BOS; a system message's content; `<｜User｜>` and a
+/// user's; an assistant's content and the EOS; after a user message that an assistant's follows
+/// (or that is last, where the reply starts) `<｜Assistant｜></think>`. Empty contents are left
+/// out.
+pub fn v4_chat(messages: &[(String, String)]) -> String {
+    let mut out = V4_BOS.to_string();
+    for (i, (role, content)) in messages.iter().enumerate() {
+        match role.as_str() {
+            "user" => {
+                out.push_str(V4_USER);
+                out.push_str(content);
+                let next = messages.get(i + 1).map(|(r, _)| r.as_str());
+                if matches!(next, None | Some("assistant")) {
+                    out.push_str(V4_ASSISTANT);
+                    out.push_str(V4_END_THINK);
+                }
+            }
+            "assistant" if !content.is_empty() => {
+                out.push_str(content);
+                out.push_str(V4_EOS);
+            }
+            _ => out.push_str(content),
+        }
+    }
+    out
 }
 
 /// A special token in tokenizer_config.json: a string, or an object with `content`.
@@ -70,11 +107,44 @@ impl Text {
                 config: tokenizer_config_json
                     .map(|t| serde_json::from_str(t).map_err(|e| TextError::Config(e.to_string())))
                     .transpose()?,
+                v4_template: false,
             },
             (None, Some(model)) => Inner::Kimi(Box::new(KimiText::parse(model)?)),
             (None, None) => return Err(TextError::NoTokenizer),
         };
         Ok(Text { inner })
+    }
+
+    /// DeepSeek V4's built-in chat template and stops, where the tokenizer config has no
+    /// template of its own. The tokenizer must hold V4's five control tokens.
+    pub fn with_v4_template(mut self) -> Result<Text, TextError> {
+        if let Inner::HuggingFace {
+            config,
+            v4_template,
+            ..
+        } = &mut self.inner
+        {
+            let own = config
+                .as_ref()
+                .and_then(|c| c.get("chat_template"))
+                .is_some();
+            *v4_template = !own;
+        }
+        let missing: Vec<&str> = [V4_BOS, V4_EOS, V4_USER, V4_ASSISTANT, V4_END_THINK]
+            .into_iter()
+            .filter(|t| self.token_id(t).is_none())
+            .collect();
+        match (&self.inner, missing.is_empty()) {
+            (
+                Inner::HuggingFace {
+                    v4_template: true, ..
+                },
+                false,
+            ) => Err(TextError::Tokenizer(format!(
+                "it lacks DeepSeek V4's control tokens {missing:?}, which the V4 chat template needs: not V4's tokenizer"
+            ))),
+            _ => Ok(self),
+        }
     }
 
     /// The number of ids the tokenizer can produce.
@@ -117,9 +187,15 @@ impl Text {
     }
 
     /// The ids that end a reply: tokenizer_config.json's EOS, or Kimi K3's `[EOS]`,
-    /// `<|end_of_msg|>` and `<|close|>`.
+    /// `<|end_of_msg|>` and `<|close|>`, or with V4's built-in template its five controls.
     pub fn stop_ids(&self) -> Vec<u32> {
         match &self.inner {
+            Inner::HuggingFace {
+                v4_template: true, ..
+            } => [V4_BOS, V4_EOS, V4_USER, V4_ASSISTANT, V4_END_THINK]
+                .into_iter()
+                .filter_map(|t| self.token_id(t))
+                .collect(),
             Inner::HuggingFace { config, .. } => config
                 .as_ref()
                 .and_then(|c| token_text(c.get("eos_token")))
@@ -141,11 +217,21 @@ impl Text {
 
     /// `(role, content)` messages rendered with the chat template and the generation prompt.
     pub fn render_chat(&self, messages: &[(String, String)]) -> Result<String, TextError> {
-        let Inner::HuggingFace { config, .. } = &self.inner else {
-            return Err(TextError::Template(
-                "Kimi K3's chat template is built in and gives ids, not text".into(),
-            ));
+        let (config, v4_template) = match &self.inner {
+            Inner::HuggingFace {
+                config,
+                v4_template,
+                ..
+            } => (config, *v4_template),
+            Inner::Kimi(_) => {
+                return Err(TextError::Template(
+                    "Kimi K3's chat template is built in and gives ids, not text".into(),
+                ));
+            }
         };
+        if v4_template {
+            return Ok(v4_chat(messages));
+        }
         let config = config.as_ref().ok_or(TextError::NoTemplate)?;
         let template = config
             .get("chat_template")
