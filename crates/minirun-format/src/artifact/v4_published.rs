@@ -360,10 +360,12 @@ fn parse_file(ctx: &Ctx, entry: &Value, kind: UnitKind) -> Result<V4File, V4Layo
                 source_tensor: string(m, "source_tensor").map(str::to_string),
                 sha256: sha256.map(str::to_string),
             };
+            // `block_rows` may be left out; stated, a matrix's must be 128 (readers check the
+            // header's either way).
             if entry.source_tensor.is_some()
                 && (entry.layout != "fp8-e4m3-block"
                     || entry.count != 1
-                    || entry.block_rows != Some(128))
+                    || entry.block_rows.is_some_and(|b| b != 128))
             {
                 return Err(ctx.file(
                     name,

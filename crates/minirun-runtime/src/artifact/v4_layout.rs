@@ -151,6 +151,13 @@ impl Artifact {
                     self.open_v4_container(file, &path, c)?;
                     match (&c.source_tensor, layer) {
                         (Some(name), _) => {
+                            let g = self.payload[file].container.as_ref().map(|c| c.geometry);
+                            if g.is_none_or(|g| (g.scale_block_rows, g.group_size) != (128, 128)) {
+                                return Err(invalid(
+                                    &path,
+                                    "is not an FP8 matrix of 128 x 128 blocks",
+                                ));
+                            }
                             self.insert(&path, name, Location::Tiled { file, tile: None })?;
                         }
                         (None, Some((n, config))) => {
