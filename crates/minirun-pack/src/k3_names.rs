@@ -256,7 +256,8 @@ impl<'c> K3Plan<'c> {
     }
 }
 
-/// A layer under the upstream names: every tensor as it is, the routed experts per expert.
+/// A layer under the upstream names: every tensor as it is, the routed experts per expert (MLX
+/// `weight`/`scales`, or compressed-tensors `weight_packed`/`weight_scale`/`weight_shape`).
 fn upstream_layer<'c>(
     take: &mut Taker<'c>,
     text: &Value,
@@ -265,7 +266,9 @@ fn upstream_layer<'c>(
 ) -> Result<LayerPlan<'c>, PackError> {
     let prefix = format!("{root}model.layers.{layer}.");
     let experts_prefix = format!("{prefix}block_sparse_moe.experts.");
-    let experts = match take.has(&format!("{experts_prefix}0.w1.weight")) {
+    let experts = match take.has(&format!("{experts_prefix}0.w1.weight"))
+        || take.has(&format!("{experts_prefix}0.w1.weight_packed"))
+    {
         true => Some(upstream_experts(take, text, &experts_prefix)?),
         false => None,
     };
@@ -292,9 +295,14 @@ fn upstream_experts<'c>(
     for (k, (projection, _)) in EXPERT_PROJECTIONS.iter().enumerate() {
         for e in 0..count {
             let name = format!("{prefix}{e}.{projection}");
-            let packed = take.get(&format!("{name}.weight"))?;
-            let scales = take.get(&format!("{name}.scales"))?;
-            let shape = mxfp4_shape(&name, packed, scales, &[])?;
+            let (packed, scales, shape) = match take.has(&format!("{name}.weight_packed")) {
+                true => compressed_tensors_expert(take, &name)?,
+                false => {
+                    let packed = take.get(&format!("{name}.weight"))?;
+                    let scales = take.get(&format!("{name}.scales"))?;
+                    (packed, scales, mxfp4_shape(&name, packed, scales, &[])?)
+                }
+            };
             if e > 0 && shape != shapes[k] {
                 return Err(refused(name, "has another shape than expert 0's"));
             }
@@ -305,13 +313,75 @@ fn upstream_experts<'c>(
             });
         }
     }
-    if take.has(&format!("{prefix}{count}.w1.weight")) {
+    if take.has(&format!("{prefix}{count}.w1.weight"))
+        || take.has(&format!("{prefix}{count}.w1.weight_packed"))
+    {
         return Err(refused(
             format!("{prefix}{count}"),
             format!("is an expert beyond config.json's num_experts = {count}"),
         ));
     }
     Ok(LayerExperts { shapes, pieces })
+}
+
+/// An expert in the upstream checkpoint's own storage (compressed-tensors
+/// `mxfp4-pack-quantized`): U8 `weight_packed` `[rows, cols/2]`, two E2M1 codes a byte, the
+/// earlier column in the low nibble (mlx-lm's `sanitize` views these bytes as MLX's U32 words
+/// unchanged), U8 E8M0 `weight_scale` `[rows, cols/32]`, and `weight_shape` `[rows, cols]` when
+/// present.
+fn compressed_tensors_expert<'c>(
+    take: &mut Taker<'c>,
+    name: &str,
+) -> Result<(&'c TensorSource, &'c TensorSource, (usize, usize)), PackError> {
+    let packed = take.get(&format!("{name}.weight_packed"))?;
+    let scales = take.get(&format!("{name}.weight_scale"))?;
+    let (rows, cols) = match (packed.dtype, packed.shape.as_slice()) {
+        (Dtype::U8, [rows, half]) => (*rows, half * 2),
+        _ => {
+            return Err(refused(
+                &packed.name,
+                format!(
+                    "is {:?} {:?}; compressed-tensors MXFP4 codes are U8 [rows, cols/2]",
+                    packed.dtype, packed.shape
+                ),
+            ));
+        }
+    };
+    if scales.dtype != Dtype::U8 || scales.shape != [rows, cols / 32] || !cols.is_multiple_of(32) {
+        return Err(refused(
+            &scales.name,
+            format!(
+                "is {:?} {:?}; the E8M0 scales of {rows} x {cols} codes are U8 [{rows}, {}]",
+                scales.dtype,
+                scales.shape,
+                cols / 32
+            ),
+        ));
+    }
+    let shape_name = format!("{name}.weight_shape");
+    if take.has(&shape_name) {
+        let t = take.get(&shape_name)?;
+        let mut buf = Vec::new();
+        read_slice_into(&take.ckpt.dir, t, 0, t.len, &mut buf)?;
+        let dims: Vec<i64> = match t.dtype {
+            Dtype::I64 => buf
+                .chunks_exact(8)
+                .map(|b| i64::from_le_bytes(b.try_into().unwrap_or_default()))
+                .collect(),
+            Dtype::I32 => buf
+                .chunks_exact(4)
+                .map(|b| i64::from(i32::from_le_bytes(b.try_into().unwrap_or_default())))
+                .collect(),
+            _ => Vec::new(),
+        };
+        if dims != [rows as i64, cols as i64] {
+            return Err(refused(
+                &shape_name,
+                format!("says {dims:?}; the codes hold {rows} x {cols}"),
+            ));
+        }
+    }
+    Ok((packed, scales, (rows, cols)))
 }
 
 /// `(rows, cols)` of an MLX MXFP4 matrix (after `lead` stack dimensions): U32 values packing

@@ -573,3 +573,76 @@ fn a_publication_without_config_runs_verified_with_the_upstream_s_config() {
         "{err}"
     );
 }
+
+/// The upstream checkpoint's own expert storage (compressed-tensors `mxfp4-pack-quantized`:
+/// U8 `weight_packed`, `weight_scale`, `weight_shape`) writes the same published files as the
+/// same bytes under MLX's per-expert `weight` / `scales`; a `weight_shape` the codes contradict
+/// is refused by name.
+#[test]
+fn compressed_tensors_experts_write_the_same_published_files() {
+    use safetensors::tensor::TensorView;
+    let write = |dir: &Path| {
+        let out = tempfile::tempdir().unwrap();
+        pack_k3_published(dir, out.path(), BANDS, &PackOptions::default(), &|_| {}).unwrap();
+        files_of(out.path())
+    };
+    let mlx_style = source();
+    let want = write(mlx_style.path());
+    let rewrite = |shape_rows: i64| {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
+            std::fs::copy(mlx_style.path().join(name), dir.path().join(name)).unwrap();
+        }
+        let mut tensors = Tensors::new();
+        for (name, (dtype, shape, data)) in read_tensors(mlx_style.path(), |_| true) {
+            match name.strip_suffix(".weight") {
+                Some(module) if name.contains(".experts.") => {
+                    let (rows, words) = (shape[0], shape[1]);
+                    tensors.insert(
+                        format!("{module}.weight_packed"),
+                        (safetensors::Dtype::U8, vec![rows, words * 4], data),
+                    );
+                    let dims: Vec<u8> = [shape_rows, (words * 8) as i64]
+                        .iter()
+                        .flat_map(|d| d.to_le_bytes())
+                        .collect();
+                    tensors.insert(
+                        format!("{module}.weight_shape"),
+                        (safetensors::Dtype::I64, vec![2], dims),
+                    );
+                }
+                _ => match name.strip_suffix(".scales") {
+                    Some(module) => {
+                        tensors.insert(format!("{module}.weight_scale"), (dtype, shape, data));
+                    }
+                    None => {
+                        tensors.insert(name, (dtype, shape, data));
+                    }
+                },
+            }
+        }
+        let views: Vec<(String, TensorView)> = tensors
+            .iter()
+            .map(|(n, (d, s, b))| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+            .collect();
+        safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
+        dir
+    };
+    let upstream = rewrite(WIDTH as i64);
+    assert!(
+        write(upstream.path()) == want,
+        "other bytes than MLX-style experts"
+    );
+    let lying = rewrite(WIDTH as i64 + 1);
+    let out = tempfile::tempdir().unwrap();
+    let err = pack_k3_published(
+        lying.path(),
+        out.path(),
+        BANDS,
+        &PackOptions::default(),
+        &|_| {},
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("weight_shape"), "{err}");
+}
