@@ -105,6 +105,45 @@ where
     Ok(value)
 }
 
+/// [`write_with`] without the fsyncs: the content goes to a temporary file renamed over `path`,
+/// so no reader ever sees it half-written, but it is not durable yet. For the files of a folder
+/// whose completion a later mark commits (a pack's output, refused while it holds its
+/// incomplete marker): the writer calls [`sync_filesystem`] once they are all written, before
+/// writing that mark. One flush of many files costs far less than a flush of each.
+pub fn write_unsynced_with<T, E>(
+    path: &Path,
+    options: Options,
+    fill: impl FnOnce(&File) -> Result<T, E>,
+) -> Result<T, E>
+where
+    E: From<AtomicWriteError>,
+{
+    let dir = parent_dir(path);
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    remove_stale_temps(&dir, &name);
+    let temp = tempfile::Builder::new()
+        .prefix(&format!(".{name}.{}-", std::process::id()))
+        .suffix(TEMP_SUFFIX)
+        .permissions(std::fs::Permissions::from_mode(options.mode))
+        .tempfile_in(&dir)
+        .map_err(AtomicWriteError::at(&dir))?;
+    let value = fill(temp.as_file())?;
+    temp.persist(path)
+        .map_err(|e| AtomicWriteError::at(path)(e.error))?;
+    Ok(value)
+}
+
+/// Makes everything written to the filesystem that holds `dir` durable (`syncfs`): the files
+/// [`write_unsynced_with`] wrote, and their renames.
+pub fn sync_filesystem(dir: &Path) -> Result<(), AtomicWriteError> {
+    let handle = File::open(dir).map_err(AtomicWriteError::at(dir))?;
+    rustix::fs::syncfs(&handle)
+        .map_err(|e| AtomicWriteError::at(dir)(std::io::Error::from(e)))
+}
+
 /// Removes `.<name>.<pid>-<random>.tmp` siblings whose writer (`pid`) is no longer running: a
 /// writer killed before its rename leaves one, as large as what it had written. Best effort: a
 /// file that cannot be listed or removed is left for the next write.
@@ -218,6 +257,29 @@ mod tests {
     use std::io::Write;
 
     use super::*;
+
+    /// An unsynced write still replaces the target whole and leaves no temporary file; a
+    /// failed one leaves the old content; the filesystem flush then succeeds.
+    #[test]
+    fn an_unsynced_write_is_still_all_or_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("payload.bin");
+        std::fs::write(&path, b"old").unwrap();
+        write_unsynced_with(&path, Options::default(), |mut f| {
+            f.write_all(b"new content").map_err(AtomicWriteError::at(&path))
+        })
+        .unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"new content");
+        let failed: Result<(), AtomicWriteError> =
+            write_unsynced_with(&path, Options::default(), |mut f| {
+                f.write_all(b"half").map_err(AtomicWriteError::at(&path))?;
+                Err(AtomicWriteError::at(&path)(io::Error::other("killed")))
+            });
+        assert!(failed.is_err());
+        assert_eq!(std::fs::read(&path).unwrap(), b"new content");
+        assert_eq!(names(dir.path()), ["payload.bin"]);
+        sync_filesystem(dir.path()).unwrap();
+    }
 
     fn names(dir: &Path) -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(dir)

@@ -115,6 +115,8 @@ pub fn pack(
             entry.map(|e| (u, e))
         })
         .collect::<Result<_, _>>()?;
+    // Every payload file durable before any manifest names it.
+    atomic_file::sync_filesystem(out).map_err(|e| PackError::io(out, e.source))?;
     for (u, plan) in plans.iter().enumerate() {
         let files: Vec<FileEntry> = written
             .iter()
@@ -201,6 +203,7 @@ pub(crate) fn prepare_output(out: &Path) -> Result<(), PackError> {
         }
         // The marker goes first: a directory with the marker is unfinished.
         File::create(out.join(INCOMPLETE_MARKER)).map_err(|e| PackError::io(out, e))?;
+        atomic_file::sync_dir(out).map_err(|e| PackError::io(out, e.source))?;
         for path in entries.iter().filter(|p| !p.ends_with(INCOMPLETE_MARKER)) {
             let removed = if path.is_dir() {
                 std::fs::remove_dir_all(path)
@@ -213,6 +216,7 @@ pub(crate) fn prepare_output(out: &Path) -> Result<(), PackError> {
     }
     std::fs::create_dir_all(out).map_err(|e| PackError::io(out, e))?;
     File::create(out.join(INCOMPLETE_MARKER)).map_err(|e| PackError::io(out, e))?;
+    atomic_file::sync_dir(out).map_err(|e| PackError::io(out, e.source))?;
     Ok(())
 }
 
@@ -358,7 +362,7 @@ fn write_container(
     let per = |t: &TensorSource| t.len / count;
     let mut sha = String::new();
     let mut bytes = 0;
-    write_atomic(&dir.join(&name), |file| {
+    write_payload(&dir.join(&name), |file| {
         let hashing = HashingWriter::new(BufWriter::with_capacity(4 << 20, file));
         let mut writer =
             ContainerWriter::new(hashing, geometry, ContentKind::CheckpointDerived, 0, false)
@@ -419,7 +423,7 @@ fn write_blob(
     let mut members = Vec::new();
     let mut sha = String::new();
     let mut bytes = 0;
-    write_atomic(&dir.join(name), |file| {
+    write_payload(&dir.join(name), |file| {
         let mut hashing = HashingWriter::new(BufWriter::with_capacity(4 << 20, file));
         for (t, quantization, not_tiled) in tensors {
             members.push(Member {
@@ -524,6 +528,14 @@ fn pack_index(
 /// exists is complete.
 fn write_atomic(path: &Path, fill: impl FnOnce(&File) -> io::Result<()>) -> Result<(), PackError> {
     atomic_file::write_with(path, atomic_file::Options::default(), |file| {
+        fill(file).map_err(|e| PackError::io(path, e))
+    })
+}
+
+/// A payload file: renamed into place when whole, made durable by the one filesystem flush that
+/// precedes the manifests (the output holds its incomplete marker until then).
+fn write_payload(path: &Path, fill: impl FnOnce(&File) -> io::Result<()>) -> Result<(), PackError> {
+    atomic_file::write_unsynced_with(path, atomic_file::Options::default(), |file| {
         fill(file).map_err(|e| PackError::io(path, e))
     })
 }
