@@ -140,8 +140,7 @@ where
 /// [`write_unsynced_with`] wrote, and their renames.
 pub fn sync_filesystem(dir: &Path) -> Result<(), AtomicWriteError> {
     let handle = File::open(dir).map_err(AtomicWriteError::at(dir))?;
-    rustix::fs::syncfs(&handle)
-        .map_err(|e| AtomicWriteError::at(dir)(std::io::Error::from(e)))
+    rustix::fs::syncfs(&handle).map_err(|e| AtomicWriteError::at(dir)(std::io::Error::from(e)))
 }
 
 /// Removes `.<name>.<pid>-<random>.tmp` siblings whose writer (`pid`) is no longer running: a
@@ -266,7 +265,8 @@ mod tests {
         let path = dir.path().join("payload.bin");
         std::fs::write(&path, b"old").unwrap();
         write_unsynced_with(&path, Options::default(), |mut f| {
-            f.write_all(b"new content").map_err(AtomicWriteError::at(&path))
+            f.write_all(b"new content")
+                .map_err(AtomicWriteError::at(&path))
         })
         .unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"new content");
