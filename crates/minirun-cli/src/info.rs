@@ -9,6 +9,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use minirun_format::artifact::MAX_MANIFEST_BYTES;
 use minirun_format::artifact::k3_published::K3LayerManifest;
+use minirun_format::artifact::v4_published::{UnitKind, V4File, V4UnitManifest};
 use minirun_format::index::{ArtifactIndex, MAX_INDEX_BYTES};
 use minirun_format::tile::{HEADER_BYTES, MAGIC};
 use serde_json::json;
@@ -61,6 +62,9 @@ pub fn run(args: &InfoArgs) -> Result<ExitCode> {
         if let Some((layer, bytes)) = k3_layer_manifest(path)? {
             return k3_manifest_info(path, layer, &bytes, args.json);
         }
+        if let Some((unit, bytes)) = v4_unit_manifest(path)? {
+            return v4_manifest_info(path, &unit, &bytes, args.json);
+        }
         return index_info(path, args.json);
     }
     other_file(path, &first, args.json)
@@ -104,6 +108,108 @@ fn k3_layer_manifest(path: &Path) -> Result<Option<(usize, Vec<u8>)>> {
             shown(path)
         ),
     }
+}
+
+/// Whether `path` is a published DeepSeek V4 unit manifest (a JSON object with `unit`, `files`
+/// and `source_revision`, in its `layersNN` / `global00` / `mtpNN` directory): the unit and its
+/// bytes.
+fn v4_unit_manifest(path: &Path) -> Result<Option<(String, Vec<u8>)>> {
+    let bytes = read_prefix(path, MAX_MANIFEST_BYTES as usize + 1)?;
+    let Ok(doc) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
+        return Ok(None);
+    };
+    let is_v4 = doc.get("files").is_some()
+        && doc.get("source_revision").is_some()
+        && doc
+            .get("unit")
+            .and_then(|u| u.as_str())
+            .is_some_and(|u| UnitKind::of(u).is_some());
+    if !is_v4 {
+        return Ok(None);
+    }
+    let dir = path
+        .parent()
+        .and_then(Path::file_name)
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    if UnitKind::of(dir).is_none() {
+        bail!(
+            "{} is a DeepSeek V4 unit manifest outside its unit directory (layersNN, global00 or mtpNN), so the unit it must name is unknown; read it where the artifact has it",
+            shown(path)
+        );
+    }
+    Ok(Some((dir.to_string(), bytes)))
+}
+
+fn v4_manifest_info(path: &Path, unit: &str, bytes: &[u8], as_json: bool) -> Result<ExitCode> {
+    let shown_path = shown(path);
+    let m = V4UnitManifest::parse(bytes, unit)?;
+    let total: u64 = m.files.iter().map(V4File::bytes).sum();
+    if as_json {
+        let files: Vec<_> = m
+            .files
+            .iter()
+            .map(|f| match f {
+                V4File::Container(c) => json!({"name": c.name, "kind": "tile-container",
+                    "bytes": c.bytes, "layout": c.layout, "rows": c.rows, "cols": c.cols,
+                    "count": c.count, "source_tensor": c.source_tensor}),
+                V4File::Blob {
+                    name,
+                    bytes,
+                    tensors,
+                    ..
+                } => json!({"name": name, "kind": "blob",
+                    "bytes": bytes, "tensors": tensors.len()}),
+            })
+            .collect();
+        let doc = json!({"kind": "deepseek-v4-unit-manifest", "path": shown_path, "unit": unit,
+                         "source_repo": m.source_repo, "source_revision": m.source_revision,
+                         "bytes": total, "experts": m.expert_order.as_ref().map(Vec::len),
+                         "files": files});
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("DeepSeek V4 published unit manifest {shown_path} (checked)");
+    println!(
+        "unit {unit} of {}@{}: {} files, {total} bytes{}",
+        printable_lines(&m.source_repo),
+        printable_lines(&m.source_revision),
+        m.files.len(),
+        m.expert_order
+            .as_ref()
+            .map(|o| format!(", {} experts in expert_order", o.len()))
+            .unwrap_or_default()
+    );
+    for f in &m.files {
+        match f {
+            V4File::Container(c) => println!(
+                "  {}  {} {} x {}, {} tile{}, {} bytes{}",
+                printable_lines(&c.name),
+                c.layout,
+                c.rows,
+                c.cols,
+                c.count,
+                if c.count == 1 { "" } else { "s" },
+                c.bytes,
+                c.source_tensor
+                    .as_deref()
+                    .map(|t| format!(": {}", printable_lines(t)))
+                    .unwrap_or_default()
+            ),
+            V4File::Blob {
+                name,
+                bytes,
+                tensors,
+                ..
+            } => println!(
+                "  {}  blob of {} tensor{}, {bytes} bytes",
+                printable_lines(name),
+                tensors.len(),
+                if tensors.len() == 1 { "" } else { "s" }
+            ),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn k3_manifest_info(path: &Path, layer: usize, bytes: &[u8], as_json: bool) -> Result<ExitCode> {

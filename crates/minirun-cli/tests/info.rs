@@ -377,3 +377,56 @@ fn a_published_kimi_k3_layer_manifest_is_checked_and_described() {
         stderr(&out)
     );
 }
+
+/// A published DeepSeek V4 unit manifest is recognised and checked: its files listed with the
+/// tensor each FP8 container holds; a broken one refused naming the rule; one outside its unit
+/// directory refused.
+#[test]
+fn a_published_deepseek_v4_unit_manifest_is_checked_and_described() {
+    let dir = tempfile::tempdir().unwrap();
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../minirun-format/tests/data/v4-published/layers02.manifest.json");
+    fs::create_dir(dir.path().join("layers02")).unwrap();
+    fs::copy(&golden, dir.path().join("layers02/manifest.json")).unwrap();
+    let out = minirun(&["info", "layers02/manifest.json"], dir.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("13 files, 3596391128 bytes, 256 experts in expert_order"),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.contains("fp8-e4m3-block 512 x 4096")
+                && l.ends_with("layers.2.attn.wkv.weight")),
+        "{text}"
+    );
+    let json = minirun(&["info", "--json", "layers02/manifest.json"], dir.path());
+    let doc: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(doc["kind"], "deepseek-v4-unit-manifest");
+    assert_eq!(doc["files"].as_array().unwrap().len(), 13);
+
+    let mut broken: serde_json::Value =
+        serde_json::from_slice(&fs::read(&golden).unwrap()).unwrap();
+    broken["expert_order"][0] = 1.into();
+    fs::write(
+        dir.path().join("layers02/manifest.json"),
+        broken.to_string(),
+    )
+    .unwrap();
+    let out = minirun(&["info", "layers02/manifest.json"], dir.path());
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("not a permutation"),
+        "{}",
+        stderr(&out)
+    );
+
+    fs::copy(&golden, dir.path().join("manifest.json")).unwrap();
+    let out = minirun(&["info", "manifest.json"], dir.path());
+    assert!(
+        stderr(&out).contains("outside its unit directory"),
+        "{}",
+        stderr(&out)
+    );
+}
