@@ -151,3 +151,67 @@ fn a_sentence_matches_transformers() {
 fn forty_raw_ids_match_transformers() {
     matches_transformers("ids");
 }
+
+/// A prompt across two chunk boundaries (and many compressor windows) leaves the stepwise
+/// cache: the last logits and the next step's have the same bits whichever way it ran.
+#[test]
+fn a_prompt_over_chunk_boundaries_gives_the_stepwise_bits() {
+    let dir = packed();
+    let artifact = Artifact::open(dir.path(), Access::Unverified).unwrap();
+    let config = DeepSeekV4Config::parse(&artifact.config_json).unwrap();
+    let model = DeepSeekV4::load(&artifact, config).unwrap();
+    let prompt: Vec<u32> = (0..133u32).map(|i| (i * 97 + 11) % 512).collect();
+    let mut stepped = model.new_cache();
+    let mut last = Vec::new();
+    for &t in &prompt {
+        last = model
+            .step(t, &mut stepped, &mut StepStats::default())
+            .unwrap();
+    }
+    let mut chunked = model.new_cache();
+    let at_once = model
+        .prefill(&prompt, &mut chunked, &mut StepStats::default())
+        .unwrap();
+    assert_eq!(bits(&at_once), bits(&last));
+    let a = model
+        .step(5, &mut stepped, &mut StepStats::default())
+        .unwrap();
+    let b = model
+        .step(5, &mut chunked, &mut StepStats::default())
+        .unwrap();
+    assert_eq!(bits(&a), bits(&b));
+}
+
+#[test]
+fn a_bad_token_or_a_full_context_is_refused_before_the_cache_changes() {
+    use minirun_runtime::layers::ModelError;
+    let dir = packed();
+    let artifact = Artifact::open(dir.path(), Access::Unverified).unwrap();
+    let config = DeepSeekV4Config::parse(&artifact.config_json).unwrap();
+    let model = DeepSeekV4::load(&artifact, config).unwrap();
+    let mut cache = model.new_cache();
+    model
+        .prefill(&[0, 17, 42], &mut cache, &mut StepStats::default())
+        .unwrap();
+    assert!(matches!(
+        model.prefill(&[5, 512], &mut cache, &mut StepStats::default()),
+        Err(ModelError::Token(512, 512))
+    ));
+    let long = vec![1u32; 4096];
+    assert!(matches!(
+        model.prefill(&long, &mut cache, &mut StepStats::default()),
+        Err(ModelError::Position(4098, 4096))
+    ));
+    assert_eq!(cache.len, 3);
+    let mut fresh = model.new_cache();
+    model
+        .prefill(&[0, 17, 42], &mut fresh, &mut StepStats::default())
+        .unwrap();
+    let a = model
+        .step(5, &mut cache, &mut StepStats::default())
+        .unwrap();
+    let b = model
+        .step(5, &mut fresh, &mut StepStats::default())
+        .unwrap();
+    assert_eq!(bits(&a), bits(&b));
+}
