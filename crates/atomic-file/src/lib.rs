@@ -83,38 +83,23 @@ pub fn write_with<T, E>(
 where
     E: From<AtomicWriteError>,
 {
-    let dir = parent_dir(path);
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    remove_stale_temps(&dir, &name);
-    let temp = tempfile::Builder::new()
-        .prefix(&format!(".{name}.{}-", std::process::id()))
-        .suffix(TEMP_SUFFIX)
-        .permissions(std::fs::Permissions::from_mode(options.mode))
-        .tempfile_in(&dir)
-        .map_err(AtomicWriteError::at(&dir))?;
-    let value = fill(temp.as_file())?;
+    let (temp, value) = filled_temp(path, options, fill)?;
     temp.as_file()
         .sync_all()
         .map_err(AtomicWriteError::at(temp.path()))?;
     temp.persist(path)
         .map_err(|e| AtomicWriteError::at(path)(e.error))?;
-    sync_dir(&dir)?;
+    sync_dir(&parent_dir(path))?;
     Ok(value)
 }
 
-/// [`write_with`] without the fsyncs: the content goes to a temporary file renamed over `path`,
-/// so no reader ever sees it half-written, but it is not durable yet. For the files of a folder
-/// whose completion a later mark commits (a pack's output, refused while it holds its
-/// incomplete marker): the writer calls [`sync_filesystem`] once they are all written, before
-/// writing that mark. One flush of many files costs far less than a flush of each.
-pub fn write_unsynced_with<T, E>(
+/// A temporary sibling of `path` (stale ones of dead writers removed first) that `fill` has
+/// written.
+fn filled_temp<T, E>(
     path: &Path,
     options: Options,
     fill: impl FnOnce(&File) -> Result<T, E>,
-) -> Result<T, E>
+) -> Result<(tempfile::NamedTempFile, T), E>
 where
     E: From<AtomicWriteError>,
 {
@@ -131,6 +116,23 @@ where
         .tempfile_in(&dir)
         .map_err(AtomicWriteError::at(&dir))?;
     let value = fill(temp.as_file())?;
+    Ok((temp, value))
+}
+
+/// [`write_with`] without the fsyncs: the content goes to a temporary file renamed over `path`,
+/// so no reader ever sees it half-written, but it is not durable yet. For the files of a folder
+/// whose completion a later mark commits (a pack's output, refused while it holds its
+/// incomplete marker): the writer calls [`sync_filesystem`] once they are all written, before
+/// writing that mark. One flush of many files costs far less than a flush of each.
+pub fn write_unsynced_with<T, E>(
+    path: &Path,
+    options: Options,
+    fill: impl FnOnce(&File) -> Result<T, E>,
+) -> Result<T, E>
+where
+    E: From<AtomicWriteError>,
+{
+    let (temp, value) = filled_temp(path, options, fill)?;
     temp.persist(path)
         .map_err(|e| AtomicWriteError::at(path)(e.error))?;
     Ok(value)
