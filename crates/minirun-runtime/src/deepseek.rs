@@ -15,7 +15,7 @@ use crate::kernels::{Format, QMatrix};
 use crate::layer_stream::{self, LayerStream, LoadedLayer, Source};
 use crate::layers::{
     Activation, LatentDims, LatentProjections, Mlp, RoutedExperts, Routing, Streaming, add_rows,
-    apply, apply_batch, attend_latent, rms_norm, run_routed, stacked_experts,
+    apply, apply_batch, attend_latent, rms_norm, run_routed, stacked_experts, weighted_sum,
 };
 pub use crate::layers::{ModelError, StepStats};
 use crate::model::Decoder;
@@ -293,12 +293,7 @@ impl Moe<'_> {
             shared,
             stats,
         )?;
-        let mut ys = vec![vec![0f32; c.hidden_size]; xs.len()];
-        for ((y, chosen), outs) in ys.iter_mut().zip(&routes).zip(&outputs) {
-            for (&(_, w), out) in chosen.iter().zip(outs) {
-                y.iter_mut().zip(out).for_each(|(y, o)| *y += o * w);
-            }
-        }
+        let mut ys = weighted_sum(&routes, &outputs, c.hidden_size);
         if let Some(shared) = shared {
             add_rows(&mut ys, &shared);
         }

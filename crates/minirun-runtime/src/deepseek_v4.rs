@@ -29,8 +29,8 @@ use crate::experts::{ExpertCache, routed_experts};
 use crate::kernels::{KernelError, QMatrix};
 use crate::layer_stream::{self, LayerStream, LoadedLayer, Source};
 use crate::layers::{
-    Activation, Mlp, ModelError, RoutedExperts, StepStats, Streaming, apply, apply_batch,
-    check_prompt, in_chunks, rms_norm, run_routed, sigmoid,
+    Activation, Mlp, ModelError, RoutedExperts, StepStats, Streaming, add_rows, apply, apply_batch,
+    check_prompt, in_chunks, rms_norm, run_routed, sigmoid, top_k, weighted_sum,
 };
 use crate::model::Decoder;
 use crate::plan::{DEFAULT_READS_IN_FLIGHT, ExpertMap, Mode, Plan, Shape};
@@ -647,29 +647,31 @@ impl<'a> DeepSeekV4<'a> {
         stats: &mut StepStats,
     ) -> Result<(), ModelError> {
         let c = &self.config;
-        let mixes: Vec<Mixing> = streams
-            .iter()
-            .map(|x| Mixing::of(&layer.attn_hc, x, c))
-            .collect();
+        self.in_hyper_connection(&layer.attn_hc, &layer.attn_norm, streams, |xs| {
+            self.attention(&layer.attention, c.attention[i], xs, start, state, stats)
+        })?;
+        self.in_hyper_connection(&layer.ffn_hc, &layer.ffn_norm, streams, |xs| {
+            self.moe(&layer.moe, i, tokens, xs, stats)
+        })
+    }
+
+    /// One sub-block inside its hyper-connection: each position's streams collapsed and
+    /// normed into the sub-block's input, its output spread back over the mixed streams.
+    fn in_hyper_connection(
+        &self,
+        hc: &HyperConnection,
+        norm: &[f32],
+        streams: &mut [Vec<f32>],
+        block: impl FnOnce(&[Vec<f32>]) -> Result<Vec<Vec<f32>>, ModelError>,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let mixes: Vec<Mixing> = streams.iter().map(|x| Mixing::of(hc, x, c)).collect();
         let xs: Vec<Vec<f32>> = mixes
             .iter()
-            .map(|m| rms_norm(&m.collapsed, &layer.attn_norm, c.rms_norm_eps))
+            .map(|m| rms_norm(&m.collapsed, norm, c.rms_norm_eps))
             .collect();
-        let attended =
-            self.attention(&layer.attention, c.attention[i], &xs, start, state, stats)?;
-        for ((x, m), out) in streams.iter_mut().zip(&mixes).zip(&attended) {
-            *x = m.expand(x, out);
-        }
-        let mixes: Vec<Mixing> = streams
-            .iter()
-            .map(|x| Mixing::of(&layer.ffn_hc, x, c))
-            .collect();
-        let xs: Vec<Vec<f32>> = mixes
-            .iter()
-            .map(|m| rms_norm(&m.collapsed, &layer.ffn_norm, c.rms_norm_eps))
-            .collect();
-        let out = self.moe(&layer.moe, i, tokens, &xs, stats)?;
-        for ((x, m), out) in streams.iter_mut().zip(&mixes).zip(&out) {
+        let outs = block(&xs)?;
+        for ((x, m), out) in streams.iter_mut().zip(&mixes).zip(&outs) {
             *x = m.expand(x, out);
         }
         Ok(())
@@ -817,11 +819,9 @@ impl<'a> DeepSeekV4<'a> {
                     .sum()
             })
             .collect();
-        let mut order: Vec<usize> = (0..count).collect();
-        order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
-        order.truncate(c.index_topk);
-        order.sort_unstable();
-        order
+        let mut chosen = top_k(&scores, c.index_topk);
+        chosen.sort_unstable();
+        chosen
     }
 
     /// The mixture of experts for a chunk.
@@ -859,15 +859,8 @@ impl<'a> DeepSeekV4<'a> {
             shared,
             stats,
         )?;
-        let mut ys = vec![vec![0f32; c.hidden_size]; xs.len()];
-        for ((y, chosen), outs) in ys.iter_mut().zip(&routes).zip(&outputs) {
-            for (&(_, weight), out) in chosen.iter().zip(outs) {
-                y.iter_mut().zip(out).for_each(|(s, o)| *s += o * weight);
-            }
-        }
-        for (y, s) in ys.iter_mut().zip(&shared) {
-            y.iter_mut().zip(s).for_each(|(y, s)| *y += s);
-        }
+        let mut ys = weighted_sum(&routes, &outputs, c.hidden_size);
+        add_rows(&mut ys, &shared);
         Ok(ys)
     }
 
@@ -887,10 +880,7 @@ impl<'a> DeepSeekV4<'a> {
         {
             (Some(bias), _) => {
                 let choice: Vec<f32> = scores.iter().zip(bias).map(|(s, b)| s + b).collect();
-                let mut order: Vec<usize> = (0..choice.len()).collect();
-                order.sort_by(|&a, &b| choice[b].total_cmp(&choice[a]).then(a.cmp(&b)));
-                order.truncate(k);
-                order
+                top_k(&choice, k)
             }
             (None, Some(table)) => {
                 let row = &table[token as usize * k..(token as usize + 1) * k];

@@ -20,7 +20,7 @@ use crate::layer_stream::{self, LayerStream, LoadedLayer, Source};
 use crate::layers::{
     Activation, LatentDims, LatentProjections, Mlp, ModelError, RoutedExperts, Routing, StepStats,
     Streaming, add_rows, apply, apply_batch, attend_latent, check_prompt, in_chunks, rms_norm,
-    run_routed, sigmoid, silu, stacked_experts,
+    run_routed, sigmoid, silu, stacked_experts, weighted_sum,
 };
 use crate::model::Decoder;
 use crate::plan::{DEFAULT_READS_IN_FLIGHT, ExpertMap, Mode, Plan, Shape};
@@ -1145,12 +1145,7 @@ impl<'a> KimiK3<'a> {
             shared,
             stats,
         )?;
-        let mut sums = vec![vec![0f32; c.routed_expert_hidden_size]; xs.len()];
-        for ((sum, chosen), outs) in sums.iter_mut().zip(&routes).zip(&outputs) {
-            for (&(_, weight), out) in chosen.iter().zip(outs) {
-                sum.iter_mut().zip(out).for_each(|(s, o)| *s += o * weight);
-            }
-        }
+        let mut sums = weighted_sum(&routes, &outputs, c.routed_expert_hidden_size);
         if let Some(norm) = &moe.norm {
             for sum in &mut sums {
                 *sum = rms_norm(sum, norm, c.rms_norm_eps);

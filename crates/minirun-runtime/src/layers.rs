@@ -130,6 +130,30 @@ pub(crate) fn apply_batch(
     Ok(ys.chunks_exact(m.rows).map(<[f32]>::to_vec).collect())
 }
 
+/// The indices of the `k` largest `values` (all of them when fewer), largest first; ties go
+/// to the lower index.
+pub(crate) fn top_k(values: &[f32], k: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..values.len()).collect();
+    order.sort_by(|&a, &b| values[b].total_cmp(&values[a]).then(a.cmp(&b)));
+    order.truncate(k);
+    order
+}
+
+/// Per row of a batch, `Σ weight · output` over its routes, in the route's order (`width` wide).
+pub(crate) fn weighted_sum(
+    routes: &[Vec<(usize, f32)>],
+    outputs: &RoutedOutputs,
+    width: usize,
+) -> Vec<Vec<f32>> {
+    let mut sums = vec![vec![0f32; width]; routes.len()];
+    for ((sum, chosen), outs) in sums.iter_mut().zip(routes).zip(outputs) {
+        for (&(_, weight), out) in chosen.iter().zip(outs) {
+            sum.iter_mut().zip(out).for_each(|(s, o)| *s += o * weight);
+        }
+    }
+    sums
+}
+
 /// `ys[i] += outs[i]` for every row of a batch.
 pub(crate) fn add_rows(ys: &mut [Vec<f32>], outs: &[Vec<f32>]) {
     for (y, out) in ys.iter_mut().zip(outs) {
@@ -234,9 +258,7 @@ impl Routing<'_> {
                 choice[g * size..(g + 1) * size].fill(0.0);
             }
         }
-        let mut order: Vec<usize> = (0..choice.len()).collect();
-        order.sort_by(|&a, &b| choice[b].total_cmp(&choice[a]).then(a.cmp(&b)));
-        let chosen = &order[..self.experts_per_token.min(order.len())];
+        let chosen = top_k(&choice, self.experts_per_token);
         let mut weights: Vec<f32> = chosen.iter().map(|&e| scores[e]).collect();
         if chosen.len() > 1 && self.renormalize {
             let sum: f32 = weights.iter().sum::<f32>() + self.renormalize_eps;
