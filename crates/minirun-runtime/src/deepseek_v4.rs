@@ -970,42 +970,18 @@ impl Compressor<'_> {
         }
         let dim = self.dim;
         let window = state.count(dim);
-        // The slots pooled: (values, gates) rows of `dim`.
-        let mut rows: Vec<(&[f32], &[f32])> = Vec::with_capacity(2 * self.rate);
-        let (current_kv, current_gate) = (&state.open_kv, &state.open_gate);
-        let previous;
-        if self.overlapping {
-            if let Some((pk, pg)) = &state.overlap {
-                previous = (pk.clone(), pg.clone());
-                for r in 0..self.rate {
-                    rows.push((
-                        &previous.0[r * dim..(r + 1) * dim],
-                        &previous.1[r * dim..(r + 1) * dim],
-                    ));
-                }
-            }
-            for (k, g) in current_kv.iter().zip(current_gate) {
-                rows.push((&k[dim..], &g[dim..]));
-            }
-        } else {
-            for (k, g) in current_kv.iter().zip(current_gate) {
-                rows.push((&k[..], &g[..]));
-            }
-        }
-        let mut pooled = vec![0f32; dim];
-        for (ch, out) in pooled.iter_mut().enumerate() {
-            let max = rows
+        // The slots pooled, (values, gates) rows of `dim`: an overlapping window's second
+        // halves after the previous window's first halves (none before the first window).
+        let current = state.open_kv.iter().zip(&state.open_gate);
+        let rows: Vec<(&[f32], &[f32])> = match (self.overlapping, &state.overlap) {
+            (false, _) => current.map(|(k, g)| (&k[..], &g[..])).collect(),
+            (true, previous) => previous
                 .iter()
-                .map(|(_, g)| g[ch])
-                .fold(f32::NEG_INFINITY, f32::max);
-            let exps: Vec<f32> = rows.iter().map(|(_, g)| (g[ch] - max).exp()).collect();
-            let total: f32 = exps.iter().sum();
-            *out = rows
-                .iter()
-                .zip(&exps)
-                .map(|((k, _), e)| k[ch] * (e / total))
-                .sum();
-        }
+                .flat_map(|(k, g)| k.chunks_exact(dim).zip(g.chunks_exact(dim)))
+                .chain(current.map(|(k, g)| (&k[dim..], &g[dim..])))
+                .collect(),
+        };
+        let pooled = pool(&rows, dim);
         let mut entry = rms_norm(&pooled, &self.norm, eps);
         let rd = rope.dims();
         rope.apply(&mut entry[dim - rd..], window * self.rate);
@@ -1019,6 +995,24 @@ impl Compressor<'_> {
         state.open_kv.clear();
         state.open_gate.clear();
     }
+}
+
+/// Per channel, the rows' values weighted by the softmax of their gates over the rows.
+fn pool(rows: &[(&[f32], &[f32])], dim: usize) -> Vec<f32> {
+    (0..dim)
+        .map(|ch| {
+            let max = rows
+                .iter()
+                .map(|(_, g)| g[ch])
+                .fold(f32::NEG_INFINITY, f32::max);
+            let exps: Vec<f32> = rows.iter().map(|(_, g)| (g[ch] - max).exp()).collect();
+            let total: f32 = exps.iter().sum();
+            rows.iter()
+                .zip(&exps)
+                .map(|((k, _), e)| k[ch] * (e / total))
+                .sum()
+        })
+        .collect()
 }
 
 /// One position's attention over `keys` (`[n, dim]`, values the same rows) with a sink logit
