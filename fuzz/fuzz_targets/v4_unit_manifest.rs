@@ -9,6 +9,7 @@ fuzz_target!(|data: &[u8]| {
     for unit in ["layers02", "global00", "mtp00"] {
         let Ok(m) = V4UnitManifest::parse(data, unit) else { continue };
         assert_eq!(m.unit, unit);
+        let _ = m.total_bytes();
         for f in &m.files {
             if let V4File::Blob { bytes, tensors, .. } = f {
                 let mut at = 0;

@@ -144,7 +144,7 @@ fn v4_unit_manifest(path: &Path) -> Result<Option<(String, Vec<u8>)>> {
 fn v4_manifest_info(path: &Path, unit: &str, bytes: &[u8], as_json: bool) -> Result<ExitCode> {
     let shown_path = shown(path);
     let m = V4UnitManifest::parse(bytes, unit)?;
-    let total: u64 = m.files.iter().map(V4File::bytes).sum();
+    let total = m.total_bytes();
     if as_json {
         let files: Vec<_> = m
             .files

@@ -20,10 +20,7 @@ fn parse(v: &Value, unit: &str) -> Result<V4UnitManifest, String> {
 fn the_golden_manifest_reads_as_v4_flash_layer_2() {
     let m = parse(&golden(), "layers02").unwrap();
     assert_eq!(m.files.len(), 13);
-    assert_eq!(
-        m.files.iter().map(V4File::bytes).sum::<u64>(),
-        3_596_391_128
-    );
+    assert_eq!(m.total_bytes(), 3_596_391_128);
     let order = m.expert_order.as_ref().unwrap();
     assert_eq!((order.len(), order[2], m.slot_of(2)), (256, 10, Some(112)));
     let V4File::Container(wkv) = m.file("layers02-attn_wkv_weight.fp8tile").unwrap() else {
@@ -140,6 +137,10 @@ fn each_broken_rule_is_refused_by_name() {
         let err = refused(edit);
         assert!(err.contains(expected), "expected {expected:?} in {err}");
     }
+    // Sizes whose sum overflows are taken, and their total saturates instead of wrapping.
+    let mut huge = golden();
+    huge["files"][0]["bytes"] = json!(u64::MAX);
+    assert_eq!(parse(&huge, "layers02").unwrap().total_bytes(), u64::MAX);
     let err = parse(&golden(), "layer02").unwrap_err();
     assert!(err.contains("not a layersNN"), "{err}");
     let err = V4UnitManifest::parse(&vec![b' '; (8 << 20) + 1], "layers02")

@@ -282,6 +282,14 @@ impl V4UnitManifest {
         })
     }
 
+    /// The bytes of all the unit's files, saturating (the sizes are the manifest's word, and
+    /// a hostile one may list sizes whose sum overflows).
+    pub fn total_bytes(&self) -> u64 {
+        self.files
+            .iter()
+            .fold(0u64, |sum, f| sum.saturating_add(f.bytes()))
+    }
+
     /// The entry of `name`.
     pub fn file(&self, name: &str) -> Option<&V4File> {
         self.files.iter().find(|f| f.name() == name)

@@ -77,7 +77,7 @@ impl Artifact {
                     ),
                 ));
             }
-            let total: u64 = manifest.files.iter().map(V4File::bytes).sum();
+            let total = manifest.total_bytes();
             if (Some(manifest.files.len() as u64), Some(total)) != (summary.files, summary.bytes) {
                 return Err(invalid(
                     &path,
