@@ -341,7 +341,15 @@ fn write_fp8(
     weight: &TensorSource,
     scale: &TensorSource,
 ) -> Result<Value, PackError> {
-    let (rows, cols) = (weight.shape[0] as u32, weight.shape[1] as u32);
+    let dim = |d: usize| {
+        u32::try_from(d).map_err(|_| {
+            refused(
+                &weight.name,
+                format!("dimension {d} does not fit a container"),
+            )
+        })
+    };
+    let (rows, cols) = (dim(weight.shape[0])?, dim(weight.shape[1])?);
     let (_, rest) = Unit::of(&weight.name)?;
     let name = format!("{unit}-{}.fp8tile", rest.replace('.', "_"));
     let geometry = Geometry {
@@ -375,8 +383,17 @@ fn write_experts(
 ) -> Result<Value, PackError> {
     let first = p.experts[&0][k].ok_or_else(|| refused(unit, "expert 0 is missing"))?;
     let (codes, _) = first;
+    let fits = |d: usize| u32::try_from(d).ok();
     let (rows, cols) = match codes.shape[..] {
-        [r, half] => (r as u32, 2 * half as u32),
+        [r, half] => match (fits(r), half.checked_mul(2).and_then(fits)) {
+            (Some(r), Some(c)) => (r, c),
+            _ => {
+                return Err(refused(
+                    &codes.name,
+                    "has dimensions that do not fit a container",
+                ));
+            }
+        },
         _ => return Err(refused(&codes.name, "is not a matrix")),
     };
     let name = format!("{unit}-{}.mxfp4tile", EXPERT_PROJECTIONS[k]);

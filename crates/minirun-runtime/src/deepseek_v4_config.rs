@@ -283,6 +283,17 @@ impl DeepSeekV4Config {
                 self.index_head_dim, self.qk_rope_head_dim
             ));
         }
+        // The hyper-connection weights, `[(2 + n) n, n hidden]`, the one size of three factors
+        // the model reads: it must fit before anything multiplies it.
+        let hc_weights = [self.hc_mult, self.hc_mult, self.hidden_size]
+            .iter()
+            .try_fold(2 + self.hc_mult, |acc, &d| acc.checked_mul(d));
+        if hc_weights.is_none_or(|n| n > isize::MAX as usize / 4) {
+            return bad(format!(
+                "hc_mult {} with hidden_size {} gives hyper-connection weights too large to hold",
+                self.hc_mult, self.hidden_size
+            ));
+        }
         if self.hc_sinkhorn_iters == 0 {
             return bad("hc_sinkhorn_iters must be at least 1".into());
         }

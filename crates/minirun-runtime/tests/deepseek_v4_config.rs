@@ -143,6 +143,10 @@ fn what_cannot_be_run_honestly_is_refused_by_name() {
     });
     assert!(err.contains("rope_scaling"), "{err}");
     let err = refused(|m| {
+        m.insert("hc_mult".into(), json!(1u64 << 30));
+    });
+    assert!(err.contains("too large to hold"), "{err}");
+    let err = refused(|m| {
         m.insert("num_experts_per_tok".into(), json!(300));
     });
     assert!(err.contains("300 experts per token"), "{err}");
