@@ -68,6 +68,11 @@ pub fn sourced_config(
     };
     let upstream = upstream_tree(&origin, &lookup)?;
     let mut sourced = Vec::new();
+    let mut absent = Tree {
+        repo: upstream.repo.clone(),
+        revision: upstream.revision.clone(),
+        files: Default::default(),
+    };
     for name in wanted {
         let Some(file) = upstream.files.get(name).cloned() else {
             eprintln!(
@@ -88,12 +93,15 @@ pub fn sourced_config(
                     size = file.size,
                 );
             }
-            fetch(&upstream, name, dir, lookup.endpoint)?;
+            absent.files.insert(name.to_string(), file.clone());
         }
         sourced.push(SourcedFile {
             file,
             origin: origin.clone(),
         });
+    }
+    if !absent.files.is_empty() {
+        fetch(&absent, dir, lookup.endpoint)?;
     }
     Ok(sourced)
 }
@@ -144,38 +152,30 @@ fn upstream_tree(origin: &Origin, lookup: &Lookup<'_>) -> Result<Tree> {
             .tree(&origin.repo, &origin.revision)
             .with_context(|| format!("cannot list {}@{}", origin.repo, origin.revision));
     };
+    read_listing(path, &origin.repo, &origin.revision)
+}
+
+/// A saved tree listing (one page of the Hub's tree endpoint) as the tree of `repo@revision`.
+pub fn read_listing(path: &Path, repo: &str, revision: &str) -> Result<Tree> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     let mut builder = TreeBuilder::default();
     builder
         .add_page(&bytes)
         .with_context(|| format!("{} is not a tree listing", path.display()))?;
-    Ok(builder.finish(&origin.repo, &origin.revision))
+    Ok(builder.finish(repo, revision))
 }
 
-/// Downloads one file of `upstream` into `dir`, verified against its listed digest before it
-/// is renamed into place.
-fn fetch(upstream: &Tree, path: &str, dir: &Path, endpoint: Option<&str>) -> Result<()> {
-    let one = Tree {
-        repo: upstream.repo.clone(),
-        revision: upstream.revision.clone(),
-        files: upstream
-            .files
-            .iter()
-            .filter(|(p, _)| p.as_str() == path)
-            .map(|(p, f)| (p.clone(), f.clone()))
-            .collect(),
-    };
+/// Downloads `files` (part of the upstream's tree) into `dir` in one pass, each verified
+/// against its listed digest before it is renamed into place.
+fn fetch(files: &Tree, dir: &Path, endpoint: Option<&str>) -> Result<()> {
     Hub::from_env(endpoint)?
-        .download(&one, dir, &DownloadOptions::default(), &|_| {})
-        .with_context(|| {
-            format!(
-                "cannot fetch {path} from {}@{}",
-                upstream.repo, upstream.revision
-            )
-        })?;
-    eprintln!(
-        "fetched {path} from {}@{} (the upstream the publication's index.json names)",
-        upstream.repo, upstream.revision
-    );
+        .download(files, dir, &DownloadOptions::default(), &|_| {})
+        .with_context(|| format!("cannot fetch from {}@{}", files.repo, files.revision))?;
+    for path in files.files.keys() {
+        eprintln!(
+            "fetched {path} from {}@{} (the upstream the publication's index.json names)",
+            files.repo, files.revision
+        );
+    }
     Ok(())
 }

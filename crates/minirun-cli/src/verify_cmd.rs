@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use minirun_format::tree::{Tree, TreeBuilder};
+use minirun_format::tree::Tree;
 use minirun_hub::Hub;
 use minirun_store::{Authority, Selection};
 
@@ -157,13 +157,7 @@ fn published_tree(args: &VerifyArgs, repo: &str, revision: &str) -> Result<Tree>
             if !minirun_format::identity::is_pinned_revision(revision) {
                 bail!("{revision:?} is not a pinned revision (40 lowercase hex digits)");
             }
-            let bytes =
-                std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-            let mut builder = TreeBuilder::default();
-            builder
-                .add_page(&bytes)
-                .with_context(|| format!("{} is not a tree listing", path.display()))?;
-            builder.finish(repo, revision)
+            crate::upstream_config::read_listing(path, repo, revision)?
         }
         None => Hub::from_env(args.endpoint.as_deref())?
             .tree(repo, revision)
