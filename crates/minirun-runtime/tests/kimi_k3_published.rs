@@ -456,15 +456,15 @@ fn a_tensor_the_layout_cannot_hold_is_refused_by_name() {
 const UPSTREAM: &str = "moonshotai/Kimi-K3";
 const UPSTREAM_PIN: &str = "9f62e4e9fffbd0a83ddd60e1c209d828994b3569";
 
+/// The file as a publisher's tree lists it (an LFS SHA-256, computed by `sha2`, not by the
+/// verifier's own hasher).
 fn repo_file(dir: &Path, path: &str) -> minirun_format::tree::RepoFile {
-    use minirun_format::tree::{FileDigest, StreamHasher};
+    use sha2::Digest as _;
     let bytes = std::fs::read(dir.join(path)).unwrap();
-    let mut h = StreamHasher::new(&FileDigest::Sha256([0; 32]), bytes.len() as u64);
-    h.update(&bytes);
     minirun_format::tree::RepoFile {
         path: path.to_string(),
         size: bytes.len() as u64,
-        digest: h.finish(),
+        digest: minirun_format::tree::FileDigest::Sha256(sha2::Sha256::digest(&bytes).into()),
     }
 }
 
