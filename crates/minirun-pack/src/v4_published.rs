@@ -118,12 +118,18 @@ fn plan(ckpt: &Checkpoint) -> Result<BTreeMap<String, UnitPlan<'_>>, PackError> 
                 .ok_or_else(|| refused(&t.name, format!("has no {module}.scale")))
         };
         match t.dtype {
+            // Taken with the FP8 or FP4 tensor it scales; one that scales nothing is refused
+            // rather than dropped.
             Dtype::F8_E8M0 if t.name.ends_with(".scale") => {
                 let owner = format!("{}.weight", t.name.trim_end_matches(".scale"));
-                if !ckpt.tensors.contains_key(&owner) {
+                let quantized = ckpt
+                    .tensors
+                    .get(&owner)
+                    .is_some_and(|o| matches!(o.dtype, Dtype::F8_E4M3 | Dtype::I8));
+                if !quantized {
                     return Err(refused(
                         &t.name,
-                        format!("scales no tensor ({owner} is missing)"),
+                        format!("scales no FP8 or FP4 tensor ({owner} is absent or plain)"),
                     ));
                 }
             }

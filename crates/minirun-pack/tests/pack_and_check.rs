@@ -526,3 +526,37 @@ fn a_checkpoint_of_symbolic_links_is_followed() {
         .to_string();
     assert!(err.contains("outside the checkpoint folder"), "{err}");
 }
+
+/// The published V4 writer takes every E8M0 `scale` with the FP8 or FP4 tensor it scales: one
+/// beside a plain tensor would be dropped, so it is refused by name.
+#[test]
+fn a_v4_scale_that_scales_no_quantized_tensor_is_refused() {
+    let src = tempfile::tempdir().unwrap();
+    let weight = vec![0u8; 128 * 128 * 2];
+    let scale = vec![127u8; 1];
+    let views = vec![
+        (
+            "layers.0.attn.wkv.weight".to_string(),
+            TensorView::new(Dtype::BF16, vec![128, 128], &weight).unwrap(),
+        ),
+        (
+            "layers.0.attn.wkv.scale".to_string(),
+            TensorView::new(Dtype::F8_E8M0, vec![1, 1], &scale).unwrap(),
+        ),
+    ];
+    safetensors::serialize_to_file(views, None, &src.path().join("model.safetensors")).unwrap();
+    fs::write(src.path().join("config.json"), "{}").unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let opts = PackOptions {
+        source_repo: Some(REPO.into()),
+        source_revision: Some("0123456789abcdef0123456789abcdef01234567".into()),
+    };
+    let err = minirun_pack::v4_published::pack_v4_published(src.path(), out.path(), &opts, &|_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("layers.0.attn.wkv.scale") && err.contains("scales no FP8"),
+        "{err}"
+    );
+    assert!(fs::read_dir(out.path()).unwrap().next().is_none());
+}
