@@ -90,6 +90,8 @@ const SET_ASIDE: &[&str] = &[
     "dspark_noise_token_id",
     "dspark_target_layer_ids",
     "dtype",
+    // How the checkpoint stores its experts; the artifact's manifests say how each is stored.
+    "expert_dtype",
     "initializer_range",
     "num_nextn_predict_layers",
     "output_router_logits",
@@ -131,7 +133,6 @@ const FIXED: &[(&str, &str, &str)] = &[
     ("mlp_bias", "false", "V4's projections have no bias"),
     ("attention_dropout", "0.0", "inference has no dropout"),
     ("tie_word_embeddings", "false", "V4 has its own LM head"),
-    ("expert_dtype", "\"fp4\"", "V4 Flash ships FP4 experts"),
 ];
 
 const USED: &[&str] = &[
