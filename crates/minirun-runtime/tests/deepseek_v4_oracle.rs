@@ -13,8 +13,11 @@
 //! selections are closer than 1e-4. A real error (a window one key short, a compressor's
 //! overlap dropped, the output rotation not undone) moves logits by 0.01 or more.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
+use common::{bits, ids, read_logits};
 use minirun_pack::{PackOptions, pack};
 use minirun_runtime::artifact::{Access, Artifact};
 use minirun_runtime::deepseek_v4::DeepSeekV4;
@@ -35,27 +38,6 @@ fn packed() -> tempfile::TempDir {
     let out = tempfile::tempdir().expect("a temporary directory");
     pack(&fixture(), out.path(), &PackOptions::default(), &|_| {}).expect("it packs");
     out
-}
-
-fn read_logits(path: &Path, vocab: usize) -> Vec<Vec<f32>> {
-    let bytes = std::fs::read(path).expect("the logits file");
-    let all: Vec<f32> = bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
-    all.chunks(vocab).map(<[f32]>::to_vec).collect()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("a list of ids")
-        .iter()
-        .map(|i| i.as_u64().expect("an id") as u32)
-        .collect()
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
 }
 
 fn top1_margin(row: &[f32]) -> f32 {

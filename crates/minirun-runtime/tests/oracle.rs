@@ -15,8 +15,11 @@
 //! margin is at least 2e-3 everywhere (`min_top1_margin`), so the identical-top-1 check cannot
 //! pass by luck of a near tie.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
+use common::{ids, read_logits};
 use minirun_pack::{PackOptions, pack};
 use minirun_runtime::artifact::{Access, Artifact};
 use minirun_runtime::config::DeepSeekV3Config;
@@ -45,24 +48,6 @@ fn packed(variant: &str) -> (tempfile::TempDir, usize) {
     (out, summary.tile_containers)
 }
 
-fn read_logits(path: &Path, positions: usize, vocab: usize) -> Vec<Vec<f32>> {
-    let bytes = std::fs::read(path).expect("the logits file");
-    assert_eq!(bytes.len(), positions * vocab * 4, "{}", path.display());
-    let all: Vec<f32> = bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
-    all.chunks(vocab).map(<[f32]>::to_vec).collect()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("a list of ids")
-        .iter()
-        .map(|i| i.as_u64().expect("an id") as u32)
-        .collect()
-}
-
 /// Returns how many tile containers the artifact has.
 fn matches_mlx(variant: &str) -> usize {
     let (dir, containers) = packed(variant);
@@ -80,8 +65,12 @@ fn matches_mlx(variant: &str) -> usize {
         let vocab = prompt["vocab"].as_u64().unwrap() as usize;
         let expected = read_logits(
             &fixture(variant).join(prompt["logits_file"].as_str().unwrap()),
-            tokens.len(),
             vocab,
+        );
+        assert_eq!(
+            expected.len(),
+            tokens.len(),
+            "one row of logits per prompt position"
         );
         let mut cache = model.new_cache();
         let mut logits = Vec::new();

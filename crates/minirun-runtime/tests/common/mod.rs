@@ -4,6 +4,31 @@
 
 pub mod wide_v4;
 
+/// An oracle's logits file: little-endian f32, one row of `vocab` per position.
+pub fn read_logits(path: &Path, vocab: usize) -> Vec<Vec<f32>> {
+    let bytes = std::fs::read(path).expect("the logits file");
+    assert_eq!(bytes.len() % (vocab * 4), 0, "{}", path.display());
+    let all: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    all.chunks(vocab).map(<[f32]>::to_vec).collect()
+}
+
+/// A JSON list of token ids.
+pub fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .expect("a list of ids")
+        .iter()
+        .map(|i| i.as_u64().expect("an id") as u32)
+        .collect()
+}
+
+/// Each value's bit pattern, for comparing logits exactly.
+pub fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
 use std::path::{Path, PathBuf};
 
 use minirun_pack::synthetic_model::{SyntheticShape, write_synthetic_deepseek};
