@@ -8,11 +8,11 @@ mod common;
 
 use std::path::Path;
 
-use common::{greedy_bits, on_threads};
+use common::greedy_bits;
 use minirun_pack::{PackOptions, pack};
 use minirun_runtime::budget::Budget;
 use minirun_runtime::generate::Sampling;
-use minirun_runtime::model::{Architecture, Decoder};
+use minirun_runtime::model::Architecture;
 use minirun_runtime::plan::{Mode, PlanError};
 use minirun_runtime::session::{Session, SessionError, Trust};
 
@@ -132,30 +132,15 @@ fn streams_with_the_resident_bits(dir: &Path, prompt: &[u32], steps: usize, laye
         (&floor, false, 2),
         (&experts_only, true, 2),
     ] {
-        let plan = minirun_runtime::plan::Plan {
-            read_ahead,
-            ..plan.clone()
-        };
-        let streamed = session.planned_model(&plan, experts.clone()).unwrap();
-        let (bits, decode) = on_threads(threads, || greedy_bits(&streamed, prompt, steps));
-        let case = format!(
-            "{} layers streamed, read-ahead {read_ahead}, {threads} threads",
-            plan.streamed_layers.len()
+        common::assert_streams_as_planned(
+            &session,
+            plan,
+            &experts,
+            (read_ahead, threads),
+            (prompt, steps),
+            &resident_bits,
+            "deepseek_v4",
         );
-        assert!(bits == resident_bits, "{case}: other logits than resident");
-        assert_eq!(decode.expert_cache_hits, 0, "{case}");
-        assert_eq!(
-            decode.expert_read_bytes,
-            plan.uncached_read_per_token * steps as u64,
-            "{case}"
-        );
-        assert_eq!(
-            decode.layer_read_bytes,
-            plan.layer_read_per_token * steps as u64,
-            "{case}"
-        );
-        let (_, peak) = streamed.expert_memory().unwrap();
-        assert!(peak <= plan.cache_bytes + plan.slot_pool_bytes, "{case}");
     }
     let Err(SessionError::Plan(PlanError::BelowFloor(_))) =
         session.plan(Budget::Bytes(floor.floor - 1), 128)

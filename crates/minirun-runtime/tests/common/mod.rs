@@ -105,3 +105,43 @@ pub fn greedy_bits(
     }
     (bits, decode)
 }
+
+/// A streamed run under `plan` (read-ahead as given, on `threads` threads) gives `resident`'s
+/// logit bits, hits no cached expert, reads exactly the plan's expert and layer bytes per step,
+/// and holds at most the plan's cache and slot pool of experts.
+pub fn assert_streams_as_planned(
+    session: &minirun_runtime::session::Session,
+    plan: &minirun_runtime::plan::Plan,
+    experts: &minirun_runtime::plan::ExpertMap,
+    (read_ahead, threads): (bool, usize),
+    (prompt, steps): (&[u32], usize),
+    resident: &[u32],
+    label: &str,
+) {
+    use minirun_runtime::model::Decoder;
+    let plan = minirun_runtime::plan::Plan {
+        read_ahead,
+        ..plan.clone()
+    };
+    let streamed = session.planned_model(&plan, experts.clone()).unwrap();
+    let (bits, decode) = on_threads(threads, || greedy_bits(&streamed, prompt, steps));
+    let case = format!(
+        "{label}: {} layers streamed, read-ahead {read_ahead}, {threads} threads",
+        plan.streamed_layers.len()
+    );
+    assert!(bits == resident, "{case}: other logits than resident");
+    assert_eq!(decode.expert_cache_hits, 0, "{case}");
+    let steps = steps as u64;
+    assert_eq!(
+        decode.expert_read_bytes,
+        plan.uncached_read_per_token * steps,
+        "{case}"
+    );
+    assert_eq!(
+        decode.layer_read_bytes,
+        plan.layer_read_per_token * steps,
+        "{case}"
+    );
+    let (_, peak) = streamed.expert_memory().unwrap();
+    assert!(peak <= plan.cache_bytes + plan.slot_pool_bytes, "{case}");
+}
