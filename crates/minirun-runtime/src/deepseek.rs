@@ -15,10 +15,10 @@ use crate::kernels::{Format, QMatrix};
 use crate::layer_stream::{self, LayerStream, LoadedLayer, Source};
 use crate::layers::{
     Activation, LatentDims, LatentProjections, Mlp, RoutedExperts, Routing, Streaming, add_rows,
-    apply, apply_batch, attend_latent, rms_norm, run_routed, stacked_experts, weighted_sum,
+    apply_batch, attend_latent, rms_norm, run_routed, stacked_experts, weighted_sum,
 };
 pub use crate::layers::{ModelError, StepStats};
-use crate::model::Decoder;
+use crate::model::{Decoder, check_batch};
 use crate::plan::{DEFAULT_READS_IN_FLIGHT, ExpertMap, Mode, Plan, Shape};
 use crate::rope::{Rope, attention_scale};
 
@@ -381,7 +381,20 @@ impl Decoder for DeepSeekV3<'_> {
         let mut result = Err(ModelError::EmptyPrompt);
         for (n, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
             let last = (n + 1) * PREFILL_CHUNK >= tokens.len();
-            result = self.forward_positions(chunk, last, cache, stats);
+            let logits = match last {
+                true => Logits::Last,
+                false => Logits::None,
+            };
+            let rows = Rows::consecutive(cache.len, chunk.len());
+            result = self
+                .forward_rows(
+                    chunk,
+                    &rows,
+                    std::slice::from_mut(&mut &mut *cache),
+                    logits,
+                    stats,
+                )
+                .map(|mut l| l.pop().unwrap_or_default());
             if result.is_err() {
                 break;
             }
@@ -390,6 +403,32 @@ impl Decoder for DeepSeekV3<'_> {
             self.truncate(cache, before);
         }
         result
+    }
+
+    /// Every sequence's token as one row of one batch through every layer: each matrix, and
+    /// each streamed layer and expert, is read once for all the rows, and each row gets the bits
+    /// `step` gives it alone (rows compute independently; attention reads its own cache). On an
+    /// error every cache is left as it was.
+    fn step_batch(
+        &self,
+        tokens: &[u32],
+        caches: &mut [&mut Cache],
+        stats: &mut StepStats,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        check_batch(tokens, caches)?;
+        let before: Vec<usize> = caches.iter().map(|c| c.len).collect();
+        let rows = Rows::one_per_cache(caches);
+        let result = self.forward_rows(tokens, &rows, caches, Logits::Every, stats);
+        if result.is_err() {
+            for (cache, len) in caches.iter_mut().zip(before) {
+                self.truncate(cache, len);
+            }
+        }
+        result
+    }
+
+    fn batches_reads(&self) -> bool {
+        true
     }
 
     /// Bytes of routed experts the cache holds now, and the most it held at once with the
@@ -487,21 +526,23 @@ impl<'a> DeepSeekV3<'a> {
         cache.len = len;
     }
 
-    /// `tokens` through every layer at the next positions; the logits of the last when asked
-    /// for (an empty vector otherwise).
-    fn forward_positions(
+    /// `tokens` through every layer, row `r` at `rows.position[r]` of `caches[rows.cache[r]]`;
+    /// the logits `logits` asks for.
+    fn forward_rows(
         &self,
         tokens: &[u32],
-        logits: bool,
-        cache: &mut Cache,
+        rows: &Rows,
+        caches: &mut [&mut Cache],
+        logits: Logits,
         stats: &mut StepStats,
-    ) -> Result<Vec<f32>, ModelError> {
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
         let c = &self.config;
         if let Some(&token) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
             return Err(ModelError::Token(token, c.vocab_size));
         }
-        let last = cache.len + tokens.len().saturating_sub(1);
-        if last >= c.max_position_embeddings {
+        if let Some(&last) = rows.position.iter().max()
+            && last >= c.max_position_embeddings
+        {
             return Err(ModelError::Position(last, c.max_position_embeddings));
         }
         let mut hs = Vec::with_capacity(tokens.len());
@@ -511,12 +552,12 @@ impl<'a> DeepSeekV3<'a> {
             stats.weight_bytes += (self.embed.stored_bytes() / self.embed.rows) as u64;
             hs.push(h);
         }
-        let mut state = (hs, cache);
+        let mut state = (hs, caches);
         self.stream.run(
             self.artifact,
             &mut state,
             stats,
-            |(hs, cache), i, loaded, stats| {
+            |(hs, caches), i, loaded, stats| {
                 let built;
                 let layer = match (loaded, &self.layers[i]) {
                     (Some(loaded), _) => {
@@ -531,17 +572,22 @@ impl<'a> DeepSeekV3<'a> {
                         }));
                     }
                 };
-                self.run_layer(layer, i, hs, cache, stats)
+                self.run_layer(layer, i, hs, rows, caches, stats)
             },
-            |(hs, cache), stats| {
-                cache.len += tokens.len();
-                match (logits, hs.last()) {
-                    (true, Some(h)) => {
-                        let x = rms_norm(h, &self.norm, c.rms_norm_eps);
-                        Ok(apply(&self.lm_head, &x, stats)?)
-                    }
-                    _ => Ok(Vec::new()),
+            |(hs, caches), stats| {
+                for &seq in &rows.cache {
+                    caches[seq].len += 1;
                 }
+                let heads: Vec<Vec<f32>> = match logits {
+                    Logits::None => return Ok(Vec::new()),
+                    Logits::Last => hs.last().into_iter().cloned().collect(),
+                    Logits::Every => std::mem::take(hs),
+                };
+                let xs: Vec<Vec<f32>> = heads
+                    .iter()
+                    .map(|h| rms_norm(h, &self.norm, c.rms_norm_eps))
+                    .collect();
+                Ok(apply_batch(&self.lm_head, &xs, stats)?)
             },
         )
     }
@@ -557,7 +603,8 @@ impl<'a> DeepSeekV3<'a> {
         layer: &Layer,
         i: usize,
         hs: &mut [Vec<f32>],
-        cache: &mut Cache,
+        rows: &Rows,
+        caches: &mut [&mut Cache],
         stats: &mut StepStats,
     ) -> Result<(), ModelError> {
         let c = &self.config;
@@ -567,7 +614,7 @@ impl<'a> DeepSeekV3<'a> {
                 .collect()
         };
         let xs = norm(hs, &layer.input_norm);
-        let attn = self.attend(&layer.attention, &xs, i, cache, stats)?;
+        let attn = self.attend(&layer.attention, &xs, i, rows, caches, stats)?;
         add_rows(hs, &attn);
         let xs = norm(hs, &layer.post_norm);
         let out = match &layer.ffn {
@@ -584,14 +631,15 @@ impl<'a> DeepSeekV3<'a> {
         Ok(())
     }
 
-    /// Attention for a batch of consecutive positions: every position's latent and rotated key
-    /// go into the cache first, then each position attends to the cache up to itself.
+    /// Attention for a batch of rows: every row's latent and rotated key go into its cache
+    /// first, then each row attends to its cache up to its own position.
     fn attend(
         &self,
         a: &Attention,
         xs: &[Vec<f32>],
         layer: usize,
-        cache: &mut Cache,
+        rows: &Rows,
+        caches: &mut [&mut Cache],
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         let c = &self.config;
@@ -609,14 +657,16 @@ impl<'a> DeepSeekV3<'a> {
         for (t, kv) in apply_batch(&a.kv_a, xs, stats)?.iter().enumerate() {
             let latent = rms_norm(&kv[..lora], &a.kv_a_norm, 1e-6);
             let mut key = kv[lora..].to_vec();
-            self.rope.apply(&mut key, cache.len + t);
+            self.rope.apply(&mut key, rows.position[t]);
+            let cache = &mut caches[rows.cache[t]];
             cache.latent[layer].extend_from_slice(&latent);
             cache.rope_key[layer].extend_from_slice(&key);
         }
         let q_latents = self.queries_in_latent_space(a, &qs, stats)?;
         let mut mixed = Vec::with_capacity(qs.len());
         for (t, (q, q_latent)) in qs.iter().zip(&q_latents).enumerate() {
-            mixed.push(self.mix_heads(q, q_latent, layer, cache.len + t, cache));
+            let cache = &caches[rows.cache[t]];
+            mixed.push(self.mix_heads(q, q_latent, layer, rows.position[t], cache));
         }
         let outs = self.heads_out(a, &mixed, stats)?;
         Ok(apply_batch(&a.o, &outs, stats)?)
@@ -673,5 +723,39 @@ impl<'a> DeepSeekV3<'a> {
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         Ok(a.latent.heads_out(mixed, self.latent_dims(), stats)?)
+    }
+}
+
+/// Which logits a pass returns.
+#[derive(Debug, Clone, Copy)]
+enum Logits {
+    None,
+    /// The last row's (a prompt's).
+    Last,
+    /// Every row's (one per sequence of a batch step).
+    Every,
+}
+
+/// Where each row of a pass goes: its cache (an index into the pass's caches) and position.
+struct Rows {
+    cache: Vec<usize>,
+    position: Vec<usize>,
+}
+
+impl Rows {
+    /// `count` consecutive positions of one cache holding `cached`.
+    fn consecutive(cached: usize, count: usize) -> Rows {
+        Rows {
+            cache: vec![0; count],
+            position: (cached..cached + count).collect(),
+        }
+    }
+
+    /// One row per cache, at its next position.
+    fn one_per_cache(caches: &[&mut Cache]) -> Rows {
+        Rows {
+            cache: (0..caches.len()).collect(),
+            position: caches.iter().map(|c| c.len).collect(),
+        }
     }
 }

@@ -28,14 +28,24 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
-struct Sampler {
+/// Picks tokens from logits as `sampling` says; a seed names one exact sequence of draws.
+#[derive(Debug, Clone)]
+pub struct Sampler {
     sampling: Sampling,
     /// SplitMix64 (minirun-format's): a seed names one exact continuation.
     rng: SplitMix64,
 }
 
 impl Sampler {
-    fn sample(&mut self, logits: &[f32]) -> u32 {
+    pub fn new(sampling: Sampling) -> Sampler {
+        Sampler {
+            sampling,
+            rng: SplitMix64::new(sampling.seed),
+        }
+    }
+
+    /// The next token: the first highest logit when greedy, else one draw from the nucleus.
+    pub fn sample(&mut self, logits: &[f32]) -> u32 {
         let s = self.sampling;
         if s.temperature <= 0.0 {
             return argmax(logits);
@@ -171,10 +181,7 @@ pub fn generate<D: Decoder>(
         ..Figures::default()
     };
     let mut cache = model.new_cache();
-    let mut sampler = Sampler {
-        sampling,
-        rng: SplitMix64::new(sampling.seed),
-    };
+    let mut sampler = Sampler::new(sampling);
     let started = Instant::now();
     let mut logits = model.prefill(prompt, &mut cache, &mut figures.prompt_io)?;
     figures.prompt_time = started.elapsed();

@@ -28,6 +28,8 @@ pub enum ModelError {
     BrokenCache,
     #[error("this cache was made by a model of another architecture")]
     ForeignCache,
+    #[error("a batch step was given {tokens} tokens for {caches} caches: one token per cache")]
+    BatchShape { tokens: usize, caches: usize },
 }
 
 /// What one step read, for the run's figures.

@@ -2,6 +2,7 @@
 //! models that run on them.
 
 pub mod artifact;
+pub mod batch;
 pub mod budget;
 pub mod config;
 pub mod deepseek;

@@ -41,9 +41,46 @@ pub trait Decoder {
         self.prefill(&[token], cache, stats)
     }
 
+    /// Runs `tokens[i]` at the next position of `caches[i]`, one token for each of several
+    /// sequences, returning each one's logits: bit for bit what [`Decoder::step`] gives each
+    /// alone. On an error no cache is to be used again. This default steps the sequences one
+    /// after another; a model whose rows compute independently runs them as one batch, each
+    /// weight read once for all ([`Decoder::batches_reads`]).
+    fn step_batch(
+        &self,
+        tokens: &[u32],
+        caches: &mut [&mut Self::Cache],
+        stats: &mut StepStats,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        check_batch(tokens, caches)?;
+        tokens
+            .iter()
+            .zip(caches.iter_mut())
+            .map(|(&token, cache)| self.step(token, cache, stats))
+            .collect()
+    }
+
+    /// Whether [`Decoder::step_batch`] reads each weight once for all its sequences (rather
+    /// than once per sequence).
+    fn batches_reads(&self) -> bool {
+        false
+    }
+
     /// Bytes of routed experts the expert cache holds now, and the most it held at once;
     /// `None` for a resident run.
     fn expert_memory(&self) -> Option<(u64, u64)>;
+}
+
+/// A batch step needs one token per cache, and at least one.
+pub(crate) fn check_batch<C>(tokens: &[u32], caches: &[&mut C]) -> Result<(), ModelError> {
+    match (tokens.len(), caches.len()) {
+        (0, _) => Err(ModelError::EmptyPrompt),
+        (t, c) if t != c => Err(ModelError::BatchShape {
+            tokens: t,
+            caches: c,
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// The architecture an artifact's `config.json` names, read fail-closed.
@@ -275,6 +312,48 @@ impl Decoder for Model<'_> {
         }
     }
 
+    fn step_batch(
+        &self,
+        tokens: &[u32],
+        caches: &mut [&mut ModelCache],
+        stats: &mut StepStats,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        match self {
+            Model::DeepSeekV3(m) => m.step_batch(
+                tokens,
+                &mut own_caches(caches, |c| match c {
+                    ModelCache::DeepSeekV3(c) => Some(c),
+                    _ => None,
+                })?,
+                stats,
+            ),
+            Model::DeepSeekV4(m) => m.step_batch(
+                tokens,
+                &mut own_caches(caches, |c| match c {
+                    ModelCache::DeepSeekV4(c) => Some(c),
+                    _ => None,
+                })?,
+                stats,
+            ),
+            Model::KimiK3(m) => m.step_batch(
+                tokens,
+                &mut own_caches(caches, |c| match c {
+                    ModelCache::KimiK3(c) => Some(c),
+                    _ => None,
+                })?,
+                stats,
+            ),
+        }
+    }
+
+    fn batches_reads(&self) -> bool {
+        match self {
+            Model::DeepSeekV3(m) => m.batches_reads(),
+            Model::DeepSeekV4(m) => m.batches_reads(),
+            Model::KimiK3(m) => m.batches_reads(),
+        }
+    }
+
     fn expert_memory(&self) -> Option<(u64, u64)> {
         match self {
             Model::DeepSeekV3(m) => m.expert_memory(),
@@ -282,4 +361,15 @@ impl Decoder for Model<'_> {
             Model::KimiK3(m) => m.expert_memory(),
         }
     }
+}
+
+/// The architecture's own caches inside `caches`, refused if any is another architecture's.
+fn own_caches<'c, C>(
+    caches: &'c mut [&mut ModelCache],
+    own: impl Fn(&'c mut ModelCache) -> Option<&'c mut C>,
+) -> Result<Vec<&'c mut C>, ModelError> {
+    caches
+        .iter_mut()
+        .map(|c| own(&mut **c).ok_or(ModelError::ForeignCache))
+        .collect()
 }
