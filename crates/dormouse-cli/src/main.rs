@@ -7,7 +7,6 @@ mod baselines;
 mod completions;
 mod export_cmd;
 mod generate_cmd;
-mod http_serve;
 mod kernel_threads;
 mod quickstart_cmd;
 mod serve_cmd;

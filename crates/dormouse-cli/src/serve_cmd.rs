@@ -7,13 +7,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{Method, StatusCode, Uri};
+use axum::http::{Method, Uri};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -26,8 +26,11 @@ use serde_json::{Value, json};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::completions::{ApiError, Finish, Job, MAX_BODY_BYTES, TextStream, parse_request};
-use crate::http_serve::{self, Limits};
+use http_serve::api_error::{body_refused, method_not_allowed, no_route};
+use http_serve::lifecycle::{SetOnDrop, positive_seconds, shutdown_signal, unix_now};
+use http_serve::{ApiError, Finish, Limits, TextStream};
+
+use crate::completions::{Job, MAX_BODY_BYTES, parse_request};
 
 #[derive(clap::Args)]
 #[command(
@@ -64,13 +67,6 @@ pub struct Args {
     /// exits anyway (status 0; it says how many connections it cut off).
     #[arg(long, default_value_t = 30.0, value_parser = positive_seconds)]
     shutdown_grace: f64,
-}
-
-fn positive_seconds(text: &str) -> Result<f64, String> {
-    match text.parse::<f64>() {
-        Ok(s) if s > 0.0 && s.is_finite() && s <= 86_400.0 => Ok(s),
-        _ => Err(format!("{text:?} is not a number of seconds in (0, 86400]")),
-    }
 }
 
 struct AppState {
@@ -139,7 +135,7 @@ async fn run(args: Args) -> Result<()> {
         max_body: MAX_BODY_BYTES,
         refuse: body_refused,
     };
-    let cut_off = http_serve::serve(listener, app, limits, shutdown_signal()).await?;
+    let cut_off = http_serve::serve(listener, app, limits, shutdown_signal("serve")).await;
     match cut_off {
         0 => eprintln!("serve: stopped"),
         n => eprintln!(
@@ -150,46 +146,8 @@ async fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        _ = interrupt => {},
-        () = terminate => {},
-    }
-    eprintln!("serve: shutting down (finishing requests in flight)");
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
-/// A request body refused before its handler ran (too large, or too slow to arrive).
-fn body_refused(status: StatusCode, message: String) -> Response {
-    error_response(&ApiError {
-        status: status.as_u16(),
-        message,
-        kind: "invalid_request_error",
-        param: None,
-        code: "invalid_body",
-    })
-}
-
 fn error_response(error: &ApiError) -> Response {
-    let status = StatusCode::from_u16(error.status).unwrap_or(StatusCode::BAD_REQUEST);
-    (status, Json(error.body())).into_response()
+    error.clone().into_response()
 }
 
 async fn health() -> Json<Value> {
@@ -204,25 +162,11 @@ async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
 }
 
 async fn not_found(method: Method, uri: Uri) -> Response {
-    error_response(&ApiError {
-        status: 404,
-        message: format!(
-            "no route {method} {uri}; the routes are GET /health, GET /v1/models, POST /v1/completions"
-        ),
-        kind: "invalid_request_error",
-        param: None,
-        code: "not_found",
-    })
-}
-
-async fn method_not_allowed(method: Method, uri: Uri) -> Response {
-    error_response(&ApiError {
-        status: 405,
-        message: format!("{uri} does not take {method}"),
-        kind: "invalid_request_error",
-        param: None,
-        code: "method_not_allowed",
-    })
+    no_route(
+        &method,
+        &uri,
+        "GET /health, GET /v1/models, POST /v1/completions",
+    )
 }
 
 async fn completions(
@@ -251,15 +195,6 @@ async fn completions(
     match job.stream {
         true => stream_completion(state, job, id).await,
         false => whole_completion(state, job, id).await,
-    }
-}
-
-/// Sets its flag when dropped: a handler future dropped by axum means the client went away.
-struct SetOnDrop(Arc<AtomicBool>);
-
-impl Drop for SetOnDrop {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
     }
 }
 
@@ -317,13 +252,7 @@ fn usage(prompt: usize, completion: usize) -> Value {
 }
 
 fn server_error(message: String) -> Response {
-    error_response(&ApiError {
-        status: 500,
-        message,
-        kind: "server_error",
-        param: None,
-        code: "generation_failed",
-    })
+    ApiError::server("generation_failed", message).into_response()
 }
 
 async fn whole_completion(state: Arc<AppState>, job: Job, id: String) -> Response {
@@ -404,14 +333,8 @@ async fn stream_completion(state: Arc<AppState>, job: Job, id: String) -> Respon
                                 .is_ok();
                     }
                     Piece::Failed(e) => {
-                        let error = ApiError {
-                            status: 500,
-                            message: e,
-                            kind: "server_error",
-                            param: None,
-                            code: "generation_failed",
-                        };
-                        Event::default().data(error.body().to_string())
+                        let error = ApiError::server("generation_failed", e);
+                        Event::default().data(error.to_json().to_string())
                     }
                 };
                 events.blocking_send(Ok(event)).is_ok()

@@ -7,9 +7,8 @@
 use std::future::Future;
 use std::time::Duration;
 
-use anyhow::Result;
 use axum::Router;
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::middleware::Next;
@@ -18,6 +17,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tokio_stream::StreamExt;
 
 /// How long clients may take, and how long a shutdown waits.
 #[derive(Debug, Clone, Copy)]
@@ -40,7 +40,7 @@ pub async fn serve(
     app: Router,
     limits: Limits,
     shutdown: impl Future<Output = ()>,
-) -> Result<usize> {
+) -> usize {
     let app = app.layer(axum::middleware::from_fn(move |req, next| {
         read_body_within(req, next, limits)
     }));
@@ -74,30 +74,32 @@ pub async fn serve(
     }
     drop(listener);
     let open = graceful.count();
-    Ok(
-        match tokio::time::timeout(limits.grace, graceful.shutdown()).await {
-            Ok(()) => 0,
-            Err(_) => open,
-        },
-    )
+    match tokio::time::timeout(limits.grace, graceful.shutdown()).await {
+        Ok(()) => 0,
+        Err(_) => open,
+    }
 }
 
 /// Reads the whole request body within `body_timeout` (and `max_body`) before the handler
 /// runs, so that a handler never waits on a client that stopped sending.
 async fn read_body_within(req: Request, next: Next, limits: Limits) -> Response {
     let (parts, body) = req.into_parts();
-    let read = axum::body::to_bytes(body, limits.max_body);
+    let read = read_limited(body, limits.max_body);
     match tokio::time::timeout(limits.body_timeout, read).await {
         Ok(Ok(bytes)) => {
             next.run(Request::from_parts(parts, Body::from(bytes)))
                 .await
         }
-        Ok(Err(_)) => (limits.refuse)(
+        Ok(Err(BodyFault::TooLarge)) => (limits.refuse)(
             StatusCode::PAYLOAD_TOO_LARGE,
             format!(
                 "Failed to buffer the request body: length limit exceeded (bodies are limited to {} bytes)",
                 limits.max_body
             ),
+        ),
+        Ok(Err(BodyFault::Broken)) => (limits.refuse)(
+            StatusCode::BAD_REQUEST,
+            "the request body could not be read (the connection broke while sending it)".into(),
         ),
         Err(_) => (limits.refuse)(
             StatusCode::REQUEST_TIMEOUT,
@@ -106,5 +108,36 @@ async fn read_body_within(req: Request, next: Next, limits: Limits) -> Response 
                 limits.body_timeout.as_secs_f64()
             ),
         ),
+    }
+}
+
+enum BodyFault {
+    TooLarge,
+    Broken,
+}
+
+/// How much of an over-long body is read and dropped before the refusal goes out: a client
+/// still writing its body when the connection closes sees a broken pipe instead of the 413.
+const DRAIN_FACTOR: usize = 16;
+
+/// The body, if it has at most `max` bytes. A longer one is read on (and dropped) up to
+/// `DRAIN_FACTOR` times `max`, so that its sender can finish writing and read the refusal.
+async fn read_limited(body: Body, max: usize) -> Result<Bytes, BodyFault> {
+    let mut chunks = body.into_data_stream();
+    let mut kept = Vec::new();
+    let mut seen = 0usize;
+    let drain_to = max.saturating_mul(DRAIN_FACTOR);
+    while let Some(chunk) = chunks.next().await {
+        let chunk = chunk.map_err(|_| BodyFault::Broken)?;
+        seen = seen.saturating_add(chunk.len());
+        if seen <= max {
+            kept.extend_from_slice(&chunk);
+        } else if seen > drain_to {
+            break;
+        }
+    }
+    match seen <= max {
+        true => Ok(Bytes::from(kept)),
+        false => Err(BodyFault::TooLarge),
     }
 }
