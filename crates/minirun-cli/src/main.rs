@@ -6,6 +6,9 @@ mod hub_cmd;
 mod info;
 mod pack_cmd;
 mod run_cmd;
+mod serve_cmd;
+mod serve_engine;
+mod serve_requests;
 mod synth;
 mod threads;
 mod upstream_config;
@@ -119,6 +122,26 @@ Examples:
 Exit status: 0 generated; 1 an error (a refused artifact, config or prompt)."
     )]
     Run(run_cmd::RunArgs),
+    /// Serve an artifact over an OpenAI-compatible HTTP API, decoding concurrent requests as
+    /// one batch under a memory budget.
+    #[command(
+        after_help = "Routes: GET /health, GET /v1/models, POST /v1/completions and POST /v1/chat/completions
+(the artifact's chat template), each with stream: true for server-sent events. See docs/serve.md.
+
+Requests being answered decode together: one step runs every one of them, so each weight (and
+each streamed layer or expert) is read once per step for all, and each request gets exactly
+the tokens `minirun run` gives it alone. --budget is planned for the caches of
+--max-concurrent requests of --context tokens.
+
+Examples:
+  minirun serve ./tiny-minirun --port 8000
+  minirun serve ./big-minirun --budget 2GiB --max-concurrent 8 --context 2048
+  curl -s localhost:8000/v1/chat/completions -H 'content-type: application/json' \\
+       -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}], \"max_tokens\": 32}'
+
+Exit status: 0 stopped on SIGTERM or Ctrl-C; 1 an error (a refused artifact, budget or address)."
+    )]
+    Serve(serve_cmd::ServeArgs),
     /// Benchmarks of what minirun's reads get from this machine.
     #[command(subcommand)]
     Bench(bench_cmd::BenchCommand),
@@ -133,6 +156,7 @@ impl Command {
             Command::Check(a) => Some(a.threads),
             Command::Verify(a) => Some(a.threads),
             Command::Run(a) => Some(a.threads),
+            Command::Serve(a) => Some(a.threads),
             Command::Synth(_) | Command::Catalog(_) | Command::Download(_) | Command::Bench(_) => {
                 None
             }
@@ -157,6 +181,7 @@ fn main() -> ExitCode {
         Command::Download(args) => hub_cmd::download(&args),
         Command::Verify(args) => verify_cmd::run(&args),
         Command::Run(args) => run_cmd::run(&args),
+        Command::Serve(args) => serve_cmd::serve(&args),
         Command::Bench(command) => bench_cmd::run(&command),
     };
     match result {

@@ -78,15 +78,26 @@ fn plan(
     prompt_tokens: usize,
 ) -> Result<(Plan, minirun_runtime::plan::ExpertMap)> {
     let context = prompt_tokens + args.max_tokens;
-    let (mut plan, experts) = session.plan(args.budget.unwrap_or(Budget::Generous), context)?;
-    plan.reads_in_flight = usize::from(args.reads_in_flight);
-    if args.budget.is_none()
+    planned_within_memory(session, args.budget, context, args.reads_in_flight)
+}
+
+/// The plan for `budget` (generous when not given, refused if that is more than the memory
+/// available) and a cache of `context_tokens`.
+pub(crate) fn planned_within_memory(
+    session: &Session,
+    budget: Option<Budget>,
+    context_tokens: usize,
+    reads_in_flight: u16,
+) -> Result<(Plan, minirun_runtime::plan::ExpertMap)> {
+    let (mut plan, experts) = session.plan(budget.unwrap_or(Budget::Generous), context_tokens)?;
+    plan.reads_in_flight = usize::from(reads_in_flight);
+    if budget.is_none()
         && let Some(available) = available_memory()
         && plan.budget > available
     {
         bail!(
             "holding {} resident needs {} and {} is available: give --budget (e.g. --budget {} or --budget floor, at least {}) to stream what does not fit",
-            args.artifact.display(),
+            session.path.display(),
             human(plan.budget),
             human(available),
             human(available / 2),

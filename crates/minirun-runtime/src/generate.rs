@@ -8,7 +8,7 @@ use minirun_format::synthetic::SplitMix64;
 use crate::layers::{ModelError, StepStats};
 use crate::model::Decoder;
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sampling {
     /// 0 is greedy (the first highest logit).
     pub temperature: f32,

@@ -125,6 +125,15 @@ impl Architecture {
         }
     }
 
+    /// The most positions a sequence may have (`max_position_embeddings`).
+    pub fn max_positions(&self) -> usize {
+        match self {
+            Architecture::DeepSeekV3(c) => c.max_position_embeddings,
+            Architecture::DeepSeekV4(c) => c.max_position_embeddings,
+            Architecture::KimiK3(c) => c.max_position_embeddings,
+        }
+    }
+
     /// One line saying what the model is.
     pub fn describe(&self) -> String {
         match self {
@@ -370,6 +379,6 @@ fn own_caches<'c, C>(
 ) -> Result<Vec<&'c mut C>, ModelError> {
     caches
         .iter_mut()
-        .map(|c| own(&mut **c).ok_or(ModelError::ForeignCache))
+        .map(|c| own(c).ok_or(ModelError::ForeignCache))
         .collect()
 }

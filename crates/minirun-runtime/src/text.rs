@@ -208,10 +208,14 @@ impl Text {
 
     /// One user message in the chat template, ready for the assistant's reply, as ids.
     pub fn chat_ids(&self, user: &str) -> Result<Vec<u32>, TextError> {
-        let messages = [("user".to_string(), user.to_string())];
+        self.conversation_ids(&[("user".to_string(), user.to_string())])
+    }
+
+    /// `(role, content)` messages in the chat template, ready for the assistant's reply, as ids.
+    pub fn conversation_ids(&self, messages: &[(String, String)]) -> Result<Vec<u32>, TextError> {
         match &self.inner {
-            Inner::HuggingFace { .. } => self.encode(&self.render_chat(&messages)?, false),
-            Inner::Kimi(kimi) => kimi.chat_ids(&messages),
+            Inner::HuggingFace { .. } => self.encode(&self.render_chat(messages)?, false),
+            Inner::Kimi(kimi) => kimi.chat_ids(messages),
         }
     }
 

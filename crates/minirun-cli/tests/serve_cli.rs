@@ -1,0 +1,425 @@
+//! `minirun serve`, started for real on 127.0.0.1 and driven over HTTP: completions and chats
+//! that answer exactly what `minirun run` (and `--chat`) generates; concurrent requests,
+//! decoded as batches, each answered as it is alone; SSE that joins to the whole answer; stop
+//! sequences; OpenAI-shaped refusals; a verified artifact served from its evidence; a graceful
+//! shutdown on SIGTERM; and the official `openai` client (pinned, installed into a venv under
+//! cargo's target tmp dir on first use: that needs Python >= 3.11 and the PyPI registry).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc::Receiver;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+const OPENAI_VERSION: &str = "3.57.0";
+
+fn minirun() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_minirun"));
+    // This test binary's evidence key: the user's own stays untouched.
+    command.env(
+        "MINIRUN_EVIDENCE_KEY",
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join("serve-tests.key"),
+    );
+    command
+}
+
+fn ok(out: Output) -> Output {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The DeepSeek-V3 fixture packed into `dir/name`.
+fn packed(dir: &Path, name: &str) -> PathBuf {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../minirun-runtime/tests/data/deepseek-v3/mlx-affine4-g64");
+    let out = dir.join(name);
+    ok(minirun()
+        .args(["pack", "--source"])
+        .arg(&fixture)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap());
+    out
+}
+
+/// What `minirun run --json` generates for `prompt` (as a chat with `chat`).
+fn run_json(
+    artifact: &Path,
+    prompt: &str,
+    max_tokens: usize,
+    chat: bool,
+    sampling: &[&str],
+) -> Value {
+    let mut command = minirun();
+    command
+        .arg("run")
+        .arg(artifact)
+        .args(["--prompt", prompt, "--max-tokens", &max_tokens.to_string()])
+        .args(["--unverified", "--json"])
+        .args(sampling);
+    if chat {
+        command.arg("--chat");
+    }
+    serde_json::from_slice(&ok(command.output().unwrap()).stdout).unwrap()
+}
+
+struct Server {
+    child: Child,
+    base: String,
+    log: Receiver<String>,
+}
+
+impl Server {
+    fn start(artifact: &Path, extra: &[&str]) -> Server {
+        let mut child = minirun()
+            .arg("serve")
+            .arg(artifact)
+            .args(["--port", "0"])
+            .args(extra)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start minirun serve");
+        let lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let (send, log) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                let _ = send.send(line);
+            }
+        });
+        let mut header = Vec::new();
+        let address = loop {
+            let line = log
+                .recv_timeout(Duration::from_secs(120))
+                .unwrap_or_else(|_| panic!("serve printed no address; it said {header:#?}"));
+            if let Some(rest) = line.split("on http://").nth(1) {
+                break rest.split("/v1").next().unwrap().to_string();
+            }
+            header.push(line);
+        };
+        Server {
+            child,
+            base: format!("http://{address}"),
+            log,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    fn post(&self, path: &str, body: &Value) -> Result<Value, (u16, Value)> {
+        post(&self.url(path), body)
+    }
+
+    /// The data lines of a streamed answer, in order.
+    fn stream(&self, path: &str, body: &Value) -> Vec<String> {
+        let response = ureq::post(&self.url(path)).send_json(body.clone()).unwrap();
+        assert_eq!(response.content_type(), "text/event-stream");
+        BufReader::new(response.into_reader())
+            .lines()
+            .map(Result::unwrap)
+            .filter_map(|l| l.strip_prefix("data: ").map(str::to_string))
+            .collect()
+    }
+
+    /// SIGTERM; the exit status and what it said from then on.
+    fn stop(mut self) -> (Option<i32>, Vec<String>) {
+        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).unwrap();
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+        let status = self.child.wait().unwrap();
+        let said = self.log.try_iter().collect();
+        (status.code(), said)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn post(url: &str, body: &Value) -> Result<Value, (u16, Value)> {
+    match ureq::post(url).send_json(body.clone()) {
+        Ok(r) => Ok(r.into_json().unwrap()),
+        Err(ureq::Error::Status(code, r)) => Err((code, r.into_json().unwrap())),
+        Err(e) => panic!("transport error {e}"),
+    }
+}
+
+fn text_of(answer: &Value) -> String {
+    answer["choices"][0]["text"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn serve_answers_what_run_generates_alone_and_together_streams_and_refuses_bad_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let artifact = packed(dir.path(), "tiny");
+    let server = Server::start(&artifact, &["--unverified", "--max-concurrent", "8"]);
+
+    let health = ureq::get(&server.url("/health")).call().unwrap();
+    assert_eq!(health.into_json::<Value>().unwrap()["status"], "ok");
+    let models: Value = ureq::get(&server.url("/v1/models"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(models["data"][0]["id"], "tiny");
+    assert_eq!(models["data"][0]["verified"], false);
+
+    // A completion is what `minirun run` generates, token counts included.
+    let ran = run_json(&artifact, "The clockmaker", 12, false, &[]);
+    let whole = server
+        .post(
+            "/v1/completions",
+            &json!({"model": "tiny", "prompt": "The clockmaker", "max_tokens": 12, "temperature": 0}),
+        )
+        .unwrap();
+    assert_eq!(text_of(&whole), ran["text"].as_str().unwrap());
+    assert_eq!(whole["object"], "text_completion");
+    assert_eq!(whole["usage"]["prompt_tokens"], ran["prompt_tokens"]);
+    assert_eq!(whole["usage"]["completion_tokens"], ran["generated_tokens"]);
+    assert_eq!(whole["choices"][0]["finish_reason"], "length");
+
+    // A chat is what `minirun run --chat` generates; its stream joins to the same message.
+    let ran_chat = run_json(&artifact, "Count to three.", 10, true, &[]);
+    let chat_body = json!({"messages": [{"role": "user", "content": "Count to three."}], "max_tokens": 10, "temperature": 0});
+    let chat = server.post("/v1/chat/completions", &chat_body).unwrap();
+    assert_eq!(chat["object"], "chat.completion");
+    assert_eq!(chat["choices"][0]["message"]["role"], "assistant");
+    let content = chat["choices"][0]["message"]["content"].as_str().unwrap();
+    assert_eq!(content, ran_chat["text"].as_str().unwrap());
+    let mut streamed_body = chat_body.clone();
+    streamed_body["stream"] = json!(true);
+    let events = server.stream("/v1/chat/completions", &streamed_body);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let joined: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(joined, content);
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        chat["choices"][0]["finish_reason"]
+    );
+    assert!(
+        chunks
+            .iter()
+            .all(|c| c["object"] == "chat.completion.chunk")
+    );
+
+    // A stop sequence ends the text before it.
+    let full = ran["text"].as_str().unwrap();
+    let cut = full.char_indices().nth(full.chars().count() / 2).unwrap().0;
+    let stop: String = full[cut..].chars().take(2).collect();
+    let stopped = server
+        .post(
+            "/v1/completions",
+            &json!({"prompt": "The clockmaker", "max_tokens": 12, "temperature": 0, "stop": stop}),
+        )
+        .unwrap();
+    assert_eq!(text_of(&stopped), full[..full.find(&stop).unwrap()]);
+    assert_eq!(stopped["choices"][0]["finish_reason"], "stop");
+
+    // Requests alone, then all at once: each gets its alone answer.
+    let prompts = [
+        "The clockmaker",
+        "Once upon",
+        "A",
+        "In the beginning",
+        "Tick",
+        "Hello there",
+    ];
+    let temperatures = [0.0, 0.8, 1.0];
+    let bodies: Vec<Value> = (0..6)
+        .map(|i| {
+            json!({
+                "prompt": prompts[i],
+                "max_tokens": 6 + 3 * i,
+                "temperature": temperatures[i % 3],
+                "top_p": 0.9,
+                "seed": 100 + i,
+            })
+        })
+        .collect();
+    let alone: Vec<String> = bodies
+        .iter()
+        .map(|b| text_of(&server.post("/v1/completions", b).unwrap()))
+        .collect();
+    let sampled = run_json(
+        &artifact,
+        "Once upon",
+        9,
+        false,
+        &["--temperature", "0.8", "--top-p", "0.9", "--seed", "101"],
+    );
+    assert_eq!(
+        alone[1],
+        sampled["text"].as_str().unwrap(),
+        "the seed names run's continuation"
+    );
+    let url = server.url("/v1/completions");
+    let together: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = bodies
+            .iter()
+            .map(|b| scope.spawn(|| text_of(&post(&url, b).unwrap())))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(together, alone);
+
+    // Refusals name what is wrong, in OpenAI's shape.
+    let refused = |path: &str, body: Value| server.post(path, &body).unwrap_err();
+    let (status, error) = refused("/v1/completions", json!({"model": "other", "prompt": "x"}));
+    assert_eq!(
+        (status, error["error"]["code"].as_str()),
+        (404, Some("model_not_found"))
+    );
+    let (status, error) = refused(
+        "/v1/completions",
+        json!({"prompt": "x", "max_tokens": 100000}),
+    );
+    assert_eq!(
+        (status, error["error"]["code"].as_str()),
+        (400, Some("context_length_exceeded"))
+    );
+    let (status, error) = refused(
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "tool", "content": "x"}]}),
+    );
+    assert_eq!(
+        (status, error["error"]["param"].as_str()),
+        (400, Some("messages"))
+    );
+    let (status, error) = refused("/v1/chat/completions", json!({"messages": [], "n": 2}));
+    assert_eq!(status, 400, "{error}");
+    let (status, error) = refused("/v1/nothing", json!({}));
+    assert_eq!(
+        (status, error["error"]["code"].as_str()),
+        (404, Some("not_found"))
+    );
+    match ureq::get(&server.url("/v1/completions")).call() {
+        Err(ureq::Error::Status(405, _)) => {}
+        other => panic!("GET /v1/completions: {other:?}"),
+    }
+
+    let (code, said) = server.stop();
+    assert_eq!(code, Some(0), "{said:#?}");
+    let summary = said
+        .iter()
+        .find(|l| l.contains("batched steps"))
+        .unwrap_or_else(|| panic!("no summary in {said:#?}"));
+    let mean: f64 = summary
+        .split("mean batch ")
+        .nth(1)
+        .and_then(|m| m.trim_end_matches(')').parse().ok())
+        .unwrap();
+    assert!(
+        mean > 1.0,
+        "the concurrent requests shared steps: {summary}"
+    );
+}
+
+#[test]
+fn a_verified_artifact_is_served_from_its_evidence_and_one_without_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let artifact = packed(dir.path(), "tiny");
+    let out = minirun()
+        .arg("serve")
+        .arg(&artifact)
+        .args(["--port", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no verification evidence") && err.contains("minirun verify"),
+        "{err}"
+    );
+
+    ok(minirun().arg("verify").arg(&artifact).output().unwrap());
+    let server = Server::start(&artifact, &[]);
+    let models: Value = ureq::get(&server.url("/v1/models"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(models["data"][0]["verified"], true);
+    let answer = server
+        .post(
+            "/v1/completions",
+            &json!({"prompt": "The clockmaker", "max_tokens": 4, "temperature": 0}),
+        )
+        .unwrap();
+    let ran = run_json(&artifact, "The clockmaker", 4, false, &[]);
+    assert_eq!(text_of(&answer), ran["text"].as_str().unwrap());
+
+    let out = minirun()
+        .arg("serve")
+        .arg(&artifact)
+        .args(["--port", "0", "--budget", "1KiB"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("floor"),
+        "a budget below the floor is refused"
+    );
+}
+
+/// The venv's python, creating the venv and installing the client if needed.
+fn client_python() -> PathBuf {
+    let venv =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("openai-{OPENAI_VERSION}-minirun"));
+    let python = venv.join("bin/python");
+    if python.exists() {
+        return python;
+    }
+    let made = Command::new("python3")
+        .args(["-m", "venv"])
+        .arg(&venv)
+        .status()
+        .expect("python3 is needed for the openai client test");
+    assert!(made.success(), "python3 -m venv {} failed", venv.display());
+    let installed = Command::new(venv.join("bin/pip"))
+        .args(["install", "--quiet", &format!("openai=={OPENAI_VERSION}")])
+        .status()
+        .unwrap();
+    if !installed.success() {
+        let _ = std::fs::remove_dir_all(&venv);
+        panic!("pip install openai=={OPENAI_VERSION} failed: the test needs the PyPI registry");
+    }
+    python
+}
+
+#[test]
+fn the_official_openai_client_chats_streams_and_completes() {
+    let python = client_python();
+    let dir = tempfile::tempdir().unwrap();
+    let artifact = packed(dir.path(), "tiny");
+    let server = Server::start(&artifact, &["--unverified"]);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/openai_chat_check.py");
+    let out = Command::new(python)
+        .arg(script)
+        .args([&server.url("/v1"), "tiny", "Count to three.", "10"])
+        .output()
+        .unwrap();
+    let result: Value = serde_json::from_slice(&ok(out).stdout).unwrap();
+    let chat = run_json(&artifact, "Count to three.", 10, true, &[]);
+    assert_eq!(result["chat"], chat["text"]);
+    assert_eq!(result["usage"]["prompt_tokens"], chat["prompt_tokens"]);
+    let completion = run_json(&artifact, "Count to three.", 10, false, &[]);
+    assert_eq!(result["completion"], completion["text"]);
+}
