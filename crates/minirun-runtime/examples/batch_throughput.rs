@@ -147,7 +147,9 @@ fn main() {
         eprintln!("batch_throughput: {e}");
         std::process::exit(1)
     });
-    let model = session.planned_model(&plan, experts).expect("the model loads");
+    let model = session
+        .planned_model(&plan, experts)
+        .expect("the model loads");
     for line in session.header().into_iter().chain(plan.describe()) {
         eprintln!("{line}");
     }

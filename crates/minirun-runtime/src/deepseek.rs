@@ -14,8 +14,9 @@ use crate::experts::{ExpertCache, ExpertParts, STACKED, routed_experts};
 use crate::kernels::{Format, QMatrix};
 use crate::layer_stream::{self, LayerStream, LoadedLayer, Source};
 use crate::layers::{
-    Activation, LatentDims, LatentProjections, Mlp, RoutedExperts, Routing, Streaming, add_rows,
-    apply_batch, attend_latent, rms_norm, run_routed, stacked_experts, weighted_sum,
+    Activation, LatentDims, LatentProjections, Logits, Mlp, RoutedExperts, Routing, Rows,
+    Streaming, add_rows, apply_batch, attend_latent, rms_norm, run_routed, stacked_experts,
+    weighted_sum,
 };
 pub use crate::layers::{ModelError, StepStats};
 use crate::model::{Decoder, check_batch};
@@ -417,7 +418,7 @@ impl Decoder for DeepSeekV3<'_> {
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         check_batch(tokens, caches)?;
         let before: Vec<usize> = caches.iter().map(|c| c.len).collect();
-        let rows = Rows::one_per_cache(caches);
+        let rows = Rows::one_each(caches.iter().map(|c| c.len));
         let result = self.forward_rows(tokens, &rows, caches, Logits::Every, stats);
         if result.is_err() {
             for (cache, len) in caches.iter_mut().zip(before) {
@@ -723,39 +724,5 @@ impl<'a> DeepSeekV3<'a> {
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         Ok(a.latent.heads_out(mixed, self.latent_dims(), stats)?)
-    }
-}
-
-/// Which logits a pass returns.
-#[derive(Debug, Clone, Copy)]
-enum Logits {
-    None,
-    /// The last row's (a prompt's).
-    Last,
-    /// Every row's (one per sequence of a batch step).
-    Every,
-}
-
-/// Where each row of a pass goes: its cache (an index into the pass's caches) and position.
-struct Rows {
-    cache: Vec<usize>,
-    position: Vec<usize>,
-}
-
-impl Rows {
-    /// `count` consecutive positions of one cache holding `cached`.
-    fn consecutive(cached: usize, count: usize) -> Rows {
-        Rows {
-            cache: vec![0; count],
-            position: (cached..cached + count).collect(),
-        }
-    }
-
-    /// One row per cache, at its next position.
-    fn one_per_cache(caches: &[&mut Cache]) -> Rows {
-        Rows {
-            cache: (0..caches.len()).collect(),
-            position: caches.iter().map(|c| c.len).collect(),
-        }
     }
 }

@@ -18,11 +18,11 @@ use crate::kernels::{Format, KernelError, QMatrix};
 use crate::kimi_k3_config::KimiK3Config;
 use crate::layer_stream::{self, LayerStream, LoadedLayer, Source};
 use crate::layers::{
-    Activation, LatentDims, LatentProjections, Mlp, ModelError, RoutedExperts, Routing, StepStats,
-    Streaming, add_rows, apply, apply_batch, attend_latent, check_prompt, in_chunks, rms_norm,
-    run_routed, sigmoid, silu, stacked_experts, weighted_sum,
+    Activation, LatentDims, LatentProjections, Logits, Mlp, ModelError, RoutedExperts, Routing,
+    Rows, StepStats, Streaming, add_rows, apply_batch, attend_latent, check_prompt, in_chunks,
+    rms_norm, run_routed, sigmoid, silu, stacked_experts, weighted_sum,
 };
-use crate::model::Decoder;
+use crate::model::{Decoder, check_batch};
 use crate::plan::{DEFAULT_READS_IN_FLIGHT, ExpertMap, Mode, Plan, Shape};
 
 /// Prompt positions run through the layers together (as for DeepSeek-V3).
@@ -743,10 +743,51 @@ impl Decoder for KimiK3<'_> {
             c.max_position_embeddings,
         )?;
         let result = in_chunks(tokens, PREFILL_CHUNK, |chunk, wanted| {
-            self.forward_positions(chunk, wanted, cache, stats)
+            let rows = Rows::consecutive(cache.len, chunk.len());
+            let logits = match wanted {
+                true => Logits::Last,
+                false => Logits::None,
+            };
+            let mut one = [&mut *cache];
+            self.forward_rows(chunk, &rows, &mut one, logits, stats)
+                .map(|mut l| l.pop().unwrap_or_default())
         });
         cache.broken |= result.is_err();
         result
+    }
+
+    /// Every sequence's token as one row of one batch through every layer: each matrix, and
+    /// each streamed layer and expert, read once for all the rows; each row gets the bits `step`
+    /// gives it alone (the projections compute rows independently; the convolution, the delta
+    /// rule and attention read the row's own cache). A bad token or a full context is refused
+    /// before any cache changes; an error after that leaves every cache of the batch broken.
+    fn step_batch(
+        &self,
+        tokens: &[u32],
+        caches: &mut [&mut Cache],
+        stats: &mut StepStats,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let c = &self.config;
+        check_batch(tokens, caches)?;
+        for (token, cache) in tokens.iter().zip(caches.iter()) {
+            check_prompt(
+                std::slice::from_ref(token),
+                cache.len,
+                cache.broken,
+                c.vocab_size,
+                c.max_position_embeddings,
+            )?;
+        }
+        let rows = Rows::one_each(caches.iter().map(|c| c.len));
+        let result = self.forward_rows(tokens, &rows, caches, Logits::Every, stats);
+        if result.is_err() {
+            caches.iter_mut().for_each(|c| c.broken = true);
+        }
+        result
+    }
+
+    fn batches_reads(&self) -> bool {
+        true
     }
 
     /// Bytes of routed experts the cache holds now, and the most it held at once; `None` for a
@@ -826,13 +867,16 @@ impl<'a> KimiK3<'a> {
         })
     }
 
-    fn forward_positions(
+    /// `tokens` through every layer, row `r` at `rows.position[r]` of `caches[rows.cache[r]]`;
+    /// the logits `logits` asks for.
+    fn forward_rows(
         &self,
         tokens: &[u32],
-        logits: bool,
-        cache: &mut Cache,
+        rows: &Rows,
+        caches: &mut [&mut Cache],
+        logits: Logits,
         stats: &mut StepStats,
-    ) -> Result<Vec<f32>, ModelError> {
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
         let c = &self.config;
         let mut partials = Vec::with_capacity(tokens.len());
         for &token in tokens {
@@ -847,12 +891,12 @@ impl<'a> KimiK3<'a> {
                 eps: c.rms_norm_eps,
             })
             .collect();
-        let mut state = (partials, blocks, cache);
+        let mut state = (partials, blocks, caches);
         self.stream.run(
             self.artifact,
             &mut state,
             stats,
-            |(partials, blocks, cache), i, loaded, stats| {
+            |(partials, blocks, caches), i, loaded, stats| {
                 let built;
                 let layer = match (loaded, &self.layers[i]) {
                     (Some(loaded), _) => {
@@ -867,24 +911,26 @@ impl<'a> KimiK3<'a> {
                         }));
                     }
                 };
-                let start = cache.len;
-                let layer_cache = cache.layers.get_mut(i).ok_or(KernelError::Length {
-                    what: "cache layers",
-                    expected: i + 1,
-                    actual: 0,
-                })?;
-                self.run_layer(layer, partials, blocks, start, layer_cache, stats)
+                let at = Place { layer: i, rows };
+                self.run_layer(layer, at, partials, blocks, caches, stats)
             },
-            |(partials, blocks, cache), stats| {
-                cache.len += tokens.len();
-                match (logits, partials.last(), blocks.last()) {
-                    (true, Some(h), Some(b)) => {
-                        let h = b.mix(h, &self.output_mix);
-                        let x = rms_norm(&h, &self.norm, c.rms_norm_eps);
-                        Ok(apply(&self.lm_head, &x, stats)?)
-                    }
-                    _ => Ok(Vec::new()),
+            |(partials, blocks, caches), stats| {
+                for &seq in &rows.cache {
+                    caches[seq].len += 1;
                 }
+                let last = partials.len().saturating_sub(1);
+                let wanted = match logits {
+                    Logits::None => return Ok(Vec::new()),
+                    Logits::Last => last..partials.len(),
+                    Logits::Every => 0..partials.len(),
+                };
+                let xs: Vec<Vec<f32>> = wanted
+                    .map(|r| {
+                        let h = blocks[r].mix(&partials[r], &self.output_mix);
+                        rms_norm(&h, &self.norm, c.rms_norm_eps)
+                    })
+                    .collect();
+                Ok(apply_batch(&self.lm_head, &xs, stats)?)
             },
         )
     }
@@ -911,15 +957,15 @@ impl<'a> KimiK3<'a> {
         self.stream.read_for_next_step()
     }
 
-    /// One layer for a chunk of positions: `partials` holds each position's partial sum of the
-    /// current block and `blocks` its closed blocks.
+    /// One layer for a batch of rows: `partials` holds each row's partial sum of the current
+    /// block and `blocks` its closed blocks.
     fn run_layer(
         &self,
         layer: &Layer,
+        at: Place,
         partials: &mut Vec<Vec<f32>>,
         blocks: &mut [Blocks],
-        start: usize,
-        state: &mut LayerCache,
+        caches: &mut [&mut Cache],
         stats: &mut StepStats,
     ) -> Result<(), ModelError> {
         let eps = self.config.rms_norm_eps;
@@ -928,20 +974,9 @@ impl<'a> KimiK3<'a> {
             .zip(blocks.iter())
             .map(|(p, b)| rms_norm(&b.mix(p, &layer.attention_mix), &layer.input_norm, eps))
             .collect();
-        let attended = match (&layer.mixer, state) {
-            (Mixer::Kda(kda), LayerCache::Kda { conv, state }) => {
-                self.kda(kda, &xs, conv, state, stats)?
-            }
-            (Mixer::Mla(mla), LayerCache::Mla { latent, key }) => {
-                self.mla(mla, &xs, start, latent, key, stats)?
-            }
-            _ => {
-                return Err(ModelError::Kernel(KernelError::Length {
-                    what: "cache layer kinds",
-                    expected: 0,
-                    actual: 1,
-                }));
-            }
+        let attended = match &layer.mixer {
+            Mixer::Kda(kda) => self.kda(kda, &xs, at, caches, stats)?,
+            Mixer::Mla(mla) => self.mla(mla, &xs, at, caches, stats)?,
         };
         if layer.block_start {
             for (p, b) in partials.iter().zip(blocks.iter_mut()) {
@@ -964,14 +999,14 @@ impl<'a> KimiK3<'a> {
         Ok(())
     }
 
-    /// KDA for a chunk: the projections for every position at once, then per position the
-    /// convolution and the delta rule, in order, through the cached state.
+    /// KDA for a batch of rows: the projections for every row at once, then per row, in order,
+    /// the convolution and the delta rule through its cache's state.
     fn kda(
         &self,
         w: &Kda,
         xs: &[Vec<f32>],
-        conv_state: &mut [f32],
-        state: &mut [f32],
+        at: Place,
+        caches: &mut [&mut Cache],
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         let k = &self.config.kda;
@@ -988,6 +1023,7 @@ impl<'a> KimiK3<'a> {
         let out_gates = apply_batch(&w.g, xs, stats)?;
         let mut outs = Vec::with_capacity(xs.len());
         for t in 0..xs.len() {
+            let (conv_state, state) = at.kda_state(caches, t)?;
             let mixed = self.convolve(w, &qkv[t], conv_state);
             let mut y = vec![0f32; projection];
             for h in 0..heads {
@@ -1035,15 +1071,14 @@ impl<'a> KimiK3<'a> {
         out
     }
 
-    /// NoPE MLA for a chunk: every position's latent and key join the cache first, then each
-    /// position attends to the cache up to itself.
+    /// NoPE MLA for a batch of rows: every row's latent and key join its cache first, then
+    /// each row attends to its cache up to its own position.
     fn mla(
         &self,
         w: &Mla,
         xs: &[Vec<f32>],
-        start: usize,
-        latents: &mut Vec<f32>,
-        keys: &mut Vec<f32>,
+        at: Place,
+        caches: &mut [&mut Cache],
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         let c = &self.config;
@@ -1061,7 +1096,8 @@ impl<'a> KimiK3<'a> {
             .map(|q| rms_norm(q, &w.q_a_norm, LATENT_NORM_EPS))
             .collect();
         let qs = apply_batch(&w.q_b, &latent_q, stats)?;
-        for kv in apply_batch(&w.kv_a, xs, stats)? {
+        for (t, kv) in apply_batch(&w.kv_a, xs, stats)?.iter().enumerate() {
+            let (latents, keys) = at.mla_state(caches, t)?;
             latents.extend(rms_norm(&kv[..lora], &w.kv_a_norm, LATENT_NORM_EPS));
             keys.extend_from_slice(&kv[lora..]);
         }
@@ -1073,21 +1109,21 @@ impl<'a> KimiK3<'a> {
             lora,
         };
         let q_latents = w.latent.queries(&qs, dims, stats)?;
-        let mixed: Vec<Vec<Vec<f32>>> = q_latents
-            .iter()
-            .zip(&qs)
-            .enumerate()
-            .map(|(t, (per_head, q))| {
+        let mut mixed: Vec<Vec<Vec<f32>>> = Vec::with_capacity(qs.len());
+        for (t, (per_head, q)) in q_latents.iter().zip(&qs).enumerate() {
+            let (latents, keys) = at.mla_state(caches, t)?;
+            let steps = at.rows.position[t] + 1;
+            mixed.push(
                 per_head
                     .iter()
                     .enumerate()
                     .map(|(h, q_latent)| {
                         let q_pe = &q[h * width + nope..(h + 1) * width];
-                        attend_latent(q_latent, q_pe, latents, keys, start + t + 1, scale)
+                        attend_latent(q_latent, q_pe, latents, keys, steps, scale)
                     })
-                    .collect()
-            })
-            .collect();
+                    .collect(),
+            );
+        }
         let mut outs = w.latent.heads_out(&mixed, dims, stats)?;
         if let Some(gate) = &w.gate {
             for (out, g) in outs.iter_mut().zip(apply_batch(gate, xs, stats)?) {
@@ -1186,4 +1222,62 @@ fn delta_rule(
         out[i] = row.iter().zip(q).map(|(s, q)| s * q).sum();
     }
     out
+}
+
+/// The layer a pass is in and where its rows go.
+#[derive(Clone, Copy)]
+struct Place<'r> {
+    layer: usize,
+    rows: &'r Rows,
+}
+
+impl Place<'_> {
+    fn layer_cache<'c>(
+        &self,
+        caches: &'c mut [&mut Cache],
+        row: usize,
+    ) -> Result<&'c mut LayerCache, ModelError> {
+        let missing = || {
+            ModelError::Kernel(KernelError::Length {
+                what: "cache layers",
+                expected: self.layer + 1,
+                actual: 0,
+            })
+        };
+        let seq = *self.rows.cache.get(row).ok_or_else(missing)?;
+        let cache = caches.get_mut(seq).ok_or_else(missing)?;
+        cache.layers.get_mut(self.layer).ok_or_else(missing)
+    }
+
+    /// Row `row`'s convolution inputs and recurrent state of this (KDA) layer.
+    fn kda_state<'c>(
+        &self,
+        caches: &'c mut [&mut Cache],
+        row: usize,
+    ) -> Result<(&'c mut [f32], &'c mut [f32]), ModelError> {
+        match self.layer_cache(caches, row)? {
+            LayerCache::Kda { conv, state } => Ok((conv, state)),
+            LayerCache::Mla { .. } => Err(wrong_kind()),
+        }
+    }
+
+    /// Row `row`'s cached latents and keys of this (MLA) layer.
+    fn mla_state<'c>(
+        &self,
+        caches: &'c mut [&mut Cache],
+        row: usize,
+    ) -> Result<(&'c mut Vec<f32>, &'c mut Vec<f32>), ModelError> {
+        match self.layer_cache(caches, row)? {
+            LayerCache::Mla { latent, key } => Ok((latent, key)),
+            LayerCache::Kda { .. } => Err(wrong_kind()),
+        }
+    }
+}
+
+fn wrong_kind() -> ModelError {
+    ModelError::Kernel(KernelError::Length {
+        what: "cache layer kinds",
+        expected: 0,
+        actual: 1,
+    })
 }

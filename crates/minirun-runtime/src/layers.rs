@@ -90,6 +90,42 @@ pub(crate) fn check_prompt(
     Ok(())
 }
 
+/// Which logits a pass returns.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Logits {
+    None,
+    /// The last row's (a prompt's).
+    Last,
+    /// Every row's (one per sequence of a batch step).
+    Every,
+}
+
+/// Where each row of a pass goes: its sequence's cache (an index into the pass's caches) and
+/// its position there.
+pub(crate) struct Rows {
+    pub cache: Vec<usize>,
+    pub position: Vec<usize>,
+}
+
+impl Rows {
+    /// `count` consecutive positions of one cache holding `cached`.
+    pub fn consecutive(cached: usize, count: usize) -> Rows {
+        Rows {
+            cache: vec![0; count],
+            position: (cached..cached + count).collect(),
+        }
+    }
+
+    /// One row per cache, at its next position (each holding `cached`).
+    pub fn one_each(cached: impl IntoIterator<Item = usize>) -> Rows {
+        let position: Vec<usize> = cached.into_iter().collect();
+        Rows {
+            cache: (0..position.len()).collect(),
+            position,
+        }
+    }
+}
+
 /// `forward` over `tokens` `chunk` at a time, the logits asked of the last chunk only; those.
 pub(crate) fn in_chunks(
     tokens: &[u32],
