@@ -29,10 +29,11 @@ use crate::experts::{ExpertCache, routed_experts};
 use crate::kernels::{KernelError, QMatrix};
 use crate::layer_stream::{self, LayerStream, LoadedLayer, Source};
 use crate::layers::{
-    Activation, Mlp, ModelError, RoutedExperts, StepStats, Streaming, add_rows, apply, apply_batch,
-    check_prompt, in_chunks, rms_norm, run_routed, sigmoid, top_k, weighted_sum,
+    Activation, LayeredCache, Logits, Mlp, ModelError, Place, RoutedExperts, Rows, StepStats,
+    Streaming, add_rows, apply_batch, check_prompt, in_chunks, rms_norm, run_routed, sigmoid,
+    top_k, weighted_sum,
 };
-use crate::model::Decoder;
+use crate::model::{Decoder, check_batch};
 use crate::plan::{DEFAULT_READS_IN_FLIGHT, ExpertMap, Mode, Plan, Shape};
 use crate::rope::Rope;
 
@@ -121,7 +122,7 @@ impl CompressorState {
 }
 
 #[derive(Clone, Default)]
-struct LayerCache {
+pub(crate) struct LayerCache {
     /// The last `sliding_window - 1` K=V rows, oldest first, `[rows, head_dim]`.
     window: Vec<f32>,
     compressor: CompressorState,
@@ -462,10 +463,51 @@ impl Decoder for DeepSeekV4<'_> {
             c.max_position_embeddings,
         )?;
         let result = in_chunks(tokens, PREFILL_CHUNK, |chunk, wanted| {
-            self.forward_positions(chunk, wanted, cache, stats)
+            let rows = Rows::consecutive(cache.len, chunk.len());
+            let logits = match wanted {
+                true => Logits::Last,
+                false => Logits::None,
+            };
+            let mut one = [&mut *cache];
+            self.forward_rows(chunk, &rows, &mut one, logits, stats)
+                .map(|mut l| l.pop().unwrap_or_default())
         });
         cache.broken |= result.is_err();
         result
+    }
+
+    /// Every sequence's token as one row of one batch through every layer: each matrix, and
+    /// each streamed layer and expert, read once for all the rows; each row gets the bits `step`
+    /// gives it alone (the projections compute rows independently; the window, the compressors
+    /// and the indexer are the row's own cache). A bad token or a full context is refused
+    /// before any cache changes; an error after that leaves every cache of the batch broken.
+    fn step_batch(
+        &self,
+        tokens: &[u32],
+        caches: &mut [&mut Cache],
+        stats: &mut StepStats,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let c = &self.config;
+        check_batch(tokens, caches)?;
+        for (token, cache) in tokens.iter().zip(caches.iter()) {
+            check_prompt(
+                std::slice::from_ref(token),
+                cache.len,
+                cache.broken,
+                c.vocab_size,
+                c.max_position_embeddings,
+            )?;
+        }
+        let rows = Rows::one_each(caches.iter().map(|c| c.len));
+        let result = self.forward_rows(tokens, &rows, caches, Logits::Every, stats);
+        if result.is_err() {
+            caches.iter_mut().for_each(|c| c.broken = true);
+        }
+        result
+    }
+
+    fn batches_reads(&self) -> bool {
+        true
     }
 
     fn expert_memory(&self) -> Option<(u64, u64)> {
@@ -560,13 +602,16 @@ impl<'a> DeepSeekV4<'a> {
         })
     }
 
-    fn forward_positions(
+    /// `tokens` through every layer, row `r` at `rows.position[r]` of `caches[rows.cache[r]]`;
+    /// the logits `logits` asks for.
+    fn forward_rows(
         &self,
         tokens: &[u32],
-        logits: bool,
-        cache: &mut Cache,
+        rows: &Rows,
+        caches: &mut [&mut Cache],
+        logits: Logits,
         stats: &mut StepStats,
-    ) -> Result<Vec<f32>, ModelError> {
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
         let c = &self.config;
         let (n, hidden) = (c.hc_mult, c.hidden_size);
         let mut streams = Vec::with_capacity(tokens.len());
@@ -576,12 +621,12 @@ impl<'a> DeepSeekV4<'a> {
             stats.weight_bytes += (self.embed.stored_bytes() / self.embed.rows) as u64;
             streams.push(h.repeat(n));
         }
-        let mut state = (streams, cache);
+        let mut state = (streams, caches);
         self.stream.run(
             self.artifact,
             &mut state,
             stats,
-            |(streams, cache), i, loaded, stats| {
+            |(streams, caches), i, loaded, stats| {
                 let built;
                 let layer = match (loaded, &self.layers[i]) {
                     (Some(loaded), _) => {
@@ -596,25 +641,27 @@ impl<'a> DeepSeekV4<'a> {
                         )));
                     }
                 };
-                let start = cache.len;
-                let layer_cache = cache.layers.get_mut(i).ok_or(KernelError::Length {
-                    what: "cache layers",
-                    expected: i + 1,
-                    actual: 0,
-                })?;
-                self.run_layer(i, layer, tokens, streams, start, layer_cache, stats)
+                let at = Place { layer: i, rows };
+                self.run_layer(at, layer, tokens, streams, caches, stats)
             },
-            |(streams, cache), stats| {
-                cache.len += tokens.len();
-                match (logits, streams.last()) {
-                    (true, Some(x)) => {
-                        let (weights, base, scale) = &self.head_hc;
-                        let h = head_collapse(x, weights, base, *scale, c);
-                        let x = rms_norm(&h, &self.norm, c.rms_norm_eps);
-                        Ok(apply(&self.lm_head, &x, stats)?)
-                    }
-                    _ => Ok(Vec::new()),
+            |(streams, caches), stats| {
+                for &seq in &rows.cache {
+                    caches[seq].len += 1;
                 }
+                let last = streams.len().saturating_sub(1);
+                let wanted = match logits {
+                    Logits::None => return Ok(Vec::new()),
+                    Logits::Last => last..streams.len(),
+                    Logits::Every => 0..streams.len(),
+                };
+                let (weights, base, scale) = &self.head_hc;
+                let xs: Vec<Vec<f32>> = wanted
+                    .map(|r| {
+                        let h = head_collapse(&streams[r], weights, base, *scale, c);
+                        rms_norm(&h, &self.norm, c.rms_norm_eps)
+                    })
+                    .collect();
+                Ok(apply_batch(&self.lm_head, &xs, stats)?)
             },
         )
     }
@@ -633,25 +680,24 @@ impl<'a> DeepSeekV4<'a> {
         Ok(loader.layer(i)?)
     }
 
-    /// One layer for a chunk of positions: attention, then the mixture of experts, each inside
-    /// its hyper-connection.
-    #[allow(clippy::too_many_arguments)]
+    /// One layer for a batch of rows: attention, then the mixture of experts, each inside its
+    /// hyper-connection.
     fn run_layer(
         &self,
-        i: usize,
+        at: Place,
         layer: &Layer,
         tokens: &[u32],
         streams: &mut [Vec<f32>],
-        start: usize,
-        state: &mut LayerCache,
+        caches: &mut [&mut Cache],
         stats: &mut StepStats,
     ) -> Result<(), ModelError> {
         let c = &self.config;
+        let kind = c.attention[at.layer];
         self.in_hyper_connection(&layer.attn_hc, &layer.attn_norm, streams, |xs| {
-            self.attention(&layer.attention, c.attention[i], xs, start, state, stats)
+            self.attention(&layer.attention, kind, xs, at, caches, stats)
         })?;
         self.in_hyper_connection(&layer.ffn_hc, &layer.ffn_norm, streams, |xs| {
-            self.moe(&layer.moe, i, tokens, xs, stats)
+            self.moe(&layer.moe, at.layer, tokens, xs, stats)
         })
     }
 
@@ -677,15 +723,15 @@ impl<'a> DeepSeekV4<'a> {
         Ok(())
     }
 
-    /// Attention for a chunk: the projections for every position at once, then per position
-    /// the window, the compressors and the indexer in order through the cache.
+    /// Attention for a batch of rows: the projections for every row at once, then per row, in
+    /// order, the window, the compressors and the indexer through its cache.
     fn attention(
         &self,
         w: &AttentionWeights,
         kind: Attention,
         xs: &[Vec<f32>],
-        start: usize,
-        state: &mut LayerCache,
+        at: Place,
+        caches: &mut [&mut Cache],
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         let c = &self.config;
@@ -719,7 +765,8 @@ impl<'a> DeepSeekV4<'a> {
         };
         let mut outs = Vec::with_capacity(xs.len());
         for (p, (q, kv)) in queries.iter().zip(&kvs).enumerate() {
-            let position = start + p;
+            let position = at.rows.position[p];
+            let state = at.layer_cache(caches, p)?;
             let mut q = q.clone();
             for head in q.chunks_exact_mut(d) {
                 unweighted_norm(head, eps);
@@ -1139,4 +1186,12 @@ fn head_collapse(
         h.iter_mut().zip(x).for_each(|(h, v)| *h += p * v);
     }
     h
+}
+
+impl LayeredCache for Cache {
+    type Layer = LayerCache;
+
+    fn layers_mut(&mut self) -> &mut [LayerCache] {
+        &mut self.layers
+    }
 }

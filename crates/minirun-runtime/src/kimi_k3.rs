@@ -18,9 +18,9 @@ use crate::kernels::{Format, KernelError, QMatrix};
 use crate::kimi_k3_config::KimiK3Config;
 use crate::layer_stream::{self, LayerStream, LoadedLayer, Source};
 use crate::layers::{
-    Activation, LatentDims, LatentProjections, Logits, Mlp, ModelError, RoutedExperts, Routing,
-    Rows, StepStats, Streaming, add_rows, apply_batch, attend_latent, check_prompt, in_chunks,
-    rms_norm, run_routed, sigmoid, silu, stacked_experts, weighted_sum,
+    Activation, LatentDims, LatentProjections, LayeredCache, Logits, Mlp, ModelError, Place,
+    RoutedExperts, Routing, Rows, StepStats, Streaming, add_rows, apply_batch, attend_latent,
+    check_prompt, in_chunks, rms_norm, run_routed, sigmoid, silu, stacked_experts, weighted_sum,
 };
 use crate::model::{Decoder, check_batch};
 use crate::plan::{DEFAULT_READS_IN_FLIGHT, ExpertMap, Mode, Plan, Shape};
@@ -98,7 +98,7 @@ struct Layer<'a> {
 
 /// One layer's cached state.
 #[derive(Clone)]
-enum LayerCache {
+pub(crate) enum LayerCache {
     /// The convolution's last `kernel - 1` inputs (`[kernel - 1, channels]`, oldest first) and
     /// the delta rule's state (`[heads, v, k]`).
     Kda { conv: Vec<f32>, state: Vec<f32> },
@@ -1023,7 +1023,7 @@ impl<'a> KimiK3<'a> {
         let out_gates = apply_batch(&w.g, xs, stats)?;
         let mut outs = Vec::with_capacity(xs.len());
         for t in 0..xs.len() {
-            let (conv_state, state) = at.kda_state(caches, t)?;
+            let (conv_state, state) = kda_state(at, caches, t)?;
             let mixed = self.convolve(w, &qkv[t], conv_state);
             let mut y = vec![0f32; projection];
             for h in 0..heads {
@@ -1097,7 +1097,7 @@ impl<'a> KimiK3<'a> {
             .collect();
         let qs = apply_batch(&w.q_b, &latent_q, stats)?;
         for (t, kv) in apply_batch(&w.kv_a, xs, stats)?.iter().enumerate() {
-            let (latents, keys) = at.mla_state(caches, t)?;
+            let (latents, keys) = mla_state(at, caches, t)?;
             latents.extend(rms_norm(&kv[..lora], &w.kv_a_norm, LATENT_NORM_EPS));
             keys.extend_from_slice(&kv[lora..]);
         }
@@ -1111,7 +1111,7 @@ impl<'a> KimiK3<'a> {
         let q_latents = w.latent.queries(&qs, dims, stats)?;
         let mut mixed: Vec<Vec<Vec<f32>>> = Vec::with_capacity(qs.len());
         for (t, (per_head, q)) in q_latents.iter().zip(&qs).enumerate() {
-            let (latents, keys) = at.mla_state(caches, t)?;
+            let (latents, keys) = mla_state(at, caches, t)?;
             let steps = at.rows.position[t] + 1;
             mixed.push(
                 per_head
@@ -1224,53 +1224,35 @@ fn delta_rule(
     out
 }
 
-/// The layer a pass is in and where its rows go.
-#[derive(Clone, Copy)]
-struct Place<'r> {
-    layer: usize,
-    rows: &'r Rows,
+impl LayeredCache for Cache {
+    type Layer = LayerCache;
+
+    fn layers_mut(&mut self) -> &mut [LayerCache] {
+        &mut self.layers
+    }
 }
 
-impl Place<'_> {
-    fn layer_cache<'c>(
-        &self,
-        caches: &'c mut [&mut Cache],
-        row: usize,
-    ) -> Result<&'c mut LayerCache, ModelError> {
-        let missing = || {
-            ModelError::Kernel(KernelError::Length {
-                what: "cache layers",
-                expected: self.layer + 1,
-                actual: 0,
-            })
-        };
-        let seq = *self.rows.cache.get(row).ok_or_else(missing)?;
-        let cache = caches.get_mut(seq).ok_or_else(missing)?;
-        cache.layers.get_mut(self.layer).ok_or_else(missing)
+/// Row `row`'s convolution inputs and recurrent state of a KDA layer.
+fn kda_state<'c>(
+    at: Place,
+    caches: &'c mut [&mut Cache],
+    row: usize,
+) -> Result<(&'c mut [f32], &'c mut [f32]), ModelError> {
+    match at.layer_cache(caches, row)? {
+        LayerCache::Kda { conv, state } => Ok((conv, state)),
+        LayerCache::Mla { .. } => Err(wrong_kind()),
     }
+}
 
-    /// Row `row`'s convolution inputs and recurrent state of this (KDA) layer.
-    fn kda_state<'c>(
-        &self,
-        caches: &'c mut [&mut Cache],
-        row: usize,
-    ) -> Result<(&'c mut [f32], &'c mut [f32]), ModelError> {
-        match self.layer_cache(caches, row)? {
-            LayerCache::Kda { conv, state } => Ok((conv, state)),
-            LayerCache::Mla { .. } => Err(wrong_kind()),
-        }
-    }
-
-    /// Row `row`'s cached latents and keys of this (MLA) layer.
-    fn mla_state<'c>(
-        &self,
-        caches: &'c mut [&mut Cache],
-        row: usize,
-    ) -> Result<(&'c mut Vec<f32>, &'c mut Vec<f32>), ModelError> {
-        match self.layer_cache(caches, row)? {
-            LayerCache::Mla { latent, key } => Ok((latent, key)),
-            LayerCache::Kda { .. } => Err(wrong_kind()),
-        }
+/// Row `row`'s cached latents and keys of an MLA layer.
+fn mla_state<'c>(
+    at: Place,
+    caches: &'c mut [&mut Cache],
+    row: usize,
+) -> Result<(&'c mut Vec<f32>, &'c mut Vec<f32>), ModelError> {
+    match at.layer_cache(caches, row)? {
+        LayerCache::Mla { latent, key } => Ok((latent, key)),
+        LayerCache::Kda { .. } => Err(wrong_kind()),
     }
 }
 

@@ -126,6 +126,42 @@ impl Rows {
     }
 }
 
+/// A cache kept per layer, whose layer `i` a pass's row reads and extends.
+pub(crate) trait LayeredCache {
+    type Layer;
+
+    fn layers_mut(&mut self) -> &mut [Self::Layer];
+}
+
+/// The layer a pass is in, and where its rows go.
+#[derive(Clone, Copy)]
+pub(crate) struct Place<'r> {
+    pub layer: usize,
+    pub rows: &'r Rows,
+}
+
+impl Place<'_> {
+    /// Row `row`'s state of this layer, in its sequence's cache.
+    pub fn layer_cache<'c, C: LayeredCache>(
+        &self,
+        caches: &'c mut [&mut C],
+        row: usize,
+    ) -> Result<&'c mut C::Layer, ModelError> {
+        let missing = ModelError::Kernel(KernelError::Length {
+            what: "cache layers",
+            expected: self.layer + 1,
+            actual: 0,
+        });
+        let Some(&seq) = self.rows.cache.get(row) else {
+            return Err(missing);
+        };
+        match caches.get_mut(seq) {
+            Some(cache) => cache.layers_mut().get_mut(self.layer).ok_or(missing),
+            None => Err(missing),
+        }
+    }
+}
+
 /// `forward` over `tokens` `chunk` at a time, the logits asked of the last chunk only; those.
 pub(crate) fn in_chunks(
     tokens: &[u32],
