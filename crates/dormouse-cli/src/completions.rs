@@ -3,6 +3,9 @@
 
 use dormouse::sample::SamplingParams;
 use http_serve::ApiError;
+use http_serve::requests::{
+    OneOrMany, check_model, check_one_choice, invalid_json, single_prompt, stop_sequences,
+};
 use serde::Deserialize;
 
 /// Largest request body accepted, in bytes.
@@ -11,16 +14,6 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 pub const MAX_TOKENS_LIMIT: u64 = 4096;
 /// `max_tokens` when the request does not say (OpenAI's default).
 pub const DEFAULT_MAX_TOKENS: u64 = 16;
-/// At most this many stop sequences, each at most this many bytes.
-pub const MAX_STOPS: usize = 4;
-pub const MAX_STOP_BYTES: usize = 64;
-
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum OneOrMany {
-    One(String),
-    Many(Vec<String>),
-}
 
 /// The fields of a completion request this server reads; others are ignored, as OpenAI's
 /// server ignores fields it does not know.
@@ -51,44 +44,10 @@ pub struct Job {
 /// Parses and validates a request body for the model `model_id`. `seed_if_absent` seeds a
 /// request that gives no seed.
 pub fn parse_request(body: &[u8], model_id: &str, seed_if_absent: u64) -> Result<Job, ApiError> {
-    let req: CompletionRequest = serde_json::from_slice(body).map_err(|e| ApiError {
-        status: 400,
-        message: format!("the body is not a valid completion request: {e}"),
-        kind: "invalid_request_error",
-        param: None,
-        code: "invalid_json",
-    })?;
-    if let Some(model) = &req.model
-        && model != model_id
-    {
-        return Err(ApiError::unknown_model(model, model_id));
-    }
-    let prompt = match req.prompt {
-        Some(OneOrMany::One(p)) => p,
-        Some(OneOrMany::Many(mut ps)) if ps.len() == 1 => ps.remove(0),
-        Some(OneOrMany::Many(_)) => {
-            return Err(ApiError::invalid(
-                "prompt",
-                "invalid_value",
-                "give one prompt per request (a list of exactly one string at most)",
-            ));
-        }
-        None => return Err(ApiError::invalid("prompt", "missing", "prompt is required")),
-    };
-    if prompt.is_empty() {
-        return Err(ApiError::invalid(
-            "prompt",
-            "invalid_value",
-            "the prompt is empty: give at least one byte to continue",
-        ));
-    }
-    if req.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::invalid(
-            "n",
-            "invalid_value",
-            "only n = 1 is supported",
-        ));
-    }
+    let req: CompletionRequest = serde_json::from_slice(body).map_err(invalid_json)?;
+    check_model(req.model.as_deref(), model_id)?;
+    let prompt = single_prompt(req.prompt)?;
+    check_one_choice(req.n)?;
     let max_tokens = req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
     if max_tokens == 0 || max_tokens > MAX_TOKENS_LIMIT {
         return Err(ApiError::invalid(
@@ -112,24 +71,7 @@ pub fn parse_request(body: &[u8], model_id: &str, seed_if_absent: u64) -> Result
         };
         ApiError::invalid(param, "invalid_value", e.to_string())
     })?;
-    let stops: Vec<Vec<u8>> = match req.stop {
-        None => Vec::new(),
-        Some(OneOrMany::One(s)) => vec![s.into_bytes()],
-        Some(OneOrMany::Many(v)) => v.into_iter().map(String::into_bytes).collect(),
-    };
-    if stops.len() > MAX_STOPS
-        || stops
-            .iter()
-            .any(|s| s.is_empty() || s.len() > MAX_STOP_BYTES)
-    {
-        return Err(ApiError::invalid(
-            "stop",
-            "invalid_value",
-            format!(
-                "stop takes at most {MAX_STOPS} non-empty sequences of at most {MAX_STOP_BYTES} bytes"
-            ),
-        ));
-    }
+    let stops = stop_sequences(req.stop)?;
     Ok(Job {
         prompt: prompt.into_bytes(),
         max_tokens: max_tokens as usize,

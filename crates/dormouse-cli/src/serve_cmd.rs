@@ -1,7 +1,6 @@
 //! `dormouse serve`: an OpenAI-compatible HTTP server for one `.dmexp` model.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -9,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
@@ -27,7 +26,7 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 
 use http_serve::api_error::{body_refused, method_not_allowed, no_route};
-use http_serve::lifecycle::{SetOnDrop, positive_seconds, shutdown_signal, unix_now};
+use http_serve::lifecycle::{SetOnDrop, positive_seconds, unix_now};
 use http_serve::{ApiError, Finish, Limits, TextStream};
 
 use crate::completions::{Job, MAX_BODY_BYTES, parse_request};
@@ -115,12 +114,7 @@ async fn run(args: Args) -> Result<()> {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state.clone());
-    let address: SocketAddr = format!("{}:{}", args.host, args.port)
-        .parse()
-        .with_context(|| format!("{}:{} is not an address to listen on", args.host, args.port))?;
-    let listener = tokio::net::TcpListener::bind(address)
-        .await
-        .with_context(|| format!("cannot listen on {address}"))?;
+    let listener = http_serve::bind(&args.host, args.port).await?;
     let bound = listener.local_addr()?;
     eprintln!(
         "serving {} ({} params, {}) on http://{bound}/v1 (Ctrl-C to stop)",
@@ -135,14 +129,7 @@ async fn run(args: Args) -> Result<()> {
         max_body: MAX_BODY_BYTES,
         refuse: body_refused,
     };
-    let cut_off = http_serve::serve(listener, app, limits, shutdown_signal("serve")).await;
-    match cut_off {
-        0 => eprintln!("serve: stopped"),
-        n => eprintln!(
-            "serve: stopped after the {} s grace; {n} connection(s) still open were cut off",
-            args.shutdown_grace
-        ),
-    }
+    http_serve::serve_until_signal(listener, app, limits, "serve").await;
     Ok(())
 }
 

@@ -6,9 +6,10 @@
 
 pub mod api_error;
 pub mod lifecycle;
+pub mod requests;
 pub mod server;
 pub mod text_stream;
 
 pub use api_error::ApiError;
-pub use server::{Limits, serve};
+pub use server::{BindError, Limits, bind, serve, serve_until_signal};
 pub use text_stream::{Finish, TextStream};

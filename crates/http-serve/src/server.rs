@@ -80,6 +80,50 @@ pub async fn serve(
     }
 }
 
+/// The address could not be listened on.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    #[error("{host}:{port} is not an address to listen on (give an IP address as --host)")]
+    Address { host: String, port: u16 },
+    #[error("cannot listen on {address}: {source}")]
+    Listen {
+        address: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// A listener on `host:port` (port 0: any free one; `local_addr` says which).
+pub async fn bind(host: &str, port: u16) -> Result<TcpListener, BindError> {
+    let address: std::net::SocketAddr =
+        format!("{host}:{port}")
+            .parse()
+            .map_err(|_| BindError::Address {
+                host: host.to_string(),
+                port,
+            })?;
+    TcpListener::bind(address)
+        .await
+        .map_err(|source| BindError::Listen { address, source })
+}
+
+/// [`serve`] until SIGTERM or Ctrl-C, saying on stderr (as `program`) when it stopped and how
+/// many connections the grace cut off.
+pub async fn serve_until_signal(
+    listener: TcpListener,
+    app: Router,
+    limits: Limits,
+    program: &'static str,
+) {
+    let shutdown = crate::lifecycle::shutdown_signal(program);
+    match serve(listener, app, limits, shutdown).await {
+        0 => eprintln!("{program}: stopped"),
+        n => eprintln!(
+            "{program}: stopped after the {} s grace; {n} connection(s) still open were cut off",
+            limits.grace.as_secs_f64()
+        ),
+    }
+}
+
 /// Reads the whole request body within `body_timeout` (and `max_body`) before the handler
 /// runs, so that a handler never waits on a client that stopped sending.
 async fn read_body_within(req: Request, next: Next, limits: Limits) -> Response {

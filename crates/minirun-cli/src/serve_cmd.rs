@@ -2,7 +2,6 @@
 //! decoding concurrent requests as one batch (see `serve_engine`).
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -20,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use http_serve::api_error::{body_refused, method_not_allowed, no_route};
-use http_serve::lifecycle::{positive_seconds, shutdown_signal, unix_now};
+use http_serve::lifecycle::{positive_seconds, unix_now};
 use http_serve::{ApiError, Finish, Limits};
 use minirun_runtime::budget::Budget;
 use minirun_runtime::model::Decoder;
@@ -232,12 +231,7 @@ async fn listen(args: &ServeArgs, state: Arc<AppState>) -> Result<()> {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state.clone());
-    let address: SocketAddr = format!("{}:{}", args.host, args.port)
-        .parse()
-        .with_context(|| format!("{}:{} is not an address to listen on", args.host, args.port))?;
-    let listener = tokio::net::TcpListener::bind(address)
-        .await
-        .with_context(|| format!("cannot listen on {address}"))?;
+    let listener = http_serve::bind(&args.host, args.port).await?;
     let bound = listener.local_addr()?;
     eprintln!(
         "serving {} on http://{bound}/v1 (Ctrl-C to stop)",
@@ -251,14 +245,7 @@ async fn listen(args: &ServeArgs, state: Arc<AppState>) -> Result<()> {
         refuse: body_refused,
     };
     drop(state);
-    let cut_off = http_serve::serve(listener, app, limits, shutdown_signal("serve")).await;
-    match cut_off {
-        0 => eprintln!("serve: stopped"),
-        n => eprintln!(
-            "serve: stopped after the {} s grace; {n} connection(s) still open were cut off",
-            args.shutdown_grace
-        ),
-    }
+    http_serve::serve_until_signal(listener, app, limits, "serve").await;
     Ok(())
 }
 

@@ -4,6 +4,9 @@
 //! not text) is refused with the field's name rather than ignored.
 
 use http_serve::ApiError;
+use http_serve::requests::{
+    OneOrMany, check_model, check_one_choice, invalid_json, single_prompt, stop_sequences,
+};
 use minirun_runtime::generate::Sampling;
 use serde::Deserialize;
 
@@ -11,9 +14,6 @@ use serde::Deserialize;
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
 /// `max_tokens` when the request does not say (OpenAI's default for completions).
 pub const DEFAULT_MAX_TOKENS: u64 = 16;
-/// At most this many stop sequences, each at most this many bytes.
-pub const MAX_STOPS: usize = 4;
-pub const MAX_STOP_BYTES: usize = 64;
 
 /// What the model is asked to continue.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,13 +33,6 @@ pub struct Ask {
     pub sampling: Sampling,
     pub stops: Vec<Vec<u8>>,
     pub stream: bool,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum OneOrMany {
-    One(String),
-    Many(Vec<String>),
 }
 
 /// The fields read from either request; others are ignored, as OpenAI's server ignores
@@ -91,39 +84,11 @@ struct Part {
     text: Option<String>,
 }
 
-fn invalid_json(e: serde_json::Error) -> ApiError {
-    ApiError {
-        status: 400,
-        message: format!("the body is not a valid request: {e}"),
-        kind: "invalid_request_error",
-        param: None,
-        code: "invalid_json",
-    }
-}
-
 /// A `/v1/completions` body for the model `model_id`; `seed_if_absent` seeds a request that
 /// gives no seed.
 pub fn completion(body: &[u8], model_id: &str, seed_if_absent: u64) -> Result<Ask, ApiError> {
     let req: CompletionBody = serde_json::from_slice(body).map_err(invalid_json)?;
-    let prompt = match req.prompt {
-        Some(OneOrMany::One(p)) => p,
-        Some(OneOrMany::Many(mut ps)) if ps.len() == 1 => ps.remove(0),
-        Some(OneOrMany::Many(_)) => {
-            return Err(ApiError::invalid(
-                "prompt",
-                "invalid_value",
-                "give one prompt per request (a list of exactly one string at most)",
-            ));
-        }
-        None => return Err(ApiError::invalid("prompt", "missing", "prompt is required")),
-    };
-    if prompt.is_empty() {
-        return Err(ApiError::invalid(
-            "prompt",
-            "invalid_value",
-            "the prompt is empty: give some text to continue",
-        ));
-    }
+    let prompt = single_prompt(req.prompt)?;
     let max_tokens = Some(req.common.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS));
     finish(
         Prompt::Text(prompt),
@@ -205,18 +170,8 @@ fn finish(
     model_id: &str,
     seed_if_absent: u64,
 ) -> Result<Ask, ApiError> {
-    if let Some(model) = &common.model
-        && model != model_id
-    {
-        return Err(ApiError::unknown_model(model, model_id));
-    }
-    if common.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::invalid(
-            "n",
-            "invalid_value",
-            "only n = 1 is supported",
-        ));
-    }
+    check_model(common.model.as_deref(), model_id)?;
+    check_one_choice(common.n)?;
     if max_tokens == Some(0) {
         return Err(ApiError::invalid(
             "max_tokens",
@@ -252,28 +207,6 @@ fn finish(
         stops,
         stream: common.stream.unwrap_or(false),
     })
-}
-
-fn stop_sequences(stop: Option<OneOrMany>) -> Result<Vec<Vec<u8>>, ApiError> {
-    let stops: Vec<Vec<u8>> = match stop {
-        None => Vec::new(),
-        Some(OneOrMany::One(s)) => vec![s.into_bytes()],
-        Some(OneOrMany::Many(v)) => v.into_iter().map(String::into_bytes).collect(),
-    };
-    if stops.len() > MAX_STOPS
-        || stops
-            .iter()
-            .any(|s| s.is_empty() || s.len() > MAX_STOP_BYTES)
-    {
-        return Err(ApiError::invalid(
-            "stop",
-            "invalid_value",
-            format!(
-                "stop takes at most {MAX_STOPS} non-empty sequences of at most {MAX_STOP_BYTES} bytes"
-            ),
-        ));
-    }
-    Ok(stops)
 }
 
 #[cfg(test)]

@@ -31,9 +31,9 @@ use crate::layer_stream::{self, LayerStream, LoadedLayer, Source};
 use crate::layers::{
     Activation, LayeredCache, Logits, Mlp, ModelError, Place, RoutedExperts, Rows, StepStats,
     Streaming, add_rows, apply_batch, check_prompt, in_chunks, rms_norm, run_routed, sigmoid,
-    top_k, weighted_sum,
+    step_each, top_k, weighted_sum,
 };
-use crate::model::{Decoder, check_batch};
+use crate::model::Decoder;
 use crate::plan::{DEFAULT_READS_IN_FLIGHT, ExpertMap, Mode, Plan, Shape};
 use crate::rope::Rope;
 
@@ -487,23 +487,10 @@ impl Decoder for DeepSeekV4<'_> {
         caches: &mut [&mut Cache],
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        let c = &self.config;
-        check_batch(tokens, caches)?;
-        for (token, cache) in tokens.iter().zip(caches.iter()) {
-            check_prompt(
-                std::slice::from_ref(token),
-                cache.len,
-                cache.broken,
-                c.vocab_size,
-                c.max_position_embeddings,
-            )?;
-        }
-        let rows = Rows::one_each(caches.iter().map(|c| c.len));
-        let result = self.forward_rows(tokens, &rows, caches, Logits::Every, stats);
-        if result.is_err() {
-            caches.iter_mut().for_each(|c| c.broken = true);
-        }
-        result
+        let limits = (self.config.vocab_size, self.config.max_position_embeddings);
+        step_each(tokens, caches, limits, |rows, caches| {
+            self.forward_rows(tokens, rows, caches, Logits::Every, stats)
+        })
     }
 
     fn batches_reads(&self) -> bool {
@@ -1193,5 +1180,17 @@ impl LayeredCache for Cache {
 
     fn layers_mut(&mut self) -> &mut [LayerCache] {
         &mut self.layers
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn broken(&self) -> bool {
+        self.broken
+    }
+
+    fn set_broken(&mut self) {
+        self.broken = true;
     }
 }

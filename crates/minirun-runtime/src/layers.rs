@@ -126,11 +126,38 @@ impl Rows {
     }
 }
 
-/// A cache kept per layer, whose layer `i` a pass's row reads and extends.
+/// A cache kept per layer, whose layer `i` a pass's row reads and extends, and which a failed
+/// pass leaves broken (its recurrent state is no prefix's).
 pub(crate) trait LayeredCache {
     type Layer;
 
     fn layers_mut(&mut self) -> &mut [Self::Layer];
+    /// Positions it holds.
+    fn len(&self) -> usize;
+    fn broken(&self) -> bool;
+    fn set_broken(&mut self);
+}
+
+/// A batch step over caches that a failure breaks: every token and cache checked before any
+/// cache changes (one token per cache, in the vocabulary, with room for one more position, no
+/// broken cache), then `forward` on one row per cache; if it fails, every cache is broken.
+pub(crate) fn step_each<C: LayeredCache>(
+    tokens: &[u32],
+    caches: &mut [&mut C],
+    (vocab, max_positions): (usize, usize),
+    forward: impl FnOnce(&Rows, &mut [&mut C]) -> Result<Vec<Vec<f32>>, ModelError>,
+) -> Result<Vec<Vec<f32>>, ModelError> {
+    crate::model::check_batch(tokens, caches)?;
+    for (token, cache) in tokens.iter().zip(caches.iter()) {
+        let one = std::slice::from_ref(token);
+        check_prompt(one, cache.len(), cache.broken(), vocab, max_positions)?;
+    }
+    let rows = Rows::one_each(caches.iter().map(|c| c.len()));
+    let result = forward(&rows, caches);
+    if result.is_err() {
+        caches.iter_mut().for_each(|c| c.set_broken());
+    }
+    result
 }
 
 /// The layer a pass is in, and where its rows go.
