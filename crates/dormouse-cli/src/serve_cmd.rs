@@ -25,8 +25,8 @@ use serde_json::{Value, json};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 
-use http_serve::api_error::{body_refused, method_not_allowed, no_route};
-use http_serve::lifecycle::{SetOnDrop, positive_seconds, unix_now};
+use http_serve::api_error::{body_refused, method_not_allowed, no_route, rejected_body};
+use http_serve::lifecycle::{SetOnDrop, positive_seconds, request_seed, unix_now};
 use http_serve::{ApiError, Finish, Limits, TextStream};
 
 use crate::completions::{Job, MAX_BODY_BYTES, parse_request};
@@ -162,18 +162,10 @@ async fn completions(
 ) -> Response {
     let body = match body {
         Ok(body) => body,
-        Err(rejection) => {
-            return body_refused(
-                rejection.status(),
-                format!(
-                    "{} (bodies are limited to {MAX_BODY_BYTES} bytes)",
-                    rejection.body_text()
-                ),
-            );
-        }
+        Err(rejection) => return rejected_body(rejection, MAX_BODY_BYTES),
     };
     let number = state.requests.fetch_add(1, Ordering::Relaxed);
-    let seed = unix_now() ^ number.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let seed = request_seed(number);
     let job = match parse_request(&body, &state.model_id, seed) {
         Ok(job) => job,
         Err(e) => return error_response(&e),

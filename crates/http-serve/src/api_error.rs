@@ -85,6 +85,20 @@ pub fn body_refused(status: StatusCode, message: String) -> Response {
     ApiError::body(status, "invalid_body", message).into_response()
 }
 
+/// A body axum's extractor refused (above its limit, or unreadable), in the servers' error shape.
+pub fn rejected_body(
+    rejection: axum::extract::rejection::BytesRejection,
+    max_body: usize,
+) -> Response {
+    body_refused(
+        rejection.status(),
+        format!(
+            "{} (bodies are limited to {max_body} bytes)",
+            rejection.body_text()
+        ),
+    )
+}
+
 /// The 404 for a path no route serves, listing the `routes` there are.
 pub fn no_route(method: &Method, uri: &Uri, routes: &str) -> Response {
     ApiError {

@@ -18,8 +18,8 @@ use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use http_serve::api_error::{body_refused, method_not_allowed, no_route};
-use http_serve::lifecycle::{positive_seconds, unix_now};
+use http_serve::api_error::{body_refused, method_not_allowed, no_route, rejected_body};
+use http_serve::lifecycle::{positive_seconds, request_seed, unix_now};
 use http_serve::{ApiError, Finish, Limits};
 use minirun_runtime::budget::Budget;
 use minirun_runtime::model::Decoder;
@@ -294,18 +294,10 @@ async fn chat_completions(
 async fn answer(state: Arc<AppState>, body: Result<Bytes, BytesRejection>, kind: Kind) -> Response {
     let body = match body {
         Ok(body) => body,
-        Err(rejection) => {
-            return body_refused(
-                rejection.status(),
-                format!(
-                    "{} (bodies are limited to {MAX_BODY_BYTES} bytes)",
-                    rejection.body_text()
-                ),
-            );
-        }
+        Err(rejection) => return rejected_body(rejection, MAX_BODY_BYTES),
     };
     let number = state.requests.fetch_add(1, Ordering::Relaxed);
-    let seed = unix_now() ^ number.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let seed = request_seed(number);
     let parsed = match kind {
         Kind::Completion => serve_requests::completion(&body, &state.model_id, seed),
         Kind::Chat => serve_requests::chat(&body, &state.model_id, seed),
