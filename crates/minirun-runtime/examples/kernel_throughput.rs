@@ -5,10 +5,11 @@
 //! last-level cache, as a model's experts are) are multiplied with one vector each, in turn;
 //! weight bytes consumed per second is the figure. The reference is a plain read of exactly
 //! those bytes (a sum of every 64-bit word), split over the same threads the same way. The
-//! goal is a ratio of at least 0.5. The last column is the time of one 4-vector `matmul` over
-//! the same matrices divided by the time of four `matvec`s (below 1: the batch pays).
+//! goal is a ratio of at least 0.5. The last column is the time of one `--batch`-vector (default
+//! 4) `matmul` over the same matrices divided by the time of that many `matvec`s (below 1: the
+//! batch pays).
 //!
-//!     cargo run --release -p minirun-runtime --example kernel_throughput [-- --mib 1024 --threads 2]
+//!     cargo run --release -p minirun-runtime --example kernel_throughput [-- --mib 1024 --threads 2 --batch 4]
 
 use std::time::Instant;
 
@@ -20,6 +21,7 @@ struct Args {
     mib: usize,
     threads: usize,
     repeats: usize,
+    batch: usize,
 }
 
 fn args() -> Args {
@@ -28,6 +30,7 @@ fn args() -> Args {
         mib: 1024,
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         repeats: 3,
+        batch: 4,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -41,9 +44,10 @@ fn args() -> Args {
             ("--mib", Some(v)) => a.mib = v,
             ("--threads", Some(v)) => a.threads = v,
             ("--repeats", Some(v)) => a.repeats = v,
+            ("--batch", Some(v)) if v > 0 => a.batch = v,
             _ => {
                 eprintln!(
-                    "usage: kernel_throughput [--mib N] [--threads N] [--repeats N] [--only FORMAT-SUBSTRING]"
+                    "usage: kernel_throughput [--mib N] [--threads N] [--repeats N] [--batch N] [--only FORMAT-SUBSTRING]"
                 );
                 std::process::exit(2);
             }
@@ -193,7 +197,8 @@ fn main() {
         ("f32", Format::Dense(FloatType::F32)),
     ];
     println!(
-        "| format | shape (rows x cols) | matrices | kernel GB/s | plain read GB/s | ratio | batch of 4: time vs 4 products |"
+        "| format | shape (rows x cols) | matrices | kernel GB/s | plain read GB/s | ratio | batch of {n}: time vs {n} products |",
+        n = a.batch
     );
     println!("|---|---|---:|---:|---:|---:|---:|");
     for (name, format) in formats {
@@ -236,11 +241,11 @@ fn main() {
                     m.matvec(&x, &mut y).expect("the product runs");
                 }
             });
-            let xs: Vec<f32> = (0..4).flat_map(|_| x.iter().copied()).collect();
-            let mut ys = vec![0f32; 4 * rows];
+            let xs: Vec<f32> = (0..a.batch).flat_map(|_| x.iter().copied()).collect();
+            let mut ys = vec![0f32; a.batch * rows];
             let batched = best_of(a.repeats, || {
                 for m in &matrices {
-                    m.matmul(&xs, 4, &mut ys).expect("the product runs");
+                    m.matmul(&xs, a.batch, &mut ys).expect("the product runs");
                 }
             });
             let all: Vec<Vec<u8>> = parts.into_iter().flat_map(|(p, s, b)| [p, s, b]).collect();
@@ -251,7 +256,7 @@ fn main() {
             println!(
                 "| {name} | {rows} x {cols} | {count} | {k:.2} | {r:.2} | {:.2} | {:.2} |",
                 k / r,
-                batched / (4.0 * kernel)
+                batched / (a.batch as f64 * kernel)
             );
         }
     }

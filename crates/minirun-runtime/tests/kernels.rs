@@ -339,7 +339,16 @@ fn the_simd_path_and_the_portable_path_agree_on_special_codes() {
 #[test]
 fn matmul_gives_each_vector_the_bits_of_its_matvec() {
     for kind in 0..5 {
-        for (rows, batch) in [(5, 3), (1100, 4), (37, 1), (5, 6), (9, 9)] {
+        for (rows, batch) in [
+            (5, 3),
+            (1100, 4),
+            (37, 1),
+            (5, 6),
+            (9, 9),
+            (6, 2),
+            (7, 7),
+            (4, 11),
+        ] {
             let stored = make(kind, rows, 8, kind + batch, 11 + rows as u64);
             let m = stored.matrix();
             let xs: Vec<f32> = (0..batch).flat_map(|b| input(m.cols(), b as u64)).collect();
