@@ -1,7 +1,8 @@
 //! The decode thread of `minirun serve`: it owns the opened artifact and its model, takes
-//! requests from the HTTP handlers, and decodes every admitted request together, one batched
-//! step for all of them ([`Batch`]), so that a weight (a streamed layer, an expert) is read
-//! once per step however many requests are being answered. Each request gets exactly the
+//! requests from the HTTP handlers, runs the prompts of requests that arrive together as the
+//! rows of shared passes, and decodes every admitted request together, one batched step for all
+//! of them ([`Batch`]), so that a weight (a streamed layer, an expert) is read once per pass
+//! however many requests are being answered. Each request gets exactly the
 //! tokens `minirun run` gives it alone; its text goes back piece by piece as it becomes final.
 
 use std::collections::{HashMap, VecDeque};
@@ -83,7 +84,8 @@ pub fn run(session: &Session, model: &Model, jobs: &Receiver<Job>, limits: Limit
         while let Ok(job) = jobs.try_recv() {
             waiting.push_back(job);
         }
-        while batch.len() < limits.max_concurrent
+        let mut arriving = Vec::new();
+        while batch.len() + arriving.len() < limits.max_concurrent
             && let Some(job) = waiting.pop_front()
         {
             let id = summary.requests;
@@ -100,12 +102,16 @@ pub fn run(session: &Session, model: &Model, jobs: &Receiver<Job>, limits: Limit
                     text: TextStream::new(job.ask.stops),
                 },
             );
+            arriving.push((id, request));
+        }
+        if !arriving.is_empty() {
+            // Requests that arrived together share their prompts' passes.
             let mut stats = StepStats::default();
             let mut heard = |id, event| hear(session, &mut live, &mut summary, id, event);
-            if let Err(e) = batch.admit(id, request, &mut stats, &mut heard)
-                && let Some(gone) = live.remove(&id)
-            {
-                let _ = gone.reply.send(Piece::Failed(e.to_string()));
+            for (id, error) in batch.admit_all(arriving, &mut stats, &mut heard) {
+                if let Some(gone) = live.remove(&id) {
+                    let _ = gone.reply.send(Piece::Failed(error.to_string()));
+                }
             }
         }
         if batch.is_empty() {

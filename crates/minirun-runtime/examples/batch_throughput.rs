@@ -1,6 +1,7 @@
 //! Aggregate decode speed of several requests at once: N generations one after another (what a
 //! server without batching does) against the same N decoded together as one batch (what
-//! `minirun serve` does: one step for all, each weight read once per step), side by side in
+//! `minirun serve` does: their prompts as the rows of shared passes, then one step for all,
+//! each weight read once per pass), side by side in
 //! one process on one artifact, resident or streamed under a budget. Both must give every
 //! request the same tokens, which the example checks before it prints the table.
 //!
@@ -118,11 +119,13 @@ fn together(model: &Model, requests: &[Request]) -> Timed {
     };
     let mut batch = Batch::new(model);
     let mut stats = StepStats::default();
-    for (id, r) in requests.iter().enumerate() {
-        batch
-            .admit(id as u64, r.clone(), &mut stats, &mut heard)
-            .expect("admitted");
-    }
+    let arriving = requests.iter().cloned().enumerate();
+    let refused = batch.admit_all(
+        arriving.map(|(id, r)| (id as u64, r)).collect(),
+        &mut stats,
+        &mut heard,
+    );
+    assert!(refused.is_empty(), "a request was refused: {refused:?}");
     let stepping = Instant::now();
     while !batch.is_empty() {
         batch.step(&mut stats, &mut heard).expect("a batched step");

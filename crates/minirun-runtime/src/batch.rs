@@ -85,6 +85,61 @@ impl<'m, D: Decoder> Batch<'m, D> {
         }
         let mut cache = self.model.new_cache();
         let logits = self.model.prefill(&request.prompt, &mut cache, stats)?;
+        self.start(id, request, cache, &logits, &mut on_event);
+        Ok(())
+    }
+
+    /// Admits several requests at once, their prompts run as the rows of shared passes
+    /// ([`Decoder::prefill_batch`]), each sampling its first token as [`Batch::admit`] does. If
+    /// the shared prefill is refused, each request is admitted alone, so that only the ones the
+    /// model refuses are refused; those come back with why.
+    pub fn admit_all(
+        &mut self,
+        requests: Vec<(u64, Request)>,
+        stats: &mut StepStats,
+        mut on_event: impl FnMut(u64, Event) -> bool,
+    ) -> Vec<(u64, ModelError)> {
+        if requests.len() < 2 {
+            return self.admit_each(requests, stats, &mut on_event);
+        }
+        let mut caches: Vec<D::Cache> = requests.iter().map(|_| self.model.new_cache()).collect();
+        let prompts: Vec<&[u32]> = requests.iter().map(|(_, r)| r.prompt.as_slice()).collect();
+        let mut refs: Vec<&mut D::Cache> = caches.iter_mut().collect();
+        let logits = match self.model.prefill_batch(&prompts, &mut refs, stats) {
+            Ok(logits) => logits,
+            Err(_) => return self.admit_each(requests, stats, &mut on_event),
+        };
+        for (((id, request), cache), logits) in requests.into_iter().zip(caches).zip(&logits) {
+            self.start(id, request, cache, logits, &mut on_event);
+        }
+        Vec::new()
+    }
+
+    fn admit_each(
+        &mut self,
+        requests: Vec<(u64, Request)>,
+        stats: &mut StepStats,
+        on_event: &mut impl FnMut(u64, Event) -> bool,
+    ) -> Vec<(u64, ModelError)> {
+        requests
+            .into_iter()
+            .filter_map(|(id, r)| {
+                self.admit(id, r, stats, &mut *on_event)
+                    .err()
+                    .map(|e| (id, e))
+            })
+            .collect()
+    }
+
+    /// A prompted sequence samples its first token and, unless that ends it, joins the batch.
+    fn start(
+        &mut self,
+        id: u64,
+        request: Request,
+        cache: D::Cache,
+        logits: &[f32],
+        on_event: &mut impl FnMut(u64, Event) -> bool,
+    ) {
         let mut sequence = Active {
             id,
             cache,
@@ -96,12 +151,9 @@ impl<'m, D: Decoder> Batch<'m, D> {
         };
         if sequence.max_tokens == 0 {
             on_event(id, Event::Finished(StopReason::MaxTokens));
-            return Ok(());
-        }
-        if Self::advance(self.model, &mut sequence, &logits, &mut on_event) {
+        } else if Self::advance(self.model, &mut sequence, logits, on_event) {
             self.active.push(sequence);
         }
-        Ok(())
     }
 
     /// One step for every active sequence, in one batch through the model.

@@ -15,8 +15,8 @@ use crate::kernels::{Format, QMatrix};
 use crate::layer_stream::{self, LayerStream, LoadedLayer, Source};
 use crate::layers::{
     Activation, LatentDims, LatentProjections, Logits, Mlp, RoutedExperts, Routing, Rows,
-    Streaming, add_rows, apply_batch, attend_latent, rms_norm, run_routed, stacked_experts,
-    weighted_sum,
+    Streaming, add_rows, apply_batch, attend_latent, prefill_rows, rms_norm, run_routed,
+    stacked_experts, weighted_sum,
 };
 pub use crate::layers::{ModelError, StepStats};
 use crate::model::{Decoder, check_batch};
@@ -428,6 +428,35 @@ impl Decoder for DeepSeekV3<'_> {
         result
     }
 
+    /// Every prompt's positions as the rows of shared passes of [`PREFILL_CHUNK`] rows, each
+    /// row with the bits its own prefill gives it. On an error every cache is left as it was.
+    fn prefill_batch(
+        &self,
+        prompts: &[&[u32]],
+        caches: &mut [&mut Cache],
+        stats: &mut StepStats,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        if prompts.len() != caches.len() {
+            return Err(ModelError::BatchShape {
+                tokens: prompts.len(),
+                caches: caches.len(),
+            });
+        }
+        if prompts.iter().any(|p| p.is_empty()) {
+            return Err(ModelError::EmptyPrompt);
+        }
+        let before: Vec<usize> = caches.iter().map(|c| c.len).collect();
+        let result = prefill_rows(prompts, &before, PREFILL_CHUNK, |tokens, rows, logits| {
+            self.forward_rows(tokens, rows, caches, logits, stats)
+        });
+        if result.is_err() {
+            for (cache, len) in caches.iter_mut().zip(before) {
+                self.truncate(cache, len);
+            }
+        }
+        result
+    }
+
     fn batches_reads(&self) -> bool {
         true
     }
@@ -579,14 +608,13 @@ impl<'a> DeepSeekV3<'a> {
                 for &seq in &rows.cache {
                     caches[seq].len += 1;
                 }
-                let heads: Vec<Vec<f32>> = match logits {
-                    Logits::None => return Ok(Vec::new()),
-                    Logits::Last => hs.last().into_iter().cloned().collect(),
-                    Logits::Every => std::mem::take(hs),
-                };
-                let xs: Vec<Vec<f32>> = heads
+                let wanted = logits.rows(hs.len());
+                if wanted.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let xs: Vec<Vec<f32>> = wanted
                     .iter()
-                    .map(|h| rms_norm(h, &self.norm, c.rms_norm_eps))
+                    .map(|&r| rms_norm(&hs[r], &self.norm, c.rms_norm_eps))
                     .collect();
                 Ok(apply_batch(&self.lm_head, &xs, stats)?)
             },

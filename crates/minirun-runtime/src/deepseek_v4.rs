@@ -30,8 +30,8 @@ use crate::kernels::{KernelError, QMatrix};
 use crate::layer_stream::{self, LayerStream, LoadedLayer, Source};
 use crate::layers::{
     Activation, LayeredCache, Logits, Mlp, ModelError, Place, RoutedExperts, Rows, StepStats,
-    Streaming, add_rows, apply_batch, check_prompt, in_chunks, rms_norm, run_routed, sigmoid,
-    step_each, top_k, weighted_sum,
+    Streaming, add_rows, apply_batch, check_prompt, in_chunks, prefill_each, rms_norm, run_routed,
+    sigmoid, step_each, top_k, weighted_sum,
 };
 use crate::model::Decoder;
 use crate::plan::{DEFAULT_READS_IN_FLIGHT, ExpertMap, Mode, Plan, Shape};
@@ -493,6 +493,22 @@ impl Decoder for DeepSeekV4<'_> {
         })
     }
 
+    /// Every prompt's positions as the rows of shared passes of [`PREFILL_CHUNK`] rows, each
+    /// row with the bits its own prefill gives it. Refused before any cache changes as
+    /// `prefill` refuses; an error after that leaves every cache broken.
+    fn prefill_batch(
+        &self,
+        prompts: &[&[u32]],
+        caches: &mut [&mut Cache],
+        stats: &mut StepStats,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let c = &self.config;
+        let limits = (c.vocab_size, c.max_position_embeddings, PREFILL_CHUNK);
+        prefill_each(prompts, caches, limits, |tokens, rows, caches, logits| {
+            self.forward_rows(tokens, rows, caches, logits, stats)
+        })
+    }
+
     fn batches_reads(&self) -> bool {
         true
     }
@@ -635,14 +651,13 @@ impl<'a> DeepSeekV4<'a> {
                 for &seq in &rows.cache {
                     caches[seq].len += 1;
                 }
-                let last = streams.len().saturating_sub(1);
-                let wanted = match logits {
-                    Logits::None => return Ok(Vec::new()),
-                    Logits::Last => last..streams.len(),
-                    Logits::Every => 0..streams.len(),
-                };
+                let wanted = logits.rows(streams.len());
+                if wanted.is_empty() {
+                    return Ok(Vec::new());
+                }
                 let (weights, base, scale) = &self.head_hc;
                 let xs: Vec<Vec<f32>> = wanted
+                    .into_iter()
                     .map(|r| {
                         let h = head_collapse(&streams[r], weights, base, *scale, c);
                         rms_norm(&h, &self.norm, c.rms_norm_eps)

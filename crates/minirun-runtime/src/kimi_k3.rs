@@ -20,8 +20,8 @@ use crate::layer_stream::{self, LayerStream, LoadedLayer, Source};
 use crate::layers::{
     Activation, LatentDims, LatentProjections, LayeredCache, Logits, Mlp, ModelError, Place,
     RoutedExperts, Routing, Rows, StepStats, Streaming, add_rows, apply_batch, attend_latent,
-    check_prompt, in_chunks, rms_norm, run_routed, sigmoid, silu, stacked_experts, step_each,
-    weighted_sum,
+    check_prompt, in_chunks, prefill_each, rms_norm, run_routed, sigmoid, silu, stacked_experts,
+    step_each, weighted_sum,
 };
 use crate::model::Decoder;
 use crate::plan::{DEFAULT_READS_IN_FLIGHT, ExpertMap, Mode, Plan, Shape};
@@ -774,6 +774,22 @@ impl Decoder for KimiK3<'_> {
         })
     }
 
+    /// Every prompt's positions as the rows of shared passes of [`PREFILL_CHUNK`] rows, each
+    /// row with the bits its own prefill gives it. Refused before any cache changes as
+    /// `prefill` refuses; an error after that leaves every cache broken.
+    fn prefill_batch(
+        &self,
+        prompts: &[&[u32]],
+        caches: &mut [&mut Cache],
+        stats: &mut StepStats,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let c = &self.config;
+        let limits = (c.vocab_size, c.max_position_embeddings, PREFILL_CHUNK);
+        prefill_each(prompts, caches, limits, |tokens, rows, caches, logits| {
+            self.forward_rows(tokens, rows, caches, logits, stats)
+        })
+    }
+
     fn batches_reads(&self) -> bool {
         true
     }
@@ -906,13 +922,12 @@ impl<'a> KimiK3<'a> {
                 for &seq in &rows.cache {
                     caches[seq].len += 1;
                 }
-                let last = partials.len().saturating_sub(1);
-                let wanted = match logits {
-                    Logits::None => return Ok(Vec::new()),
-                    Logits::Last => last..partials.len(),
-                    Logits::Every => 0..partials.len(),
-                };
+                let wanted = logits.rows(partials.len());
+                if wanted.is_empty() {
+                    return Ok(Vec::new());
+                }
                 let xs: Vec<Vec<f32>> = wanted
+                    .into_iter()
                     .map(|r| {
                         let h = blocks[r].mix(&partials[r], &self.output_mix);
                         rms_norm(&h, &self.norm, c.rms_norm_eps)

@@ -91,13 +91,63 @@ pub(crate) fn check_prompt(
 }
 
 /// Which logits a pass returns.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) enum Logits {
     None,
     /// The last row's (a prompt's).
     Last,
     /// Every row's (one per sequence of a batch step).
     Every,
+    /// These rows' (the last rows of several prompts), in this order.
+    Of(Vec<usize>),
+}
+
+impl Logits {
+    /// The rows, of a pass of `count`, whose logits are wanted.
+    pub fn rows(&self, count: usize) -> Vec<usize> {
+        match self {
+            Logits::None => Vec::new(),
+            Logits::Last => count.checked_sub(1).into_iter().collect(),
+            Logits::Every => (0..count).collect(),
+            Logits::Of(rows) => rows.clone(),
+        }
+    }
+}
+
+/// Several prompts as the rows of passes of at most `chunk` rows, each prompt's positions in
+/// order after the `cached` positions of its cache; `pass(tokens, rows, logits)` runs one pass.
+/// Returns each prompt's last logits.
+pub(crate) fn prefill_rows(
+    prompts: &[&[u32]],
+    cached: &[usize],
+    chunk: usize,
+    mut pass: impl FnMut(&[u32], &Rows, Logits) -> Result<Vec<Vec<f32>>, ModelError>,
+) -> Result<Vec<Vec<f32>>, ModelError> {
+    let flat: Vec<(usize, usize, u32, bool)> = prompts
+        .iter()
+        .zip(cached)
+        .enumerate()
+        .flat_map(|(seq, (prompt, &from))| {
+            prompt
+                .iter()
+                .enumerate()
+                .map(move |(i, &t)| (seq, from + i, t, i + 1 == prompt.len()))
+        })
+        .collect();
+    let mut last = vec![Vec::new(); prompts.len()];
+    for part in flat.chunks(chunk.max(1)) {
+        let tokens: Vec<u32> = part.iter().map(|r| r.2).collect();
+        let rows = Rows {
+            cache: part.iter().map(|r| r.0).collect(),
+            position: part.iter().map(|r| r.1).collect(),
+        };
+        let wanted: Vec<usize> = (0..part.len()).filter(|&r| part[r].3).collect();
+        let logits = pass(&tokens, &rows, Logits::Of(wanted.clone()))?;
+        for (r, l) in wanted.into_iter().zip(logits) {
+            last[part[r].0] = l;
+        }
+    }
+    Ok(last)
 }
 
 /// Where each row of a pass goes: its sequence's cache (an index into the pass's caches) and
@@ -154,6 +204,35 @@ pub(crate) fn step_each<C: LayeredCache>(
     }
     let rows = Rows::one_each(caches.iter().map(|c| c.len()));
     let result = forward(&rows, caches);
+    if result.is_err() {
+        caches.iter_mut().for_each(|c| c.set_broken());
+    }
+    result
+}
+
+/// Several prompts over caches that a failure breaks, in passes of at most `chunk` rows: every
+/// prompt and cache checked before any cache changes (one prompt per cache, each non-empty, in
+/// the vocabulary, within the context, no broken cache), then `forward` per pass; if one
+/// fails, every cache is broken. Each prompt's last logits.
+pub(crate) fn prefill_each<C: LayeredCache>(
+    prompts: &[&[u32]],
+    caches: &mut [&mut C],
+    (vocab, max_positions, chunk): (usize, usize, usize),
+    mut forward: impl FnMut(&[u32], &Rows, &mut [&mut C], Logits) -> Result<Vec<Vec<f32>>, ModelError>,
+) -> Result<Vec<Vec<f32>>, ModelError> {
+    if prompts.len() != caches.len() {
+        return Err(ModelError::BatchShape {
+            tokens: prompts.len(),
+            caches: caches.len(),
+        });
+    }
+    for (prompt, cache) in prompts.iter().zip(caches.iter()) {
+        check_prompt(prompt, cache.len(), cache.broken(), vocab, max_positions)?;
+    }
+    let cached: Vec<usize> = caches.iter().map(|c| c.len()).collect();
+    let result = prefill_rows(prompts, &cached, chunk, |tokens, rows, logits| {
+        forward(tokens, rows, caches, logits)
+    });
     if result.is_err() {
         caches.iter_mut().for_each(|c| c.set_broken());
     }

@@ -60,6 +60,29 @@ pub trait Decoder {
             .collect()
     }
 
+    /// Runs `prompts[i]` at the next positions of `caches[i]`, returning each one's last
+    /// logits: bit for bit what [`Decoder::prefill`] gives each alone. On an error no cache is
+    /// to be used again. This default runs the prompts one after another; a model whose rows
+    /// compute independently runs all their positions as the rows of shared passes.
+    fn prefill_batch(
+        &self,
+        prompts: &[&[u32]],
+        caches: &mut [&mut Self::Cache],
+        stats: &mut StepStats,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        if prompts.len() != caches.len() {
+            return Err(ModelError::BatchShape {
+                tokens: prompts.len(),
+                caches: caches.len(),
+            });
+        }
+        prompts
+            .iter()
+            .zip(caches.iter_mut())
+            .map(|(prompt, cache)| self.prefill(prompt, cache, stats))
+            .collect()
+    }
+
     /// Whether [`Decoder::step_batch`] reads each weight once for all its sequences (rather
     /// than once per sequence).
     fn batches_reads(&self) -> bool {
@@ -346,6 +369,40 @@ impl Decoder for Model<'_> {
             ),
             Model::KimiK3(m) => m.step_batch(
                 tokens,
+                &mut own_caches(caches, |c| match c {
+                    ModelCache::KimiK3(c) => Some(c),
+                    _ => None,
+                })?,
+                stats,
+            ),
+        }
+    }
+
+    fn prefill_batch(
+        &self,
+        prompts: &[&[u32]],
+        caches: &mut [&mut ModelCache],
+        stats: &mut StepStats,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        match self {
+            Model::DeepSeekV3(m) => m.prefill_batch(
+                prompts,
+                &mut own_caches(caches, |c| match c {
+                    ModelCache::DeepSeekV3(c) => Some(c),
+                    _ => None,
+                })?,
+                stats,
+            ),
+            Model::DeepSeekV4(m) => m.prefill_batch(
+                prompts,
+                &mut own_caches(caches, |c| match c {
+                    ModelCache::DeepSeekV4(c) => Some(c),
+                    _ => None,
+                })?,
+                stats,
+            ),
+            Model::KimiK3(m) => m.prefill_batch(
+                prompts,
                 &mut own_caches(caches, |c| match c {
                     ModelCache::KimiK3(c) => Some(c),
                     _ => None,

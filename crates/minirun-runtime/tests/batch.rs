@@ -2,8 +2,9 @@
 //! alone, for every architecture, resident and with its experts streamed at the floor (and, for
 //! an artifact whose layers stream too, where a 3-sequence step reads each streamed layer once,
 //! not three times), on one thread and on two; a batch step with a bad token moves no cache;
-//! and a batch whose sequences arrive, sample and end at different steps gives each exactly the
-//! tokens `generate` gives it alone.
+//! prompts prefilled together (the rows of shared passes, across a chunk boundary) have the bits
+//! each has alone; and a batch whose sequences arrive, sample and end at different steps gives
+//! each exactly the tokens `generate` gives it alone.
 
 mod common;
 
@@ -112,6 +113,86 @@ fn a_batch_step_gives_every_sequence_the_bits_of_stepping_it_alone() {
             &alone,
             &format!("{label} at the floor"),
         );
+    }
+}
+
+/// Prompts across a chunk boundary and of one token, so that a pass holds rows of several.
+fn long_prompts(vocab: usize) -> Vec<Vec<u32>> {
+    [70usize, 3, 1, 64]
+        .iter()
+        .enumerate()
+        .map(|(s, &len)| {
+            (0..len)
+                .map(|i| ((i * 17 + s * 131 + 3) % vocab) as u32)
+                .collect()
+        })
+        .collect()
+}
+
+/// Each prompt's logits after prefill and after one greedy step, as bits: alone, or with the
+/// prompts as the rows of shared passes and the step as one batch.
+fn prefilled_bits(model: &Model, prompts: &[Vec<u32>], together: bool) -> Vec<Vec<u32>> {
+    let mut caches: Vec<_> = prompts.iter().map(|_| model.new_cache()).collect();
+    let mut stats = StepStats::default();
+    let logits: Vec<Vec<f32>> = match together {
+        true => {
+            let slices: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
+            let mut refs: Vec<_> = caches.iter_mut().collect();
+            model.prefill_batch(&slices, &mut refs, &mut stats).unwrap()
+        }
+        false => prompts
+            .iter()
+            .zip(&mut caches)
+            .map(|(p, c)| model.prefill(p, c, &mut stats).unwrap())
+            .collect(),
+    };
+    let tokens: Vec<u32> = logits.iter().map(|l| argmax(l)).collect();
+    let mut refs: Vec<_> = caches.iter_mut().collect();
+    let next = model.step_batch(&tokens, &mut refs, &mut stats).unwrap();
+    logits
+        .iter()
+        .zip(&next)
+        .map(|(a, b)| [common::bits(a), common::bits(b)].concat())
+        .collect()
+}
+
+#[test]
+fn prompts_prefilled_together_have_the_bits_each_has_alone() {
+    let artifacts = [
+        ("deepseek_v3", packed("mlx-mxfp4")),
+        (
+            "deepseek_v4",
+            packed_from("tests/data/deepseek-v4/tiny-fp8-fp4"),
+        ),
+        ("kimi_k3", packed_from("tests/data/kimi-k3/mlx-k3mix")),
+    ];
+    for (label, dir) in &artifacts {
+        let session = Session::open(dir.path(), Trust::Unverified).unwrap();
+        let prompts = long_prompts(session.architecture.vocab_size());
+        let (plan, experts) = session.plan(Budget::Floor, 160).unwrap();
+        for (how, model) in [
+            ("resident", session.model().unwrap()),
+            (
+                "at the floor",
+                session.planned_model(&plan, experts.clone()).unwrap(),
+            ),
+        ] {
+            let alone = prefilled_bits(&model, &prompts, false);
+            let together = prefilled_bits(&model, &prompts, true);
+            for (s, (a, t)) in alone.iter().zip(&together).enumerate() {
+                assert!(
+                    a == t,
+                    "{label} {how}: prompt {s} has other bits prefilled together"
+                );
+            }
+            let mut caches = [model.new_cache(), model.new_cache()];
+            let mut refs: Vec<_> = caches.iter_mut().collect();
+            let bad = [1, session.architecture.vocab_size() as u32];
+            let err = model
+                .prefill_batch(&[&[1, 2], &bad], &mut refs, &mut StepStats::default())
+                .unwrap_err();
+            assert!(matches!(err, ModelError::Token(..)), "{label}: {err}");
+        }
     }
 }
 
@@ -241,7 +322,8 @@ fn sequences_arriving_and_ending_at_different_steps_get_the_tokens_they_get_alon
         .collect();
     assert_eq!(alone[1].1, StopReason::EndOfSequence);
 
-    let mut heard: Vec<(Vec<u32>, Option<StopReason>)> = vec![(Vec::new(), None); requests.len()];
+    let mut heard: Vec<(Vec<u32>, Option<StopReason>)> =
+        vec![(Vec::new(), None); requests.len() + 2];
     let mut on_event = |id: u64, event: Event| {
         let seq = &mut heard[id as usize];
         assert!(seq.1.is_none(), "sequence {id} heard after it ended");
@@ -262,20 +344,36 @@ fn sequences_arriving_and_ending_at_different_steps_get_the_tokens_they_get_alon
         .admit(1, requests[1].clone(), &mut stats, &mut on_event)
         .unwrap();
     batch.step(&mut stats, &mut on_event).unwrap();
-    batch
-        .admit(2, requests[2].clone(), &mut stats, &mut on_event)
-        .unwrap();
-    batch
-        .admit(3, requests[3].clone(), &mut stats, &mut on_event)
-        .unwrap();
+    // Two arrive together: their prompts share passes.
+    let refused = batch.admit_all(
+        vec![(2, requests[2].clone()), (3, requests[3].clone())],
+        &mut stats,
+        &mut on_event,
+    );
+    assert!(refused.is_empty());
     assert_eq!(batch.len(), 3, "the max_tokens 0 request ended at once");
+    // A prompt the model refuses is refused alone; the one beside it still runs.
+    let bad = Request {
+        prompt: vec![vocab as u32],
+        ..requests[2].clone()
+    };
+    let zero = Request {
+        max_tokens: 0,
+        ..requests[2].clone()
+    };
+    let refused = batch.admit_all(vec![(4, bad), (5, zero)], &mut stats, &mut on_event);
+    assert_eq!(refused.len(), 1, "only the bad prompt is refused");
+    assert!(matches!(refused[0], (4, ModelError::Token(..))));
     while !batch.is_empty() {
         batch.step(&mut stats, &mut on_event).unwrap();
     }
-    for (id, ((ids, reason), (alone_ids, alone_reason))) in heard.iter().zip(&alone).enumerate() {
+    for (id, ((ids, reason), (alone_ids, alone_reason))) in
+        heard.iter().zip(&alone).enumerate().take(requests.len())
+    {
         assert_eq!(ids, alone_ids, "sequence {id}");
         assert_eq!(*reason, Some(*alone_reason), "sequence {id}");
     }
+    assert_eq!(heard[5].1, Some(StopReason::MaxTokens), "the good one ran");
     let err = batch
         .admit(
             9,
