@@ -22,7 +22,6 @@ use http_serve::api_error::{body_refused, method_not_allowed, no_route, rejected
 use http_serve::lifecycle::{positive_seconds, request_seed, unix_now};
 use http_serve::{ApiError, Finish, Limits};
 use minirun_runtime::budget::Budget;
-use minirun_runtime::model::Decoder;
 use minirun_runtime::session::{Session, Trust};
 use serde_json::{Value, json};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
@@ -212,11 +211,7 @@ fn plan_and_build<'s>(
     let mut lines = session.header();
     lines.extend(plan.describe());
     lines.push(format!(
-        "up to {max_concurrent} requests of at most {context} tokens decode together; {}",
-        match model.batches_reads() {
-            true => "each step reads every weight once for all of them",
-            false => "this architecture steps them one after another within each step",
-        }
+        "up to {max_concurrent} requests of at most {context} tokens decode together; each step reads every weight once for all of them"
     ));
     Ok((model, lines))
 }

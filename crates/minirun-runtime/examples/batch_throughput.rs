@@ -19,7 +19,7 @@ use minirun_runtime::batch::{Batch, Event, Request};
 use minirun_runtime::budget::Budget;
 use minirun_runtime::generate::{Sampling, generate};
 use minirun_runtime::layers::StepStats;
-use minirun_runtime::model::{Decoder, Model};
+use minirun_runtime::model::Model;
 use minirun_runtime::session::{Session, Trust};
 
 struct Args {
@@ -155,9 +155,6 @@ fn main() {
         .expect("the model loads");
     for line in session.header().into_iter().chain(plan.describe()) {
         eprintln!("{line}");
-    }
-    if !model.batches_reads() {
-        eprintln!("(this architecture steps a batch's sequences one after another)");
     }
     println!(
         "| streams | tokens each | one after another (tok/s) | one batch (tok/s) | batch / one after another | decode steps only: one after another | one batch | ratio |"

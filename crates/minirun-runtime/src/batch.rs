@@ -80,9 +80,6 @@ impl<'m, D: Decoder> Batch<'m, D> {
         stats: &mut StepStats,
         mut on_event: impl FnMut(u64, Event) -> bool,
     ) -> Result<(), ModelError> {
-        if request.prompt.is_empty() {
-            return Err(ModelError::EmptyPrompt);
-        }
         let mut cache = self.model.new_cache();
         let logits = self.model.prefill(&request.prompt, &mut cache, stats)?;
         self.start(id, request, cache, &logits, &mut on_event);

@@ -367,45 +367,6 @@ impl Decoder for DeepSeekV3<'_> {
         self.config.max_position_embeddings
     }
 
-    /// Runs `tokens` at the next positions of `cache`, [`PREFILL_CHUNK`] positions at a time
-    /// through every layer (each matrix, and each streamed layer and expert, read once per
-    /// chunk), returning the logits of the last. Every position gets exactly the bits `step`
-    /// gives it, so the cache and the logits equal those of stepping through `tokens` one by
-    /// one. On an error the cache is left as it was before the call.
-    fn prefill(
-        &self,
-        tokens: &[u32],
-        cache: &mut Cache,
-        stats: &mut StepStats,
-    ) -> Result<Vec<f32>, ModelError> {
-        let before = cache.len;
-        let mut result = Err(ModelError::EmptyPrompt);
-        for (n, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
-            let last = (n + 1) * PREFILL_CHUNK >= tokens.len();
-            let logits = match last {
-                true => Logits::Last,
-                false => Logits::None,
-            };
-            let rows = Rows::consecutive(cache.len, chunk.len());
-            result = self
-                .forward_rows(
-                    chunk,
-                    &rows,
-                    std::slice::from_mut(&mut &mut *cache),
-                    logits,
-                    stats,
-                )
-                .map(|mut l| l.pop().unwrap_or_default());
-            if result.is_err() {
-                break;
-            }
-        }
-        if result.is_err() {
-            self.truncate(cache, before);
-        }
-        result
-    }
-
     /// Every sequence's token as one row of one batch through every layer: each matrix, and
     /// each streamed layer and expert, is read once for all the rows, and each row gets the bits
     /// `step` gives it alone (rows compute independently; attention reads its own cache). On an
@@ -455,10 +416,6 @@ impl Decoder for DeepSeekV3<'_> {
             }
         }
         result
-    }
-
-    fn batches_reads(&self) -> bool {
-        true
     }
 
     /// Bytes of routed experts the cache holds now, and the most it held at once with the

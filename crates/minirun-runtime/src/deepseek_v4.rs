@@ -30,8 +30,8 @@ use crate::kernels::{KernelError, QMatrix};
 use crate::layer_stream::{self, LayerStream, LoadedLayer, Source};
 use crate::layers::{
     Activation, LayeredCache, Logits, Mlp, ModelError, Place, RoutedExperts, Rows, StepStats,
-    Streaming, add_rows, apply_batch, check_prompt, in_chunks, prefill_each, rms_norm, run_routed,
-    sigmoid, step_each, top_k, weighted_sum,
+    Streaming, add_rows, apply_batch, prefill_each, rms_norm, run_routed, sigmoid, step_each,
+    top_k, weighted_sum,
 };
 use crate::model::Decoder;
 use crate::plan::{DEFAULT_READS_IN_FLIGHT, ExpertMap, Mode, Plan, Shape};
@@ -445,37 +445,6 @@ impl Decoder for DeepSeekV4<'_> {
         self.config.max_position_embeddings
     }
 
-    /// Runs `tokens` at the next positions of `cache`, [`PREFILL_CHUNK`] at a time, returning
-    /// the logits of the last. A bad token or a full context is refused before the cache
-    /// changes; an error after that leaves the cache broken, refused by every later call.
-    fn prefill(
-        &self,
-        tokens: &[u32],
-        cache: &mut Cache,
-        stats: &mut StepStats,
-    ) -> Result<Vec<f32>, ModelError> {
-        let c = &self.config;
-        check_prompt(
-            tokens,
-            cache.len,
-            cache.broken,
-            c.vocab_size,
-            c.max_position_embeddings,
-        )?;
-        let result = in_chunks(tokens, PREFILL_CHUNK, |chunk, wanted| {
-            let rows = Rows::consecutive(cache.len, chunk.len());
-            let logits = match wanted {
-                true => Logits::Last,
-                false => Logits::None,
-            };
-            let mut one = [&mut *cache];
-            self.forward_rows(chunk, &rows, &mut one, logits, stats)
-                .map(|mut l| l.pop().unwrap_or_default())
-        });
-        cache.broken |= result.is_err();
-        result
-    }
-
     /// Every sequence's token as one row of one batch through every layer: each matrix, and
     /// each streamed layer and expert, read once for all the rows; each row gets the bits `step`
     /// gives it alone (the projections compute rows independently; the window, the compressors
@@ -507,10 +476,6 @@ impl Decoder for DeepSeekV4<'_> {
         prefill_each(prompts, caches, limits, |tokens, rows, caches, logits| {
             self.forward_rows(tokens, rows, caches, logits, stats)
         })
-    }
-
-    fn batches_reads(&self) -> bool {
-        true
     }
 
     fn expert_memory(&self) -> Option<(u64, u64)> {

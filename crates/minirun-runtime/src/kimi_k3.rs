@@ -20,8 +20,7 @@ use crate::layer_stream::{self, LayerStream, LoadedLayer, Source};
 use crate::layers::{
     Activation, LatentDims, LatentProjections, LayeredCache, Logits, Mlp, ModelError, Place,
     RoutedExperts, Routing, Rows, StepStats, Streaming, add_rows, apply_batch, attend_latent,
-    check_prompt, in_chunks, prefill_each, rms_norm, run_routed, sigmoid, silu, stacked_experts,
-    step_each, weighted_sum,
+    prefill_each, rms_norm, run_routed, sigmoid, silu, stacked_experts, step_each, weighted_sum,
 };
 use crate::model::Decoder;
 use crate::plan::{DEFAULT_READS_IN_FLIGHT, ExpertMap, Mode, Plan, Shape};
@@ -725,38 +724,6 @@ impl Decoder for KimiK3<'_> {
         self.config.max_position_embeddings
     }
 
-    /// Runs `tokens` at the next positions of `cache`, [`PREFILL_CHUNK`] at a time, returning
-    /// the logits of the last; every position gets the bits `step` gives it. A bad token or a
-    /// full context is refused before the cache changes; an error after that (a failed read)
-    /// leaves the cache broken, refused by every later call.
-    fn prefill(
-        &self,
-        tokens: &[u32],
-        cache: &mut Cache,
-        stats: &mut StepStats,
-    ) -> Result<Vec<f32>, ModelError> {
-        let c = &self.config;
-        check_prompt(
-            tokens,
-            cache.len,
-            cache.broken,
-            c.vocab_size,
-            c.max_position_embeddings,
-        )?;
-        let result = in_chunks(tokens, PREFILL_CHUNK, |chunk, wanted| {
-            let rows = Rows::consecutive(cache.len, chunk.len());
-            let logits = match wanted {
-                true => Logits::Last,
-                false => Logits::None,
-            };
-            let mut one = [&mut *cache];
-            self.forward_rows(chunk, &rows, &mut one, logits, stats)
-                .map(|mut l| l.pop().unwrap_or_default())
-        });
-        cache.broken |= result.is_err();
-        result
-    }
-
     /// Every sequence's token as one row of one batch through every layer: each matrix, and
     /// each streamed layer and expert, read once for all the rows; each row gets the bits `step`
     /// gives it alone (the projections compute rows independently; the convolution, the delta
@@ -788,10 +755,6 @@ impl Decoder for KimiK3<'_> {
         prefill_each(prompts, caches, limits, |tokens, rows, caches, logits| {
             self.forward_rows(tokens, rows, caches, logits, stats)
         })
-    }
-
-    fn batches_reads(&self) -> bool {
-        true
     }
 
     /// Bytes of routed experts the cache holds now, and the most it held at once; `None` for a

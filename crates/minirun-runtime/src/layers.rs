@@ -93,9 +93,6 @@ pub(crate) fn check_prompt(
 /// Which logits a pass returns.
 #[derive(Debug, Clone)]
 pub(crate) enum Logits {
-    None,
-    /// The last row's (a prompt's).
-    Last,
     /// Every row's (one per sequence of a batch step).
     Every,
     /// These rows' (the last rows of several prompts), in this order.
@@ -106,8 +103,6 @@ impl Logits {
     /// The rows, of a pass of `count`, whose logits are wanted.
     pub fn rows(&self, count: usize) -> Vec<usize> {
         match self {
-            Logits::None => Vec::new(),
-            Logits::Last => count.checked_sub(1).into_iter().collect(),
             Logits::Every => (0..count).collect(),
             Logits::Of(rows) => rows.clone(),
         }
@@ -158,14 +153,6 @@ pub(crate) struct Rows {
 }
 
 impl Rows {
-    /// `count` consecutive positions of one cache holding `cached`.
-    pub fn consecutive(cached: usize, count: usize) -> Rows {
-        Rows {
-            cache: vec![0; count],
-            position: (cached..cached + count).collect(),
-        }
-    }
-
     /// One row per cache, at its next position (each holding `cached`).
     pub fn one_each(cached: impl IntoIterator<Item = usize>) -> Rows {
         let position: Vec<usize> = cached.into_iter().collect();
@@ -266,19 +253,6 @@ impl Place<'_> {
             None => Err(missing),
         }
     }
-}
-
-/// `forward` over `tokens` `chunk` at a time, the logits asked of the last chunk only; those.
-pub(crate) fn in_chunks(
-    tokens: &[u32],
-    chunk: usize,
-    mut forward: impl FnMut(&[u32], bool) -> Result<Vec<f32>, ModelError>,
-) -> Result<Vec<f32>, ModelError> {
-    let mut logits = Vec::new();
-    for (n, part) in tokens.chunks(chunk).enumerate() {
-        logits = forward(part, (n + 1) * chunk >= tokens.len())?;
-    }
-    Ok(logits)
 }
 
 /// `y = W x` into a new vector, counting the bytes read.

@@ -23,13 +23,18 @@ pub trait Decoder {
     /// The most positions a cache may hold.
     fn max_positions(&self) -> usize;
 
-    /// Runs `tokens` at the next positions of `cache`, returning the logits of the last.
+    /// Runs `tokens` at the next positions of `cache`, returning the logits of the last: the
+    /// one prompt of [`Decoder::prefill_batch`].
     fn prefill(
         &self,
         tokens: &[u32],
         cache: &mut Self::Cache,
         stats: &mut StepStats,
-    ) -> Result<Vec<f32>, ModelError>;
+    ) -> Result<Vec<f32>, ModelError> {
+        let mut one = [cache];
+        let mut last = self.prefill_batch(&[tokens], &mut one, stats)?;
+        Ok(last.pop().unwrap_or_default())
+    }
 
     /// Runs `token` at the next position of `cache`, returning the logits.
     fn step(
@@ -42,52 +47,26 @@ pub trait Decoder {
     }
 
     /// Runs `tokens[i]` at the next position of `caches[i]`, one token for each of several
-    /// sequences, returning each one's logits: bit for bit what [`Decoder::step`] gives each
-    /// alone. On an error no cache is to be used again. This default steps the sequences one
-    /// after another; a model whose rows compute independently runs them as one batch, each
-    /// weight read once for all ([`Decoder::batches_reads`]).
+    /// sequences, as one batch (each weight read once for all), returning each one's logits:
+    /// bit for bit what [`Decoder::step`] gives each alone. On an error no cache is to be used
+    /// again.
     fn step_batch(
         &self,
         tokens: &[u32],
         caches: &mut [&mut Self::Cache],
         stats: &mut StepStats,
-    ) -> Result<Vec<Vec<f32>>, ModelError> {
-        check_batch(tokens, caches)?;
-        tokens
-            .iter()
-            .zip(caches.iter_mut())
-            .map(|(&token, cache)| self.step(token, cache, stats))
-            .collect()
-    }
+    ) -> Result<Vec<Vec<f32>>, ModelError>;
 
-    /// Runs `prompts[i]` at the next positions of `caches[i]`, returning each one's last
-    /// logits: bit for bit what [`Decoder::prefill`] gives each alone. On an error no cache is
-    /// to be used again. This default runs the prompts one after another; a model whose rows
-    /// compute independently runs all their positions as the rows of shared passes.
+    /// Runs `prompts[i]` at the next positions of `caches[i]`, all their positions as the rows
+    /// of shared passes, returning each one's last logits: every position gets the bits
+    /// stepping through its prompt one token at a time gives it. On an error no cache is to be
+    /// used again.
     fn prefill_batch(
         &self,
         prompts: &[&[u32]],
         caches: &mut [&mut Self::Cache],
         stats: &mut StepStats,
-    ) -> Result<Vec<Vec<f32>>, ModelError> {
-        if prompts.len() != caches.len() {
-            return Err(ModelError::BatchShape {
-                tokens: prompts.len(),
-                caches: caches.len(),
-            });
-        }
-        prompts
-            .iter()
-            .zip(caches.iter_mut())
-            .map(|(prompt, cache)| self.prefill(prompt, cache, stats))
-            .collect()
-    }
-
-    /// Whether [`Decoder::step_batch`] reads each weight once for all its sequences (rather
-    /// than once per sequence).
-    fn batches_reads(&self) -> bool {
-        false
-    }
+    ) -> Result<Vec<Vec<f32>>, ModelError>;
 
     /// Bytes of routed experts the expert cache holds now, and the most it held at once;
     /// `None` for a resident run.
@@ -330,52 +309,14 @@ impl Decoder for Model<'_> {
         }
     }
 
-    fn prefill(
-        &self,
-        tokens: &[u32],
-        cache: &mut ModelCache,
-        stats: &mut StepStats,
-    ) -> Result<Vec<f32>, ModelError> {
-        match (self, cache) {
-            (Model::DeepSeekV3(m), ModelCache::DeepSeekV3(c)) => m.prefill(tokens, c, stats),
-            (Model::DeepSeekV4(m), ModelCache::DeepSeekV4(c)) => m.prefill(tokens, c, stats),
-            (Model::KimiK3(m), ModelCache::KimiK3(c)) => m.prefill(tokens, c, stats),
-            _ => Err(ModelError::ForeignCache),
-        }
-    }
-
     fn step_batch(
         &self,
         tokens: &[u32],
         caches: &mut [&mut ModelCache],
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        match self {
-            Model::DeepSeekV3(m) => m.step_batch(
-                tokens,
-                &mut own_caches(caches, |c| match c {
-                    ModelCache::DeepSeekV3(c) => Some(c),
-                    _ => None,
-                })?,
-                stats,
-            ),
-            Model::DeepSeekV4(m) => m.step_batch(
-                tokens,
-                &mut own_caches(caches, |c| match c {
-                    ModelCache::DeepSeekV4(c) => Some(c),
-                    _ => None,
-                })?,
-                stats,
-            ),
-            Model::KimiK3(m) => m.step_batch(
-                tokens,
-                &mut own_caches(caches, |c| match c {
-                    ModelCache::KimiK3(c) => Some(c),
-                    _ => None,
-                })?,
-                stats,
-            ),
-        }
+        with_own_caches!(self, caches, |model, own| model
+            .step_batch(tokens, &mut own, stats))
     }
 
     fn prefill_batch(
@@ -384,40 +325,8 @@ impl Decoder for Model<'_> {
         caches: &mut [&mut ModelCache],
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        match self {
-            Model::DeepSeekV3(m) => m.prefill_batch(
-                prompts,
-                &mut own_caches(caches, |c| match c {
-                    ModelCache::DeepSeekV3(c) => Some(c),
-                    _ => None,
-                })?,
-                stats,
-            ),
-            Model::DeepSeekV4(m) => m.prefill_batch(
-                prompts,
-                &mut own_caches(caches, |c| match c {
-                    ModelCache::DeepSeekV4(c) => Some(c),
-                    _ => None,
-                })?,
-                stats,
-            ),
-            Model::KimiK3(m) => m.prefill_batch(
-                prompts,
-                &mut own_caches(caches, |c| match c {
-                    ModelCache::KimiK3(c) => Some(c),
-                    _ => None,
-                })?,
-                stats,
-            ),
-        }
-    }
-
-    fn batches_reads(&self) -> bool {
-        match self {
-            Model::DeepSeekV3(m) => m.batches_reads(),
-            Model::DeepSeekV4(m) => m.batches_reads(),
-            Model::KimiK3(m) => m.batches_reads(),
-        }
+        with_own_caches!(self, caches, |model, own| model
+            .prefill_batch(prompts, &mut own, stats))
     }
 
     fn expert_memory(&self) -> Option<(u64, u64)> {
@@ -428,6 +337,37 @@ impl Decoder for Model<'_> {
         }
     }
 }
+
+/// Runs `$body` with `$model` the architecture's model and `$own` its own caches out of
+/// `$caches` (refused with `ForeignCache` if any is another architecture's).
+macro_rules! with_own_caches {
+    ($self:expr, $caches:expr, |$model:ident, $own:ident| $body:expr) => {
+        match $self {
+            Model::DeepSeekV3($model) => {
+                let mut $own = own_caches($caches, |c| match c {
+                    ModelCache::DeepSeekV3(c) => Some(c),
+                    _ => None,
+                })?;
+                $body
+            }
+            Model::DeepSeekV4($model) => {
+                let mut $own = own_caches($caches, |c| match c {
+                    ModelCache::DeepSeekV4(c) => Some(c),
+                    _ => None,
+                })?;
+                $body
+            }
+            Model::KimiK3($model) => {
+                let mut $own = own_caches($caches, |c| match c {
+                    ModelCache::KimiK3(c) => Some(c),
+                    _ => None,
+                })?;
+                $body
+            }
+        }
+    };
+}
+use with_own_caches;
 
 /// The architecture's own caches inside `caches`, refused if any is another architecture's.
 fn own_caches<'c, C>(

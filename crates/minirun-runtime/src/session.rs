@@ -263,6 +263,11 @@ impl<'t> IncrementalText<'t> {
         (!new.is_empty()).then_some(new)
     }
 
+    /// The ids pushed so far.
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+
     /// Everything handed out so far.
     pub fn shown(&self) -> &str {
         &self.shown
