@@ -61,7 +61,7 @@ pub struct Summary {
 /// A request being answered.
 struct Live<'t> {
     reply: UnboundedSender<Piece>,
-    ids: Vec<u32>,
+    /// The generated ids, and the text handed out so far.
     shown: IncrementalText<'t>,
     text: TextStream,
 }
@@ -97,7 +97,6 @@ pub fn run(session: &Session, model: &Model, jobs: &Receiver<Job>, limits: Limit
                 id,
                 Live {
                     reply: job.reply,
-                    ids: Vec::new(),
                     shown: IncrementalText::new(&session.text),
                     text: TextStream::new(job.ask.stops),
                 },
@@ -159,13 +158,8 @@ fn admission(session: &Session, job: &Job, stop: &[u32], limits: Limits) -> Opti
         }
     };
     let room = limits.context.saturating_sub(ids.len());
-    let max_tokens = match job.ask.max_tokens {
-        _ if room == 0 => None,
-        None => Some(room),
-        Some(asked) if asked <= room => Some(asked),
-        Some(_) => None,
-    };
-    let Some(max_tokens) = max_tokens else {
+    let max_tokens = job.ask.max_tokens.unwrap_or(room);
+    if room == 0 || max_tokens > room {
         return refuse(ApiError::invalid(
             "max_tokens",
             "context_length_exceeded",
@@ -178,7 +172,7 @@ fn admission(session: &Session, job: &Job, stop: &[u32], limits: Limits) -> Opti
                 limits.context
             ),
         ));
-    };
+    }
     job.reply
         .send(Piece::Started {
             prompt_tokens: ids.len(),
@@ -190,6 +184,16 @@ fn admission(session: &Session, job: &Job, stop: &[u32], limits: Limits) -> Opti
         sampling: job.ask.sampling,
         stop: stop.to_vec(),
     })
+}
+
+/// What a sequence's event means for its client.
+enum Outcome {
+    /// It goes on.
+    Going,
+    /// Its client went away.
+    Gone,
+    /// It ended, for this reason.
+    Done(Finish),
 }
 
 /// A sequence's event turned into text for its client; false when the sequence is to end here
@@ -204,23 +208,25 @@ fn hear(
     let Some(sequence) = live.get_mut(&id) else {
         return false;
     };
-    let ended = match event {
+    let outcome = match event {
         Event::Token(token) => {
             summary.generated_tokens += 1;
-            sequence.ids.push(token);
             let new = sequence.shown.push(token).unwrap_or_default();
             let (piece, stopped) = sequence.text.push_text(&new);
             let sent = piece.is_empty() || sequence.reply.send(Piece::Text(piece)).is_ok();
             match (sent && !sequence.reply.is_closed(), stopped) {
-                (false, _) => Some(None),
-                (true, Some(finish)) => Some(Some(finish)),
-                (true, None) => None,
+                (false, _) => Outcome::Gone,
+                (true, Some(finish)) => Outcome::Done(finish),
+                (true, None) => Outcome::Going,
             }
         }
         Event::Finished(reason) => {
             // The full decode may extend what was shown (a character completed by the last
             // token); what a tokenizer rewrote in a tail already sent stays as it was sent.
-            let full = session.text.decode(&sequence.ids).unwrap_or_default();
+            let full = session
+                .text
+                .decode(sequence.shown.ids())
+                .unwrap_or_default();
             let rest = full
                 .strip_prefix(sequence.shown.shown())
                 .unwrap_or_default();
@@ -231,24 +237,20 @@ fn hear(
             if !piece.is_empty() {
                 let _ = sequence.reply.send(Piece::Text(piece));
             }
-            Some(Some(stopped.unwrap_or(match reason {
+            Outcome::Done(stopped.unwrap_or(match reason {
                 StopReason::EndOfSequence => Finish::Stop,
                 StopReason::MaxTokens | StopReason::ContextFull => Finish::Length,
-            })))
+            }))
         }
     };
-    match ended {
-        None => true,
-        Some(finish) => {
-            if let (Some(finish), Some(sequence)) = (finish, live.remove(&id)) {
-                let _ = sequence.reply.send(Piece::Done {
-                    finish,
-                    completion_tokens: sequence.ids.len(),
-                });
-            } else {
-                live.remove(&id);
-            }
-            false
-        }
+    if let Outcome::Going = outcome {
+        return true;
     }
+    if let (Outcome::Done(finish), Some(sequence)) = (outcome, live.remove(&id)) {
+        let _ = sequence.reply.send(Piece::Done {
+            finish,
+            completion_tokens: sequence.shown.ids().len(),
+        });
+    }
+    false
 }
