@@ -17,12 +17,11 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{bits, ids, read_logits};
+use common::{bits, follow_oracle, ids, read_logits};
 use minirun_pack::{PackOptions, pack};
 use minirun_runtime::artifact::{Access, Artifact};
 use minirun_runtime::deepseek_v4::DeepSeekV4;
 use minirun_runtime::deepseek_v4_config::DeepSeekV4Config;
-use minirun_runtime::generate::argmax;
 use minirun_runtime::layers::StepStats;
 use minirun_runtime::model::Decoder;
 use serde_json::Value;
@@ -67,57 +66,15 @@ fn matches_transformers(prompt_name: &str) {
     );
     assert_eq!(expected.len(), prompt.len());
 
-    let mut cache = model.new_cache();
-    let mut logits = Vec::new();
-    let mut worst = 0f32;
-    for (position, (&token, want)) in prompt.iter().zip(&expected).enumerate() {
-        logits = model
-            .step(token, &mut cache, &mut StepStats::default())
-            .unwrap();
-        let delta = logits
-            .iter()
-            .zip(want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
-        worst = worst.max(delta);
-        assert!(
-            delta <= TOLERANCE,
-            "{prompt_name} position {position}: max |logit delta| {delta}"
-        );
-        if top1_margin(want) > MARGIN {
-            assert_eq!(
-                argmax(&logits),
-                argmax(want),
-                "{prompt_name} position {position}: top-1 differs"
-            );
-        }
-    }
-
-    let mut batched = model.new_cache();
-    let at_once = model
-        .prefill(&prompt, &mut batched, &mut StepStats::default())
-        .unwrap();
-    assert_eq!(
-        bits(&at_once),
-        bits(&logits),
-        "{prompt_name}: the prompt in one chunk gives the last position other bits than stepping"
+    let margins: Vec<f32> = expected.iter().map(|row| top1_margin(row)).collect();
+    let (greedy, worst) = follow_oracle(
+        &model,
+        &prompt,
+        &expected,
+        &margins,
+        (TOLERANCE, MARGIN),
+        prompt_name,
     );
-    let mut greedy = Vec::new();
-    for _ in 0..32 {
-        let token = argmax(&logits);
-        greedy.push(token);
-        logits = model
-            .step(token, &mut cache, &mut StepStats::default())
-            .unwrap();
-        let chunked = model
-            .step(token, &mut batched, &mut StepStats::default())
-            .unwrap();
-        assert_eq!(
-            bits(&chunked),
-            bits(&logits),
-            "{prompt_name}: caches diverge"
-        );
-    }
     assert_eq!(greedy, ids(&entry["greedy_32"]), "{prompt_name}: greedy");
     eprintln!("{prompt_name}: max |logit delta| vs transformers {worst:.2e}");
 }

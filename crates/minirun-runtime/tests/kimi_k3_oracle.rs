@@ -15,10 +15,9 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{bits, ids, read_logits};
+use common::{bits, follow_oracle, ids, read_logits};
 use minirun_pack::{PackOptions, pack};
 use minirun_runtime::artifact::{Access, Artifact};
-use minirun_runtime::generate::argmax;
 use minirun_runtime::kimi_k3::KimiK3;
 use minirun_runtime::kimi_k3_config::KimiK3Config;
 use minirun_runtime::layers::{ModelError, StepStats};
@@ -63,60 +62,15 @@ fn matches_mlx(variant: &str) {
         .map(|m| m.as_f64().unwrap() as f32)
         .collect();
     let expected = read_logits(&fixture(variant).join("logits.f32"), vocab);
-    assert_eq!(expected.len(), prompt.len());
 
-    let mut cache = model.new_cache();
-    let mut logits = Vec::new();
-    let mut worst = 0f32;
-    for (position, (&token, want)) in prompt.iter().zip(&expected).enumerate() {
-        logits = model
-            .step(token, &mut cache, &mut StepStats::default())
-            .unwrap();
-        let delta = logits
-            .iter()
-            .zip(want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
-        worst = worst.max(delta);
-        assert!(
-            delta <= TOLERANCE,
-            "{variant} position {position}: max |logit delta| {delta}"
-        );
-        if margins[position] > MARGIN {
-            assert_eq!(
-                argmax(&logits),
-                argmax(want),
-                "{variant} position {position}: top-1 differs"
-            );
-        }
-    }
-
-    let mut batched = model.new_cache();
-    let at_once = model
-        .prefill(&prompt, &mut batched, &mut StepStats::default())
-        .unwrap();
-    assert_eq!(
-        bits(&at_once),
-        bits(&logits),
-        "{variant}: the prompt in one chunk gives the last position other bits than stepping"
+    let (greedy, worst) = follow_oracle(
+        &model,
+        &prompt,
+        &expected,
+        &margins,
+        (TOLERANCE, MARGIN),
+        variant,
     );
-
-    let mut greedy = Vec::new();
-    for _ in 0..32 {
-        let token = argmax(&logits);
-        greedy.push(token);
-        logits = model
-            .step(token, &mut cache, &mut StepStats::default())
-            .unwrap();
-        let chunked_logits = model
-            .step(token, &mut batched, &mut StepStats::default())
-            .unwrap();
-        assert_eq!(
-            bits(&chunked_logits),
-            bits(&logits),
-            "{variant}: caches diverge"
-        );
-    }
     assert_eq!(
         greedy,
         ids(&oracle["greedy_token_ids"]),

@@ -145,3 +145,77 @@ pub fn assert_streams_as_planned(
     let (_, peak) = streamed.expert_memory().unwrap();
     assert!(peak <= plan.cache_bytes + plan.slot_pool_bytes, "{case}");
 }
+
+/// Steps `model` through `prompt` against an oracle's logits: every position within
+/// `tolerance` of `expected`, with the oracle's top-1 where `margins[position]` exceeds
+/// `margin`. Then the prompt prefilled at once must give the last position the stepped bits,
+/// and 32 greedy tokens from both caches the same bits each step. Returns the greedy tokens and
+/// the worst |delta|.
+pub fn follow_oracle<D: minirun_runtime::model::Decoder>(
+    model: &D,
+    prompt: &[u32],
+    expected: &[Vec<f32>],
+    margins: &[f32],
+    (tolerance, margin): (f32, f32),
+    label: &str,
+) -> (Vec<u32>, f32) {
+    use minirun_runtime::generate::argmax;
+    use minirun_runtime::layers::StepStats;
+    assert_eq!(
+        expected.len(),
+        prompt.len(),
+        "{label}: one row per position"
+    );
+    assert_eq!(
+        margins.len(),
+        prompt.len(),
+        "{label}: one margin per position"
+    );
+    let mut cache = model.new_cache();
+    let mut logits = Vec::new();
+    let mut worst = 0f32;
+    for (position, (&token, want)) in prompt.iter().zip(expected).enumerate() {
+        logits = model
+            .step(token, &mut cache, &mut StepStats::default())
+            .unwrap();
+        let delta = logits
+            .iter()
+            .zip(want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        worst = worst.max(delta);
+        assert!(
+            delta <= tolerance,
+            "{label} position {position}: max |logit delta| {delta}"
+        );
+        if margins[position] > margin {
+            assert_eq!(
+                argmax(&logits),
+                argmax(want),
+                "{label} position {position}: top-1 differs"
+            );
+        }
+    }
+    let mut batched = model.new_cache();
+    let at_once = model
+        .prefill(prompt, &mut batched, &mut StepStats::default())
+        .unwrap();
+    assert_eq!(
+        bits(&at_once),
+        bits(&logits),
+        "{label}: the prompt in one chunk gives the last position other bits than stepping"
+    );
+    let mut greedy = Vec::new();
+    for _ in 0..32 {
+        let token = argmax(&logits);
+        greedy.push(token);
+        logits = model
+            .step(token, &mut cache, &mut StepStats::default())
+            .unwrap();
+        let chunked = model
+            .step(token, &mut batched, &mut StepStats::default())
+            .unwrap();
+        assert_eq!(bits(&chunked), bits(&logits), "{label}: caches diverge");
+    }
+    (greedy, worst)
+}
