@@ -9,6 +9,7 @@
 //! - [`tensor_shapes`]: the tensors a config's model has, to check a file against;
 //! - [`serving`]: loading an export for inference, refusing what cannot be served;
 //! - [`sample`]: greedy and seeded sampling, and incremental generation with the KV cache;
+//! - [`batch`]: several generations decoded together, each with the bytes it gets alone;
 //! - [`rng`]: the seeded generator behind every random choice.
 //!
 //! Training, which inference never reaches into:
@@ -21,6 +22,7 @@
 //! - [`weights`]: named tensors to and from safetensors, checked against the model's shapes;
 //! - [`export`]: a run to one `.dmexp` file (`dormouse export run`).
 
+pub mod batch;
 pub mod checkpoint;
 pub mod config;
 pub mod data;

@@ -146,6 +146,81 @@ impl Attention {
     }
 }
 
+impl Attention {
+    /// One new position per sequence: `x` is `[B, d]`, row `i` continuing `caches[i]` at its own
+    /// position. The projections run over all rows at once; RoPE, the cache and the scores are
+    /// each row's own, with the shapes a lone sequence has.
+    fn step(
+        &self,
+        x: &Tensor,
+        rope: &Rope,
+        caches: &mut [&mut KvCache],
+        layer: usize,
+    ) -> Result<Tensor> {
+        let (q, k, v) = (
+            rows_linear(&self.q_proj, x)?,
+            rows_linear(&self.k_proj, x)?,
+            rows_linear(&self.v_proj, x)?,
+        );
+        let mut outs = Vec::with_capacity(caches.len());
+        for (i, cache) in caches.iter_mut().enumerate() {
+            let row = |t: &Tensor| self.heads(&t.narrow(0, i, 1)?, 1, 1);
+            let start = cache.position;
+            let q = rope.apply(&row(&q)?, start)?;
+            let k = rope.apply(&row(&k)?, start)?;
+            let (k, v) = cache.layers[layer].kv.append(&k.contiguous()?, &row(&v)?)?;
+            let scores = (q.matmul(&k.transpose(2, 3)?)? / (self.head_dim as f64).sqrt())?;
+            let weights = candle_nn::ops::softmax(&scores, D::Minus1)?;
+            outs.push(
+                weights
+                    .matmul(&v)?
+                    .transpose(1, 2)?
+                    .reshape((1, x.dim(1)?))?,
+            );
+        }
+        rows_linear(&self.o_proj, &Tensor::cat(&outs, 0)?)
+    }
+}
+
+/// Sequences one [`Dormouse::step`] runs at most: within it a row's bits do not depend on how
+/// many rows run beside it (see [`rows_linear`]).
+pub const MAX_STEP_ROWS: usize = 64;
+
+/// `x [B, in] -> [B, out]` with every row's bits independent of B (1 <= B <= [`MAX_STEP_ROWS`]).
+/// candle's product (the `gemm` crate) picks its kernel by size: a matrix-vector kernel for one
+/// row, a small-product kernel while rows x outputs <= 256, else the blocked kernel, whose
+/// depth blocks depend on the depth alone for up to 64 rows; each kernel rounds differently.
+/// So rows are padded (copies of the first) until the blocked kernel runs, and a layer with
+/// too few outputs for that within 64 rows (the memory gate, one output) is computed as one
+/// reduction per row instead.
+fn rows_linear(linear: &Linear, x: &Tensor) -> Result<Tensor> {
+    let (rows, outputs) = (x.dim(0)?, linear.weight().dim(0)?);
+    if outputs * MAX_STEP_ROWS <= SMALL_PRODUCT_LIMIT {
+        let products = x
+            .unsqueeze(1)?
+            .broadcast_mul(&linear.weight().unsqueeze(0)?)?;
+        let y = products.sum(D::Minus1)?;
+        return match linear.bias() {
+            Some(bias) => y.broadcast_add(bias),
+            None => Ok(y),
+        };
+    }
+    let padded_rows = rows.max(2).max(SMALL_PRODUCT_LIMIT / outputs + 1);
+    if padded_rows == rows {
+        return linear.forward(x);
+    }
+    let copies = x
+        .narrow(0, 0, 1)?
+        .broadcast_as((padded_rows - rows, x.dim(1)?))?
+        .contiguous()?;
+    linear
+        .forward(&Tensor::cat(&[x, &copies], 0)?)?
+        .narrow(0, 0, rows)
+}
+
+/// Products with rows x outputs at most this run `gemm`'s small-product kernel.
+const SMALL_PRODUCT_LIMIT: usize = 256;
+
 /// `[T, S]`: 0 where query `i` (absolute position `start + i`) may see key `j`, else -inf.
 fn causal_mask(t: usize, start: usize, keys: usize, device: &Device) -> Result<Tensor> {
     let mask: Vec<f32> = (0..t)
@@ -251,6 +326,42 @@ impl Block {
                 .attn
                 .forward(&self.attn_norm.forward(&h)?, start, rope, cache)?)?;
         &h + self.mlp.forward(&self.mlp_norm.forward(&h)?)?
+    }
+}
+
+impl Block {
+    /// [`Block::forward`] for one new position per sequence, `h` `[B, d]` (see [`Dormouse::step`]).
+    fn step(
+        &self,
+        h: &Tensor,
+        memory: Option<&Tensor>,
+        rope: &Rope,
+        caches: &mut [&mut KvCache],
+        layer: usize,
+    ) -> Result<Tensor> {
+        let h = match (&self.engram, memory) {
+            (Some(read), Some(memory)) => read.step(h, memory)?,
+            _ => h.clone(),
+        };
+        let attended = self
+            .attn
+            .step(&self.attn_norm.forward(&h)?, rope, caches, layer)?;
+        let h = (&h + attended)?;
+        &h + self.mlp.step(&self.mlp_norm.forward(&h)?)?
+    }
+}
+
+impl Mlp {
+    fn step(&self, x: &Tensor) -> Result<Tensor> {
+        let gated = (rows_linear(&self.gate_proj, x)?.silu()? * rows_linear(&self.up_proj, x)?)?;
+        rows_linear(&self.down_proj, &gated)
+    }
+}
+
+impl EngramRead {
+    fn step(&self, h: &Tensor, memory: &Tensor) -> Result<Tensor> {
+        let gate = candle_nn::ops::sigmoid(&rows_linear(&self.gate, h)?)?;
+        h + rows_linear(&self.proj, memory)?.broadcast_mul(&gate)?
     }
 }
 
@@ -362,13 +473,18 @@ impl Dormouse {
     /// windows start at position 0 with nothing before them; with a cache they continue the
     /// sequences the cache holds (and the cache is extended).
     pub fn forward(&self, windows: &[&[u8]], cache: Option<&mut KvCache>) -> Result<Tensor> {
+        self.runs_on_its_own()?;
+        self.run(windows, cache, None)
+    }
+
+    fn runs_on_its_own(&self) -> Result<()> {
         if self.cfg.engram_ram {
             candle_core::bail!(
                 "this model was trained with --engram-ram: its memory rows live in the run's .ngram \
                  sidecar, not in the model (engram_rows is 1 per order), so it cannot be run on its own"
             );
         }
-        self.run(windows, cache, None)
+        Ok(())
     }
 
     /// The same function as [`Dormouse::forward`] (no cache) with the memory rows gathered by
@@ -428,6 +544,79 @@ impl Dormouse {
             // instead of copying it per call.
             None => Linear::new(self.embed.embeddings().clone(), None).forward(&h),
         }
+    }
+
+    /// Logits `[B, 256]` for one more byte in each of B sequences, `bytes[i]` continuing
+    /// `caches[i]` (a cache of one sequence, at any position; the caches are extended). This is
+    /// how decoding runs, alone or batched: every weight is read once for all rows, and each
+    /// row gets the same bits whatever B is and whichever sequences run beside it.
+    pub fn step(&self, bytes: &[u8], caches: &mut [&mut KvCache]) -> Result<Tensor> {
+        self.check_step(bytes, caches)?;
+        let device = self.rope.cos.device().clone();
+        let ids: Vec<u32> = bytes.iter().map(|&b| u32::from(b)).collect();
+        let mut h = self
+            .embed
+            .forward(&Tensor::from_vec(ids, bytes.len(), &device)?)?;
+        let memory = self.step_memory(bytes, caches, &device)?;
+        for (i, block) in self.blocks.iter().enumerate() {
+            h = block.step(&h, memory.as_ref(), &self.rope, caches, i)?;
+        }
+        for (cache, &byte) in caches.iter_mut().zip(bytes) {
+            cache.position += 1;
+            cache.remember(&[&[byte]], self.max_order());
+        }
+        let h = self.norm.forward(&h)?;
+        match &self.lm_head {
+            Some(head) => rows_linear(head, &h),
+            None => rows_linear(&Linear::new(self.embed.embeddings().clone(), None), &h),
+        }
+    }
+
+    fn check_step(&self, bytes: &[u8], caches: &[&mut KvCache]) -> Result<()> {
+        self.runs_on_its_own()?;
+        if bytes.is_empty() || bytes.len() != caches.len() || bytes.len() > MAX_STEP_ROWS {
+            candle_core::bail!(
+                "a step needs one byte per cache, 1 to {MAX_STEP_ROWS} of them ({} bytes, {} caches)",
+                bytes.len(),
+                caches.len()
+            );
+        }
+        for cache in caches {
+            if cache.recent.len() > 1 {
+                candle_core::bail!(
+                    "a step continues caches of one sequence each; this one holds {}",
+                    cache.recent.len()
+                );
+            }
+            if cache.position >= self.cfg.max_seq_len {
+                candle_core::bail!(
+                    "position {} is past max_seq_len {}",
+                    cache.position + 1,
+                    self.cfg.max_seq_len
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The memory rows `[B, orders x engram_dim]` of one new byte per sequence, each hashed
+    /// with its own sequence's recent bytes.
+    fn step_memory(
+        &self,
+        bytes: &[u8],
+        caches: &[&mut KvCache],
+        device: &Device,
+    ) -> Result<Option<Tensor>> {
+        let rows = bytes
+            .iter()
+            .zip(caches)
+            .map(|(&byte, cache)| {
+                let windows: [&[u8]; 1] = [&[byte]];
+                let memory = self.read_memory(&windows, Some(cache), device)?;
+                memory.map(|m| m.reshape((1, ()))).transpose()
+            })
+            .collect::<Result<Option<Vec<Tensor>>>>()?;
+        rows.map(|rows| Tensor::cat(&rows, 0)).transpose()
     }
 
     fn max_order(&self) -> usize {

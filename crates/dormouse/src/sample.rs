@@ -133,6 +133,76 @@ fn last_logits(logits: &Tensor) -> Result<Vec<f32>> {
         .to_vec1::<f32>()
 }
 
+/// One sequence between bytes: every byte it has seen and its cache. Lone generation and
+/// batched decoding ([`crate::batch`]) both move a sequence on through it, so they rebuild the
+/// cache at the same bytes from the same context.
+#[derive(Debug)]
+pub(crate) struct Continuation {
+    context: Vec<u8>,
+    cache: KvCache,
+}
+
+impl Continuation {
+    /// Runs `prompt` (its last `max_seq_len` bytes) and returns the sequence with the logits
+    /// of its next byte.
+    pub(crate) fn start(model: &Dormouse, prompt: &[u8]) -> Result<(Self, Vec<f32>)> {
+        if prompt.is_empty() {
+            candle_core::bail!("the prompt is empty: give at least one byte to continue");
+        }
+        let limit = model.config().max_seq_len;
+        let start = prompt.len().saturating_sub(limit);
+        let mut cache = KvCache::new(model.config());
+        let logits = last_logits(&model.forward(&[&prompt[start..]], Some(&mut cache))?)?;
+        let sequence = Continuation {
+            context: prompt.to_vec(),
+            cache,
+        };
+        Ok((sequence, logits))
+    }
+
+    /// Takes `byte` as the sequence's next byte; [`Continuation::next_logits`] (or a batched
+    /// step of [`Continuation::cache_mut`] when the cache is not full) runs it.
+    pub(crate) fn push(&mut self, byte: u8) {
+        self.context.push(byte);
+    }
+
+    /// The byte pushed last.
+    pub(crate) fn last_byte(&self) -> u8 {
+        self.context.last().copied().unwrap_or_default()
+    }
+
+    /// True when the cache holds `max_seq_len` positions: the next byte cannot be stepped and
+    /// the cache is rebuilt instead ([`Continuation::rebuild`]).
+    pub(crate) fn is_full(&self, model: &Dormouse) -> bool {
+        self.cache.position() + 1 > model.config().max_seq_len
+    }
+
+    /// A new cache from the last half of the context (the model never attends past
+    /// `max_seq_len`), and the logits of the byte after it.
+    pub(crate) fn rebuild(&mut self, model: &Dormouse) -> Result<Vec<f32>> {
+        let keep = (model.config().max_seq_len / 2).max(1);
+        self.cache = KvCache::new(model.config());
+        let recent = &self.context[self.context.len() - keep.min(self.context.len())..];
+        last_logits(&model.forward(&[recent], Some(&mut self.cache))?)
+    }
+
+    pub(crate) fn cache_mut(&mut self) -> &mut KvCache {
+        &mut self.cache
+    }
+
+    /// The logits after the byte pushed last, run alone.
+    fn next_logits(&mut self, model: &Dormouse) -> Result<Vec<f32>> {
+        if self.is_full(model) {
+            return self.rebuild(model);
+        }
+        let byte = self.last_byte();
+        model
+            .step(&[byte], &mut [&mut self.cache])?
+            .squeeze(0)?
+            .to_vec1()
+    }
+}
+
 /// Continues `prompt` by up to `max_new` bytes, calling `on_byte` with each as it is chosen
 /// (return `ControlFlow::Break` to stop). Uses the KV cache; when the context reaches the
 /// model's `max_seq_len`, the cache is rebuilt from the last half of the context (the model
@@ -144,30 +214,16 @@ pub fn generate(
     sampler: &mut Sampler,
     mut on_byte: impl FnMut(u8) -> ControlFlow<()>,
 ) -> Result<usize> {
-    if prompt.is_empty() {
-        candle_core::bail!("the prompt is empty: give at least one byte to continue");
-    }
-    let limit = model.config().max_seq_len;
-    let keep = (limit / 2).max(1);
-    let mut context: Vec<u8> = prompt.to_vec();
-    let start = context.len().saturating_sub(limit);
-    let mut cache = KvCache::new(model.config());
-    let mut logits = last_logits(&model.forward(&[&context[start..]], Some(&mut cache))?)?;
+    let (mut sequence, mut logits) = Continuation::start(model, prompt)?;
     let mut produced = 0;
     while produced < max_new {
         let byte = sampler.next_byte(&logits);
         produced += 1;
-        context.push(byte);
+        sequence.push(byte);
         if on_byte(byte).is_break() || produced == max_new {
             break;
         }
-        if cache.position() + 1 > limit {
-            cache = KvCache::new(model.config());
-            let recent = &context[context.len() - keep.min(context.len())..];
-            logits = last_logits(&model.forward(&[recent], Some(&mut cache))?)?;
-        } else {
-            logits = last_logits(&model.forward(&[&[byte]], Some(&mut cache))?)?;
-        }
+        logits = sequence.next_logits(model)?;
     }
     Ok(produced)
 }
