@@ -10,6 +10,7 @@ mod generate_cmd;
 mod kernel_threads;
 mod quickstart_cmd;
 mod serve_cmd;
+mod serve_engine;
 mod train_cmd;
 
 use std::process::ExitCode;

@@ -1,14 +1,13 @@
 //! `dormouse serve`: an OpenAI-compatible HTTP server for one `.dmexp` model.
 
 use std::convert::Infallible;
-use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result, anyhow};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
@@ -18,18 +17,17 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use candle_core::Device;
-use dormouse::Dormouse;
-use dormouse::sample::{Sampler, generate};
 use dormouse::serving::load_export;
 use serde_json::{Value, json};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc::{self, UnboundedReceiver, unbounded_channel};
 use tokio_stream::wrappers::ReceiverStream;
 
 use http_serve::api_error::{body_refused, method_not_allowed, no_route, rejected_body};
-use http_serve::lifecycle::{SetOnDrop, positive_seconds, request_seed, unix_now};
-use http_serve::{ApiError, Finish, Limits, TextStream};
+use http_serve::lifecycle::{positive_seconds, request_seed, unix_now};
+use http_serve::{ApiError, Finish, Limits};
 
 use crate::completions::{Job, MAX_BODY_BYTES, parse_request};
+use crate::serve_engine::{self, Piece, Queued};
 
 #[derive(clap::Args)]
 #[command(
@@ -52,7 +50,8 @@ pub struct Args {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
-    /// Completions generated at once; more wait their turn.
+    /// Completions decoded together, one batched step for all of them (each gets the bytes
+    /// `generate` gives it alone); more wait their turn.
     #[arg(long, default_value_t = 64)]
     max_concurrent: usize,
     /// Seconds a client has to send its request line and headers; a connection still sending
@@ -69,22 +68,14 @@ pub struct Args {
 }
 
 struct AppState {
-    model: Arc<Dormouse>,
+    jobs: std::sync::mpsc::Sender<Queued>,
     model_id: String,
     created: u64,
     requests: AtomicU64,
-    running: Arc<Semaphore>,
 }
 
 pub fn main(args: Args) -> ExitCode {
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("serve: cannot start the async runtime: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    match runtime.block_on(run(args)) {
+    match serve(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("serve: {e:#}");
@@ -93,19 +84,50 @@ pub fn main(args: Args) -> ExitCode {
     }
 }
 
-async fn run(args: Args) -> Result<()> {
+fn serve(args: Args) -> Result<()> {
     let served = load_export(&args.export, &Device::Cpu)?;
     let model_id = args
         .export
         .file_stem()
         .map_or_else(|| "dormouse".into(), |s| s.to_string_lossy().into_owned());
+    let banner = format!(
+        "{model_id} ({} params, {})",
+        served.header.num_params,
+        served.header.dtype.name()
+    );
+    let (jobs, taken) = std::sync::mpsc::channel::<Queued>();
+    let max_concurrent = args.max_concurrent.max(1);
+    let model = served.model;
+    let engine = std::thread::Builder::new()
+        .name("decode".into())
+        .spawn(move || serve_engine::run(&model, &taken, max_concurrent))
+        .context("cannot start the decode thread")?;
     let state = Arc::new(AppState {
-        model: Arc::new(served.model),
+        jobs,
         model_id,
         created: unix_now(),
         requests: AtomicU64::new(0),
-        running: Arc::new(Semaphore::new(args.max_concurrent.max(1))),
     });
+    let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    let listened = runtime.block_on(listen(&args, state, &banner));
+    // Dropping the runtime drops every handler still waiting (their connections were cut off
+    // after the grace), and with them the last senders: the decode thread then ends.
+    drop(runtime);
+    listened?;
+    let summary = engine
+        .join()
+        .map_err(|_| anyhow!("the decode thread panicked"))?;
+    eprintln!(
+        "serve: {} requests, {} bytes generated in {} batched steps (mean batch {:.2})",
+        summary.requests,
+        summary.generated_bytes,
+        summary.steps,
+        summary.step_rows as f64 / summary.steps.max(1) as f64
+    );
+    Ok(())
+}
+
+async fn listen(args: &Args, state: Arc<AppState>, banner: &str) -> Result<()> {
     let app = Router::new()
         .route("/health", get(health))
         .route("/v1/models", get(models))
@@ -113,15 +135,10 @@ async fn run(args: Args) -> Result<()> {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(state.clone());
+        .with_state(state);
     let listener = http_serve::bind(&args.host, args.port).await?;
     let bound = listener.local_addr()?;
-    eprintln!(
-        "serving {} ({} params, {}) on http://{bound}/v1 (Ctrl-C to stop)",
-        state.model_id,
-        served.header.num_params,
-        served.header.dtype.name()
-    );
+    eprintln!("serving {banner} on http://{bound}/v1 (Ctrl-C to stop)");
     let limits = Limits {
         header_timeout: Duration::from_secs_f64(args.header_timeout),
         body_timeout: Duration::from_secs_f64(args.body_timeout),
@@ -177,55 +194,6 @@ async fn completions(
     }
 }
 
-/// One piece of a completion as the generating thread reports it.
-enum Piece {
-    Text(String),
-    Done(Finish, usize),
-    Failed(String),
-}
-
-/// Generates `job` on a blocking thread, reporting pieces through `send` (which returns
-/// false once nobody listens: the generation then stops).
-fn run_job(model: &Dormouse, job: &Job, mut send: impl FnMut(Piece) -> bool) {
-    let mut text = TextStream::new(job.stops.clone());
-    let mut finish = Finish::Length;
-    let mut listening = true;
-    let result = generate(
-        model,
-        &job.prompt,
-        job.max_tokens,
-        &mut Sampler::new(job.sampling),
-        |byte| {
-            let (piece, stop) = text.push(byte);
-            if !piece.is_empty() && !send(Piece::Text(piece)) {
-                listening = false;
-                return ControlFlow::Break(());
-            }
-            match stop {
-                Some(f) => {
-                    finish = f;
-                    ControlFlow::Break(())
-                }
-                None => ControlFlow::Continue(()),
-            }
-        },
-    );
-    if !listening {
-        return;
-    }
-    if let Err(e) = result {
-        send(Piece::Failed(e.to_string()));
-        return;
-    }
-    if finish == Finish::Length {
-        let rest = text.finish();
-        if !rest.is_empty() && !send(Piece::Text(rest)) {
-            return;
-        }
-    }
-    send(Piece::Done(finish, text.bytes()));
-}
-
 fn usage(prompt: usize, completion: usize) -> Value {
     json!({ "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion })
 }
@@ -234,36 +202,25 @@ fn server_error(message: String) -> Response {
     ApiError::server("generation_failed", message).into_response()
 }
 
+/// Hands `job` to the decode thread; its pieces come back on the receiver. Dropping the
+/// receiver (the client went away) ends the sequence.
+fn queue(state: &AppState, job: Job) -> Option<UnboundedReceiver<Piece>> {
+    let (reply, pieces) = unbounded_channel();
+    state.jobs.send(Queued { job, reply }).ok()?;
+    Some(pieces)
+}
+
 async fn whole_completion(state: Arc<AppState>, job: Job, id: String) -> Response {
-    // The permit moves into the generating thread, so it is held for as long as generation
-    // runs; the guard tells that thread when the client has gone (axum drops this future).
-    let Ok(permit) = state.running.clone().acquire_owned().await else {
+    let prompt_len = job.prompt.len();
+    let Some(mut pieces) = queue(&state, job) else {
         return server_error("the server is shutting down".into());
     };
-    let gone = Arc::new(AtomicBool::new(false));
-    let _on_disconnect = SetOnDrop(gone.clone());
-    let model = state.model.clone();
-    let prompt_len = job.prompt.len();
-    let outcome = tokio::task::spawn_blocking(move || {
-        let _permit = permit;
-        let mut pieces = Vec::new();
-        run_job(&model, &job, |p| {
-            pieces.push(p);
-            !gone.load(Ordering::Relaxed)
-        });
-        pieces
-    })
-    .await;
-    let pieces = match outcome {
-        Ok(p) => p,
-        Err(e) => return server_error(format!("the generation thread failed: {e}")),
-    };
     let mut text = String::new();
-    for piece in pieces {
+    while let Some(piece) = pieces.recv().await {
         match piece {
             Piece::Text(t) => text.push_str(&t),
             Piece::Failed(e) => return server_error(e),
-            Piece::Done(finish, bytes) => {
+            Piece::Done { finish, bytes } => {
                 return Json(json!({
                     "id": id,
                     "object": "text_completion",
@@ -292,34 +249,35 @@ fn chunk(state: &AppState, id: &str, text: &str, finish: Option<Finish>) -> Even
     )
 }
 
+/// One SSE event per piece, the finish reason in the last chunk, then `[DONE]`. A client that
+/// goes away closes the event stream; the forwarding task then ends, and with it the decode
+/// thread's channel, which ends the sequence.
 async fn stream_completion(state: Arc<AppState>, job: Job, id: String) -> Response {
+    let Some(mut pieces) = queue(&state, job) else {
+        return server_error("the server is shutting down".into());
+    };
     let (events, receiver) = mpsc::channel::<std::result::Result<Event, Infallible>>(64);
     tokio::spawn(async move {
-        let Ok(_permit) = state.running.clone().acquire_owned().await else {
-            return;
-        };
-        let model = state.model.clone();
-        let worker_state = state.clone();
-        let _ = tokio::task::spawn_blocking(move || {
-            run_job(&model, &job, |piece| {
-                let event = match piece {
-                    Piece::Text(t) => chunk(&worker_state, &id, &t, None),
-                    Piece::Done(finish, _) => {
-                        let last = chunk(&worker_state, &id, "", Some(finish));
-                        return events.blocking_send(Ok(last)).is_ok()
-                            && events
-                                .blocking_send(Ok(Event::default().data("[DONE]")))
-                                .is_ok();
-                    }
-                    Piece::Failed(e) => {
-                        let error = ApiError::server("generation_failed", e);
-                        Event::default().data(error.to_json().to_string())
-                    }
-                };
-                events.blocking_send(Ok(event)).is_ok()
-            });
-        })
-        .await;
+        while let Some(piece) = pieces.recv().await {
+            let event = match piece {
+                Piece::Text(t) => chunk(&state, &id, &t, None),
+                Piece::Done { finish, .. } => {
+                    let _ = events.send(Ok(chunk(&state, &id, "", Some(finish)))).await;
+                    let _ = events.send(Ok(Event::default().data("[DONE]"))).await;
+                    return;
+                }
+                Piece::Failed(e) => {
+                    let error = ApiError::server("generation_failed", e);
+                    let _ = events
+                        .send(Ok(Event::default().data(error.to_json().to_string())))
+                        .await;
+                    return;
+                }
+            };
+            if events.send(Ok(event)).await.is_err() {
+                return;
+            }
+        }
     });
     Sse::new(ReceiverStream::new(receiver)).into_response()
 }

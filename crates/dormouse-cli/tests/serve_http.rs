@@ -218,6 +218,89 @@ fn serve_answers_like_generate_streams_refuses_bad_requests_and_shuts_down_grace
     assert!(log.iter().any(|l| l.contains("stopped")), "{log:?}");
 }
 
+/// Requests sent at once are decoded as one batch (the shutdown summary's mean batch is above
+/// 1), and each gets exactly the text `generate` prints for it alone, greedy and sampled.
+#[test]
+fn requests_decoded_together_each_get_what_generate_gives_them_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let export = trained_export(dir.path(), 40, &[]);
+    let file = export.to_str().unwrap().to_string();
+    let asks: Vec<(&str, Vec<&str>, Value)> = vec![
+        ("And God said", vec![], json!({"temperature": 0})),
+        ("In the", vec![], json!({"temperature": 0})),
+        (
+            "The",
+            vec!["--temperature", "0.8", "--top-k", "40", "--seed", "3"],
+            json!({"temperature": 0.8, "top_k": 40, "seed": 3}),
+        ),
+        (
+            "x",
+            vec!["--temperature", "1.0", "--top-p", "0.9", "--seed", "11"],
+            json!({"temperature": 1.0, "top_p": 0.9, "seed": 11}),
+        ),
+        ("Once upon a time there", vec![], json!({"temperature": 0})),
+        (
+            "a",
+            vec!["--temperature", "0.5", "--seed", "5"],
+            json!({"temperature": 0.5, "seed": 5}),
+        ),
+    ];
+    let steps = 300;
+    let expected: Vec<String> = asks
+        .iter()
+        .map(|(prompt, flags, _)| {
+            let steps = steps.to_string();
+            let mut args = vec!["--export", &file, "--prompt", prompt, "--steps", &steps];
+            args.extend(flags.iter().copied());
+            let out = run(dir.path(), "generate", &args);
+            assert!(out.status.success(), "{}", stderr(&out));
+            String::from_utf8_lossy(&out.stdout)
+                .trim_end_matches('\n')
+                .to_string()
+        })
+        .collect();
+    let server = Server::start(dir.path(), &export, &[]);
+    let start = std::sync::Arc::new(std::sync::Barrier::new(asks.len()));
+    let workers: Vec<_> = asks
+        .iter()
+        .map(|(prompt, _, params)| {
+            let url = server.url("/v1/completions");
+            let mut body = params.clone();
+            body["prompt"] = json!(prompt);
+            body["max_tokens"] = json!(steps);
+            let start = start.clone();
+            std::thread::spawn(move || {
+                start.wait();
+                let answer: Value = ureq::post(&url)
+                    .send_json(body)
+                    .unwrap()
+                    .into_json()
+                    .unwrap();
+                answer["choices"][0]["text"].as_str().unwrap().to_string()
+            })
+        })
+        .collect();
+    for (i, (worker, expected)) in workers.into_iter().zip(&expected).enumerate() {
+        assert_eq!(&worker.join().unwrap(), expected, "request {i}");
+    }
+    let mut server = server;
+    sigterm(&server.child.id().to_string());
+    assert!(server.child.wait().unwrap().success());
+    // The summary is the server's last line; the thread reading its stderr may still hold it.
+    let summary = std::iter::from_fn(|| server.log.recv_timeout(Duration::from_secs(10)).ok())
+        .find(|l| l.contains("(mean batch "))
+        .expect("the shutdown summary line");
+    let mean: f64 = summary
+        .split("(mean batch ")
+        .nth(1)
+        .and_then(|rest| rest.trim_end_matches(')').parse().ok())
+        .unwrap_or_else(|| panic!("unreadable summary: {summary}"));
+    assert!(
+        mean > 1.5,
+        "requests sent at once ran together: mean batch {mean}"
+    );
+}
+
 /// Seconds until the server closes `stream` (reads return 0), or `None` within `limit`.
 fn closed_within(stream: &mut std::net::TcpStream, limit: Duration) -> Option<f64> {
     use std::io::Read;
