@@ -4,7 +4,7 @@
 //! [`generate`](crate::sample::generate) gives it alone: the same prompt pass, the same step
 //! bits, the same cache rebuilds, the same sampler draws.
 
-use crate::model::{Dormouse, MAX_STEP_ROWS};
+use crate::model::Dormouse;
 use crate::sample::{Continuation, Sampler, SamplingParams};
 
 /// One generation to run.
@@ -134,13 +134,9 @@ impl<'m> Batch<'m> {
                 caches.push(active.sequence.cache_mut());
             }
         }
-        let mut stepped = stepped.into_iter();
-        for (bytes, caches) in bytes
-            .chunks(MAX_STEP_ROWS)
-            .zip(caches.chunks_mut(MAX_STEP_ROWS))
-        {
-            let rows = model.step(bytes, caches)?;
-            for (row, i) in (0..bytes.len()).zip(stepped.by_ref()) {
+        if !stepped.is_empty() {
+            let rows = model.step(&bytes, &mut caches)?;
+            for (row, i) in stepped.into_iter().enumerate() {
                 logits[i] = rows.get(row)?.to_vec1()?;
             }
         }

@@ -8,6 +8,7 @@
 //! - [`model`]: the model, one forward function for training and inference, with a KV cache;
 //! - [`tensor_shapes`]: the tensors a config's model has, to check a file against;
 //! - [`serving`]: loading an export for inference, refusing what cannot be served;
+//! - [`row_product`]: the matrix product of decoding steps, each row's bits independent of the batch;
 //! - [`sample`]: greedy and seeded sampling, and incremental generation with the KV cache;
 //! - [`batch`]: several generations decoded together, each with the bytes it gets alone;
 //! - [`rng`]: the seeded generator behind every random choice.
@@ -32,9 +33,11 @@ pub mod init;
 pub mod model;
 pub mod optim;
 pub mod rng;
+pub mod row_product;
 pub mod run_policy;
 pub mod sample;
 pub mod serving;
+mod step_attention;
 pub mod tensor_shapes;
 pub mod train;
 pub mod weights;

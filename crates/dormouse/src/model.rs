@@ -28,6 +28,8 @@ use candle_nn::{Embedding, Init, Linear, VarBuilder, linear, linear_no_bias};
 
 use crate::config::{DormouseConfig, VOCAB_SIZE};
 use crate::engram::hash;
+use crate::row_product;
+use crate::step_attention::{self, HostRope};
 
 /// Standard deviation of the embedding and memory tables at initialisation.
 const INIT_STD: f64 = 0.02;
@@ -59,6 +61,8 @@ impl RmsNorm {
 struct Rope {
     cos: Tensor,
     sin: Tensor,
+    /// The same tables on the host, for decoding steps.
+    host: HostRope,
 }
 
 impl Rope {
@@ -72,9 +76,11 @@ impl Rope {
             .to_dtype(DType::F32)?
             .reshape((cfg.max_seq_len, 1))?;
         let angles = positions.broadcast_mul(&inv_freq)?;
+        let (cos, sin) = (angles.cos()?, angles.sin()?);
         Ok(Rope {
-            cos: angles.cos()?,
-            sin: angles.sin()?,
+            host: HostRope::new(&cos, &sin)?,
+            cos,
+            sin,
         })
     }
 
@@ -148,8 +154,8 @@ impl Attention {
 
 impl Attention {
     /// One new position per sequence: `x` is `[B, d]`, row `i` continuing `caches[i]` at its own
-    /// position. The projections run over all rows at once; RoPE, the cache and the scores are
-    /// each row's own, with the shapes a lone sequence has.
+    /// position. The projections run over all rows at once; RoPE, the cache and the attention
+    /// are each row's own ([`step_attention`]).
     fn step(
         &self,
         x: &Tensor,
@@ -157,69 +163,31 @@ impl Attention {
         caches: &mut [&mut KvCache],
         layer: usize,
     ) -> Result<Tensor> {
-        let (q, k, v) = (
-            rows_linear(&self.q_proj, x)?,
-            rows_linear(&self.k_proj, x)?,
-            rows_linear(&self.v_proj, x)?,
-        );
-        let mut outs = Vec::with_capacity(caches.len());
-        for (i, cache) in caches.iter_mut().enumerate() {
-            let row = |t: &Tensor| self.heads(&t.narrow(0, i, 1)?, 1, 1);
-            let start = cache.position;
-            let q = rope.apply(&row(&q)?, start)?;
-            let k = rope.apply(&row(&k)?, start)?;
-            let (k, v) = cache.layers[layer].kv.append(&k.contiguous()?, &row(&v)?)?;
-            let scores = (q.matmul(&k.transpose(2, 3)?)? / (self.head_dim as f64).sqrt())?;
-            let weights = candle_nn::ops::softmax(&scores, D::Minus1)?;
-            outs.push(
-                weights
-                    .matmul(&v)?
-                    .transpose(1, 2)?
-                    .reshape((1, x.dim(1)?))?,
-            );
+        let d = x.dim(1)?;
+        let q = rows_linear(&self.q_proj, x)?.to_vec2::<f32>()?;
+        let k = rows_linear(&self.k_proj, x)?.to_vec2::<f32>()?;
+        let v = rows_linear(&self.v_proj, x)?;
+        let mut outs = Vec::with_capacity(caches.len() * d);
+        for (i, ((mut q, mut k), cache)) in q.into_iter().zip(k).zip(caches.iter_mut()).enumerate()
+        {
+            let position = cache.position;
+            rope.host.rotate(&mut q, self.head_dim, position)?;
+            rope.host.rotate(&mut k, self.head_dim, position)?;
+            let k = self.heads(&Tensor::from_vec(k, (1, d), x.device())?, 1, 1)?;
+            let v = self.heads(&v.narrow(0, i, 1)?, 1, 1)?;
+            let (keys, values) = cache.layers[layer].kv.append(&k, &v)?;
+            outs.extend(step_attention::attend(&q, &keys, &values, self.head_dim)?);
         }
-        rows_linear(&self.o_proj, &Tensor::cat(&outs, 0)?)
+        let outs = Tensor::from_vec(outs, (caches.len(), d), x.device())?;
+        rows_linear(&self.o_proj, &outs)
     }
 }
 
-/// Sequences one [`Dormouse::step`] runs at most: within it a row's bits do not depend on how
-/// many rows run beside it (see [`rows_linear`]).
-pub const MAX_STEP_ROWS: usize = 64;
-
-/// `x [B, in] -> [B, out]` with every row's bits independent of B (1 <= B <= [`MAX_STEP_ROWS`]).
-/// candle's product (the `gemm` crate) picks its kernel by size: a matrix-vector kernel for one
-/// row, a small-product kernel while rows x outputs <= 256, else the blocked kernel, whose
-/// depth blocks depend on the depth alone for up to 64 rows; each kernel rounds differently.
-/// So rows are padded (copies of the first) until the blocked kernel runs, and a layer with
-/// too few outputs for that within 64 rows (the memory gate, one output) is computed as one
-/// reduction per row instead.
+/// `x [B, in] -> [B, out]` through [`row_product`], whose every row's bits are independent of
+/// B and of the other rows.
 fn rows_linear(linear: &Linear, x: &Tensor) -> Result<Tensor> {
-    let (rows, outputs) = (x.dim(0)?, linear.weight().dim(0)?);
-    if outputs * MAX_STEP_ROWS <= SMALL_PRODUCT_LIMIT {
-        let products = x
-            .unsqueeze(1)?
-            .broadcast_mul(&linear.weight().unsqueeze(0)?)?;
-        let y = products.sum(D::Minus1)?;
-        return match linear.bias() {
-            Some(bias) => y.broadcast_add(bias),
-            None => Ok(y),
-        };
-    }
-    let padded_rows = rows.max(2).max(SMALL_PRODUCT_LIMIT / outputs + 1);
-    if padded_rows == rows {
-        return linear.forward(x);
-    }
-    let copies = x
-        .narrow(0, 0, 1)?
-        .broadcast_as((padded_rows - rows, x.dim(1)?))?
-        .contiguous()?;
-    linear
-        .forward(&Tensor::cat(&[x, &copies], 0)?)?
-        .narrow(0, 0, rows)
+    row_product::rows_times_transposed(x, linear.weight(), linear.bias())
 }
-
-/// Products with rows x outputs at most this run `gemm`'s small-product kernel.
-const SMALL_PRODUCT_LIMIT: usize = 256;
 
 /// `[T, S]`: 0 where query `i` (absolute position `start + i`) may see key `j`, else -inf.
 fn causal_mask(t: usize, start: usize, keys: usize, device: &Device) -> Result<Tensor> {
@@ -574,9 +542,9 @@ impl Dormouse {
 
     fn check_step(&self, bytes: &[u8], caches: &[&mut KvCache]) -> Result<()> {
         self.runs_on_its_own()?;
-        if bytes.is_empty() || bytes.len() != caches.len() || bytes.len() > MAX_STEP_ROWS {
+        if bytes.is_empty() || bytes.len() != caches.len() {
             candle_core::bail!(
-                "a step needs one byte per cache, 1 to {MAX_STEP_ROWS} of them ({} bytes, {} caches)",
+                "a step needs one byte per cache, at least one ({} bytes, {} caches)",
                 bytes.len(),
                 caches.len()
             );
