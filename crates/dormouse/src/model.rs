@@ -139,8 +139,8 @@ impl Attention {
         let mut k = rope.apply(&self.heads(&self.k_proj.forward(x)?, b, t)?, start)?;
         let mut v = self.heads(&self.v_proj.forward(x)?, b, t)?;
         if let Some(cache) = cache {
-            // Written in place into buffers of max_seq_len positions: appending a byte copies
-            // that byte's keys and values, not the whole history.
+            // Written in place into buffers that grow by CACHE_GROWTH positions: appending a
+            // byte copies that byte's keys and values, not the whole history.
             (k, v) = cache.kv.append(&k.contiguous()?, &v.contiguous()?)?;
         }
         let keys = k.dim(2)?;
@@ -339,6 +339,11 @@ struct LayerCache {
     kv: candle_nn::kv_cache::KvCache,
 }
 
+/// Positions a layer's cache buffers grow by. A cache sized for `max_seq_len` at once costs
+/// every request megabytes of freshly zeroed memory however short it is; growing in steps
+/// costs a copy of the buffer per step instead (a few per `max_seq_len`).
+const CACHE_GROWTH: usize = 64;
+
 /// Incremental-decoding state: per-block keys and values, the position reached, and the last
 /// bytes of each sequence (the Engram n-grams of new bytes reach back into them). Not `Clone`:
 /// its buffers are written in place, so a copy would share them.
@@ -354,7 +359,7 @@ impl KvCache {
         KvCache {
             layers: (0..cfg.n_layers)
                 .map(|_| LayerCache {
-                    kv: candle_nn::kv_cache::KvCache::new(2, cfg.max_seq_len),
+                    kv: candle_nn::kv_cache::KvCache::new(2, CACHE_GROWTH.min(cfg.max_seq_len)),
                 })
                 .collect(),
             position: 0,

@@ -13,18 +13,13 @@
 //! read once per call for all rows of `x`, which is what makes batching pay.
 
 use candle_core::{DType, Device, Result, Storage, Tensor};
-use rayon::prelude::*;
 
 /// Running sums per dot product.
 pub const LANES: usize = 16;
 
-/// Multiply-adds below which a product runs on the calling thread: handing work to the
-/// thread pool and waiting for it costs more than a lone decoding step's product.
+/// Multiply-adds from which a product is split across every core (a batched step's): below it
+/// (a lone step's products) starting threads and waiting for them costs more than it saves.
 const PARALLEL_PRODUCTS: usize = 1 << 22;
-
-/// Outputs computed per rayon task: large enough that splitting pays, small enough that both
-/// cores get work on the smallest layer.
-const OUTPUTS_PER_TASK: usize = 64;
 
 /// `x [B, in]` times the transpose of `weight [out, in]`, plus `bias [out]` if given:
 /// `[B, out]`. Both tensors must be f32 on the CPU; the weight contiguous.
@@ -45,16 +40,27 @@ pub fn rows_times_transposed(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>)
         candle_core::bail!("a decoding step's weight must be contiguous");
     };
     let weight = &cpu.as_slice::<f32>()?[start..end];
-    // Output-major while computing, so each task owns whole weight rows; transposed after.
+    // Output-major while computing, so each thread owns whole weight rows; transposed after.
     let mut by_output = vec![0f32; outputs * rows];
-    if rows * outputs * inputs < PARALLEL_PRODUCTS || rayon::current_num_threads() == 1 {
-        products(&x, weight, inputs, &mut by_output);
+    let threads = if rows * outputs * inputs < PARALLEL_PRODUCTS {
+        1
     } else {
-        by_output
-            .par_chunks_mut(OUTPUTS_PER_TASK * rows)
-            .zip(weight.par_chunks(OUTPUTS_PER_TASK * inputs))
-            .for_each(|(out, w)| products(&x, w, inputs, out));
-    }
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    };
+    // Whole groups of four weight rows per thread, so each thread runs the same kernel.
+    let per_thread = outputs.div_ceil(threads).next_multiple_of(4);
+    std::thread::scope(|scope| {
+        let mut parts = by_output
+            .chunks_mut(per_thread * rows)
+            .zip(weight.chunks(per_thread * inputs));
+        let first = parts.next();
+        for (out, w) in parts {
+            scope.spawn(|| products(&x, w, inputs, out));
+        }
+        if let Some((out, w)) = first {
+            products(&x, w, inputs, out);
+        }
+    });
     let mut y = vec![0f32; rows * outputs];
     for (j, column) in by_output.chunks(rows).enumerate() {
         for (i, &v) in column.iter().enumerate() {
