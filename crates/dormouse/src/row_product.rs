@@ -19,7 +19,7 @@ pub const LANES: usize = 16;
 
 /// Multiply-adds from which a product is split across every core (a batched step's): below it
 /// (a lone step's products) starting threads and waiting for them costs more than it saves.
-const PARALLEL_PRODUCTS: usize = 1 << 22;
+const PARALLEL_PRODUCTS: usize = 1 << 20;
 
 /// `x [B, in]` times the transpose of `weight [out, in]`, plus `bias [out]` if given:
 /// `[B, out]`. Both tensors must be f32 on the CPU; the weight contiguous.
