@@ -1,9 +1,11 @@
 //! Building an export in two passes over the weights: the first checks every value and
-//! gathers the statistics the header records; the second narrows and streams the payload
-//! (checksummed on the way) to memory or to a file, so a large model is never held twice.
+//! gathers the statistics the header records (two threads, each over half the values); the
+//! second narrows and streams the payload (checksummed on the way) to memory or to a file, so a
+//! large model is never held twice, a second thread narrowing ahead of the write.
 
 use std::collections::HashSet;
 use std::io::{self, Write};
+use std::sync::mpsc;
 
 use crate::dtype::Dtype;
 use crate::error::Error;
@@ -128,12 +130,7 @@ impl<'a> Plan<'a> {
         dtype: Dtype,
     ) -> Result<Plan<'a>, Error> {
         let entries = lay_out(tensors, dtype)?;
-        let mut stats = StatsAcc::new(dtype);
-        for tensor in tensors {
-            narrow::scan(dtype, tensor.values, &mut stats)
-                .map_err(|problem| value_error(tensor.name, dtype, problem))?;
-        }
-        let stats = stats.finish();
+        let stats = scan_all(tensors, dtype)?.finish();
         let header = Header {
             dtype,
             source: meta.source.clone(),
@@ -162,23 +159,125 @@ impl<'a> Plan<'a> {
         prefix_for(&self.header_toml, self.header.payload_len(), payload_crc32)
     }
 
-    /// Pass two: narrows every tensor in order into `out` in 1 MiB pieces and returns
-    /// the payload's CRC-32.
+    /// Pass two: narrows every tensor in order into `out` in 1 MiB pieces and returns the
+    /// payload's CRC-32. A second thread narrows and checksums the next pieces while this one
+    /// writes the last, so the narrowing hides behind the write.
     pub(crate) fn write_payload(&self, out: &mut impl Write) -> io::Result<u32> {
         let dtype = self.header.dtype;
         let width = dtype.size() as usize;
-        let mut buf = vec![0u8; STREAM_VALUES * width];
-        let mut crc = crc32fast::Hasher::new();
-        for tensor in self.tensors {
-            for values in tensor.values.chunks(STREAM_VALUES) {
-                let bytes = &mut buf[..values.len() * width];
-                narrow::narrow_to(dtype, values, bytes);
-                crc.update(bytes);
-                out.write_all(bytes)?;
-            }
+        let (filled_tx, filled) = mpsc::sync_channel::<(Vec<u8>, usize)>(PIECES_IN_FLIGHT);
+        let (spare_tx, spare) = mpsc::sync_channel::<Vec<u8>>(PIECES_IN_FLIGHT + 1);
+        let largest = self.tensors.iter().map(|t| t.values.len()).max();
+        let piece_values = STREAM_VALUES.min(largest.unwrap_or(0));
+        for _ in 0..=PIECES_IN_FLIGHT {
+            // Cannot fail: the channel holds exactly this many.
+            let _ = spare_tx.send(vec![0u8; piece_values * width]);
         }
-        Ok(crc.finalize())
+        std::thread::scope(|scope| {
+            let narrower = scope.spawn(move || {
+                let mut crc = crc32fast::Hasher::new();
+                let pieces = self
+                    .tensors
+                    .iter()
+                    .flat_map(|t| t.values.chunks(STREAM_VALUES));
+                for values in pieces {
+                    // Either channel closes only when the writer stopped on an error.
+                    let Ok(mut buf) = spare.recv() else { break };
+                    let used = values.len() * width;
+                    narrow::narrow_to(dtype, values, &mut buf[..used]);
+                    crc.update(&buf[..used]);
+                    if filled_tx.send((buf, used)).is_err() {
+                        break;
+                    }
+                }
+                crc.finalize()
+            });
+            let written = write_pieces(out, filled, spare_tx);
+            let crc = narrower
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            written.map(|()| crc)
+        })
     }
+}
+
+/// Writes the narrowed pieces as they come and hands each buffer back. Returns (dropping both
+/// channel ends, which stops the narrowing thread) at the end or at the first failed write.
+fn write_pieces(
+    out: &mut impl Write,
+    filled: mpsc::Receiver<(Vec<u8>, usize)>,
+    spare: mpsc::SyncSender<Vec<u8>>,
+) -> io::Result<()> {
+    for (buf, used) in filled.iter() {
+        out.write_all(&buf[..used])?;
+        // The narrower may have finished and dropped its end; nothing is lost then.
+        let _ = spare.send(buf);
+    }
+    Ok(())
+}
+
+/// Pieces narrowed ahead of the write.
+const PIECES_IN_FLIGHT: usize = 3;
+
+/// Values from which pass one is split across two threads.
+const PARALLEL_SCAN_VALUES: usize = 1 << 20;
+
+/// Pass one over every value: the statistics, or the first value (in payload order) that
+/// cannot be stored. A large export is scanned as two halves on two threads.
+fn scan_all(tensors: &[TensorRef<'_>], dtype: Dtype) -> Result<StatsAcc, Error> {
+    let total: usize = tensors.iter().map(|t| t.values.len()).sum();
+    if total < PARALLEL_SCAN_VALUES {
+        return scan_pieces(&pieces(tensors, 0, total), dtype);
+    }
+    let (front, back) = (
+        pieces(tensors, 0, total / 2),
+        pieces(tensors, total / 2, total),
+    );
+    let (front, back) = std::thread::scope(|scope| {
+        let back = scope.spawn(|| scan_pieces(&back, dtype));
+        (scan_pieces(&front, dtype), back.join())
+    });
+    // The front's problem comes first in payload order.
+    let mut stats = front?;
+    let back =
+        back.map_err(|_| Error::io("<memory>", io::Error::other("a scanning thread panicked")))??;
+    stats.absorb(&back);
+    Ok(stats)
+}
+
+/// A run of one tensor's values: `offset` values into the tensor.
+struct Piece<'a> {
+    tensor: &'a str,
+    offset: usize,
+    values: &'a [f32],
+}
+
+/// The values from `start` to `end` of the concatenation of every tensor, as pieces.
+fn pieces<'a>(tensors: &[TensorRef<'a>], start: usize, end: usize) -> Vec<Piece<'a>> {
+    let mut at = 0;
+    let mut out = Vec::new();
+    for t in tensors {
+        let (from, to) = (start.max(at), end.min(at + t.values.len()));
+        if from < to {
+            out.push(Piece {
+                tensor: t.name,
+                offset: from - at,
+                values: &t.values[from - at..to - at],
+            });
+        }
+        at += t.values.len();
+    }
+    out
+}
+
+fn scan_pieces(pieces: &[Piece<'_>], dtype: Dtype) -> Result<StatsAcc, Error> {
+    let mut stats = StatsAcc::new(dtype);
+    for piece in pieces {
+        narrow::scan(dtype, piece.values, &mut stats).map_err(|problem| {
+            value_error(piece.tensor, dtype, problem.after(piece.offset as u64))
+        })?;
+    }
+    Ok(stats)
 }
 
 /// Checks the tensor set (the same rules the decoder enforces) and assigns offsets.
@@ -243,5 +342,60 @@ fn largest_finite(dtype: Dtype) -> f32 {
         Dtype::F32 => f32::MAX,
         Dtype::F16 => 65504.0,
         Dtype::Bf16 => narrow::bf16_bits_to_f32(0x7F7F),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A writer that takes `room` bytes and then fails, like a full disk.
+    struct FillsUp {
+        room: usize,
+    }
+
+    impl Write for FillsUp {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            if self.room == 0 {
+                return Err(io::Error::new(io::ErrorKind::StorageFull, "no space left"));
+            }
+            let n = buf.len().min(self.room);
+            self.room -= n;
+            Ok(n)
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A write that fails part-way returns its error (the narrowing thread stops instead of
+    /// waiting for buffers that never come back), and one that does not gives the CRC of the
+    /// bytes written.
+    #[test]
+    fn a_failed_write_stops_the_pipeline_and_a_whole_one_has_the_payload_crc() {
+        let values: Vec<f32> = (0..3 * STREAM_VALUES + 5)
+            .map(|i| i as f32 * 1e-4)
+            .collect();
+        let dims = [values.len() as u64];
+        let tensors = [TensorRef {
+            name: "w",
+            dims: &dims,
+            values: &values,
+        }];
+        let meta = ExportMeta {
+            source: "test.bin@step0".into(),
+            step: 0,
+            config: toml::Table::new(),
+        };
+        let plan = Plan::new(&meta, &tensors, Dtype::Bf16).unwrap();
+        for room in [0, 10, STREAM_VALUES * 2 + 1, 5 * STREAM_VALUES] {
+            let error = plan.write_payload(&mut FillsUp { room }).unwrap_err();
+            assert_eq!(error.kind(), io::ErrorKind::StorageFull, "room {room}");
+        }
+        let mut payload = Vec::new();
+        let crc = plan.write_payload(&mut payload).unwrap();
+        assert_eq!(payload.len(), values.len() * 2);
+        assert_eq!(crc, crc32fast::hash(&payload));
     }
 }

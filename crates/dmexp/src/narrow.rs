@@ -89,6 +89,13 @@ impl StatsAcc {
         }
     }
 
+    /// Folds in the statistics another accumulator gathered over other values.
+    pub(crate) fn absorb(&mut self, other: &StatsAcc) {
+        self.flushed += other.flushed;
+        self.max_abs_bits = self.max_abs_bits.max(other.max_abs_bits);
+        self.min_nonzero_abs_bits = self.min_nonzero_abs_bits.min(other.min_nonzero_abs_bits);
+    }
+
     fn merge(&mut self, chunk: ChunkStats) {
         self.flushed += u64::from(chunk.flushed);
         self.max_abs_bits = self.max_abs_bits.max(chunk.max);
@@ -158,6 +165,22 @@ pub(crate) enum ValueProblem {
     NonFiniteInput { index: u64, value: f32 },
     /// A finite input rounded to infinity in the target dtype.
     Overflow { index: u64, value: f32 },
+}
+
+impl ValueProblem {
+    /// The same problem, its index counted from `offset` values earlier.
+    pub(crate) fn after(self, offset: u64) -> Self {
+        match self {
+            ValueProblem::NonFiniteInput { index, value } => ValueProblem::NonFiniteInput {
+                index: index + offset,
+                value,
+            },
+            ValueProblem::Overflow { index, value } => ValueProblem::Overflow {
+                index: index + offset,
+                value,
+            },
+        }
+    }
 }
 
 /// One storage format, as integer operations on bit patterns. Implemented by zero-sized
@@ -261,9 +284,25 @@ macro_rules! with_format {
 /// Pass one of encoding: checks that every value of one tensor can be stored in `dtype`
 /// and folds the stored values into `acc`, without writing anything.
 pub(crate) fn scan(dtype: Dtype, values: &[f32], acc: &mut StatsAcc) -> Result<(), ValueProblem> {
-    with_format!(dtype, F => scan_with::<F>(values, acc))
+    with_format!(dtype, F => vectorized(|| scan_with::<F>(values, acc)))
 }
 
+/// Runs `op` compiled for the widest vector instructions this CPU has (pulp's runtime
+/// dispatch; the baseline x86-64 target has no 32-bit integer min and max). The loops here are
+/// integer work on bit patterns, so every variant computes the same bytes and statistics.
+fn vectorized<R>(op: impl FnOnce() -> R) -> R {
+    struct Op<F>(F);
+    impl<R, F: FnOnce() -> R> pulp::WithSimd for Op<F> {
+        type Output = R;
+        #[inline(always)]
+        fn with_simd<S: pulp::Simd>(self, _: S) -> R {
+            (self.0)()
+        }
+    }
+    pulp::Arch::new().dispatch(Op(op))
+}
+
+#[inline(always)]
 fn scan_with<F: Format>(values: &[f32], acc: &mut StatsAcc) -> Result<(), ValueProblem> {
     for (chunk_index, chunk) in values.chunks(CHUNK).enumerate() {
         let mut stats = ChunkStats {
@@ -310,19 +349,23 @@ fn first_problem<F: Format>(chunk: &[f32], base: usize) -> ValueProblem {
 /// Pass two of encoding: narrows `values` into `out` (exactly `values.len()` x width
 /// bytes). The values must have passed [`scan`].
 pub(crate) fn narrow_to(dtype: Dtype, values: &[f32], out: &mut [u8]) {
-    with_format!(dtype, F => {
-        for (&x, o) in values.iter().zip(out.chunks_exact_mut(F::WIDTH)) {
-            F::write(F::narrow(x.to_bits()), o);
-        }
-    })
+    with_format!(dtype, F => vectorized(|| narrow_with::<F>(values, out)))
+}
+
+#[inline(always)]
+fn narrow_with<F: Format>(values: &[f32], out: &mut [u8]) {
+    for (&x, o) in values.iter().zip(out.chunks_exact_mut(F::WIDTH)) {
+        F::write(F::narrow(x.to_bits()), o);
+    }
 }
 
 /// Widens stored bytes of `dtype` into `out` (exactly one f32 per stored value) and
 /// folds the stored values into `acc`.
 pub(crate) fn widen_to(dtype: Dtype, bytes: &[u8], out: &mut [f32], acc: &mut StatsAcc) {
-    with_format!(dtype, F => widen_with::<F>(bytes, out, acc))
+    with_format!(dtype, F => vectorized(|| widen_with::<F>(bytes, out, acc)))
 }
 
+#[inline(always)]
 fn widen_with<F: Format>(bytes: &[u8], out: &mut [f32], acc: &mut StatsAcc) {
     for (chunk, out) in bytes.chunks(CHUNK * F::WIDTH).zip(out.chunks_mut(CHUNK)) {
         let mut stats = ChunkStats {

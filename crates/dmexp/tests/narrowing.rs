@@ -342,3 +342,62 @@ proptest! {
         }
     }
 }
+
+/// A large export is scanned in two halves on two threads; the problem reported is still the
+/// first in payload order, with its index counted within its own tensor, for a tensor that
+/// straddles the halves and whichever half the problems are in.
+#[test]
+fn a_large_export_reports_its_first_bad_value_in_payload_order() {
+    let (a_len, b_len) = (600_000usize, 1_400_000usize); // the halves meet inside "b"
+    let encode_with = |bad: &[(usize, usize)]| {
+        let mut a = vec![0.01f32; a_len];
+        let mut b = vec![0.02f32; b_len];
+        for &(tensor, index) in bad {
+            [&mut a, &mut b][tensor][index] = f32::NAN;
+        }
+        let (da, db) = ([a_len as u64], [b_len as u64]);
+        let tensors = [
+            TensorRef {
+                name: "a",
+                dims: &da,
+                values: &a,
+            },
+            TensorRef {
+                name: "b",
+                dims: &db,
+                values: &b,
+            },
+        ];
+        match dmexp::encode(&meta(), &tensors, Dtype::Bf16) {
+            Err(Error::NonFiniteInput { tensor, index, .. }) => (tensor, index),
+            other => panic!("expected NonFiniteInput, got {other:?}"),
+        }
+    };
+    let front_of_b = 100_000; // before the midpoint (1,000,000 values in)
+    let back_of_b = 900_000; // after it
+    assert_eq!(
+        encode_with(&[(1, back_of_b)]),
+        ("b".into(), back_of_b as u64)
+    );
+    assert_eq!(
+        encode_with(&[(1, back_of_b), (1, front_of_b)]),
+        ("b".into(), front_of_b as u64)
+    );
+    assert_eq!(encode_with(&[(1, back_of_b), (0, 7)]), ("a".into(), 7));
+    // A clean export of the same size stores every value's own bf16.
+    let values: Vec<f32> = (0..2_000_000).map(|i| (i as f32 * 1e-3).sin()).collect();
+    let dims = [values.len() as u64];
+    let whole = [TensorRef {
+        name: "w",
+        dims: &dims,
+        values: &values,
+    }];
+    let encoded = dmexp::encode(&meta(), &whole, Dtype::Bf16)
+        .unwrap()
+        .to_bytes();
+    let decoded = dmexp::decode(&encoded).unwrap();
+    let (_, stored) = decoded.tensor("w").unwrap();
+    for (x, y) in values.iter().zip(stored) {
+        assert_eq!(f32_to_bf16_bits(*x), f32_to_bf16_bits(*y));
+    }
+}
