@@ -239,8 +239,7 @@ fn scan_all(tensors: &[TensorRef<'_>], dtype: Dtype) -> Result<StatsAcc, Error> 
     });
     // The front's problem comes first in payload order.
     let mut stats = front?;
-    let back =
-        back.map_err(|_| Error::io("<memory>", io::Error::other("a scanning thread panicked")))??;
+    let back = back.unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
     stats.absorb(&back);
     Ok(stats)
 }
