@@ -5,7 +5,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
 use axum::body::Bytes;
@@ -22,9 +21,9 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc::{self, UnboundedReceiver, unbounded_channel};
 use tokio_stream::wrappers::ReceiverStream;
 
-use http_serve::api_error::{body_refused, method_not_allowed, no_route, rejected_body};
-use http_serve::lifecycle::{positive_seconds, request_seed, unix_now};
-use http_serve::{ApiError, Finish, Limits};
+use http_serve::api_error::{method_not_allowed, no_route, rejected_body};
+use http_serve::lifecycle::{request_seed, unix_now};
+use http_serve::{ApiError, Finish, ListenArgs};
 
 use crate::completions::{Job, MAX_BODY_BYTES, parse_request};
 use crate::serve_engine::{self, Piece, Queued};
@@ -44,27 +43,12 @@ pub struct Args {
     /// The .dmexp file to serve.
     #[arg(long)]
     export: PathBuf,
-    /// Port to listen on (0: any free port, printed at start).
-    #[arg(long, default_value_t = 8000)]
-    port: u16,
-    /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1")]
-    host: String,
+    #[command(flatten)]
+    listen: ListenArgs,
     /// Completions decoded together, one batched step for all of them (each gets the bytes
     /// `generate` gives it alone); more wait their turn.
     #[arg(long, default_value_t = 64)]
     max_concurrent: usize,
-    /// Seconds a client has to send its request line and headers; a connection still sending
-    /// them after that is closed (a client holding connections open half-sent is cut off).
-    #[arg(long, default_value_t = 10.0, value_parser = positive_seconds)]
-    header_timeout: f64,
-    /// Seconds a client has to send its request body; after that the request gets 408.
-    #[arg(long, default_value_t = 30.0, value_parser = positive_seconds)]
-    body_timeout: f64,
-    /// Seconds requests in flight may take to finish after SIGTERM or Ctrl-C; then the server
-    /// exits anyway (status 0; it says how many connections it cut off).
-    #[arg(long, default_value_t = 30.0, value_parser = positive_seconds)]
-    shutdown_grace: f64,
 }
 
 struct AppState {
@@ -136,16 +120,10 @@ async fn listen(args: &Args, state: Arc<AppState>, banner: &str) -> Result<()> {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state);
-    let listener = http_serve::bind(&args.host, args.port).await?;
+    let listener = http_serve::bind(&args.listen.host, args.listen.port).await?;
     let bound = listener.local_addr()?;
     eprintln!("serving {banner} on http://{bound}/v1 (Ctrl-C to stop)");
-    let limits = Limits {
-        header_timeout: Duration::from_secs_f64(args.header_timeout),
-        body_timeout: Duration::from_secs_f64(args.body_timeout),
-        grace: Duration::from_secs_f64(args.shutdown_grace),
-        max_body: MAX_BODY_BYTES,
-        refuse: body_refused,
-    };
+    let limits = args.listen.limits(MAX_BODY_BYTES);
     http_serve::serve_until_signal(listener, app, limits, "serve").await;
     Ok(())
 }

@@ -1,8 +1,8 @@
 //! The HTTP layer dormouse and minirun serve through: a listener loop with the limits a
 //! server facing untrusted clients needs ([`server`]), OpenAI-shaped errors ([`api_error`]),
 //! generated text released around stop sequences ([`text_stream`]), and the pieces every
-//! handler that generates needs: noticing a client that went away, and shutting down on a
-//! signal ([`lifecycle`]). What is served (models, requests, sampling) stays with each program.
+//! generating server needs: its listening flags, request seeds, and shutting down on a signal
+//! ([`lifecycle`]). What is served (models, requests, sampling) stays with each program.
 
 pub mod api_error;
 pub mod lifecycle;
@@ -11,5 +11,6 @@ pub mod server;
 pub mod text_stream;
 
 pub use api_error::ApiError;
+pub use lifecycle::ListenArgs;
 pub use server::{BindError, Limits, bind, serve, serve_until_signal};
 pub use text_stream::{Finish, TextStream};

@@ -1,17 +1,45 @@
-//! What a generating handler needs around its work: knowing when its client has gone (axum
-//! drops a handler's future when the connection closes), and a shutdown on SIGTERM or Ctrl-C.
+//! What a generating server needs around its work: a shutdown on SIGTERM or Ctrl-C, the
+//! `created` clock and request seeds, and the flags that say where it listens and how long it
+//! waits on clients ([`ListenArgs`]).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// Sets its flag when dropped: held by a handler, it tells the generating thread the client
-/// went away.
-pub struct SetOnDrop(pub Arc<AtomicBool>);
+use crate::api_error::body_refused;
+use crate::server::Limits;
 
-impl Drop for SetOnDrop {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
+/// Where a server listens and how long it waits on its clients: the flags every `serve`
+/// command takes (`#[command(flatten)]`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ListenArgs {
+    /// Port to listen on (0: any free port, printed at start).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Seconds a client has to send its request line and headers; a connection still sending
+    /// them after that is closed (a client holding connections open half-sent is cut off).
+    #[arg(long, default_value_t = 10.0, value_parser = positive_seconds)]
+    pub header_timeout: f64,
+    /// Seconds a client has to send its request body; after that the request gets 408.
+    #[arg(long, default_value_t = 30.0, value_parser = positive_seconds)]
+    pub body_timeout: f64,
+    /// Seconds requests in flight may take to finish after SIGTERM or Ctrl-C; then the server
+    /// exits anyway (status 0; it says how many connections it cut off).
+    #[arg(long, default_value_t = 30.0, value_parser = positive_seconds)]
+    pub shutdown_grace: f64,
+}
+
+impl ListenArgs {
+    /// The listener's limits for these flags, with bodies above `max_body` bytes refused.
+    pub fn limits(&self, max_body: usize) -> Limits {
+        Limits {
+            header_timeout: Duration::from_secs_f64(self.header_timeout),
+            body_timeout: Duration::from_secs_f64(self.body_timeout),
+            grace: Duration::from_secs_f64(self.shutdown_grace),
+            max_body,
+            refuse: body_refused,
+        }
     }
 }
 

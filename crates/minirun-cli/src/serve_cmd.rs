@@ -7,7 +7,6 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
 use axum::body::Bytes;
@@ -18,9 +17,9 @@ use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use http_serve::api_error::{body_refused, method_not_allowed, no_route, rejected_body};
-use http_serve::lifecycle::{positive_seconds, request_seed, unix_now};
-use http_serve::{ApiError, Finish, Limits};
+use http_serve::api_error::{method_not_allowed, no_route, rejected_body};
+use http_serve::lifecycle::{request_seed, unix_now};
+use http_serve::{ApiError, Finish, ListenArgs};
 use minirun_runtime::budget::Budget;
 use minirun_runtime::session::{Session, Trust};
 use serde_json::{Value, json};
@@ -36,12 +35,8 @@ const ROUTES: &str = "GET /health, GET /v1/models, POST /v1/completions, POST /v
 pub struct ServeArgs {
     /// The artifact directory (written by `minirun pack` or `minirun download`).
     artifact: PathBuf,
-    /// Port to listen on (0: any free port, printed at start).
-    #[arg(long, default_value_t = 8000)]
-    port: u16,
-    /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1")]
-    host: String,
+    #[command(flatten)]
+    listen: ListenArgs,
     /// Memory the server may use, as `minirun run --budget` takes it (2GiB, floor, balanced,
     /// generous). The plan counts the caches of --max-concurrent requests of --context tokens.
     /// Default: generous, refused if that is more than the memory available.
@@ -62,16 +57,6 @@ pub struct ServeArgs {
     /// Serve without verification evidence (the startup lines and /v1/models say so).
     #[arg(long)]
     unverified: bool,
-    /// Seconds a client has to send its request line and headers.
-    #[arg(long, default_value_t = 10.0, value_parser = positive_seconds)]
-    header_timeout: f64,
-    /// Seconds a client has to send its request body; after that the request gets 408.
-    #[arg(long, default_value_t = 30.0, value_parser = positive_seconds)]
-    body_timeout: f64,
-    /// Seconds requests in flight may take to finish after SIGTERM or Ctrl-C; then the server
-    /// exits anyway (status 0; it says how many connections it cut off).
-    #[arg(long, default_value_t = 30.0, value_parser = positive_seconds)]
-    shutdown_grace: f64,
     #[command(flatten)]
     pub threads: crate::threads::Threads,
 }
@@ -226,19 +211,13 @@ async fn listen(args: &ServeArgs, state: Arc<AppState>) -> Result<()> {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state.clone());
-    let listener = http_serve::bind(&args.host, args.port).await?;
+    let listener = http_serve::bind(&args.listen.host, args.listen.port).await?;
     let bound = listener.local_addr()?;
     eprintln!(
         "serving {} on http://{bound}/v1 (Ctrl-C to stop)",
         state.model_id
     );
-    let limits = Limits {
-        header_timeout: Duration::from_secs_f64(args.header_timeout),
-        body_timeout: Duration::from_secs_f64(args.body_timeout),
-        grace: Duration::from_secs_f64(args.shutdown_grace),
-        max_body: MAX_BODY_BYTES,
-        refuse: body_refused,
-    };
+    let limits = args.listen.limits(MAX_BODY_BYTES);
     drop(state);
     http_serve::serve_until_signal(listener, app, limits, "serve").await;
     Ok(())
