@@ -573,23 +573,20 @@ impl Dormouse {
     }
 
     /// The memory rows `[B, orders x engram_dim]` of one new byte per sequence, each hashed
-    /// with its own sequence's recent bytes.
+    /// after its own sequence's recent bytes.
     fn step_memory(
         &self,
         bytes: &[u8],
         caches: &[&mut KvCache],
         device: &Device,
     ) -> Result<Option<Tensor>> {
-        let rows = bytes
+        let sequences = caches
             .iter()
-            .zip(caches)
-            .map(|(&byte, cache)| {
-                let windows: [&[u8]; 1] = [&[byte]];
-                let memory = self.read_memory(&windows, Some(cache), device)?;
-                memory.map(|m| m.reshape((1, ()))).transpose()
-            })
-            .collect::<Result<Option<Vec<Tensor>>>>()?;
-        rows.map(|rows| Tensor::cat(&rows, 0)).transpose()
+            .zip(bytes.chunks(1))
+            .map(|(cache, byte)| (cache.recent.first().map_or(&[][..], Vec::as_slice), byte));
+        self.gather_memory(sequences, device)?
+            .map(|m| m.squeeze(1))
+            .transpose()
     }
 
     fn max_order(&self) -> usize {
@@ -603,15 +600,29 @@ impl Dormouse {
         cache: Option<&KvCache>,
         device: &Device,
     ) -> Result<Option<Tensor>> {
+        let histories = (0..windows.len()).map(|s| {
+            cache
+                .and_then(|c| c.recent.get(s))
+                .map_or(&[][..], Vec::as_slice)
+        });
+        self.gather_memory(histories.zip(windows.iter().copied()), device)
+    }
+
+    /// The memory rows `[B, T, orders x engram_dim]` of B equally long windows, each hashed
+    /// after its own history (the bytes before it), one gather per order for all of them.
+    fn gather_memory<'w>(
+        &self,
+        sequences: impl ExactSizeIterator<Item = (&'w [u8], &'w [u8])>,
+        device: &Device,
+    ) -> Result<Option<Tensor>> {
         if self.tables.is_empty() {
             return Ok(None);
         }
-        let (b, t) = (windows.len(), windows[0].len());
-        let mut per_order: Vec<Vec<u32>> = vec![Vec::with_capacity(b * t); self.tables.len()];
-        for (s, window) in windows.iter().enumerate() {
-            let history = cache
-                .and_then(|c| c.recent.get(s))
-                .map_or(&[][..], Vec::as_slice);
+        let b = sequences.len();
+        let mut t = 0;
+        let mut per_order: Vec<Vec<u32>> = vec![Vec::new(); self.tables.len()];
+        for (history, window) in sequences {
+            t = window.len();
             let rows = hash::rows_for(
                 history,
                 window,
