@@ -31,6 +31,13 @@ pub fn rows_times_transposed(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>)
             "a product of [{rows}, {inputs}] rows with a [{outputs}, {weight_inputs}] weight"
         );
     }
+    if rows == 0 || outputs == 0 || inputs == 0 {
+        // Nothing to sum: zeros (the chunked loops below need whole rows).
+        return plus_bias(
+            Tensor::zeros((rows, outputs), DType::F32, &Device::Cpu)?,
+            bias,
+        );
+    }
     let x = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
     let (storage, layout) = weight.storage_and_layout();
     let Storage::Cpu(cpu) = &*storage else {
@@ -67,7 +74,10 @@ pub fn rows_times_transposed(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>)
             y[i * outputs + j] = v;
         }
     }
-    let y = Tensor::from_vec(y, (rows, outputs), &Device::Cpu)?;
+    plus_bias(Tensor::from_vec(y, (rows, outputs), &Device::Cpu)?, bias)
+}
+
+fn plus_bias(y: Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     match bias {
         Some(b) => y.broadcast_add(b),
         None => Ok(y),
@@ -350,5 +360,9 @@ mod tests {
             .unwrap();
         assert!(delta < 1e-4, "max |delta| vs candle's product: {delta}");
         assert!(rows_times_transposed(&x, &w.t().unwrap(), None).is_err());
+        let empty = Tensor::zeros((2, 0), DType::F32, &device).unwrap();
+        let no_inputs = Tensor::zeros((3, 0), DType::F32, &device).unwrap();
+        let y = rows_times_transposed(&empty, &no_inputs, None).unwrap();
+        assert_eq!(y.to_vec2::<f32>().unwrap(), vec![vec![0.0; 3]; 2]);
     }
 }
