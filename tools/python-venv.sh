@@ -11,6 +11,7 @@
 #   oracle     target/oracle-venv    tools/requirements-oracle.txt (mlx[cpu], mlx-lm)
 #   torch-oracle target/torch-oracle-venv tools/requirements-torch-oracle.txt (PyTorch,
 #              transformers; about 5.6 GiB)
+#   openai     target/openai-venv    tools/requirements-openai.txt (the official client)
 # Environment:
 #   PYTHON3   the interpreter that creates the environment (default python3; the pins were
 #             measured with CPython 3.11)
@@ -18,7 +19,8 @@
 # The environment is made with `python3 -m venv`, then `pip install -r REQUIREMENTS`. It is
 # reused while the requirements file is unchanged (its SHA-256 is recorded in the environment
 # once pip has succeeded); an edited requirements file, or an install that was interrupted,
-# runs pip again. To start over: rm -rf target/bench-venv (or the other venv).
+# runs pip again. To start over: rm -rf target/bench-venv (or the other venv). Callers at
+# the same time wait for one another while the environment is made (flock on ENV_DIR.lock).
 # Progress goes to stderr. Exit status 2 when the environment cannot be made.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -27,8 +29,9 @@ case "${1:-}" in
   reference) venv="$ROOT/target/bench-venv"; requirements="$ROOT/bench/requirements-reference.txt" ;;
   oracle) venv="$ROOT/target/oracle-venv"; requirements="$ROOT/tools/requirements-oracle.txt" ;;
   torch-oracle) venv="$ROOT/target/torch-oracle-venv"; requirements="$ROOT/tools/requirements-torch-oracle.txt" ;;
+  openai) venv="$ROOT/target/openai-venv"; requirements="$ROOT/tools/requirements-openai.txt" ;;
   -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
-  *) echo "usage: $0 reference|oracle|torch-oracle [SCRIPT ARGS...] (see --help)" >&2; exit 2 ;;
+  *) echo "usage: $0 reference|oracle|torch-oracle|openai [SCRIPT ARGS...] (see --help)" >&2; exit 2 ;;
 esac
 shift
 
@@ -36,6 +39,11 @@ shift
 python3=${PYTHON3:-python3}
 stamp="$venv/.requirements.sha256"
 want=$(sha256sum "$requirements" | cut -d' ' -f1)
+
+# One creator at a time: test binaries run in parallel may ask for the same environment.
+mkdir -p "$ROOT/target"
+exec 9> "$venv.lock"
+flock 9
 
 if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   if [ ! -x "$venv/bin/python" ]; then
@@ -54,6 +62,8 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
   }
   printf '%s\n' "$want" > "$stamp"
 fi
+
+exec 9>&-
 
 if [ $# -eq 0 ]; then
   printf '%s\n' "$venv/bin/python"

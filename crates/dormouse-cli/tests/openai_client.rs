@@ -1,7 +1,7 @@
 //! The official `openai` Python client against the real `serve` on 127.0.0.1: a completion, a
 //! streamed completion and a refused request, through `tools/openai_client_check.py`. The
-//! client is installed (pinned) into a venv under cargo's target tmp dir on first use; that
-//! needs Python >= 3.11 and the PyPI registry.
+//! client (pinned in `tools/requirements-openai.txt`) is installed into `target/openai-venv`
+//! on first use; that needs Python >= 3.11 and the PyPI registry.
 
 mod common;
 
@@ -10,34 +10,24 @@ use std::process::Command;
 
 use common::{Server, run, stderr, trained_export};
 
-const OPENAI_VERSION: &str = "3.57.0";
-
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The venv's python, creating the venv and installing the client if needed.
+/// The python of the project's `openai` environment (`tools/python-venv.sh openai`, made on
+/// first use; that needs python3 and the PyPI registry).
 fn client_python() -> PathBuf {
-    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("openai-{OPENAI_VERSION}"));
-    let python = venv.join("bin/python");
-    if python.exists() {
-        return python;
-    }
-    let made = Command::new("python3")
-        .args(["-m", "venv"])
-        .arg(&venv)
-        .status()
-        .expect("python3 is needed for the openai client test");
-    assert!(made.success(), "python3 -m venv {} failed", venv.display());
-    let installed = Command::new(venv.join("bin/pip"))
-        .args(["install", "--quiet", &format!("openai=={OPENAI_VERSION}")])
-        .status()
-        .unwrap();
-    if !installed.success() {
-        let _ = std::fs::remove_dir_all(&venv);
-        panic!("pip install openai=={OPENAI_VERSION} failed: the test needs the PyPI registry");
-    }
-    python
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/python-venv.sh");
+    let out = Command::new(script)
+        .arg("openai")
+        .output()
+        .expect("tools/python-venv.sh runs");
+    assert!(
+        out.status.success(),
+        "tools/python-venv.sh openai failed (it needs python3 and the PyPI registry): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 
 #[test]

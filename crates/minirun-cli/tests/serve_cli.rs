@@ -2,8 +2,9 @@
 //! that answer exactly what `minirun run` (and `--chat`) generates; concurrent requests,
 //! decoded as batches, each answered as it is alone; SSE that joins to the whole answer; stop
 //! sequences; OpenAI-shaped refusals; a verified artifact served from its evidence; a graceful
-//! shutdown on SIGTERM; and the official `openai` client (pinned, installed into a venv under
-//! cargo's target tmp dir on first use: that needs Python >= 3.11 and the PyPI registry).
+//! shutdown on SIGTERM; and the official `openai` client (pinned in
+//! `tools/requirements-openai.txt`, installed into `target/openai-venv` on first use: that
+//! needs Python >= 3.11 and the PyPI registry).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -12,8 +13,6 @@ use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-
-const OPENAI_VERSION: &str = "3.57.0";
 
 fn minirun() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_minirun"));
@@ -379,29 +378,20 @@ fn a_verified_artifact_is_served_from_its_evidence_and_one_without_is_refused() 
     );
 }
 
-/// The venv's python, creating the venv and installing the client if needed.
+/// The python of the project's `openai` environment (`tools/python-venv.sh openai`, made on
+/// first use; that needs python3 and the PyPI registry).
 fn client_python() -> PathBuf {
-    let venv =
-        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("openai-{OPENAI_VERSION}-minirun"));
-    let python = venv.join("bin/python");
-    if python.exists() {
-        return python;
-    }
-    let made = Command::new("python3")
-        .args(["-m", "venv"])
-        .arg(&venv)
-        .status()
-        .expect("python3 is needed for the openai client test");
-    assert!(made.success(), "python3 -m venv {} failed", venv.display());
-    let installed = Command::new(venv.join("bin/pip"))
-        .args(["install", "--quiet", &format!("openai=={OPENAI_VERSION}")])
-        .status()
-        .unwrap();
-    if !installed.success() {
-        let _ = std::fs::remove_dir_all(&venv);
-        panic!("pip install openai=={OPENAI_VERSION} failed: the test needs the PyPI registry");
-    }
-    python
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/python-venv.sh");
+    let out = Command::new(script)
+        .arg("openai")
+        .output()
+        .expect("tools/python-venv.sh runs");
+    assert!(
+        out.status.success(),
+        "tools/python-venv.sh openai failed (it needs python3 and the PyPI registry): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 
 #[test]
