@@ -5,6 +5,7 @@
 //! what a resident run computes from, so its output has the same bits.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
@@ -188,7 +189,7 @@ impl ExpertCache {
     }
 
     /// Keeps `expert` if it fits, evicting the least recently used first; otherwise counts it
-    /// as in flight until [`Self::layer_done`].
+    /// as in flight until [`Self::keep_in_order`] ends.
     fn insert(&self, key: (usize, usize), expert: &Arc<LoadedExpert>) {
         let Ok(mut s) = self.state.lock() else {
             return;
@@ -229,19 +230,70 @@ impl ExpertCache {
         s.peak = s.peak.max(s.used + s.in_flight);
     }
 
-    /// The layer's uncached experts are dropped: their buffers are free again.
-    pub fn layer_done(&self) {
+    /// Which of the experts about to be read for `layer` (in the router's order, with the bytes
+    /// each will hold at most) the cache keeps once they are in, the last chosen being the most
+    /// recently used: decided before the reads, so that the others can give their buffers back
+    /// as soon as they have computed, and the next read reuses a buffer still warm from the last.
+    fn will_keep(&self, layer: usize, misses: &[(usize, u64)]) -> Vec<bool> {
+        let Ok(s) = self.state.lock() else {
+            return vec![false; misses.len()];
+        };
+        let mut held: Vec<(Option<usize>, u64, u64)> = s
+            .entries
+            .iter()
+            .filter(|(k, _)| k.0 == layer)
+            .map(|(_, e)| (None, e.last_use, e.expert.allocated()))
+            .collect();
+        let mut used: u64 = held.iter().map(|h| h.2).sum();
+        for (i, &(_, size)) in misses.iter().enumerate() {
+            if size > self.per_layer {
+                continue;
+            }
+            while used + size > self.per_layer {
+                let Some(oldest) = (0..held.len()).min_by_key(|&j| held[j].1) else {
+                    break;
+                };
+                used -= held.swap_remove(oldest).2;
+            }
+            used += size;
+            held.push((Some(i), s.clock + 1 + i as u64, size));
+        }
+        let mut keep = vec![false; misses.len()];
+        for (i, _, _) in held {
+            if let Some(i) = i {
+                keep[i] = true;
+            }
+        }
+        keep
+    }
+
+    /// Keeps the experts just read for `layer` that [`Self::will_keep`] chose, in the router's
+    /// order, after counting every expert read for the layer as held at once for the peak;
+    /// nothing is in flight afterwards.
+    fn keep_in_order(&self, layer: usize, read: u64, kept: &[(usize, Arc<LoadedExpert>)]) {
+        if let Ok(mut s) = self.state.lock() {
+            s.peak = s.peak.max(s.used + read);
+        }
+        for (e, expert) in kept {
+            self.insert((layer, *e), expert);
+        }
         if let Ok(mut s) = self.state.lock() {
             s.in_flight = 0;
         }
     }
 }
 
-/// The experts the router picked for one token at one layer, fetched from the cache or read
-/// from storage by `reads_in_flight` threads, which take the experts in turn in the order chosen. While
-/// they are read, `meanwhile` runs (the shared expert's products); then `each` is called for the
-/// experts in the order chosen, each as soon as its own read is done, so compute overlaps the
-/// reads still in flight. Returns `meanwhile`'s value and the time spent waiting for reads.
+/// The experts the router picked for one token at one layer: the cached ones taken from the
+/// cache first (before any read could evict one), the others read from storage by
+/// `reads_in_flight` threads that take their tiles from one queue, in the router's order, so the
+/// first expert is complete after its own three reads, not after every reader's first. While they
+/// are read, `meanwhile` runs (the shared expert's products), then `each` for the cached experts
+/// and for each read expert as soon as its last tile arrives, so compute overlaps the reads still
+/// in flight. The order of the calls does not matter to the result: each expert's output is kept
+/// by its position and added in the router's order later. Read experts enter the cache in the
+/// router's order once all of them are in, so what stays cached, and so what the next token reads,
+/// depends neither on the number of readers nor on which read finished first. Returns
+/// `meanwhile`'s value and the time spent waiting for reads.
 #[allow(clippy::too_many_arguments)]
 pub fn with_fetched<R>(
     artifact: &Artifact,
@@ -253,80 +305,183 @@ pub fn with_fetched<R>(
     meanwhile: impl FnOnce() -> R,
     mut each: impl FnMut(usize, &LoadedExpert, Fetch) -> Result<(), crate::layers::ModelError>,
 ) -> Result<(R, Duration), crate::layers::ModelError> {
-    type Fetched = Result<(Arc<LoadedExpert>, Fetch), ArtifactError>;
-    let threads = reads_in_flight.clamp(1, chosen.len().max(1));
-    // Reader t takes the chosen experts t, t + threads, ... in order, and owns their senders:
-    // if it panics they are dropped, so waiting on its experts ends instead of hanging.
-    let mut work: Vec<Vec<(usize, mpsc::Sender<Fetched>)>> =
-        (0..threads).map(|_| Vec::new()).collect();
-    let mut receivers = Vec::with_capacity(chosen.len());
-    for (i, &e) in chosen.iter().enumerate() {
-        let (sender, receiver) = mpsc::channel::<Fetched>();
-        work[i % threads].push((e, sender));
-        receivers.push(receiver);
-    }
+    let parts: Vec<&ExpertParts> = chosen
+        .iter()
+        .map(|&e| {
+            experts.get(e).ok_or_else(|| ArtifactError::Tensor {
+                name: format!("model.layers.{layer}.mlp experts"),
+                reason: format!("the router chose expert {e} of {}", experts.len()),
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    let cached: Vec<Option<Arc<LoadedExpert>>> =
+        chosen.iter().map(|&e| cache.get((layer, e))).collect();
+    let misses: Vec<usize> = (0..chosen.len()).filter(|&i| cached[i].is_none()).collect();
+    let sizes: Vec<(usize, u64)> = misses
+        .iter()
+        .map(|&i| (chosen[i], parts[i].allocated_bytes()))
+        .collect();
+    let keep = cache.will_keep(layer, &sizes);
+    let reads = TileReads::new(artifact, &parts, &misses);
+    let threads = reads_in_flight.clamp(1, reads.jobs().max(1));
+    let (sender, receiver) = mpsc::channel::<ReadExpert>();
     std::thread::scope(|scope| {
-        for share in work {
-            scope.spawn(move || {
-                for (e, sender) in share {
-                    // The receiver is gone only when the layer already failed.
-                    let _ = sender.send(fetch(artifact, cache, layer, experts, e));
-                }
-            });
+        if !misses.is_empty() {
+            for _ in 0..threads {
+                let (reads, sender) = (&reads, sender.clone());
+                scope.spawn(move || reads.run(&sender));
+            }
         }
+        // Only the readers hold senders now: if every one of them ends, waiting ends too.
+        drop(sender);
         let value = meanwhile();
-        let mut waited = Duration::ZERO;
-        for (i, receiver) in receivers.into_iter().enumerate() {
-            let started = Instant::now();
-            let fetched = receiver.recv().unwrap_or_else(|_| {
-                Err(ArtifactError::Tensor {
-                    name: format!("model.layers.{layer}.mlp experts"),
-                    reason: "a read thread panicked".into(),
-                })
-            });
-            waited += started.elapsed();
-            let (expert, cost) = fetched?;
-            each(i, &expert, cost)?;
-        }
-        cache.layer_done();
+        let mut compute = || {
+            for (i, expert) in cached.iter().enumerate() {
+                if let Some(expert) = expert {
+                    let hit = Fetch {
+                        hit: true,
+                        ..Fetch::default()
+                    };
+                    each(i, expert, hit)?;
+                }
+            }
+            receive_reads(&receiver, &misses, &keep, layer, &mut each)
+        };
+        let result = compute();
+        // On an error the readers take no further tile (the scope waits for the ones reading).
+        reads.stop();
+        let (kept, waited) = result?;
+        let kept: Vec<_> = kept.into_iter().map(|(i, x)| (chosen[i], x)).collect();
+        let read = sizes.iter().map(|&(_, size)| size).sum();
+        cache.keep_in_order(layer, read, &kept);
         Ok((value, waited))
     })
 }
 
-fn fetch(
-    artifact: &Artifact,
-    cache: &ExpertCache,
+/// One read expert: its position among the chosen, or the first read of it that failed.
+type ReadExpert = (usize, Result<(Arc<LoadedExpert>, Fetch), ArtifactError>);
+
+/// Calls `each` for every read expert as it arrives, then drops it unless `keep` says the cache
+/// keeps it; returns the kept ones in the router's order (position among the chosen, loaded)
+/// and the time spent waiting.
+fn receive_reads(
+    receiver: &mpsc::Receiver<ReadExpert>,
+    misses: &[usize],
+    keep: &[bool],
     layer: usize,
-    experts: &[ExpertParts],
-    e: usize,
-) -> Result<(Arc<LoadedExpert>, Fetch), ArtifactError> {
-    if let Some(expert) = cache.get((layer, e)) {
-        return Ok((
-            expert,
-            Fetch {
-                hit: true,
-                ..Fetch::default()
-            },
-        ));
+    each: &mut impl FnMut(usize, &LoadedExpert, Fetch) -> Result<(), crate::layers::ModelError>,
+) -> Result<(Vec<(usize, Arc<LoadedExpert>)>, Duration), crate::layers::ModelError> {
+    let mut loaded: Vec<Option<Arc<LoadedExpert>>> = vec![None; misses.len()];
+    let mut waited = Duration::ZERO;
+    for _ in misses {
+        let started = Instant::now();
+        let (slot, read) = receiver.recv().map_err(|_| ArtifactError::Tensor {
+            name: format!("model.layers.{layer}.mlp experts"),
+            reason: "a read thread ended before its reads were done".into(),
+        })?;
+        waited += started.elapsed();
+        let (expert, cost) = read?;
+        each(misses[slot], &expert, cost)?;
+        if keep.get(slot).copied().unwrap_or(false) {
+            loaded[slot] = Some(expert);
+        }
     }
-    let parts = experts.get(e).ok_or_else(|| ArtifactError::Tensor {
-        name: format!("model.layers.{layer}.mlp experts"),
-        reason: format!("the router chose expert {e} of {}", experts.len()),
-    })?;
-    let expert = Arc::new(LoadedExpert {
-        gate: artifact.load_part(&parts.gate.part)?,
-        up: artifact.load_part(&parts.up.part)?,
-        down: artifact.load_part(&parts.down.part)?,
-    });
-    let (direct, buffered) = expert.read_kinds();
-    cache.insert((layer, e), &expert);
-    Ok((
-        expert,
-        Fetch {
+    let loaded = misses
+        .iter()
+        .zip(loaded)
+        .filter_map(|(&position, expert)| Some((position, expert?)))
+        .collect();
+    Ok((loaded, waited))
+}
+
+/// The tiles of the experts to read, three per expert (gate, up, down) in the router's order,
+/// handed out one at a time to whichever reader asks next.
+struct TileReads<'a> {
+    artifact: &'a Artifact,
+    parts: Vec<&'a ExpertParts>,
+    next: AtomicUsize,
+    stopped: AtomicBool,
+    pending: Vec<Mutex<PendingExpert>>,
+}
+
+#[derive(Default)]
+struct PendingExpert {
+    parts: [Option<LoadedPart>; 3],
+    arrived: usize,
+}
+
+impl<'a> TileReads<'a> {
+    fn new(artifact: &'a Artifact, chosen: &[&'a ExpertParts], misses: &[usize]) -> TileReads<'a> {
+        TileReads {
+            artifact,
+            parts: misses.iter().map(|&i| chosen[i]).collect(),
+            next: AtomicUsize::new(0),
+            stopped: AtomicBool::new(false),
+            pending: misses.iter().map(|_| Mutex::default()).collect(),
+        }
+    }
+
+    fn jobs(&self) -> usize {
+        3 * self.parts.len()
+    }
+
+    /// No reader takes another tile.
+    fn stop(&self) {
+        self.stopped.store(true, Ordering::Relaxed);
+    }
+
+    /// One reader: takes tiles until none is left or a read fails, and sends each expert whose
+    /// last tile it read, or the first failure.
+    fn run(&self, sender: &mpsc::Sender<ReadExpert>) {
+        while !self.stopped.load(Ordering::Relaxed) {
+            let job = self.next.fetch_add(1, Ordering::Relaxed);
+            if job >= self.jobs() {
+                return;
+            }
+            let (slot, k) = (job / 3, job % 3);
+            let expert = self.parts[slot];
+            match self.artifact.load_part(&expert.parts()[k].part) {
+                Ok(part) => {
+                    if let Some(done) = self.arrive(slot, k, part) {
+                        // The receiver is gone only when the layer already failed.
+                        let _ = sender.send((slot, Ok(done)));
+                    }
+                }
+                Err(error) => {
+                    self.stop();
+                    let _ = sender.send((slot, Err(error)));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Records tile `k` of expert `slot`; the expert, when that was its last tile.
+    fn arrive(
+        &self,
+        slot: usize,
+        k: usize,
+        part: LoadedPart,
+    ) -> Option<(Arc<LoadedExpert>, Fetch)> {
+        let mut pending = self.pending[slot]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        pending.parts[k] = Some(part);
+        pending.arrived += 1;
+        if pending.arrived < 3 {
+            return None;
+        }
+        let [Some(gate), Some(up), Some(down)] = std::mem::take(&mut pending.parts) else {
+            return None;
+        };
+        let expert = Arc::new(LoadedExpert { gate, up, down });
+        let (direct, buffered) = expert.read_kinds();
+        let fetch = Fetch {
             hit: false,
-            read_bytes: parts.read_bytes(),
+            read_bytes: self.parts[slot].read_bytes(),
             direct_reads: direct,
             buffered_reads: buffered,
-        },
-    ))
+        };
+        Some((expert, fetch))
+    }
 }
