@@ -358,6 +358,9 @@ pub fn with_fetched<R>(
     })
 }
 
+/// A read expert the cache keeps: its position among the chosen (later its expert index), loaded.
+type KeptExpert = (usize, Arc<LoadedExpert>);
+
 /// One read expert: its position among the chosen, or the first read of it that failed.
 type ReadExpert = (usize, Result<(Arc<LoadedExpert>, Fetch), ArtifactError>);
 
@@ -370,7 +373,7 @@ fn receive_reads(
     keep: &[bool],
     layer: usize,
     each: &mut impl FnMut(usize, &LoadedExpert, Fetch) -> Result<(), crate::layers::ModelError>,
-) -> Result<(Vec<(usize, Arc<LoadedExpert>)>, Duration), crate::layers::ModelError> {
+) -> Result<(Vec<KeptExpert>, Duration), crate::layers::ModelError> {
     let mut loaded: Vec<Option<Arc<LoadedExpert>>> = vec![None; misses.len()];
     let mut waited = Duration::ZERO;
     for _ in misses {
