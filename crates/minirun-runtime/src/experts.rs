@@ -268,8 +268,9 @@ impl ExpertCache {
     }
 
     /// Keeps the experts just read for `layer` that [`Self::will_keep`] chose, in the router's
-    /// order, after counting every expert read for the layer as held at once for the peak;
-    /// nothing is in flight afterwards.
+    /// order. The peak counts every expert read for the layer as held at once (an upper bound:
+    /// the ones not kept may already have given their buffers back); nothing is in flight
+    /// afterwards.
     fn keep_in_order(&self, layer: usize, read: u64, kept: &[(usize, Arc<LoadedExpert>)]) {
         if let Ok(mut s) = self.state.lock() {
             s.peak = s.peak.max(s.used + read);
@@ -407,11 +408,8 @@ struct TileReads<'a> {
     pending: Vec<Mutex<PendingExpert>>,
 }
 
-#[derive(Default)]
-struct PendingExpert {
-    parts: [Option<LoadedPart>; 3],
-    arrived: usize,
-}
+/// The tiles of one expert read so far: gate, up, down.
+type PendingExpert = [Option<LoadedPart>; 3];
 
 impl<'a> TileReads<'a> {
     fn new(artifact: &'a Artifact, chosen: &[&'a ExpertParts], misses: &[usize]) -> TileReads<'a> {
@@ -469,12 +467,11 @@ impl<'a> TileReads<'a> {
         let mut pending = self.pending[slot]
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        pending.parts[k] = Some(part);
-        pending.arrived += 1;
-        if pending.arrived < 3 {
+        pending[k] = Some(part);
+        if pending.iter().any(Option::is_none) {
             return None;
         }
-        let [Some(gate), Some(up), Some(down)] = std::mem::take(&mut pending.parts) else {
+        let [Some(gate), Some(up), Some(down)] = std::mem::take(&mut *pending) else {
             return None;
         };
         let expert = Arc::new(LoadedExpert { gate, up, down });

@@ -130,6 +130,25 @@ fn streamed_runs_at_every_budget_and_thread_count_have_the_resident_bits() {
                 if budget == middle {
                     assert_eq!(plan.mode, Mode::Streamed, "{fixture}");
                     assert!(decode.expert_cache_hits > 0, "{fixture}: a cache that hits");
+                    // What the cache keeps is decided in the router's order, so eight
+                    // readers finishing in any order read what one reader reads.
+                    let eight = Plan {
+                        reads_in_flight: 8,
+                        ..plan.clone()
+                    };
+                    let model = DeepSeekV3::load_planned(
+                        &artifact,
+                        config.clone(),
+                        &eight,
+                        experts.clone(),
+                    )
+                    .unwrap();
+                    let (_, _, wide) = on_threads(threads, || run(&model));
+                    assert_eq!(
+                        (wide.expert_cache_hits, wide.expert_read_bytes),
+                        (decode.expert_cache_hits, decode.expert_read_bytes),
+                        "{fixture} {threads} threads: 8 readers hit and read what 1 does"
+                    );
                 }
             }
             if budget == Budget::Generous {
