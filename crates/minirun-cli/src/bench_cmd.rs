@@ -1,7 +1,10 @@
 //! `minirun bench storage DIR`: what the storage under an artifact delivers to the streaming
 //! reader: throughput and read latency (p50/p95/p99) at queue depths 1 to 8, through the same
 //! reads a streamed run makes (one positioned read into a 16 KiB-aligned buffer, `O_DIRECT`
-//! where supported, else dropped from the page cache afterwards).
+//! where supported, else dropped from the page cache afterwards). With `--buffers N` each
+//! reader rotates through N buffers, as a run's reads land in a pool of buffers that stay
+//! filled until their experts are computed or cached; on some virtual disks that is slower
+//! than reading into one buffer over and over.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -34,6 +37,11 @@ pub struct StorageArgs {
     /// Seconds each queue depth runs.
     #[arg(long, default_value_t = 2.0)]
     seconds: f64,
+    /// Buffers each reader rotates through (1: the same buffer every read, the storage's best
+    /// case; a streamed run's reads land in a pool as large as its experts in flight and its
+    /// cache, e.g. 24 for eight experts of three tiles). Costs 8 x N x --read-size of memory.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    buffers: u32,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -62,6 +70,19 @@ pub fn run(command: &BenchCommand) -> Result<ExitCode> {
     if !(args.seconds > 0.0 && args.seconds.is_finite()) {
         bail!("--seconds must be a positive number");
     }
+    let buffers = args.buffers as usize;
+    let memory = 8 * u64::from(args.buffers) * read_size;
+    if let Some(available) = crate::run_cmd::available_memory()
+        && memory > available / 2
+    {
+        bail!(
+            "--buffers {} x --read-size {} at queue depth 8 needs {}, more than half of the {} available: give fewer --buffers",
+            args.buffers,
+            human(read_size),
+            human(memory),
+            human(available)
+        );
+    }
     let files = ArtifactFiles::unverified(&args.dir)?;
     let targets = large_files(&files, read_size)?;
     if targets.is_empty() {
@@ -83,21 +104,23 @@ pub fn run(command: &BenchCommand) -> Result<ExitCode> {
     }
     let targets = Arc::new(targets);
     let results: Vec<DepthResult> = (1..=8)
-        .map(|depth| measure(&targets, read_size, depth, args.seconds))
+        .map(|depth| measure(&targets, read_size, buffers, depth, args.seconds))
         .collect::<Result<_>>()?;
     if args.json {
         let doc = serde_json::json!({ "dir": args.dir.display().to_string(), "files": targets.len(),
-            "bytes": total, "read_size": read_size, "direct": direct, "warnings": warnings, "depths": results });
+            "bytes": total, "read_size": read_size, "buffers": buffers, "direct": direct, "warnings": warnings, "depths": results });
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "{} files, {} in {}; {} reads of {} at random 16 KiB-aligned offsets",
+        "{} files, {} in {}; {} reads of {} at random 16 KiB-aligned offsets, each reader rotating through {} buffer{}",
         targets.len(),
         human(total),
         args.dir.display(),
         if direct { "O_DIRECT" } else { "buffered" },
         human(read_size),
+        buffers,
+        if buffers == 1 { "" } else { "s" },
     );
     println!("| queue depth | reads | GB/s | p50 ms | p95 ms | p99 ms |");
     println!("|---:|---:|---:|---:|---:|---:|");
@@ -150,29 +173,47 @@ fn large_files(files: &ArtifactFiles, read_size: u64) -> Result<Vec<PayloadFile>
     Ok(out)
 }
 
+/// `count` buffers with every page written once, so the reads measure storage, not the first
+/// touch of fresh memory.
+fn touched_buffers(count: usize, len: usize) -> Vec<AlignedBuf> {
+    (0..count)
+        .map(|_| {
+            let mut buf = AlignedBuf::new(len);
+            buf.as_mut_slice().fill(1);
+            buf
+        })
+        .collect()
+}
+
 fn measure(
     files: &Arc<Vec<PayloadFile>>,
     read_size: u64,
+    buffers: usize,
     depth: usize,
     seconds: f64,
 ) -> Result<DepthResult> {
     let deadline = Duration::from_secs_f64(seconds);
+    let pools: Vec<Vec<AlignedBuf>> = (0..depth)
+        .map(|_| touched_buffers(buffers, read_size as usize))
+        .collect();
     let started = Instant::now();
     let per_worker: Vec<Result<Vec<Duration>>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..depth)
-            .map(|worker| {
+        let handles: Vec<_> = pools
+            .into_iter()
+            .enumerate()
+            .map(|(worker, mut pool)| {
                 let files = Arc::clone(files);
                 scope.spawn(move || -> Result<Vec<Duration>> {
                     let mut rng = SplitMix64::new(worker as u64 * 7919 + depth as u64);
-                    let mut buf = AlignedBuf::new(read_size as usize);
                     let mut latencies = Vec::new();
                     while started.elapsed() < deadline {
+                        let buf = &mut pool[latencies.len() % buffers];
                         let r = rng.next().unwrap_or(0);
                         let file = &files[(r % files.len() as u64) as usize];
                         let slots = (file.len() - read_size) / 16384 + 1;
                         let offset = (r >> 20) % slots * 16384;
                         let t = Instant::now();
-                        let path = file.read_into(offset, &mut buf)?;
+                        let path = file.read_into(offset, buf)?;
                         latencies.push(t.elapsed());
                         debug_assert!(matches!(
                             path,

@@ -64,7 +64,7 @@ pub struct RunArgs {
 }
 
 /// `MemAvailable` from /proc/meminfo, in bytes; `None` where the system does not say.
-fn available_memory() -> Option<u64> {
+pub(crate) fn available_memory() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
@@ -111,10 +111,11 @@ pub(crate) fn planned_within_memory(
 fn live_line(step: &StepRecord, expert_memory: Option<(u64, u64)>, budget: u64) {
     let (held, peak) = expert_memory.unwrap_or((0, 0));
     eprint!(
-        "\r\x1b[2Kpos {} | {:.1} ms/token ({:.1} ms I/O) | read {} | cache {} hit / {} miss | experts {} (peak {}) of budget {}",
+        "\r\x1b[2Kpos {} | {:.1} ms/token ({:.1} ms waiting, storage busy {:.1} ms) | read {} | cache {} hit / {} miss | experts {} (peak {}) of budget {}",
         step.position,
         step.seconds * 1e3,
         step.io_seconds * 1e3,
+        step.read_busy_seconds * 1e3,
         human(step.expert_read_bytes + step.layer_read_bytes),
         step.expert_cache_hits,
         step.expert_cache_misses,
@@ -213,6 +214,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             "expert_read_bytes_per_token": figures.expert_read_bytes_per_token(),
             "layer_read_bytes_per_token": figures.layer_read_bytes_per_token(),
             "decode_io_seconds": io.io_time.as_secs_f64(),
+            "decode_read_busy_seconds": io.read_busy.as_secs_f64(),
             "expert_cache_hits": io.expert_cache_hits,
             "expert_cache_misses": io.expert_cache_misses,
             "direct_reads": io.direct_reads,
@@ -251,13 +253,14 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     );
     if plan.mode == Mode::Streamed {
         eprintln!(
-            "streamed: {} of routed experts read per token (the plan's {} without cache hits), {} of streamed layers' attention, routers and shared experts (the plan's {}); {:.2} s of {:.2} s decoding waited for reads; expert cache {} hits / {} misses; {} direct (O_DIRECT) and {} buffered (then dropped from the page cache) reads; resident {} + experts peak {} within budget {}; process peak RSS {}",
+            "streamed: {} of routed experts read per token (the plan's {} without cache hits), {} of streamed layers' attention, routers and shared experts (the plan's {}); {:.2} s of {:.2} s decoding waited for reads, while storage was busy for {:.2} s; expert cache {} hits / {} misses; {} direct (O_DIRECT) and {} buffered (then dropped from the page cache) reads; resident {} + experts peak {} within budget {}; process peak RSS {}",
             human(figures.expert_read_bytes_per_token()),
             human(plan.uncached_read_per_token),
             human(figures.layer_read_bytes_per_token()),
             human(plan.layer_read_per_token),
             io.io_time.as_secs_f64(),
             figures.decode_time.as_secs_f64(),
+            io.read_busy.as_secs_f64(),
             io.expert_cache_hits,
             io.expert_cache_misses,
             io.direct_reads,

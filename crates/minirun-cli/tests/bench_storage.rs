@@ -40,6 +40,27 @@ fn storage_is_measured_at_every_queue_depth() {
         assert!(d["p50_ms"].as_f64().unwrap() <= d["p99_ms"].as_f64().unwrap());
     }
     assert_eq!(doc["files"], 1);
+    assert_eq!(doc["buffers"], 1);
+
+    let rotating = minirun(&[
+        "bench",
+        "storage",
+        path,
+        "--read-size",
+        "64KiB",
+        "--seconds",
+        "0.05",
+        "--buffers",
+        "5",
+        "--json",
+    ]);
+    assert!(rotating.status.success());
+    let doc: serde_json::Value = serde_json::from_slice(&rotating.stdout).unwrap();
+    assert_eq!(doc["buffers"], 5);
+    assert!(doc["depths"][0]["reads"].as_u64().unwrap() > 0);
+    let huge = minirun(&["bench", "storage", path, "--buffers", "4096", "--read-size", "64GiB"]);
+    assert_eq!(huge.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&huge.stderr).contains("fewer --buffers"));
 
     let odd = minirun(&["bench", "storage", path, "--read-size", "1000"]);
     assert_eq!(odd.status.code(), Some(1));

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use minirun_format::artifact::{FileEntry, Member, Quantization};
 use minirun_format::tile::{HEADER_BYTES, QuantMode, ScaleDtype, TileContainer};
@@ -19,6 +20,7 @@ use minirun_store::{
 };
 
 use crate::kernels::{BlockScale, FloatType, Format, QMatrix};
+use crate::read_clock::ReadClock;
 
 mod k3_layout;
 mod v4_layout;
@@ -134,6 +136,8 @@ pub struct Artifact {
     mapper: Option<Box<FileMapper>>,
     /// Buffers of streamed reads, reused for the next read of the same length.
     read_buffers: BufferPool,
+    /// Wall time streamed reads kept storage busy.
+    read_clock: ReadClock,
 }
 
 /// A matrix, or a stack of equally shaped matrices (experts, attention heads), as stored.
@@ -455,6 +459,7 @@ impl Artifact {
             tensors: BTreeMap::new(),
             mapper: None,
             read_buffers: BufferPool::new(),
+            read_clock: ReadClock::new(),
         };
         for manifest in &manifests {
             for entry in &manifest.files {
@@ -895,6 +900,22 @@ impl Artifact {
         self.read_buffers.set_limit(limit);
     }
 
+    /// Wall time during which at least one streamed read ([`Artifact::load_part`]) was in
+    /// flight, since the artifact was opened.
+    pub fn read_busy(&self) -> Duration {
+        self.read_clock.busy()
+    }
+
+    fn timed_read(
+        &self,
+        handle: &PayloadFile,
+        offset: u64,
+        buf: &mut AlignedBuf,
+    ) -> Result<ReadPath, ArtifactError> {
+        let _timing = self.read_clock.start();
+        Ok(handle.read_into(offset, buf)?)
+    }
+
     /// Reads one part now (one read per contiguous range: one for a tile) into aligned buffers
     /// (reused ones where [`Artifact::keep_read_buffers`] allows), checking the tile's recorded
     /// SHA-256 unless the evidence is a full verification.
@@ -910,7 +931,7 @@ impl Artifact {
             } => {
                 let handle = self.handle(*file)?;
                 let mut buf = self.read_buffers.buffer((tile.end - tile.start) as usize);
-                let path = handle.read_into(tile.start, &mut buf)?;
+                let path = self.timed_read(handle, tile.start, &mut buf)?;
                 if self.check_tile_digests
                     && let Some(c) = &self.payload[*file].container
                     && c.digests.is_some()
@@ -935,7 +956,7 @@ impl Artifact {
             } => {
                 let handle = self.handle(*file)?;
                 let mut read = self.read_buffers.buffer((range.end - range.start) as usize);
-                let path = handle.read_into(range.start, &mut read)?;
+                let path = self.timed_read(handle, range.start, &mut read)?;
                 let len = joined_len(part);
                 let mut buf = self.read_buffers.buffer(len);
                 join_bands_into(part, read.as_slice(), buf.as_mut_slice());
@@ -958,7 +979,7 @@ impl Artifact {
                 let mut read = |p: &Piece| -> Result<(usize, Range<usize>), ArtifactError> {
                     let handle = self.handle(p.file)?;
                     let mut buf = self.read_buffers.buffer(p.len as usize);
-                    paths.push(handle.read_into(p.offset, &mut buf)?);
+                    paths.push(self.timed_read(handle, p.offset, &mut buf)?);
                     reads.push(buf);
                     Ok((reads.len() - 1, 0..p.len as usize))
                 };

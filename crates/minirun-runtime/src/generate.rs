@@ -90,6 +90,8 @@ pub struct StepRecord {
     pub seconds: f64,
     /// Of which waiting for reads (experts and streamed layers).
     pub io_seconds: f64,
+    /// Wall time at least one of the step's reads was in flight, hidden under compute or not.
+    pub read_busy_seconds: f64,
     pub expert_read_bytes: u64,
     /// Deterministic weights of streamed layers read.
     pub layer_read_bytes: u64,
@@ -148,6 +150,7 @@ pub fn accumulate(total: &mut StepStats, step: &StepStats) {
     total.direct_reads += step.direct_reads;
     total.buffered_reads += step.buffered_reads;
     total.io_time += step.io_time;
+    total.read_busy += step.read_busy;
 }
 
 /// Why generation stopped.
@@ -214,6 +217,7 @@ pub fn generate<D: Decoder>(
             position,
             seconds: seconds.as_secs_f64(),
             io_seconds: stats.io_time.as_secs_f64(),
+            read_busy_seconds: stats.read_busy.as_secs_f64(),
             expert_read_bytes: stats.expert_read_bytes,
             layer_read_bytes: stats.layer_read_bytes,
             expert_cache_hits: stats.expert_cache_hits,

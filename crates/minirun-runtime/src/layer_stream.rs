@@ -305,8 +305,27 @@ impl LayerStream {
 
     /// Every layer in order through `run_layer` (handed a streamed layer's matrices, read for
     /// this step; `None` for a held layer), then `finish`. The time spent waiting for reads is
-    /// I/O time.
+    /// I/O time; the time any read of the pass was in flight is its read-busy time.
     pub fn run<S, T>(
+        &self,
+        artifact: &Artifact,
+        state: &mut S,
+        stats: &mut StepStats,
+        run_layer: impl FnMut(
+            &mut S,
+            usize,
+            Option<&LoadedLayer>,
+            &mut StepStats,
+        ) -> Result<(), ModelError>,
+        finish: impl FnOnce(&mut S, &mut StepStats) -> Result<T, ModelError>,
+    ) -> Result<T, ModelError> {
+        let busy_before = artifact.read_busy();
+        let out = self.run_layers(artifact, state, stats, run_layer, finish);
+        stats.read_busy += artifact.read_busy().saturating_sub(busy_before);
+        out
+    }
+
+    fn run_layers<S, T>(
         &self,
         artifact: &Artifact,
         state: &mut S,

@@ -48,6 +48,9 @@ pub struct StepStats {
     pub buffered_reads: u64,
     /// Wall time the step waited for expert reads.
     pub io_time: Duration,
+    /// Wall time during which at least one of the step's reads was in flight (overlapping
+    /// reads count once): the I/O the step needed, whether or not compute hid it.
+    pub read_busy: Duration,
 }
 
 pub(crate) fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {

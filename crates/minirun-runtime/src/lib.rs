@@ -18,6 +18,7 @@ pub mod layer_stream;
 pub mod layers;
 pub mod model;
 pub mod plan;
+pub mod read_clock;
 pub mod rope;
 pub mod session;
 pub mod text;

@@ -37,7 +37,15 @@ fn run(model: &DeepSeekV3) -> (Vec<Vec<u32>>, Vec<u32>, StepStats) {
         let next = argmax(&logits);
         ids.push(next);
         let mut stats = StepStats::default();
+        let wall = std::time::Instant::now();
         logits = model.step(next, &mut cache, &mut stats).unwrap();
+        let wall = wall.elapsed();
+        assert!(
+            stats.read_busy <= wall,
+            "storage busy {:?} longer than the step's {wall:?}",
+            stats.read_busy
+        );
+        decode.read_busy += stats.read_busy;
         decode.expert_read_bytes += stats.expert_read_bytes;
         decode.expert_cache_misses += stats.expert_cache_misses;
         decode.expert_cache_hits += stats.expert_cache_hits;
@@ -77,7 +85,8 @@ fn streamed_runs_at_every_budget_and_thread_count_have_the_resident_bits() {
         let artifact = Artifact::open(dir.path(), Access::Unverified).unwrap();
         let config = DeepSeekV3Config::parse(&artifact.config_json).unwrap();
         let resident = DeepSeekV3::load(&artifact, config.clone()).unwrap();
-        let (reference, ids, _) = run(&resident);
+        let (reference, ids, resident_decode) = run(&resident);
+        assert_eq!(resident_decode.read_busy, std::time::Duration::ZERO);
 
         let experts = expert_map(&artifact, &config).unwrap();
         let floor = Plan::new(&artifact, &config, &experts, Budget::Floor, 64).unwrap();
@@ -115,6 +124,10 @@ fn streamed_runs_at_every_budget_and_thread_count_have_the_resident_bits() {
                         decode.expert_read_bytes,
                         plan.uncached_read_per_token * STEPS as u64,
                         "{fixture}: the floor reads what the plan predicts"
+                    );
+                    assert!(
+                        decode.read_busy > std::time::Duration::ZERO,
+                        "{fixture}: the floor's reads kept storage busy for no time"
                     );
                 }
                 if let Some((held, peak)) = model.expert_memory() {
