@@ -58,7 +58,15 @@ fn storage_is_measured_at_every_queue_depth() {
     let doc: serde_json::Value = serde_json::from_slice(&rotating.stdout).unwrap();
     assert_eq!(doc["buffers"], 5);
     assert!(doc["depths"][0]["reads"].as_u64().unwrap() > 0);
-    let huge = minirun(&["bench", "storage", path, "--buffers", "4096", "--read-size", "64GiB"]);
+    let huge = minirun(&[
+        "bench",
+        "storage",
+        path,
+        "--buffers",
+        "4096",
+        "--read-size",
+        "64GiB",
+    ]);
     assert_eq!(huge.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&huge.stderr).contains("fewer --buffers"));
 

@@ -81,7 +81,10 @@ mod tests {
         let busy = clock.busy();
         assert!(busy >= READ, "{busy:?}");
         assert!(busy <= wall.elapsed(), "{busy:?} > {:?}", wall.elapsed());
-        assert!(busy < READ * 3, "four overlapping reads counted as {busy:?}");
+        assert!(
+            busy < READ * 3,
+            "four overlapping reads counted as {busy:?}"
+        );
     }
 
     #[test]
