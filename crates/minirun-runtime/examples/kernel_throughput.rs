@@ -13,7 +13,7 @@
 
 use std::time::Instant;
 
-use minirun_runtime::kernels::{BlockScale, FloatType, Format, QMatrix};
+use minirun_runtime::kernels::{BlockScale, FloatType, Format, Int8Vector, QMatrix};
 use rayon::prelude::*;
 
 struct Args {
@@ -197,10 +197,10 @@ fn main() {
         ("f32", Format::Dense(FloatType::F32)),
     ];
     println!(
-        "| format | shape (rows x cols) | matrices | kernel GB/s | plain read GB/s | ratio | batch of {n}: time vs {n} products |",
+        "| format | shape (rows x cols) | matrices | kernel GB/s | plain read GB/s | ratio | batch of {n}: time vs {n} products | 8-bit activations GB/s | ratio |",
         n = a.batch
     );
-    println!("|---|---|---:|---:|---:|---:|---:|");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
     for (name, format) in formats {
         if a.only.as_ref().is_some_and(|o| !name.contains(o.as_str())) {
             continue;
@@ -248,13 +248,29 @@ fn main() {
                     m.matmul(&xs, a.batch, &mut ys).expect("the product runs");
                 }
             });
+            // Affine 4-bit with 8-bit activations, the input quantized for every product.
+            let int8 = matches!(format, Format::Affine { bits: 4, .. }).then(|| {
+                let Format::Affine { group, .. } = format else {
+                    unreachable!("matched above")
+                };
+                best_of(a.repeats, || {
+                    for m in &matrices {
+                        let q = Int8Vector::quantize(&x, group).expect("a group of the matrix");
+                        m.matvec_int8(&q, &mut y).expect("the product runs");
+                    }
+                })
+            });
             let all: Vec<Vec<u8>> = parts.into_iter().flat_map(|(p, s, b)| [p, s, b]).collect();
             let mut sink = 0;
             let read = best_of(a.repeats, || sink ^= plain_read(&all));
             std::hint::black_box((sink, &y, &ys));
             let (k, r) = (total / kernel / 1e9, total / read / 1e9);
+            let int8 = int8.map_or("| - | - |".to_string(), |t| {
+                let g = total / t / 1e9;
+                format!("| {g:.2} | {:.2} |", g / r)
+            });
             println!(
-                "| {name} | {rows} x {cols} | {count} | {k:.2} | {r:.2} | {:.2} | {:.2} |",
+                "| {name} | {rows} x {cols} | {count} | {k:.2} | {r:.2} | {:.2} | {:.2} {int8}",
                 k / r,
                 batched / (a.batch as f64 * kernel)
             );

@@ -22,8 +22,11 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_int8;
 pub mod decode;
 mod format;
+mod int8;
 pub mod reference;
 mod row;
 
@@ -32,6 +35,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 pub use format::{BlockScale, FloatType, Format, QMatrix};
+pub use int8::Int8Vector;
 
 /// Why a matrix or a product was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -1,0 +1,234 @@
+//! The 8-bit-activation affine 4-bit rows of `int8.rs` with AVX2 integer dot products (pulp's
+//! safe `V3` token): 32 packed bytes (two 32-column blocks) split into their low and high
+//! nibbles, each multiplied with the matching codes by `vpmaddubsw` (unsigned nibble times
+//! signed code, pairs added: at most 2 x 15 x 127, no saturation), the two added, then
+//! widened to i32 pairs by `vpmaddwd`. The integer sums are exact, so the lanes' order does
+//! not matter; the f32 fold is `int8::fold`, the same operations as the portable path.
+
+use pulp::bytemuck::cast;
+use pulp::x86::V3;
+use std::arch::x86_64::{__m256, __m256i};
+
+use super::format::{FloatType, Format, QMatrix};
+use super::int8::{BLOCK, Int8Vector, fold};
+
+/// Bytes of packed 4-bit codes in one register: two blocks.
+const PAIR_BYTES: usize = BLOCK;
+
+/// The eight i32 partial sums of one pair of blocks: nibble codes times activation codes.
+#[inline(always)]
+fn pair_lanes(v3: V3, packed: [u8; PAIR_BYTES], even: __m256i, odd: __m256i) -> __m256i {
+    let avx2 = v3.avx2;
+    let bytes: __m256i = cast(packed);
+    let low_mask: __m256i = cast([15u8; 32]);
+    let low = avx2._mm256_and_si256(bytes, low_mask);
+    let high = avx2._mm256_and_si256(avx2._mm256_srli_epi16::<4>(bytes), low_mask);
+    let products = avx2._mm256_add_epi16(
+        avx2._mm256_maddubs_epi16(low, even),
+        avx2._mm256_maddubs_epi16(high, odd),
+    );
+    avx2._mm256_madd_epi16(products, cast([1i16; 16]))
+}
+
+#[inline(always)]
+fn pair_sum(v3: V3, packed: [u8; PAIR_BYTES], even: &[i8], odd: &[i8]) -> [i32; 8] {
+    let even: [i8; 32] = even.try_into().unwrap_or([0; 32]);
+    let odd: [i8; 32] = odd.try_into().unwrap_or([0; 32]);
+    cast(pair_lanes(v3, packed, cast(even), cast(odd)))
+}
+
+/// The 32 packed bytes of pair `p` of a row, zero-padded past the row's end.
+#[inline(always)]
+fn packed_pair(row: &[u8], p: usize) -> [u8; PAIR_BYTES] {
+    let start = p * PAIR_BYTES;
+    match row.get(start..start + PAIR_BYTES) {
+        Some(bytes) => bytes.try_into().unwrap_or([0; PAIR_BYTES]),
+        None => {
+            let mut padded = [0u8; PAIR_BYTES];
+            let tail = row.get(start..).unwrap_or(&[]);
+            padded[..tail.len()].copy_from_slice(tail);
+            padded
+        }
+    }
+}
+
+#[inline(always)]
+fn dot(v3: V3, m: &QMatrix, r: usize, x: &Int8Vector) -> f32 {
+    let group = x.group();
+    let groups = m.cols / group;
+    let row = &m.packed[r * m.cols / 2..(r + 1) * m.cols / 2];
+    let codes = |p: usize| {
+        let pair = &x.paired[p * 2 * BLOCK..(p + 1) * 2 * BLOCK];
+        pair.split_at(BLOCK)
+    };
+    let mut acc = 0f32;
+    if group == BLOCK {
+        for p in 0..groups.div_ceil(2) {
+            let (even, odd) = codes(p);
+            let lanes = pair_sum(v3, packed_pair(row, p), even, odd);
+            let first: i32 = lanes[..4].iter().sum();
+            acc = fold(m, r * groups + 2 * p, acc, first, x, 2 * p);
+            if 2 * p + 1 < groups {
+                let second: i32 = lanes[4..].iter().sum();
+                acc = fold(m, r * groups + 2 * p + 1, acc, second, x, 2 * p + 1);
+            }
+        }
+        return acc;
+    }
+    let pairs_per_group = group / (2 * BLOCK);
+    for g in 0..groups {
+        let mut i = 0i32;
+        for p in g * pairs_per_group..(g + 1) * pairs_per_group {
+            let (even, odd) = codes(p);
+            i += pair_sum(v3, packed_pair(row, p), even, odd)
+                .iter()
+                .sum::<i32>();
+        }
+        acc = fold(m, r * groups + g, acc, i, x, g);
+    }
+    acc
+}
+
+/// Groups handled at once by [`dot_blocks`]: one register of per-group sums.
+const GROUPS_AT_ONCE: usize = 8;
+
+/// Eight groups' i32 lane vectors summed to one register of eight group totals, in group order
+/// (two levels of `vphaddd`, then the 128-bit halves added).
+#[inline(always)]
+fn group_totals(v3: V3, v: [__m256i; GROUPS_AT_ONCE]) -> __m256i {
+    let avx2 = v3.avx2;
+    let p01 = avx2._mm256_hadd_epi32(v[0], v[1]);
+    let p23 = avx2._mm256_hadd_epi32(v[2], v[3]);
+    let p45 = avx2._mm256_hadd_epi32(v[4], v[5]);
+    let p67 = avx2._mm256_hadd_epi32(v[6], v[7]);
+    let low = avx2._mm256_hadd_epi32(p01, p23);
+    let high = avx2._mm256_hadd_epi32(p45, p67);
+    // low = [g0..g3 first halves | g0..g3 second halves], high the same for g4..g7.
+    avx2._mm256_add_epi32(
+        avx2._mm256_permute2x128_si256::<0x20>(low, high),
+        avx2._mm256_permute2x128_si256::<0x31>(low, high),
+    )
+}
+
+/// Eight consecutive stored scales (or biases) from `index`, as f32: the values
+/// `FloatType::read` gives.
+#[inline(always)]
+fn eight_floats(v3: V3, scale: FloatType, bytes: &[u8], index: usize) -> __m256 {
+    match scale {
+        FloatType::BF16 => {
+            let Some(Ok(raw)) = bytes
+                .get(2 * index..2 * index + 16)
+                .map(<[u8; 16]>::try_from)
+            else {
+                return cast([f32::NAN; 8]);
+            };
+            let wide = v3.avx2._mm256_cvtepu16_epi32(cast(raw));
+            cast(v3.avx2._mm256_slli_epi32::<16>(wide))
+        }
+        _ => {
+            let mut values = [0f32; 8];
+            for (k, v) in values.iter_mut().enumerate() {
+                *v = scale.read(bytes, index + k);
+            }
+            cast(values)
+        }
+    }
+}
+
+/// Group `g`'s eight i32 lanes of a row.
+#[inline(always)]
+fn group_lanes(
+    v3: V3,
+    row: &[[u8; PAIR_BYTES]],
+    codes: &[[i8; BLOCK]],
+    g: usize,
+    pairs_per_group: usize,
+) -> __m256i {
+    let mut lanes: __m256i = cast([0i32; 8]);
+    for p in g * pairs_per_group..(g + 1) * pairs_per_group {
+        let pair = pair_lanes(v3, row[p], cast(codes[2 * p]), cast(codes[2 * p + 1]));
+        lanes = v3.avx2._mm256_add_epi32(lanes, pair);
+    }
+    lanes
+}
+
+/// Eight f32 from `first` (NaN past the end, which the callers never reach).
+#[inline(always)]
+fn eight_at(values: &[f32], first: usize) -> __m256 {
+    match values.get(first..first + GROUPS_AT_ONCE) {
+        Some(v) => cast(<[f32; 8]>::try_from(v).unwrap_or([f32::NAN; 8])),
+        None => cast([f32::NAN; 8]),
+    }
+}
+
+/// Row `r` for groups of 64 or 128 columns: eight groups at a time, their integer sums
+/// gathered into one register so that the fold's multiplies run on eight lanes; the additions
+/// into the row's accumulator stay one at a time in group order, as `int8::fold` does them.
+#[inline(always)]
+fn dot_blocks(v3: V3, m: &QMatrix, r: usize, x: &Int8Vector) -> f32 {
+    let Format::Affine { scale, .. } = m.format else {
+        return f32::NAN;
+    };
+    let avx = v3.avx;
+    let group = x.group();
+    let groups = m.cols / group;
+    let row_bytes = m.cols / 2;
+    let row = m.packed[r * row_bytes..(r + 1) * row_bytes]
+        .as_chunks::<PAIR_BYTES>()
+        .0;
+    let codes = x.paired.as_chunks::<BLOCK>().0;
+    let pairs_per_group = group / (2 * BLOCK);
+    let blocks = groups / GROUPS_AT_ONCE;
+    let mut acc = 0f32;
+    for block in 0..blocks {
+        let first = block * GROUPS_AT_ONCE;
+        let mut lanes: [__m256i; GROUPS_AT_ONCE] = [cast([0i32; 8]); GROUPS_AT_ONCE];
+        for (j, lane) in lanes.iter_mut().enumerate() {
+            *lane = group_lanes(v3, row, codes, first + j, pairs_per_group);
+        }
+        let i = avx._mm256_cvtepi32_ps(group_totals(v3, lanes));
+        let index = r * groups + first;
+        let s = eight_floats(v3, scale, m.scales, index);
+        let b = eight_floats(v3, scale, m.biases, index);
+        let step = eight_at(&x.steps, first);
+        let sum = eight_at(&x.sums, first);
+        let terms = avx._mm256_add_ps(
+            avx._mm256_mul_ps(avx._mm256_mul_ps(s, step), i),
+            avx._mm256_mul_ps(b, sum),
+        );
+        let terms: [f32; 8] = cast(terms);
+        for t in terms {
+            acc += t;
+        }
+    }
+    for g in blocks * GROUPS_AT_ONCE..groups {
+        let lanes: [i32; 8] = cast(group_lanes(v3, row, codes, g, pairs_per_group));
+        acc = fold(m, r * groups + g, acc, lanes.iter().sum(), x, g);
+    }
+    acc
+}
+
+pub(crate) fn rows(v3: V3, m: &QMatrix, first: usize, x: &Int8Vector, y: &mut [f32]) {
+    struct Rows<'a, 'm> {
+        v3: V3,
+        m: &'a QMatrix<'m>,
+        first: usize,
+        x: &'a Int8Vector,
+        y: &'a mut [f32],
+    }
+    impl pulp::WithSimd for Rows<'_, '_> {
+        type Output = ();
+        #[inline(always)]
+        fn with_simd<S: pulp::Simd>(self, _: S) {
+            let Rows { v3, m, first, x, y } = self;
+            for (i, out) in y.iter_mut().enumerate() {
+                *out = if x.group() == BLOCK {
+                    dot(v3, m, first + i, x)
+                } else {
+                    dot_blocks(v3, m, first + i, x)
+                };
+            }
+        }
+    }
+    pulp::Simd::vectorize(v3, Rows { v3, m, first, x, y });
+}

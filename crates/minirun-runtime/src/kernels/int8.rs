@@ -1,0 +1,220 @@
+//! Affine 4-bit products with 8-bit activations: the input is quantized once per vector, each
+//! group's dot product is an exact integer sum, and only the fold over groups is in f32. This
+//! is a different arithmetic from the exact path (`mod.rs`), chosen for speed: it is fixed and
+//! the same on every thread count and instruction set, but its results are not the exact
+//! path's bits.
+//!
+//! # The arithmetic
+//!
+//! Quantizing `x` for groups of `G` columns (the matrix's affine group), for each group `g`:
+//!
+//! 1. `amax = max |x_k|` over the group (f32; a NaN input makes `amax` NaN).
+//! 2. `d = amax / 127`; when `amax` is 0, `d = 0` and every code is 0.
+//! 3. `q_k = round(x_k / d)` (half away from zero), clamped to [-127, 127].
+//! 4. `sum = x_k` summed over the group, `k` ascending, in f32.
+//!
+//! Row `r`, with `w_k = s_g * c_k + b_g` (`c_k` the stored 4-bit codes):
+//!
+//! 1. `i_g = Σ c_k * q_k` over the group, exactly (an i32; at most 128 x 15 x 127).
+//! 2. `acc = 0`; for each group ascending, `acc = acc + ((s_g * d_g) * f32(i_g) + b_g * sum_g)`,
+//!    each multiply and add a separate f32 operation (no fused multiply-add).
+//! 3. `y_r = acc`.
+//!
+//! Any order of the integer additions gives the same `i_g`, so the SIMD path (`avx2_int8.rs`)
+//! may lay lanes out as it likes; the f32 operations are the same sequence on every path.
+
+use std::ops::Range;
+
+use rayon::prelude::*;
+
+use super::format::{Format, QMatrix};
+use super::{KernelError, ROWS_PER_TASK, SERIAL_CELLS, check_len};
+
+/// Columns of one block of quantized codes: the SIMD path reads two blocks (one 32-byte
+/// register of 4-bit codes) at a time.
+pub(crate) const BLOCK: usize = 32;
+
+/// An input vector quantized to 8 bits for groups of `group` columns.
+#[derive(Debug, Clone)]
+pub struct Int8Vector {
+    group: usize,
+    /// The codes of each pair of 32-column blocks as `[even columns of both, odd columns of
+    /// both]`, 64 bytes a pair, the last pair zero-padded: the order in which the low and high
+    /// nibbles of 32 packed bytes line up with them.
+    pub(crate) paired: Vec<i8>,
+    /// The codes in column order (the portable path reads these).
+    pub(crate) codes: Vec<i8>,
+    /// `d_g` per group.
+    pub(crate) steps: Vec<f32>,
+    /// `sum_g` per group.
+    pub(crate) sums: Vec<f32>,
+}
+
+impl Int8Vector {
+    /// Quantizes `x` for groups of `group` columns (32, 64 or 128, dividing `x.len()`).
+    pub fn quantize(x: &[f32], group: usize) -> Result<Int8Vector, KernelError> {
+        if !matches!(group, 32 | 64 | 128) || !x.len().is_multiple_of(group) || x.is_empty() {
+            return Err(KernelError::Shape {
+                rows: 1,
+                cols: x.len(),
+                what: format!("8-bit activations in groups of {group}"),
+            });
+        }
+        let mut codes = Vec::with_capacity(x.len());
+        let mut steps = Vec::with_capacity(x.len() / group);
+        let mut sums = Vec::with_capacity(x.len() / group);
+        for g in x.chunks_exact(group) {
+            let amax = g.iter().fold(0f32, |m, v| {
+                let a = v.abs();
+                if a > m || a.is_nan() { a } else { m }
+            });
+            let d = amax / 127.0;
+            for &v in g {
+                let q = if amax == 0.0 { 0.0 } else { (v / d).round() };
+                codes.push(q.clamp(-127.0, 127.0) as i8);
+            }
+            steps.push(d);
+            sums.push(g.iter().fold(0f32, |s, &v| s + v));
+        }
+        let paired = pair_blocks(&codes);
+        Ok(Int8Vector {
+            group,
+            paired,
+            codes,
+            steps,
+            sums,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.codes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.codes.is_empty()
+    }
+
+    pub fn group(&self) -> usize {
+        self.group
+    }
+}
+
+fn pair_blocks(codes: &[i8]) -> Vec<i8> {
+    let pairs = codes.len().div_ceil(2 * BLOCK);
+    let mut paired = vec![0i8; pairs * 2 * BLOCK];
+    for (p, out) in paired.chunks_exact_mut(2 * BLOCK).enumerate() {
+        let (even, odd) = out.split_at_mut(BLOCK);
+        for half in 0..2 {
+            let start = (2 * p + half) * BLOCK;
+            let Some(block) = codes.get(start..start + BLOCK) else {
+                break;
+            };
+            for j in 0..BLOCK / 2 {
+                even[half * BLOCK / 2 + j] = block[2 * j];
+                odd[half * BLOCK / 2 + j] = block[2 * j + 1];
+            }
+        }
+    }
+    paired
+}
+
+/// The 4-bit affine parameters a product with 8-bit activations needs, or why it cannot run.
+fn affine4(m: &QMatrix, x: &Int8Vector) -> Result<usize, KernelError> {
+    match m.format {
+        Format::Affine { bits: 4, group, .. } if group == x.group => Ok(group),
+        Format::Affine { bits: 4, group, .. } => Err(KernelError::Shape {
+            rows: m.rows,
+            cols: m.cols,
+            what: format!(
+                "affine group {group} and an input quantized for groups of {}",
+                x.group
+            ),
+        }),
+        other => Err(KernelError::Shape {
+            rows: m.rows,
+            cols: m.cols,
+            what: format!("{other:?} weights and 8-bit activations (affine 4-bit only)"),
+        }),
+    }
+}
+
+/// Row `r`'s product, portable code (the definition above, step by step).
+pub(crate) fn dot_portable(m: &QMatrix, r: usize, x: &Int8Vector) -> f32 {
+    let group = x.group;
+    let groups = m.cols / group;
+    let row = &m.packed[r * m.cols / 2..(r + 1) * m.cols / 2];
+    let mut acc = 0f32;
+    for g in 0..groups {
+        let bytes = &row[g * group / 2..(g + 1) * group / 2];
+        let codes = &x.codes[g * group..(g + 1) * group];
+        let mut i = 0i32;
+        for (k, &byte) in bytes.iter().enumerate() {
+            i += i32::from(byte & 15) * i32::from(codes[2 * k]);
+            i += i32::from(byte >> 4) * i32::from(codes[2 * k + 1]);
+        }
+        acc = fold(m, r * groups + g, acc, i, x, g);
+    }
+    acc
+}
+
+/// Step 2 of the row arithmetic: group `g` (the matrix's group `index`) added to `acc`.
+#[inline(always)]
+pub(crate) fn fold(m: &QMatrix, index: usize, acc: f32, i: i32, x: &Int8Vector, g: usize) -> f32 {
+    let Format::Affine { scale, .. } = m.format else {
+        return f32::NAN;
+    };
+    let s = scale.read(m.scales, index);
+    let b = scale.read(m.biases, index);
+    acc + ((s * x.steps[g]) * i as f32 + b * x.sums[g])
+}
+
+type RowsInt8 = fn(&QMatrix, usize, &Int8Vector, &mut [f32]);
+
+fn rows_portable(m: &QMatrix, first: usize, x: &Int8Vector, y: &mut [f32]) {
+    for (i, out) in y.iter_mut().enumerate() {
+        *out = dot_portable(m, first + i, x);
+    }
+}
+
+fn rows_fast(m: &QMatrix, first: usize, x: &Int8Vector, y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(v3) = pulp::x86::V3::try_new() {
+        return super::avx2_int8::rows(v3, m, first, x, y);
+    }
+    rows_portable(m, first, x, y)
+}
+
+impl QMatrix<'_> {
+    /// `y = W x` with 8-bit activations (the module's arithmetic): affine 4-bit matrices only,
+    /// `x` quantized for the matrix's group. The same bits on any number of threads.
+    pub fn matvec_int8(&self, x: &Int8Vector, y: &mut [f32]) -> Result<(), KernelError> {
+        self.matvec_int8_rows(0..self.rows, x, y, rows_fast)
+    }
+
+    /// `matvec_int8` through the portable code even where a SIMD path exists: tests compare
+    /// the two bit for bit.
+    #[doc(hidden)]
+    pub fn matvec_int8_portable(&self, x: &Int8Vector, y: &mut [f32]) -> Result<(), KernelError> {
+        self.matvec_int8_rows(0..self.rows, x, y, rows_portable)
+    }
+
+    fn matvec_int8_rows(
+        &self,
+        rows: Range<usize>,
+        x: &Int8Vector,
+        y: &mut [f32],
+        kernel: RowsInt8,
+    ) -> Result<(), KernelError> {
+        affine4(self, x)?;
+        check_len("x", self.cols, x.len())?;
+        check_len("y", rows.len(), y.len())?;
+        if rows.len() * self.cols < SERIAL_CELLS || rayon::current_num_threads() == 1 {
+            kernel(self, rows.start, x, y);
+        } else {
+            y.par_chunks_mut(ROWS_PER_TASK)
+                .enumerate()
+                .for_each(|(task, band)| kernel(self, rows.start + task * ROWS_PER_TASK, x, band));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,232 @@
+//! Affine 4-bit products with 8-bit activations (`QMatrix::matvec_int8`): the SIMD and
+//! portable paths give the same bits, so do one and two threads; the result stays within the
+//! error the activations' rounding allows of the exact product (`kernels::reference`); other
+//! formats, mismatched groups and lengths are refused; NaN inputs propagate.
+
+use minirun_runtime::kernels::{FloatType, Format, Int8Vector, QMatrix, reference};
+use proptest::prelude::*;
+
+struct Stored {
+    format: Format,
+    rows: usize,
+    cols: usize,
+    packed: Vec<u8>,
+    scales: Vec<u8>,
+    biases: Vec<u8>,
+}
+
+impl Stored {
+    fn matrix(&self) -> QMatrix<'_> {
+        QMatrix::new(
+            self.format,
+            self.rows,
+            self.cols,
+            &self.packed,
+            &self.scales,
+            &self.biases,
+        )
+        .expect("a consistent matrix")
+    }
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+fn float_bytes(t: FloatType, values: impl Iterator<Item = f32>) -> Vec<u8> {
+    values
+        .flat_map(|v| match t {
+            FloatType::F32 => v.to_le_bytes().to_vec(),
+            FloatType::F16 => half::f16::from_f32(v).to_le_bytes().to_vec(),
+            FloatType::BF16 => half::bf16::from_f32(v).to_le_bytes().to_vec(),
+        })
+        .collect()
+}
+
+const FLOATS: [FloatType; 3] = [FloatType::BF16, FloatType::F16, FloatType::F32];
+
+/// An affine 4-bit matrix of `groups` groups per row (an odd count of 32-column blocks
+/// included, which the SIMD path pads).
+fn affine4(rows: usize, group: usize, groups: usize, scale: FloatType, seed: u64) -> Stored {
+    let mut rng = Rng(seed);
+    let cols = group * groups;
+    let n = rows * groups;
+    Stored {
+        format: Format::Affine {
+            bits: 4,
+            group,
+            scale,
+        },
+        rows,
+        cols,
+        packed: (0..rows * cols / 2).map(|_| rng.next() as u8).collect(),
+        scales: float_bytes(scale, (0..n).map(|_| rng.unit() * 0.1)),
+        biases: float_bytes(scale, (0..n).map(|_| rng.unit())),
+    }
+}
+
+fn input(cols: usize, seed: u64) -> Vec<f32> {
+    let mut rng = Rng(seed ^ 0x5EED);
+    (0..cols).map(|_| rng.unit() * 3.0).collect()
+}
+
+fn on_threads<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> T {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("a thread pool")
+        .install(f)
+}
+
+fn bits(y: &[f32]) -> Vec<u32> {
+    y.iter().map(|v| v.to_bits()).collect()
+}
+
+/// The largest error 8-bit activations may add to row `r` of the exact product: each code
+/// stands for its input within half a step (plus f32 rounding of the division), so a group adds
+/// at most |s_g| x step_g / 2 x the sum of its weight codes; f32 rounding of the fold and of the
+/// group sums adds the rest.
+fn allowed_error(m: &QMatrix, r: usize, x: &[f32], size: f64) -> f64 {
+    let Format::Affine { group, scale, .. } = m.format() else {
+        unreachable!("affine matrices only")
+    };
+    let groups = m.cols() / group;
+    let mut bound = size * 2f64.powi(-16);
+    for g in 0..groups {
+        let cols = g * group..(g + 1) * group;
+        let amax = x[cols.clone()]
+            .iter()
+            .fold(0f64, |a, v| a.max(f64::from(v.abs())));
+        let codes: f64 = cols
+            .map(|k| {
+                let cell = r * m.cols() + k;
+                f64::from((m.packed()[cell / 2] >> (4 * (cell % 2))) & 15)
+            })
+            .sum();
+        let s = reference::float(scale, m.scales(), r * groups + g).abs();
+        bound += s * (amax / 127.0) * (0.5 + 1e-5) * codes;
+    }
+    bound
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    #[test]
+    fn simd_and_portable_paths_agree_bit_for_bit_and_stay_near_the_exact_product(
+        rows in 1usize..12, pick in 0usize..9, groups in 1usize..20, seed: u64,
+    ) {
+        let group = [32, 64, 128][pick % 3];
+        let stored = affine4(rows, group, groups, FLOATS[pick / 3], seed);
+        let m = stored.matrix();
+        let x = input(m.cols(), seed);
+        let q = Int8Vector::quantize(&x, group).unwrap();
+        let mut fast = vec![0f32; rows];
+        let mut portable = vec![0f32; rows];
+        m.matvec_int8(&q, &mut fast).unwrap();
+        m.matvec_int8_portable(&q, &mut portable).unwrap();
+        prop_assert_eq!(bits(&fast), bits(&portable));
+        for (r, (&got, &(exact, size))) in fast.iter().zip(&reference::matvec(&m, &x)).enumerate() {
+            let allowed = allowed_error(&m, r, &x, size);
+            prop_assert!((f64::from(got) - exact).abs() <= allowed,
+                "group {group} row {r}: int8 {got}, exact {exact}, allowed {allowed}");
+        }
+    }
+}
+
+#[test]
+fn one_and_two_threads_give_the_same_bits() {
+    let stored = affine4(512, 64, 32, FloatType::BF16, 7);
+    let m = stored.matrix();
+    let q = Int8Vector::quantize(&input(m.cols(), 7), 64).unwrap();
+    let run = |threads| {
+        on_threads(threads, || {
+            let mut y = vec![0f32; m.rows()];
+            m.matvec_int8(&q, &mut y).unwrap();
+            bits(&y)
+        })
+    };
+    assert_eq!(run(1), run(2));
+}
+
+#[test]
+fn the_result_differs_from_the_exact_path_only_by_the_rounding_of_activations() {
+    // Activations that are already multiples of their group's step (codes -127..127 times
+    // amax / 127 with amax = 127) quantize without error: the integer path then computes the
+    // exact products, so it lands within f32 rounding of the reference.
+    let stored = affine4(8, 64, 4, FloatType::F32, 3);
+    let m = stored.matrix();
+    let x: Vec<f32> = (0..m.cols())
+        .map(|k| {
+            if k % 64 == 0 {
+                127.0
+            } else {
+                (k % 255) as f32 - 127.0
+            }
+        })
+        .collect();
+    let q = Int8Vector::quantize(&x, 64).unwrap();
+    let mut y = vec![0f32; m.rows()];
+    m.matvec_int8(&q, &mut y).unwrap();
+    for (&got, &(exact, size)) in y.iter().zip(&reference::matvec(&m, &x)) {
+        assert!(
+            (f64::from(got) - exact).abs() <= size * 2f64.powi(-16),
+            "{got} vs {exact}"
+        );
+    }
+}
+
+#[test]
+fn zero_and_nan_inputs() {
+    let stored = affine4(4, 32, 3, FloatType::BF16, 11);
+    let m = stored.matrix();
+    let mut y = vec![1f32; 4];
+    m.matvec_int8(
+        &Int8Vector::quantize(&vec![0.0; m.cols()], 32).unwrap(),
+        &mut y,
+    )
+    .unwrap();
+    assert!(y.iter().all(|&v| v == 0.0), "{y:?}");
+    let mut x = input(m.cols(), 11);
+    x[40] = f32::NAN;
+    m.matvec_int8(&Int8Vector::quantize(&x, 32).unwrap(), &mut y)
+        .unwrap();
+    assert!(y.iter().all(|v| v.is_nan()), "{y:?}");
+}
+
+#[test]
+fn other_formats_groups_and_lengths_are_refused() {
+    let stored = affine4(4, 64, 2, FloatType::BF16, 5);
+    let m = stored.matrix();
+    let mut y = vec![0f32; 4];
+    let other_group = Int8Vector::quantize(&input(128, 5), 32).unwrap();
+    let err = m.matvec_int8(&other_group, &mut y).unwrap_err();
+    assert!(err.to_string().contains("group"), "{err}");
+    let short = Int8Vector::quantize(&input(64, 5), 64).unwrap();
+    assert!(m.matvec_int8(&short, &mut y).is_err());
+    assert!(
+        m.matvec_int8(
+            &Int8Vector::quantize(&input(128, 5), 64).unwrap(),
+            &mut [0.0; 3]
+        )
+        .is_err()
+    );
+
+    let dense = [0u8; 4 * 64 * 4];
+    let f32_matrix = QMatrix::new(Format::Dense(FloatType::F32), 4, 64, &dense, &[], &[]).unwrap();
+    let q = Int8Vector::quantize(&input(64, 5), 64).unwrap();
+    let err = f32_matrix.matvec_int8(&q, &mut y).unwrap_err();
+    assert!(err.to_string().contains("affine 4-bit only"), "{err}");
+    assert!(Int8Vector::quantize(&input(100, 5), 64).is_err());
+    assert!(Int8Vector::quantize(&[], 64).is_err());
+}
