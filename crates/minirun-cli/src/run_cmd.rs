@@ -9,9 +9,25 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use minirun_runtime::budget::{Budget, human};
 use minirun_runtime::generate::{Figures, Sampling, StepRecord, StopReason};
+use minirun_runtime::kernels::Activations;
 use minirun_runtime::model::Decoder;
 use minirun_runtime::plan::{Mode, Plan};
 use minirun_runtime::session::{Session, Trust};
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum ActivationsArg {
+    F32,
+    Int8,
+}
+
+impl From<ActivationsArg> for Activations {
+    fn from(arg: ActivationsArg) -> Activations {
+        match arg {
+            ActivationsArg::F32 => Activations::F32,
+            ActivationsArg::Int8 => Activations::Int8,
+        }
+    }
+}
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -52,6 +68,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", default_value_t = minirun_runtime::plan::DEFAULT_READS_IN_FLIGHT as u16,
           value_parser = clap::value_parser!(u16).range(1..=64))]
     reads_in_flight: u16,
+    /// Arithmetic of the products: f32 (exact: every weight decoded to f32) or int8 (affine
+    /// 4-bit matrices take their input quantized to 8 bits per group and sum in integers:
+    /// faster, deterministic, not the f32 path's bits; other formats stay f32).
+    #[arg(long, value_enum, default_value_t = ActivationsArg::F32)]
+    activations: ActivationsArg,
     /// Write one JSON line per decode step (wall and I/O seconds, expert bytes read, cache hits
     /// and misses) to FILE.
     #[arg(long, value_name = "FILE")]
@@ -151,7 +172,8 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         true => Trust::Unverified,
         false => Trust::Verified(minirun_store::SealKey::for_user()?),
     };
-    let session = Session::open(&args.artifact, trust)?;
+    let mut session = Session::open(&args.artifact, trust)?;
+    session.artifact.set_activations(args.activations.into());
     let prompt = session.prompt_ids(&args.prompt, args.chat)?;
     let stop = match args.ignore_eos {
         true => Vec::new(),
@@ -211,6 +233,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             "weight_bytes_per_token": figures.weight_bytes_per_token(),
             "resident_bytes": session.artifact.payload_bytes(),
             "plan": plan,
+            "activations": session.artifact.activations(),
             "expert_read_bytes_per_token": figures.expert_read_bytes_per_token(),
             "layer_read_bytes_per_token": figures.layer_read_bytes_per_token(),
             "decode_io_seconds": io.io_time.as_secs_f64(),

@@ -111,6 +111,38 @@ fn a_verified_run_generates_mlx_lms_greedy_continuation_and_reports_figures_as_j
     assert!(report["tokens_per_second"].as_f64().unwrap() > 0.0);
     assert!(report["weight_bytes_per_token"].as_u64().unwrap() > 0);
     assert!(report["text"].is_string());
+    assert_eq!(report["activations"], "f32");
+
+    // 8-bit activations: said in the report and in the header, a different arithmetic.
+    let int8 = |json: bool| {
+        let mut args = vec![
+            "run",
+            path,
+            "--prompt",
+            text,
+            "--max-tokens",
+            "32",
+            "--ignore-eos",
+            "--activations",
+            "int8",
+        ];
+        if json {
+            args.push("--json");
+        }
+        minirun(&args)
+    };
+    let out = int8(true);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(report["activations"], "int8");
+    assert_eq!(report["generated_tokens"], 32);
+    let out = int8(false);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("8-bit activations"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]

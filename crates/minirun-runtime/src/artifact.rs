@@ -19,7 +19,7 @@ use minirun_store::{
     AlignedBuf, ArtifactFiles, BufferPool, HeldEvidence, LayoutError, PayloadFile, ReadPath,
 };
 
-use crate::kernels::{BlockScale, FloatType, Format, QMatrix};
+use crate::kernels::{Activations, BlockScale, FloatType, Format, QMatrix};
 use crate::read_clock::ReadClock;
 
 mod k3_layout;
@@ -138,6 +138,8 @@ pub struct Artifact {
     read_buffers: BufferPool,
     /// Wall time streamed reads kept storage busy.
     read_clock: ReadClock,
+    /// The arithmetic of every matrix handed out (resident or streamed).
+    activations: Activations,
 }
 
 /// A matrix, or a stack of equally shaped matrices (experts, attention heads), as stored.
@@ -287,6 +289,8 @@ pub struct LoadedPart {
     biases: Option<(usize, Range<usize>)>,
     /// How each read reached storage.
     pub paths: Vec<ReadPath>,
+    /// The arithmetic of its matrices (the artifact's when it was read).
+    activations: Activations,
 }
 
 impl LoadedPart {
@@ -321,6 +325,7 @@ impl LoadedPart {
             slice(&self.scales),
             slice(&self.biases),
         )
+        .map(|m| m.with_activations(self.activations))
     }
 }
 
@@ -460,6 +465,7 @@ impl Artifact {
             mapper: None,
             read_buffers: BufferPool::new(),
             read_clock: ReadClock::new(),
+            activations: Activations::F32,
         };
         for manifest in &manifests {
             for entry in &manifest.files {
@@ -891,7 +897,18 @@ impl Artifact {
             scales,
             biases,
         )
+        .map(|m| m.with_activations(self.activations))
         .map_err(|e| tensor_err(&layout.name, e.to_string()))
+    }
+
+    /// The arithmetic of the matrices this artifact hands out from now on (set it before a
+    /// model is loaded: a model keeps the matrices it loaded).
+    pub fn set_activations(&mut self, activations: Activations) {
+        self.activations = activations;
+    }
+
+    pub fn activations(&self) -> Activations {
+        self.activations
     }
 
     /// Keeps up to `limit` bytes of dropped read buffers for the next read of the same length
@@ -946,6 +963,7 @@ impl Artifact {
                     scales: Some(range(scales)),
                     biases: biases.as_ref().map(range),
                     paths: vec![path],
+                    activations: self.activations,
                 })
             }
             PartLayout::Bands {
@@ -967,6 +985,7 @@ impl Artifact {
                     scales: (!scales.is_empty()).then_some((0, p..len)),
                     biases: None,
                     paths: vec![path],
+                    activations: self.activations,
                 })
             }
             PartLayout::Pieces {
@@ -992,6 +1011,7 @@ impl Artifact {
                     scales,
                     biases,
                     paths,
+                    activations: self.activations,
                 })
             }
         }

@@ -136,7 +136,7 @@ impl Session {
 
     /// What the run is, line by line, for the report's header.
     pub fn header(&self) -> Vec<String> {
-        vec![
+        let mut lines = vec![
             format!("artifact {}", self.path.display()),
             self.architecture.describe(),
             format!(
@@ -144,7 +144,14 @@ impl Session {
                 self.artifact.payload_bytes()
             ),
             self.artifact.provenance.clone(),
-        ]
+        ];
+        if self.artifact.activations() == crate::kernels::Activations::Int8 {
+            lines.push(
+                "products: 8-bit activations for affine 4-bit matrices (not the f32 path's bits; --activations f32 is exact)"
+                    .to_string(),
+            );
+        }
+        lines
     }
 
     /// The prompt's token ids: a raw prompt gets the tokenizer's BOS; `chat` renders it as one

@@ -11,6 +11,7 @@ use minirun_runtime::budget::Budget;
 use minirun_runtime::config::DeepSeekV3Config;
 use minirun_runtime::deepseek::{DeepSeekV3, StepStats};
 use minirun_runtime::generate::argmax;
+use minirun_runtime::kernels::Activations;
 use minirun_runtime::model::Decoder;
 use minirun_runtime::plan::{Mode, Plan, PlanError, expert_map};
 
@@ -306,4 +307,29 @@ fn an_artifact_several_times_its_budget_streams_with_the_resident_bits() {
             .all(|&b| f32::from_bits(b).is_finite()),
         "the synthetic model's logits are finite"
     );
+}
+
+/// With 8-bit activations (`--activations int8`) a streamed run still has the resident run's
+/// bits, on one thread and on two; and those bits are not the f32 path's.
+#[test]
+fn eight_bit_activations_stream_with_their_resident_bits() {
+    let dir = packed("mlx-affine4-g64");
+    let exact = Artifact::open(dir.path(), Access::Unverified).unwrap();
+    let mut artifact = Artifact::open(dir.path(), Access::Unverified).unwrap();
+    artifact.set_activations(Activations::Int8);
+    let config = DeepSeekV3Config::parse(&artifact.config_json).unwrap();
+    let (reference, ids, _) = run(&DeepSeekV3::load(&artifact, config.clone()).unwrap());
+    let (exact_bits, _, _) = run(&DeepSeekV3::load(&exact, config.clone()).unwrap());
+    assert!(exact_bits != reference, "int8 gave the f32 path's bits");
+    let experts = expert_map(&artifact, &config).unwrap();
+    let plan = Plan::new(&artifact, &config, &experts, Budget::Floor, 64).unwrap();
+    assert_eq!(plan.mode, Mode::Streamed);
+    for threads in [1, 2] {
+        let model =
+            DeepSeekV3::load_planned(&artifact, config.clone(), &plan, experts.clone()).unwrap();
+        let (bits, got, decode) = on_threads(threads, || run(&model));
+        assert_eq!(got, ids, "{threads} threads: tokens");
+        assert!(bits == reference, "{threads} threads: logit bits differ");
+        assert!(decode.expert_read_bytes > 0, "the floor streamed nothing");
+    }
 }

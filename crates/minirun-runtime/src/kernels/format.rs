@@ -101,6 +101,8 @@ pub struct QMatrix<'a> {
     /// Whether an FP8 matrix holds any NaN code (found once, by `new`): the kernels skip the
     /// per-element NaN selection when it holds none, which changes no result.
     pub(crate) fp8_nan_codes: bool,
+    /// The arithmetic of the products (`super::Activations`).
+    pub(crate) activations: super::Activations,
 }
 
 impl<'a> QMatrix<'a> {
@@ -122,6 +124,7 @@ impl<'a> QMatrix<'a> {
             scales,
             biases,
             fp8_nan_codes: false,
+            activations: super::Activations::F32,
         };
         m.check()?;
         let fp8_nan_codes =
@@ -131,6 +134,24 @@ impl<'a> QMatrix<'a> {
 
     pub fn format(&self) -> Format {
         self.format
+    }
+
+    /// The same matrix, its products in `activations` (where the format has that arithmetic:
+    /// [`super::Activations`]).
+    pub fn with_activations(self, activations: super::Activations) -> QMatrix<'a> {
+        QMatrix {
+            activations,
+            ..self
+        }
+    }
+
+    /// The arithmetic its products use: 8-bit activations only for affine 4-bit matrices
+    /// asked to, f32 otherwise.
+    pub fn activations(&self) -> super::Activations {
+        match (self.activations, self.format) {
+            (super::Activations::Int8, Format::Affine { bits: 4, .. }) => super::Activations::Int8,
+            _ => super::Activations::F32,
+        }
     }
 
     pub fn rows(&self) -> usize {

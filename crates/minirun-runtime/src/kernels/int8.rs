@@ -198,6 +198,25 @@ impl QMatrix<'_> {
         self.matvec_int8_rows(0..self.rows, x, y, rows_portable)
     }
 
+    /// Rows `rows` of `W x`, `x` quantized here (what `matvec_rows` runs for a matrix whose
+    /// activations are 8-bit).
+    pub(crate) fn matvec_int8_band(
+        &self,
+        rows: Range<usize>,
+        x: &[f32],
+        y: &mut [f32],
+    ) -> Result<(), KernelError> {
+        let Format::Affine { group, .. } = self.format else {
+            return Err(KernelError::Shape {
+                rows: self.rows,
+                cols: self.cols,
+                what: "8-bit activations for a format that is not affine".into(),
+            });
+        };
+        let x = Int8Vector::quantize(x, group)?;
+        self.matvec_int8_rows(rows, &x, y, rows_fast)
+    }
+
     fn matvec_int8_rows(
         &self,
         rows: Range<usize>,

@@ -37,6 +37,20 @@ use rayon::prelude::*;
 pub use format::{BlockScale, FloatType, Format, QMatrix};
 pub use int8::Int8Vector;
 
+/// The arithmetic of a product's activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Activations {
+    /// Exact: every weight decoded to f32 and multiplied with the f32 input, in the order
+    /// above.
+    #[default]
+    F32,
+    /// Affine 4-bit matrices take their input quantized to 8 bits per group and sum each group
+    /// in integers (`int8.rs` documents the arithmetic); other formats stay exact. Faster, and
+    /// as deterministic, but not the exact path's bits.
+    Int8,
+}
+
 /// Why a matrix or a product was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KernelError {
@@ -201,7 +215,7 @@ impl QMatrix<'_> {
         }
     }
 
-    /// `y = W x` over all rows.
+    /// `y = W x` over all rows, in the matrix's [`Activations`].
     pub fn matvec(&self, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
         self.matvec_rows(0..self.rows, x, y)
     }
@@ -223,6 +237,9 @@ impl QMatrix<'_> {
                 actual: rows.end,
             });
         }
+        if self.activations() == Activations::Int8 {
+            return self.matvec_int8_band(rows, x, y);
+        }
         let xsum = self.lane_sums(x);
         if rows.len() * self.cols < SERIAL_CELLS || rayon::current_num_threads() == 1 {
             run_rows(self, rows.start, x, &xsum, y);
@@ -236,7 +253,7 @@ impl QMatrix<'_> {
         Ok(())
     }
 
-    /// `Y = X W^T` for a small batch: `xs` holds `batch` input vectors one after another,
+    /// `Y = X W^T` for a small batch (in the matrix's [`Activations`]): `xs` holds `batch` input vectors one after another,
     /// `ys` receives `batch` output vectors one after another. Each output vector has exactly
     /// the bits `matvec` gives for its input. Threads take bands of rows; in a band, each
     /// stored chunk is decoded once for four vectors and each input chunk loaded once for two
@@ -270,6 +287,13 @@ impl QMatrix<'_> {
             return Ok(());
         }
         let vectors: Vec<&[f32]> = xs.chunks_exact(self.cols).collect();
+        if self.activations() == Activations::Int8 {
+            // Each vector alone: the integer path's bits per vector are those of its matvec.
+            for (x, y) in vectors.iter().zip(ys.chunks_exact_mut(self.rows)) {
+                self.matvec_int8_band(0..self.rows, x, y)?;
+            }
+            return Ok(());
+        }
         let xsums: Vec<Vec<[f32; 8]>> = vectors.iter().map(|x| self.lane_sums(x)).collect();
         // Row-major by output row (`by_row[r * batch + b]`), so that a band of rows is one
         // contiguous slice a thread can own; transposed into `ys` at the end.
