@@ -10,6 +10,11 @@ mlx-lm's greedy decode speed on it (CPU).
       same seed, options and pinned versions (tools/requirements-oracle.txt) give the same
       bytes.  Prints one JSON line: the config, file sizes, parameter counts, seconds.
 
+  hf --out DIR [--seed N] [shape options]
+      The same weights before quantization: every tensor `build` draws, cast to BF16, in the
+      Hugging Face layout with the same tokenizer (for llama.cpp's converter, which quantizes
+      on its own; bench/decode_vs_llamacpp.sh).  Needs numpy and tokenizers only.
+
   tokenize DIR [--prompt TEXT]
       Prints the prompt's ids as mlx-lm's tokenizer wrapper encodes them (BOS added).
 
@@ -281,6 +286,40 @@ def cmd_build(a):
     }))
 
 
+def cmd_hf(a):
+    """The checkpoint `build` quantizes, before quantization: the same draws cast to BF16
+    (e_score_correction_bias kept float32, as mlx-lm keeps it), in the Hugging Face layout with
+    the same tokenizer, for engines that quantize on their own (llama.cpp's converter).  Needs
+    numpy and tokenizers only."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    cfg = make_config(a)
+    out = Path(a.out)
+    if out.exists():
+        die(f"{out} exists; remove it first")
+    tmp = out.parent / f".{out.name}.building-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tok_files, _ = make_tokenizer_files(cfg["vocab_size"], a.seed)
+    tensors = {}
+    for name, shape, kind, fan_in in fx.hf_param_specs(cfg):
+        arr = draw(a.seed, name, shape, kind, fan_in)
+        if name.endswith("e_score_correction_bias"):
+            tensors[name] = ("F32", arr.shape, arr.astype("<f4").tobytes())
+        else:
+            tensors[name] = ("BF16", arr.shape, fx.f32_to_bf16_bits(arr).astype("<u2").tobytes())
+    tmp.mkdir(parents=True)
+    fx.write_safetensors(tmp / "model.safetensors", tensors, {"format": "pt"})
+    total = sum(len(t[2]) for t in tensors.values())
+    fx.write_json(tmp / "model.safetensors.index.json",
+                  {"metadata": {"total_size": total},
+                   "weight_map": {k: "model.safetensors" for k in sorted(tensors)}})
+    fx.write_json(tmp / "config.json", cfg)
+    for fname, data in tok_files.items():
+        (tmp / fname).write_bytes(data)
+    os.replace(tmp, out)
+    print(json.dumps({"checkpoint": str(out), "seed": a.seed, "bytes": total}))
+
+
 def unit_of(name):
     """model.layers.7.* -> 7; everything else (embeddings, final norm, lm_head) -> -1."""
     parts = name.split(".")
@@ -397,27 +436,33 @@ def cmd_tokenize(a):
     print(json.dumps({"prompt": a.prompt, "token_ids": list(tokenizer.encode(a.prompt))}))
 
 
+def add_shape_args(p):
+    p.add_argument("--out", required=True)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--layers", type=int, default=4, help="total layers (default 4)")
+    p.add_argument("--dense-layers", type=int, default=1, help="first_k_dense_replace (default 1)")
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--intermediate", type=int, default=5120, help="dense MLP width")
+    p.add_argument("--moe-intermediate", type=int, default=512)
+    p.add_argument("--experts", type=int, default=64)
+    p.add_argument("--n-group", type=int, default=8)
+    p.add_argument("--topk-group", type=int, default=4)
+    p.add_argument("--experts-per-tok", type=int, default=6)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--q-lora-rank", type=int, default=768)
+    p.add_argument("--kv-lora-rank", type=int, default=512)
+    p.add_argument("--vocab", type=int, default=32000)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n", 2)[2])
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="write the random DeepSeek-V3 checkpoint")
-    b.add_argument("--out", required=True)
-    b.add_argument("--seed", type=int, default=1)
-    b.add_argument("--layers", type=int, default=4, help="total layers (default 4)")
-    b.add_argument("--dense-layers", type=int, default=1, help="first_k_dense_replace (default 1)")
-    b.add_argument("--hidden", type=int, default=2048)
-    b.add_argument("--intermediate", type=int, default=5120, help="dense MLP width")
-    b.add_argument("--moe-intermediate", type=int, default=512)
-    b.add_argument("--experts", type=int, default=64)
-    b.add_argument("--n-group", type=int, default=8)
-    b.add_argument("--topk-group", type=int, default=4)
-    b.add_argument("--experts-per-tok", type=int, default=6)
-    b.add_argument("--heads", type=int, default=16)
-    b.add_argument("--q-lora-rank", type=int, default=768)
-    b.add_argument("--kv-lora-rank", type=int, default=512)
-    b.add_argument("--vocab", type=int, default=32000)
+    h = sub.add_parser("hf", help="write the same weights unquantized, as a Hugging Face BF16 checkpoint")
+    for parser in (b, h):
+        add_shape_args(parser)
     b.add_argument("--estimate", action="store_true", help="print the size estimate and stop")
     t = sub.add_parser("time", help="time mlx-lm's greedy decode on a checkpoint")
     t.add_argument("checkpoint")
@@ -433,6 +478,8 @@ def main():
     a = ap.parse_args()
     if a.cmd == "tokenize":
         cmd_tokenize(a)
+    elif a.cmd == "hf":
+        cmd_hf(a)
     elif a.cmd == "build":
         if a.estimate:
             cfg = make_config(a)

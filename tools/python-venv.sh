@@ -12,6 +12,7 @@
 #   torch-oracle target/torch-oracle-venv tools/requirements-torch-oracle.txt (PyTorch,
 #              transformers; about 5.6 GiB)
 #   openai     target/openai-venv    tools/requirements-openai.txt (the official client)
+#   llamacpp   target/llamacpp-venv  bench/requirements-llamacpp.txt (cmake, ninja)
 # Environment:
 #   PYTHON3   the interpreter that creates the environment (default python3; the pins were
 #             measured with CPython 3.11)
@@ -30,8 +31,9 @@ case "${1:-}" in
   oracle) venv="$ROOT/target/oracle-venv"; requirements="$ROOT/tools/requirements-oracle.txt" ;;
   torch-oracle) venv="$ROOT/target/torch-oracle-venv"; requirements="$ROOT/tools/requirements-torch-oracle.txt" ;;
   openai) venv="$ROOT/target/openai-venv"; requirements="$ROOT/tools/requirements-openai.txt" ;;
+  llamacpp) venv="$ROOT/target/llamacpp-venv"; requirements="$ROOT/bench/requirements-llamacpp.txt" ;;
   -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
-  *) echo "usage: $0 reference|oracle|torch-oracle|openai [SCRIPT ARGS...] (see --help)" >&2; exit 2 ;;
+  *) echo "usage: $0 reference|oracle|torch-oracle|openai|llamacpp [SCRIPT ARGS...] (see --help)" >&2; exit 2 ;;
 esac
 shift
 

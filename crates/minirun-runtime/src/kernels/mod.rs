@@ -19,6 +19,10 @@
 //! Every operation is a separate f32 multiply or add (no fused multiply-add), so the SIMD path
 //! (8 lanes in one AVX2 register, chosen at run time) and the scalar fallback give the same bits.
 //! Decoding is exact (`decode.rs`). NaN codes (e4m3 0x7F/0xFF, e8m0 0xFF) propagate as NaN.
+//!
+//! A matrix set to [`Activations::Int8`] runs its affine 4-bit products in the second
+//! arithmetic `int8.rs` documents instead (8-bit activations, integer group sums), as
+//! deterministic but not with these bits; every other format keeps the order above.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
