@@ -156,4 +156,9 @@ for threads in (1, 2):
         print(f"| {threads} | {label} | {ref:.1f} | {f32:.1f} | {f32 / ref:.2f}x | {i8:.1f} | {i8 / ref:.2f}x |")
 r = json.loads((work / "minirun-1-f32-1.json").read_text())
 print(f"\nminirun's prompt: {r['prompt_tokens']} tokens; {r['decode_steps']} decode steps per run; best of {runs} runs each")
+ids = {(t, a): json.loads((work / f"minirun-{t}-{a}-1.json").read_text())["generated_token_ids"] for t in (1, 2) for a in ("f32", "int8")}
+for a in ("f32", "int8"):
+    print(f"minirun {a}: the same greedy ids on 1 and 2 threads: {ids[(1, a)] == ids[(2, a)]}")
+same = next((i for i, (x, y) in enumerate(zip(ids[(1, 'f32')], ids[(1, 'int8')])) if x != y), len(ids[(1, 'f32')]))
+print(f"greedy ids, int8 against f32: the first {same} of {len(ids[(1, 'f32')])} agree")
 PY

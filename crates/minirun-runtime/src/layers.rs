@@ -633,6 +633,23 @@ impl ExpertUsers {
         ExpertUsers { order, users }
     }
 
+    /// `expert` on the rows it serves: each output with its `(row, k)` slot.
+    fn outputs(
+        &self,
+        e: usize,
+        expert: &Mlp,
+        xs: &[Vec<f32>],
+        stats: &mut StepStats,
+    ) -> Result<Vec<((usize, usize), Vec<f32>)>, KernelError> {
+        let served = self.users.get(&e).map_or(&[][..], Vec::as_slice);
+        let rows: Vec<Vec<f32>> = served.iter().map(|&(row, _)| xs[row].clone()).collect();
+        Ok(served
+            .iter()
+            .copied()
+            .zip(expert.forward(&rows, stats)?)
+            .collect())
+    }
+
     /// Runs `expert` on the rows it serves, filling their slots of `outputs`.
     fn run(
         &self,
@@ -687,14 +704,7 @@ pub(crate) fn run_routed<T>(
     let mut outputs: RoutedOutputs = routes.iter().map(|r| vec![Vec::new(); r.len()]).collect();
     let value = match (experts, streaming) {
         (RoutedExperts::Resident(held), _) => {
-            for &e in &users.order {
-                let expert = held.get(e).ok_or(KernelError::Length {
-                    what: "experts",
-                    expected: e + 1,
-                    actual: held.len(),
-                })?;
-                users.run(e, expert, xs, &mut outputs, stats)?;
-            }
+            run_resident_experts(held, &users, xs, &mut outputs, stats)?;
             meanwhile(stats)?
         }
         (RoutedExperts::Streamed { layer, parts }, Some(streaming)) => {
@@ -715,6 +725,41 @@ pub(crate) fn run_routed<T>(
         }
     };
     Ok((outputs, value))
+}
+
+/// The chosen held experts, each on whichever worker thread takes it: one expert's products
+/// are one task instead of each product waking the other workers, and every output has the
+/// bits its expert gives it on any thread (rows are computed independently).
+fn run_resident_experts(
+    held: &[Mlp],
+    users: &ExpertUsers,
+    xs: &[Vec<f32>],
+    outputs: &mut RoutedOutputs,
+    stats: &mut StepStats,
+) -> Result<(), KernelError> {
+    use rayon::prelude::*;
+    let results: Vec<_> = users
+        .order
+        .par_iter()
+        .map(|&e| {
+            let expert = held.get(e).ok_or(KernelError::Length {
+                what: "experts",
+                expected: e + 1,
+                actual: held.len(),
+            })?;
+            let mut own = StepStats::default();
+            let outs = users.outputs(e, expert, xs, &mut own)?;
+            Ok::<_, KernelError>((outs, own))
+        })
+        .collect();
+    for result in results {
+        let (outs, own) = result?;
+        for ((row, k), out) in outs {
+            outputs[row][k] = out;
+        }
+        crate::generate::accumulate(stats, &own);
+    }
+    Ok(())
 }
 
 /// A streamed layer's chosen experts, fetched `slots` at a time.
