@@ -609,6 +609,9 @@ pub(crate) fn stacked_experts<'a>(
         .collect())
 }
 
+/// An expert's output for the `k`-th route of `row`: `((row, k), output)`.
+type SlotOutput = ((usize, usize), Vec<f32>);
+
 /// Which rows of a batch each chosen expert serves: `(row, k)` for the row's `k`-th route.
 pub(crate) struct ExpertUsers {
     /// The chosen experts in order of first choice (row by row, each row in its router order).
@@ -640,7 +643,7 @@ impl ExpertUsers {
         expert: &Mlp,
         xs: &[Vec<f32>],
         stats: &mut StepStats,
-    ) -> Result<Vec<((usize, usize), Vec<f32>)>, KernelError> {
+    ) -> Result<Vec<SlotOutput>, KernelError> {
         let served = self.users.get(&e).map_or(&[][..], Vec::as_slice);
         let rows: Vec<Vec<f32>> = served.iter().map(|&(row, _)| xs[row].clone()).collect();
         Ok(served
