@@ -3,55 +3,12 @@
 //! error the activations' rounding allows of the exact product (`kernels::reference`); other
 //! formats, mismatched groups and lengths are refused; NaN inputs propagate.
 
+mod common;
+
+use common::matrices::{Rng, Stored, float_bytes};
+use common::on_threads;
 use minirun_runtime::kernels::{FloatType, Format, Int8Vector, QMatrix, reference};
 use proptest::prelude::*;
-
-struct Stored {
-    format: Format,
-    rows: usize,
-    cols: usize,
-    packed: Vec<u8>,
-    scales: Vec<u8>,
-    biases: Vec<u8>,
-}
-
-impl Stored {
-    fn matrix(&self) -> QMatrix<'_> {
-        QMatrix::new(
-            self.format,
-            self.rows,
-            self.cols,
-            &self.packed,
-            &self.scales,
-            &self.biases,
-        )
-        .expect("a consistent matrix")
-    }
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-}
-
-fn float_bytes(t: FloatType, values: impl Iterator<Item = f32>) -> Vec<u8> {
-    values
-        .flat_map(|v| match t {
-            FloatType::F32 => v.to_le_bytes().to_vec(),
-            FloatType::F16 => half::f16::from_f32(v).to_le_bytes().to_vec(),
-            FloatType::BF16 => half::bf16::from_f32(v).to_le_bytes().to_vec(),
-        })
-        .collect()
-}
 
 const FLOATS: [FloatType; 3] = [FloatType::BF16, FloatType::F16, FloatType::F32];
 
@@ -70,22 +27,14 @@ fn affine4(rows: usize, group: usize, groups: usize, scale: FloatType, seed: u64
         rows,
         cols,
         packed: (0..rows * cols / 2).map(|_| rng.next() as u8).collect(),
-        scales: float_bytes(scale, (0..n).map(|_| rng.unit() * 0.1)),
-        biases: float_bytes(scale, (0..n).map(|_| rng.unit())),
+        scales: float_bytes(scale, &rng.floats(n, 0.1)),
+        biases: float_bytes(scale, &rng.floats(n, 1.0)),
     }
 }
 
 fn input(cols: usize, seed: u64) -> Vec<f32> {
     let mut rng = Rng(seed ^ 0x5EED);
     (0..cols).map(|_| rng.unit() * 3.0).collect()
-}
-
-fn on_threads<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> T {
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .expect("a thread pool")
-        .install(f)
 }
 
 fn bits(y: &[f32]) -> Vec<u32> {

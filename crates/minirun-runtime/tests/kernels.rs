@@ -1,67 +1,12 @@
 //! Every kernel against the scalar reference (`kernels::reference`), over random shapes and
 //! bytes; the edge cases by name; and bit-identity across thread counts and row bands.
 
+mod common;
+
+use common::matrices::{Rng, Stored, float_bytes};
+use common::on_threads;
 use minirun_runtime::kernels::{BlockScale, FloatType, Format, QMatrix, decode, reference};
 use proptest::prelude::*;
-
-/// Bytes for a matrix: random codes, and scales/biases drawn as finite floats of the right type.
-struct Stored {
-    format: Format,
-    rows: usize,
-    cols: usize,
-    packed: Vec<u8>,
-    scales: Vec<u8>,
-    biases: Vec<u8>,
-}
-
-impl Stored {
-    fn matrix(&self) -> QMatrix<'_> {
-        QMatrix::new(
-            self.format,
-            self.rows,
-            self.cols,
-            &self.packed,
-            &self.scales,
-            &self.biases,
-        )
-        .expect("the generator makes consistent matrices")
-    }
-}
-
-fn float_bytes(t: FloatType, values: &[f32]) -> Vec<u8> {
-    values
-        .iter()
-        .flat_map(|&v| match t {
-            FloatType::F32 => v.to_le_bytes().to_vec(),
-            FloatType::F16 => half::f16::from_f32(v).to_le_bytes().to_vec(),
-            FloatType::BF16 => half::bf16::from_f32(v).to_le_bytes().to_vec(),
-        })
-        .collect()
-}
-
-/// A small deterministic generator, so one proptest seed gives a whole matrix.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn byte(&mut self) -> u8 {
-        self.next() as u8
-    }
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.byte()).collect()
-    }
-    fn floats(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.unit() * scale).collect()
-    }
-}
 
 const FLOATS: [FloatType; 3] = [FloatType::F32, FloatType::F16, FloatType::BF16];
 
@@ -155,14 +100,6 @@ fn make(kind: usize, rows: usize, segments: usize, pick: usize, seed: u64) -> St
 
 fn input(cols: usize, seed: u64) -> Vec<f32> {
     Rng(seed ^ 0xABCD).floats(cols, 2.0)
-}
-
-fn on_threads<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> T {
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .expect("a thread pool")
-        .install(f)
 }
 
 proptest! {

@@ -19,7 +19,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{ids, read_logits};
+use common::{ids, max_abs_delta, read_logits};
 use minirun_pack::{PackOptions, pack};
 use minirun_runtime::artifact::{Access, Artifact};
 use minirun_runtime::config::DeepSeekV3Config;
@@ -79,11 +79,7 @@ fn matches_mlx(variant: &str) -> usize {
             logits = model
                 .step(token, &mut cache, &mut StepStats::default())
                 .unwrap();
-            let delta = logits
-                .iter()
-                .zip(want)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
+            let delta = max_abs_delta(&logits, want);
             worst = worst.max(delta);
             assert!(
                 delta <= TOLERANCE,
@@ -240,11 +236,7 @@ fn agreement_with_int8_activations(variant: &str) -> (f32, usize) {
             logits = model
                 .step(token, &mut cache, &mut StepStats::default())
                 .unwrap();
-            let delta = logits
-                .iter()
-                .zip(want)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
+            let delta = max_abs_delta(&logits, want);
             worst = worst.max(delta);
             positions += 1;
             top1 += usize::from(argmax(&logits) == argmax(want));

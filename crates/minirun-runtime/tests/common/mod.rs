@@ -2,7 +2,16 @@
 //! artifacts, and work on a thread pool of a given size.
 #![allow(dead_code)]
 
+pub mod matrices;
 pub mod wide_v4;
+
+/// The largest absolute difference between two logit rows.
+pub fn max_abs_delta(got: &[f32], want: &[f32]) -> f32 {
+    got.iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max)
+}
 
 /// An oracle's logits file: little-endian f32, one row of `vocab` per position.
 pub fn read_logits(path: &Path, vocab: usize) -> Vec<Vec<f32>> {
@@ -178,11 +187,7 @@ pub fn follow_oracle<D: minirun_runtime::model::Decoder>(
         logits = model
             .step(token, &mut cache, &mut StepStats::default())
             .unwrap();
-        let delta = logits
-            .iter()
-            .zip(want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
+        let delta = max_abs_delta(&logits, want);
         worst = worst.max(delta);
         assert!(
             delta <= tolerance,
