@@ -215,6 +215,18 @@ def estimate(cfg):
     return params, quant
 
 
+def staging(path):
+    """The output directory (refused if it exists) and the sibling it is built in, renamed into
+    place at the end so that the output is either absent or complete."""
+    out = Path(path)
+    if out.exists():
+        die(f"{out} exists; remove it first")
+    tmp = out.parent / f".{out.name}.building-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    return out, tmp
+
+
 def cmd_build(a):
     import mlx.core as mx
     from mlx.utils import tree_flatten
@@ -226,12 +238,7 @@ def cmd_build(a):
     params, est = estimate(cfg)
     print(f"building {cfg['num_hidden_layers']} layers, {params / 1e6:.1f} M parameters, "
           f"~{est / 1e6:.1f} MB quantized, into {a.out}", file=sys.stderr)
-    out = Path(a.out)
-    if out.exists():
-        die(f"{out} exists; remove it first")
-    tmp = out.parent / f".{out.name}.building-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    out, tmp = staging(a.out)
     t0 = time.perf_counter()
 
     tok_files, tok_vocab = make_tokenizer_files(cfg["vocab_size"], a.seed)
@@ -293,12 +300,7 @@ def cmd_hf(a):
     numpy and tokenizers only."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     cfg = make_config(a)
-    out = Path(a.out)
-    if out.exists():
-        die(f"{out} exists; remove it first")
-    tmp = out.parent / f".{out.name}.building-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    out, tmp = staging(a.out)
     tok_files, _ = make_tokenizer_files(cfg["vocab_size"], a.seed)
     tensors = {}
     for name, shape, kind, fan_in in fx.hf_param_specs(cfg):
