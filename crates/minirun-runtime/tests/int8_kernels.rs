@@ -7,7 +7,7 @@ mod common;
 
 use common::matrices::{Rng, Stored, float_bytes};
 use common::on_threads;
-use minirun_runtime::kernels::{FloatType, Format, Int8Vector, QMatrix, reference};
+use minirun_runtime::kernels::{Activations, FloatType, Format, Int8Vector, QMatrix, reference};
 use proptest::prelude::*;
 
 const FLOATS: [FloatType; 3] = [FloatType::BF16, FloatType::F16, FloatType::F32];
@@ -178,4 +178,41 @@ fn other_formats_groups_and_lengths_are_refused() {
     assert!(err.to_string().contains("affine 4-bit only"), "{err}");
     assert!(Int8Vector::quantize(&input(100, 5), 64).is_err());
     assert!(Int8Vector::quantize(&[], 64).is_err());
+}
+
+/// A batch (prefill) gives each vector the bits of its own product, through the SIMD and the
+/// portable code, on one thread and on two; `matvec` on a matrix set to 8-bit activations is
+/// `matvec_int8`.
+#[test]
+fn a_batch_gives_each_vector_the_bits_of_its_own_product() {
+    for (group, groups) in [(32, 5), (64, 20), (128, 9)] {
+        let stored = affine4(300, group, groups, FloatType::BF16, group as u64);
+        let m = stored.matrix().with_activations(Activations::Int8);
+        for batch in [1, 2, 5] {
+            let xs: Vec<f32> = (0..batch)
+                .flat_map(|b| input(m.cols(), 100 + b as u64))
+                .collect();
+            let mut alone = Vec::new();
+            for x in xs.chunks_exact(m.cols()) {
+                let mut y = vec![0f32; m.rows()];
+                m.matvec_int8(&Int8Vector::quantize(x, group).unwrap(), &mut y)
+                    .unwrap();
+                let mut through_matvec = vec![0f32; m.rows()];
+                m.matvec(x, &mut through_matvec).unwrap();
+                assert_eq!(bits(&through_matvec), bits(&y), "group {group}: matvec");
+                alone.extend(bits(&y));
+            }
+            for threads in [1, 2] {
+                let (fast, portable) = on_threads(threads, || {
+                    let mut fast = vec![0f32; batch * m.rows()];
+                    let mut portable = vec![0f32; batch * m.rows()];
+                    m.matmul(&xs, batch, &mut fast).unwrap();
+                    m.matmul_int8_portable(&xs, batch, &mut portable).unwrap();
+                    (bits(&fast), bits(&portable))
+                });
+                assert_eq!(fast, alone, "group {group} batch {batch} {threads} threads");
+                assert_eq!(portable, alone, "group {group} batch {batch} portable");
+            }
+        }
+    }
 }

@@ -232,3 +232,48 @@ pub(crate) fn rows(v3: V3, m: &QMatrix, first: usize, x: &Int8Vector, y: &mut [f
     }
     pulp::Simd::vectorize(v3, Rows { v3, m, first, x, y });
 }
+
+/// Rows `first..` against every vector of `xs`, into `out[i * batch + b]`: each row is read from
+/// memory once for the batch (it stays in L1 while its vectors run), and each (row, vector) is
+/// the row function `rows` runs, so each vector gets its own product's bits.
+pub(crate) fn rows_batch(v3: V3, m: &QMatrix, first: usize, xs: &[Int8Vector], out: &mut [f32]) {
+    struct RowsBatch<'a, 'm> {
+        v3: V3,
+        m: &'a QMatrix<'m>,
+        first: usize,
+        xs: &'a [Int8Vector],
+        out: &'a mut [f32],
+    }
+    impl pulp::WithSimd for RowsBatch<'_, '_> {
+        type Output = ();
+        #[inline(always)]
+        fn with_simd<S: pulp::Simd>(self, _: S) {
+            let RowsBatch {
+                v3,
+                m,
+                first,
+                xs,
+                out,
+            } = self;
+            for (i, row_out) in out.chunks_exact_mut(xs.len()).enumerate() {
+                for (o, x) in row_out.iter_mut().zip(xs) {
+                    *o = if x.group() == BLOCK {
+                        dot(v3, m, first + i, x)
+                    } else {
+                        dot_blocks(v3, m, first + i, x)
+                    };
+                }
+            }
+        }
+    }
+    pulp::Simd::vectorize(
+        v3,
+        RowsBatch {
+            v3,
+            m,
+            first,
+            xs,
+            out,
+        },
+    );
+}

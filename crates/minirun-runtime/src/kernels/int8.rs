@@ -169,6 +169,23 @@ pub(crate) fn fold(m: &QMatrix, index: usize, acc: f32, i: i32, x: &Int8Vector, 
 }
 
 type RowsInt8 = fn(&QMatrix, usize, &Int8Vector, &mut [f32]);
+type RowsBatchInt8 = fn(&QMatrix, usize, &[Int8Vector], &mut [f32]);
+
+fn rows_batch_portable(m: &QMatrix, first: usize, xs: &[Int8Vector], out: &mut [f32]) {
+    for (i, row_out) in out.chunks_exact_mut(xs.len()).enumerate() {
+        for (o, x) in row_out.iter_mut().zip(xs) {
+            *o = dot_portable(m, first + i, x);
+        }
+    }
+}
+
+fn rows_batch_fast(m: &QMatrix, first: usize, xs: &[Int8Vector], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(v3) = pulp::x86::V3::try_new() {
+        return super::avx2_int8::rows_batch(v3, m, first, xs, out);
+    }
+    rows_batch_portable(m, first, xs, out)
+}
 
 fn rows_portable(m: &QMatrix, first: usize, x: &Int8Vector, y: &mut [f32]) {
     for (i, out) in y.iter_mut().enumerate() {
@@ -215,6 +232,70 @@ impl QMatrix<'_> {
         };
         let x = Int8Vector::quantize(x, group)?;
         self.matvec_int8_rows(rows, &x, y, rows_fast)
+    }
+
+    /// `Y = X W^T` for `batch` vectors one after another in `xs` (into `ys`, likewise), each
+    /// quantized here: every output vector has the bits of its own 8-bit-activation product,
+    /// and each row of the matrix is read once for the whole batch.
+    pub(crate) fn matmul_int8(
+        &self,
+        xs: &[f32],
+        batch: usize,
+        ys: &mut [f32],
+    ) -> Result<(), KernelError> {
+        self.matmul_int8_with(xs, batch, ys, rows_batch_fast)
+    }
+
+    /// `matmul` with 8-bit activations through the portable code: tests compare the two.
+    #[doc(hidden)]
+    pub fn matmul_int8_portable(
+        &self,
+        xs: &[f32],
+        batch: usize,
+        ys: &mut [f32],
+    ) -> Result<(), KernelError> {
+        self.matmul_int8_with(xs, batch, ys, rows_batch_portable)
+    }
+
+    fn matmul_int8_with(
+        &self,
+        xs: &[f32],
+        batch: usize,
+        ys: &mut [f32],
+        kernel: RowsBatchInt8,
+    ) -> Result<(), KernelError> {
+        let Format::Affine { group, .. } = self.format else {
+            return Err(KernelError::Shape {
+                rows: self.rows,
+                cols: self.cols,
+                what: "8-bit activations for a format that is not affine".into(),
+            });
+        };
+        check_len("xs", batch * self.cols, xs.len())?;
+        check_len("ys", batch * self.rows, ys.len())?;
+        if batch == 0 {
+            return Ok(());
+        }
+        let vectors = xs
+            .chunks_exact(self.cols)
+            .map(|x| Int8Vector::quantize(x, group))
+            .collect::<Result<Vec<_>, _>>()?;
+        affine4(self, &vectors[0])?;
+        let mut by_row = vec![0f32; self.rows * batch];
+        if self.rows * self.cols < SERIAL_CELLS || rayon::current_num_threads() == 1 {
+            kernel(self, 0, &vectors, &mut by_row);
+        } else {
+            by_row
+                .par_chunks_mut(ROWS_PER_TASK * batch)
+                .enumerate()
+                .for_each(|(task, out)| kernel(self, task * ROWS_PER_TASK, &vectors, out));
+        }
+        for (r, values) in by_row.chunks_exact(batch).enumerate() {
+            for (b, &v) in values.iter().enumerate() {
+                ys[b * self.rows + r] = v;
+            }
+        }
+        Ok(())
     }
 
     fn matvec_int8_rows(

@@ -290,14 +290,10 @@ impl QMatrix<'_> {
         if batch == 0 {
             return Ok(());
         }
-        let vectors: Vec<&[f32]> = xs.chunks_exact(self.cols).collect();
         if self.activations() == Activations::Int8 {
-            // Each vector alone: the integer path's bits per vector are those of its matvec.
-            for (x, y) in vectors.iter().zip(ys.chunks_exact_mut(self.rows)) {
-                self.matvec_int8_band(0..self.rows, x, y)?;
-            }
-            return Ok(());
+            return self.matmul_int8(xs, batch, ys);
         }
+        let vectors: Vec<&[f32]> = xs.chunks_exact(self.cols).collect();
         let xsums: Vec<Vec<[f32; 8]>> = vectors.iter().map(|x| self.lane_sums(x)).collect();
         // Row-major by output row (`by_row[r * batch + b]`), so that a band of rows is one
         // contiguous slice a thread can own; transposed into `ys` at the end.
