@@ -71,7 +71,7 @@ pub fn run(command: &BenchCommand) -> Result<ExitCode> {
         bail!("--seconds must be a positive number");
     }
     let buffers = args.buffers as usize;
-    let memory = 8 * u64::from(args.buffers) * read_size;
+    let memory = (8 * u64::from(args.buffers)).saturating_mul(read_size);
     if let Some(available) = crate::run_cmd::available_memory()
         && memory > available / 2
     {

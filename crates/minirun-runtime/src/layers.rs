@@ -662,9 +662,7 @@ impl ExpertUsers {
         outputs: &mut [Vec<Vec<f32>>],
         stats: &mut StepStats,
     ) -> Result<(), KernelError> {
-        let served = self.users.get(&e).map_or(&[][..], Vec::as_slice);
-        let rows: Vec<Vec<f32>> = served.iter().map(|&(row, _)| xs[row].clone()).collect();
-        for (&(row, k), out) in served.iter().zip(expert.forward(&rows, stats)?) {
+        for ((row, k), out) in self.outputs(e, expert, xs, stats)? {
             outputs[row][k] = out;
         }
         Ok(())

@@ -52,41 +52,35 @@ fn packed_pair(row: &[u8], p: usize) -> [u8; PAIR_BYTES] {
     }
 }
 
+/// Row `r` for groups of 32 columns: one register of packed codes holds two groups, its low
+/// four lanes the first and its high four the second (the last register of an odd count is
+/// zero-padded).
 #[inline(always)]
-fn dot(v3: V3, m: &QMatrix, r: usize, x: &Int8Vector) -> f32 {
-    let group = x.group();
-    let groups = m.cols / group;
+fn dot_group32(v3: V3, m: &QMatrix, r: usize, x: &Int8Vector) -> f32 {
+    let groups = m.cols / BLOCK;
     let row = &m.packed[r * m.cols / 2..(r + 1) * m.cols / 2];
-    let codes = |p: usize| {
-        let pair = &x.paired[p * 2 * BLOCK..(p + 1) * 2 * BLOCK];
-        pair.split_at(BLOCK)
-    };
     let mut acc = 0f32;
-    if group == BLOCK {
-        for p in 0..groups.div_ceil(2) {
-            let (even, odd) = codes(p);
-            let lanes = pair_sum(v3, packed_pair(row, p), even, odd);
-            let first: i32 = lanes[..4].iter().sum();
-            acc = fold(m, r * groups + 2 * p, acc, first, x, 2 * p);
-            if 2 * p + 1 < groups {
-                let second: i32 = lanes[4..].iter().sum();
-                acc = fold(m, r * groups + 2 * p + 1, acc, second, x, 2 * p + 1);
-            }
+    for p in 0..groups.div_ceil(2) {
+        let (even, odd) = x.paired[p * 2 * BLOCK..(p + 1) * 2 * BLOCK].split_at(BLOCK);
+        let lanes = pair_sum(v3, packed_pair(row, p), even, odd);
+        let first: i32 = lanes[..4].iter().sum();
+        acc = fold(m, r * groups + 2 * p, acc, first, x, 2 * p);
+        if 2 * p + 1 < groups {
+            let second: i32 = lanes[4..].iter().sum();
+            acc = fold(m, r * groups + 2 * p + 1, acc, second, x, 2 * p + 1);
         }
-        return acc;
-    }
-    let pairs_per_group = group / (2 * BLOCK);
-    for g in 0..groups {
-        let mut i = 0i32;
-        for p in g * pairs_per_group..(g + 1) * pairs_per_group {
-            let (even, odd) = codes(p);
-            i += pair_sum(v3, packed_pair(row, p), even, odd)
-                .iter()
-                .sum::<i32>();
-        }
-        acc = fold(m, r * groups + g, acc, i, x, g);
     }
     acc
+}
+
+/// Row `r`'s product, by the group size's layout.
+#[inline(always)]
+fn dot(v3: V3, m: &QMatrix, r: usize, x: &Int8Vector) -> f32 {
+    if x.group() == BLOCK {
+        dot_group32(v3, m, r, x)
+    } else {
+        dot_blocks(v3, m, r, x)
+    }
 }
 
 /// Groups handled at once by [`dot_blocks`]: one register of per-group sums.
@@ -208,34 +202,10 @@ fn dot_blocks(v3: V3, m: &QMatrix, r: usize, x: &Int8Vector) -> f32 {
     acc
 }
 
-pub(crate) fn rows(v3: V3, m: &QMatrix, first: usize, x: &Int8Vector, y: &mut [f32]) {
-    struct Rows<'a, 'm> {
-        v3: V3,
-        m: &'a QMatrix<'m>,
-        first: usize,
-        x: &'a Int8Vector,
-        y: &'a mut [f32],
-    }
-    impl pulp::WithSimd for Rows<'_, '_> {
-        type Output = ();
-        #[inline(always)]
-        fn with_simd<S: pulp::Simd>(self, _: S) {
-            let Rows { v3, m, first, x, y } = self;
-            for (i, out) in y.iter_mut().enumerate() {
-                *out = if x.group() == BLOCK {
-                    dot(v3, m, first + i, x)
-                } else {
-                    dot_blocks(v3, m, first + i, x)
-                };
-            }
-        }
-    }
-    pulp::Simd::vectorize(v3, Rows { v3, m, first, x, y });
-}
-
 /// Rows `first..` against every vector of `xs`, into `out[i * batch + b]`: each row is read from
-/// memory once for the batch (it stays in L1 while its vectors run), and each (row, vector) is
-/// the row function `rows` runs, so each vector gets its own product's bits.
+/// memory once for the batch (it stays in L1 while its vectors run), and each (row, vector) runs
+/// the one row function, so each vector gets its own product's bits (a lone product is a batch
+/// of one).
 pub(crate) fn rows_batch(v3: V3, m: &QMatrix, first: usize, xs: &[Int8Vector], out: &mut [f32]) {
     struct RowsBatch<'a, 'm> {
         v3: V3,
@@ -257,11 +227,7 @@ pub(crate) fn rows_batch(v3: V3, m: &QMatrix, first: usize, xs: &[Int8Vector], o
             } = self;
             for (i, row_out) in out.chunks_exact_mut(xs.len()).enumerate() {
                 for (o, x) in row_out.iter_mut().zip(xs) {
-                    *o = if x.group() == BLOCK {
-                        dot(v3, m, first + i, x)
-                    } else {
-                        dot_blocks(v3, m, first + i, x)
-                    };
+                    *o = dot(v3, m, first + i, x);
                 }
             }
         }

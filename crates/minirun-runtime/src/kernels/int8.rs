@@ -118,24 +118,32 @@ fn pair_blocks(codes: &[i8]) -> Vec<i8> {
     paired
 }
 
-/// The 4-bit affine parameters a product with 8-bit activations needs, or why it cannot run.
-fn affine4(m: &QMatrix, x: &Int8Vector) -> Result<usize, KernelError> {
+/// The group of an affine 4-bit matrix, or why 8-bit activations cannot run on it.
+fn affine4_group(m: &QMatrix) -> Result<usize, KernelError> {
     match m.format {
-        Format::Affine { bits: 4, group, .. } if group == x.group => Ok(group),
-        Format::Affine { bits: 4, group, .. } => Err(KernelError::Shape {
-            rows: m.rows,
-            cols: m.cols,
-            what: format!(
-                "affine group {group} and an input quantized for groups of {}",
-                x.group
-            ),
-        }),
+        Format::Affine { bits: 4, group, .. } => Ok(group),
         other => Err(KernelError::Shape {
             rows: m.rows,
             cols: m.cols,
             what: format!("{other:?} weights and 8-bit activations (affine 4-bit only)"),
         }),
     }
+}
+
+/// Checks that `x` was quantized for the matrix's group and has its length.
+fn check_input(m: &QMatrix, x: &Int8Vector) -> Result<(), KernelError> {
+    let group = affine4_group(m)?;
+    if group != x.group {
+        return Err(KernelError::Shape {
+            rows: m.rows,
+            cols: m.cols,
+            what: format!(
+                "affine group {group} and an input quantized for groups of {}",
+                x.group
+            ),
+        });
+    }
+    check_len("x", m.cols, x.len())
 }
 
 /// Row `r`'s product, portable code (the definition above, step by step).
@@ -168,7 +176,6 @@ pub(crate) fn fold(m: &QMatrix, index: usize, acc: f32, i: i32, x: &Int8Vector, 
     acc + ((s * x.steps[g]) * i as f32 + b * x.sums[g])
 }
 
-type RowsInt8 = fn(&QMatrix, usize, &Int8Vector, &mut [f32]);
 type RowsBatchInt8 = fn(&QMatrix, usize, &[Int8Vector], &mut [f32]);
 
 fn rows_batch_portable(m: &QMatrix, first: usize, xs: &[Int8Vector], out: &mut [f32]) {
@@ -187,51 +194,43 @@ fn rows_batch_fast(m: &QMatrix, first: usize, xs: &[Int8Vector], out: &mut [f32]
     rows_batch_portable(m, first, xs, out)
 }
 
-fn rows_portable(m: &QMatrix, first: usize, x: &Int8Vector, y: &mut [f32]) {
-    for (i, out) in y.iter_mut().enumerate() {
-        *out = dot_portable(m, first + i, x);
-    }
-}
-
-fn rows_fast(m: &QMatrix, first: usize, x: &Int8Vector, y: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if let Some(v3) = pulp::x86::V3::try_new() {
-        return super::avx2_int8::rows(v3, m, first, x, y);
-    }
-    rows_portable(m, first, x, y)
-}
-
 impl QMatrix<'_> {
     /// `y = W x` with 8-bit activations (the module's arithmetic): affine 4-bit matrices only,
     /// `x` quantized for the matrix's group. The same bits on any number of threads.
     pub fn matvec_int8(&self, x: &Int8Vector, y: &mut [f32]) -> Result<(), KernelError> {
-        self.matvec_int8_rows(0..self.rows, x, y, rows_fast)
+        check_input(self, x)?;
+        check_len("y", self.rows, y.len())?;
+        self.int8_bands(0..self.rows, std::slice::from_ref(x), y, rows_batch_fast);
+        Ok(())
     }
 
     /// `matvec_int8` through the portable code even where a SIMD path exists: tests compare
     /// the two bit for bit.
     #[doc(hidden)]
     pub fn matvec_int8_portable(&self, x: &Int8Vector, y: &mut [f32]) -> Result<(), KernelError> {
-        self.matvec_int8_rows(0..self.rows, x, y, rows_portable)
+        check_input(self, x)?;
+        check_len("y", self.rows, y.len())?;
+        self.int8_bands(
+            0..self.rows,
+            std::slice::from_ref(x),
+            y,
+            rows_batch_portable,
+        );
+        Ok(())
     }
 
     /// Rows `rows` of `W x`, `x` quantized here (what `matvec_rows` runs for a matrix whose
-    /// activations are 8-bit).
+    /// activations are 8-bit; the caller checked the lengths and the range).
     pub(crate) fn matvec_int8_band(
         &self,
         rows: Range<usize>,
         x: &[f32],
         y: &mut [f32],
     ) -> Result<(), KernelError> {
-        let Format::Affine { group, .. } = self.format else {
-            return Err(KernelError::Shape {
-                rows: self.rows,
-                cols: self.cols,
-                what: "8-bit activations for a format that is not affine".into(),
-            });
-        };
-        let x = Int8Vector::quantize(x, group)?;
-        self.matvec_int8_rows(rows, &x, y, rows_fast)
+        let x = Int8Vector::quantize(x, affine4_group(self)?)?;
+        check_input(self, &x)?;
+        self.int8_bands(rows, std::slice::from_ref(&x), y, rows_batch_fast);
+        Ok(())
     }
 
     /// `Y = X W^T` for `batch` vectors one after another in `xs` (into `ys`, likewise), each
@@ -264,13 +263,7 @@ impl QMatrix<'_> {
         ys: &mut [f32],
         kernel: RowsBatchInt8,
     ) -> Result<(), KernelError> {
-        let Format::Affine { group, .. } = self.format else {
-            return Err(KernelError::Shape {
-                rows: self.rows,
-                cols: self.cols,
-                what: "8-bit activations for a format that is not affine".into(),
-            });
-        };
+        let group = affine4_group(self)?;
         check_len("xs", batch * self.cols, xs.len())?;
         check_len("ys", batch * self.rows, ys.len())?;
         if batch == 0 {
@@ -280,16 +273,8 @@ impl QMatrix<'_> {
             .chunks_exact(self.cols)
             .map(|x| Int8Vector::quantize(x, group))
             .collect::<Result<Vec<_>, _>>()?;
-        affine4(self, &vectors[0])?;
         let mut by_row = vec![0f32; self.rows * batch];
-        if self.rows * self.cols < SERIAL_CELLS || rayon::current_num_threads() == 1 {
-            kernel(self, 0, &vectors, &mut by_row);
-        } else {
-            by_row
-                .par_chunks_mut(ROWS_PER_TASK * batch)
-                .enumerate()
-                .for_each(|(task, out)| kernel(self, task * ROWS_PER_TASK, &vectors, out));
-        }
+        self.int8_bands(0..self.rows, &vectors, &mut by_row, kernel);
         for (r, values) in by_row.chunks_exact(batch).enumerate() {
             for (b, &v) in values.iter().enumerate() {
                 ys[b * self.rows + r] = v;
@@ -298,23 +283,22 @@ impl QMatrix<'_> {
         Ok(())
     }
 
-    fn matvec_int8_rows(
+    /// Rows `rows` against every vector of `xs` into `out[i * batch + b]`, split between
+    /// threads by bands of rows (each row computed whole by one thread).
+    fn int8_bands(
         &self,
         rows: Range<usize>,
-        x: &Int8Vector,
-        y: &mut [f32],
-        kernel: RowsInt8,
-    ) -> Result<(), KernelError> {
-        affine4(self, x)?;
-        check_len("x", self.cols, x.len())?;
-        check_len("y", rows.len(), y.len())?;
+        xs: &[Int8Vector],
+        out: &mut [f32],
+        kernel: RowsBatchInt8,
+    ) {
+        let batch = xs.len();
         if rows.len() * self.cols < SERIAL_CELLS || rayon::current_num_threads() == 1 {
-            kernel(self, rows.start, x, y);
+            kernel(self, rows.start, xs, out);
         } else {
-            y.par_chunks_mut(ROWS_PER_TASK)
+            out.par_chunks_mut(ROWS_PER_TASK * batch)
                 .enumerate()
-                .for_each(|(task, band)| kernel(self, rows.start + task * ROWS_PER_TASK, x, band));
+                .for_each(|(task, band)| kernel(self, rows.start + task * ROWS_PER_TASK, xs, band));
         }
-        Ok(())
     }
 }
