@@ -70,27 +70,33 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?;
     let mut run = Trainer::new(&cfg, settings, &Device::Cpu)?;
     let ready = started.elapsed().as_secs_f64();
+    let mut losses = Vec::new();
     let first = Instant::now();
-    run.train_step(&corpus)?;
+    losses.push(run.train_step(&corpus)?.loss);
     let first_step_s = first.elapsed().as_secs_f64();
     for _ in 1..args.warmup_steps {
-        run.train_step(&corpus)?;
+        losses.push(run.train_step(&corpus)?.loss);
     }
     let timed = Instant::now();
     for _ in 0..args.steps {
-        run.train_step(&corpus)?;
+        losses.push(run.train_step(&corpus)?.loss);
     }
     let seconds = timed.elapsed().as_secs_f64();
     let params: usize = run.varmap.all_vars().iter().map(|v| v.elem_count()).sum();
     let tokens = (args.steps as usize * args.batch * args.seq) as f64;
     println!(
-        "{{\"impl\": \"dormouse (candle 0.11)\", \"preset\": \"{}\", \"params\": {params}, \"batch\": {}, \"seq\": {}, \"steps\": {}, \"tokens_per_s\": {:.1}, \"threads\": {}, \"startup_s\": {ready:.3}, \"first_step_s\": {first_step_s:.3}}}",
+        "{{\"impl\": \"dormouse (candle 0.11)\", \"preset\": \"{}\", \"params\": {params}, \"batch\": {}, \"seq\": {}, \"steps\": {}, \"tokens_per_s\": {:.1}, \"threads\": {}, \"startup_s\": {ready:.3}, \"first_step_s\": {first_step_s:.3}, \"losses\": [{}]}}",
         args.preset,
         args.batch,
         args.seq,
         args.steps,
         tokens / seconds,
         std::thread::available_parallelism().map_or(1, |n| n.get()),
+        losses
+            .iter()
+            .map(|l| format!("{l:.7}"))
+            .collect::<Vec<_>>()
+            .join(", "),
     );
     Ok(())
 }

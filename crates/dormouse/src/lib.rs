@@ -8,6 +8,8 @@
 //! - [`model`]: the model, one forward function for training and inference, with a KV cache;
 //! - [`tensor_shapes`]: the tensors a config's model has, to check a file against;
 //! - [`serving`]: loading an export for inference, refusing what cannot be served;
+//! - [`fused`]: RMSNorm, RoPE, the causal softmax, SwiGLU and the loss as fused kernels, each
+//!   with its backward pass;
 //! - [`row_product`]: the matrix product of decoding steps, each row's bits independent of the batch;
 //! - [`sample`]: greedy and seeded sampling, and incremental generation with the KV cache;
 //! - [`batch`]: several generations decoded together, each with the bytes it gets alone;
@@ -29,6 +31,7 @@ pub mod config;
 pub mod data;
 pub mod engram;
 pub mod export;
+pub mod fused;
 pub mod init;
 pub mod model;
 pub mod optim;

@@ -3,9 +3,9 @@
 //!
 //! One forward function serves training and inference: [`Dormouse::forward`] takes a batch of
 //! byte windows and an optional [`KvCache`]; with a cache it continues where the cache left off.
-//! Every operation is built from differentiable tensor primitives (candle's fused RMSNorm,
-//! RoPE and softmax kernels have no backward pass), so the function that is trained is the
-//! function that is served.
+//! RMSNorm, RoPE, the causal softmax, the SwiGLU gate and the loss are the fused kernels of
+//! [`crate::fused`] (candle's own have no backward pass), each with its backward pass; the
+//! products are candle's. The function that is trained is the function that is served.
 //!
 //! Tensor names (module paths, stable; the `.dmexp` export and checkpoints use them):
 //!
@@ -27,14 +27,20 @@ use candle_core::{D, DType, Device, Module, Result, Tensor};
 use candle_nn::{Embedding, Init, Linear, VarBuilder, linear, linear_no_bias};
 
 use crate::config::{DormouseConfig, VOCAB_SIZE};
+use std::sync::Arc;
+
 use crate::engram::hash;
+use crate::fused::causal_softmax::causal_softmax;
+use crate::fused::rms_norm::rms_norm;
+use crate::fused::rope::{RopeTables, rope_heads};
+use crate::fused::swiglu::swiglu;
 use crate::row_product;
-use crate::step_attention::{self, HostRope};
+use crate::step_attention;
 
 /// Standard deviation of the embedding and memory tables at initialisation.
 const INIT_STD: f64 = 0.02;
 
-/// RMSNorm from primitives: `x / sqrt(mean(x^2) + eps) * weight`.
+/// RMSNorm: `x / sqrt(mean(x^2) + eps) * weight`.
 #[derive(Debug, Clone)]
 struct RmsNorm {
     weight: Tensor,
@@ -50,19 +56,15 @@ impl RmsNorm {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let mean_square = x.sqr()?.mean_keepdim(D::Minus1)?;
-        let normed = x.broadcast_div(&(mean_square + self.eps)?.sqrt()?)?;
-        normed.broadcast_mul(&self.weight)
+        rms_norm(x, &self.weight, self.eps)
     }
 }
 
 /// Rotary position embedding tables (rotate-half convention), `[max_seq_len, head_dim / 2]`.
 #[derive(Debug, Clone)]
 struct Rope {
-    cos: Tensor,
-    sin: Tensor,
-    /// The same tables on the host, for decoding steps.
-    host: HostRope,
+    tables: Arc<RopeTables>,
+    device: Device,
 }
 
 impl Rope {
@@ -76,24 +78,10 @@ impl Rope {
             .to_dtype(DType::F32)?
             .reshape((cfg.max_seq_len, 1))?;
         let angles = positions.broadcast_mul(&inv_freq)?;
-        let (cos, sin) = (angles.cos()?, angles.sin()?);
         Ok(Rope {
-            host: HostRope::new(&cos, &sin)?,
-            cos,
-            sin,
+            tables: Arc::new(RopeTables::new(&angles.cos()?, &angles.sin()?)?),
+            device: device.clone(),
         })
-    }
-
-    /// Rotates `x` `[B, H, T, Dh]` for absolute positions `start..start + T`.
-    fn apply(&self, x: &Tensor, start: usize) -> Result<Tensor> {
-        let (_, _, t, dh) = x.dims4()?;
-        let cos = self.cos.narrow(0, start, t)?;
-        let sin = self.sin.narrow(0, start, t)?;
-        let x1 = x.narrow(D::Minus1, 0, dh / 2)?;
-        let x2 = x.narrow(D::Minus1, dh / 2, dh / 2)?;
-        let rotated_1 = (x1.broadcast_mul(&cos)? - x2.broadcast_mul(&sin)?)?;
-        let rotated_2 = (x2.broadcast_mul(&cos)? + x1.broadcast_mul(&sin)?)?;
-        Tensor::cat(&[rotated_1, rotated_2], D::Minus1)
     }
 }
 
@@ -135,18 +123,16 @@ impl Attention {
         cache: Option<&mut LayerCache>,
     ) -> Result<Tensor> {
         let (b, t, d) = x.dims3()?;
-        let q = rope.apply(&self.heads(&self.q_proj.forward(x)?, b, t)?, start)?;
-        let mut k = rope.apply(&self.heads(&self.k_proj.forward(x)?, b, t)?, start)?;
+        let q = rope_heads(&self.q_proj.forward(x)?, &rope.tables, self.n_heads, start)?;
+        let mut k = rope_heads(&self.k_proj.forward(x)?, &rope.tables, self.n_heads, start)?;
         let mut v = self.heads(&self.v_proj.forward(x)?, b, t)?;
         if let Some(cache) = cache {
             // Written in place into buffers that grow by CACHE_GROWTH positions: appending a
             // byte copies that byte's keys and values, not the whole history.
             (k, v) = cache.kv.append(&k.contiguous()?, &v.contiguous()?)?;
         }
-        let keys = k.dim(2)?;
-        let scores = (q.matmul(&k.transpose(2, 3)?)? / (self.head_dim as f64).sqrt())?;
-        let scores = scores.broadcast_add(&causal_mask(t, start, keys, x.device())?)?;
-        let weights = candle_nn::ops::softmax(&scores, D::Minus1)?;
+        let scores = q.matmul(&k.transpose(2, 3)?)?;
+        let weights = causal_softmax(&scores, 1.0 / (self.head_dim as f64).sqrt(), start)?;
         let out = weights.matmul(&v)?.transpose(1, 2)?.reshape((b, t, d))?;
         self.o_proj.forward(&out)
     }
@@ -171,8 +157,8 @@ impl Attention {
         for (i, ((mut q, mut k), cache)) in q.into_iter().zip(k).zip(caches.iter_mut()).enumerate()
         {
             let position = cache.position;
-            rope.host.rotate(&mut q, self.head_dim, position)?;
-            rope.host.rotate(&mut k, self.head_dim, position)?;
+            rope.tables.rotate(&mut q, position)?;
+            rope.tables.rotate(&mut k, position)?;
             let k = self.heads(&Tensor::from_vec(k, (1, d), x.device())?, 1, 1)?;
             let v = self.heads(&v.narrow(0, i, 1)?, 1, 1)?;
             let (keys, values) = cache.layers[layer].kv.append(&k, &v)?;
@@ -187,22 +173,6 @@ impl Attention {
 /// B and of the other rows.
 fn rows_linear(linear: &Linear, x: &Tensor) -> Result<Tensor> {
     row_product::rows_times_transposed(x, linear.weight(), linear.bias())
-}
-
-/// `[T, S]`: 0 where query `i` (absolute position `start + i`) may see key `j`, else -inf.
-fn causal_mask(t: usize, start: usize, keys: usize, device: &Device) -> Result<Tensor> {
-    let mask: Vec<f32> = (0..t)
-        .flat_map(|i| {
-            (0..keys).map(move |j| {
-                if j <= start + i {
-                    0.0
-                } else {
-                    f32::NEG_INFINITY
-                }
-            })
-        })
-        .collect();
-    Tensor::from_vec(mask, (t, keys), device)
 }
 
 /// SwiGLU: `down(silu(gate(x)) * up(x))`.
@@ -223,7 +193,7 @@ impl Mlp {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let gated = (self.gate_proj.forward(x)?.silu()? * self.up_proj.forward(x)?)?;
+        let gated = swiglu(&self.gate_proj.forward(x)?, &self.up_proj.forward(x)?)?;
         self.down_proj.forward(&gated)
     }
 }
@@ -321,7 +291,10 @@ impl Block {
 
 impl Mlp {
     fn step(&self, x: &Tensor) -> Result<Tensor> {
-        let gated = (rows_linear(&self.gate_proj, x)?.silu()? * rows_linear(&self.up_proj, x)?)?;
+        let gated = swiglu(
+            &rows_linear(&self.gate_proj, x)?,
+            &rows_linear(&self.up_proj, x)?,
+        )?;
         rows_linear(&self.down_proj, &gated)
     }
 }
@@ -439,7 +412,7 @@ impl Dormouse {
 
     /// Where the model's tensors live.
     pub fn device(&self) -> &Device {
-        self.rope.cos.device()
+        &self.rope.device
     }
 
     /// Logits `[B, T, 256]` for a batch of equally long byte windows. Without a cache the
@@ -476,7 +449,7 @@ impl Dormouse {
         mut cache: Option<&mut KvCache>,
         memory: Option<Tensor>,
     ) -> Result<Tensor> {
-        let device = self.rope.cos.device().clone();
+        let device = self.rope.device.clone();
         let (b, t) = (windows.len(), windows.first().map_or(0, |w| w.len()));
         if b == 0 || t == 0 || windows.iter().any(|w| w.len() != t) {
             candle_core::bail!(
@@ -525,7 +498,7 @@ impl Dormouse {
     /// row gets the same bits whatever B is and whichever sequences run beside it.
     pub fn step(&self, bytes: &[u8], caches: &mut [&mut KvCache]) -> Result<Tensor> {
         self.check_step(bytes, caches)?;
-        let device = self.rope.cos.device().clone();
+        let device = self.rope.device.clone();
         let ids: Vec<u32> = bytes.iter().map(|&b| u32::from(b)).collect();
         let mut h = self
             .embed

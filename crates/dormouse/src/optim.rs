@@ -7,6 +7,8 @@
 
 use candle_core::{Result, Tensor, Var, backprop::GradStore};
 
+use crate::fused::in_place::{sum_of_squares, update_with, update_with2};
+
 /// Decay of the first moment.
 pub const BETA1: f64 = 0.9;
 /// Decay of the second moment.
@@ -46,7 +48,10 @@ impl AdamW {
     }
 
     /// One update with gradients already scaled by `clip_scale`. Norm and bias parameters
-    /// (1-D) are not decayed.
+    /// (1-D) are not decayed. The moments and the parameters are updated in place, in f32, as
+    /// `m = b1 m + (1 - b1) g`, `v = b2 v + (1 - b2) g^2`, then
+    /// `p = (1 - lr decay) p - lr (m / c1) / (sqrt(v / c2) + eps)` with `c1`, `c2` the bias
+    /// corrections (each division by a constant a product with its f32 reciprocal).
     pub fn update(
         &mut self,
         vars: &[(String, Var)],
@@ -57,23 +62,30 @@ impl AdamW {
     ) -> Result<()> {
         self.step += 1;
         let (b1, b2) = (self.beta1, self.beta2);
-        let correction1 = bias_correction(b1, self.step);
-        let correction2 = bias_correction(b2, self.step);
+        let (keep1, take1) = (b1 as f32, (1.0 - b1) as f32);
+        let (keep2, take2) = (b2 as f32, (1.0 - b2) as f32);
+        let inverse1 = (1.0 / bias_correction(b1, self.step)) as f32;
+        let inverse2 = (1.0 / bias_correction(b2, self.step)) as f32;
+        let (clip, eps, rate) = (clip_scale as f32, self.eps as f32, lr as f32);
         for (i, (_, var)) in vars.iter().enumerate() {
             let Some(grad) = grads.get(var.as_tensor()) else {
                 continue;
             };
-            // Everything kept across steps is detached: a tensor that still records the ops
-            // that made it keeps every earlier step's tensors alive (memory grows per step).
-            let grad = (grad.detach() * clip_scale)?;
-            self.m[i] = ((&self.m[i] * b1)? + (&grad * (1.0 - b1))?)?.detach();
-            self.v[i] = ((&self.v[i] * b2)? + (grad.sqr()? * (1.0 - b2))?)?.detach();
-            let m_hat = (&self.m[i] / correction1)?;
-            let v_hat = (&self.v[i] / correction2)?;
-            let step = (m_hat / (v_hat.sqrt()? + self.eps)?)?;
+            update_with("adamw first moment", &self.m[i], grad, |m, g| {
+                let g = g * clip + 0.0;
+                *m = *m * keep1 + g * take1;
+            })?;
+            update_with("adamw second moment", &self.v[i], grad, |v, g| {
+                let g = g * clip + 0.0;
+                *v = *v * keep2 + g * g * take2;
+            })?;
             let decay = if var.rank() > 1 { weight_decay } else { 0.0 };
-            let decayed = (var.as_tensor().detach() * (1.0 - lr * decay))?;
-            var.set(&(decayed - (step * lr)?)?)?;
+            let shrink = (1.0 - lr * decay) as f32;
+            let param = var.as_tensor();
+            update_with2("adamw step", param, &self.m[i], &self.v[i], |p, m, v| {
+                let step = (m * inverse1) / ((v * inverse2).sqrt() + eps);
+                *p = *p * shrink - step * rate;
+            })?;
         }
         Ok(())
     }
@@ -104,12 +116,12 @@ pub fn adam_row(
     }
 }
 
-/// The sum of squares of every variable's gradient (its share of the global norm).
+/// The sum of squares of every variable's gradient (its share of the global norm), in f64.
 pub fn grad_norm_squared(vars: &[(String, Var)], grads: &GradStore) -> Result<f64> {
     let mut total = 0f64;
     for (_, var) in vars {
         if let Some(g) = grads.get(var.as_tensor()) {
-            total += f64::from(g.sqr()?.sum_all()?.to_scalar::<f32>()?);
+            total += sum_of_squares(g)?;
         }
     }
     Ok(total)

@@ -10,41 +10,6 @@
 
 use candle_core::{Layout, Result, Storage, Tensor};
 
-/// Rotate-half RoPE tables on the host, `[max_seq_len][head_dim / 2]`.
-#[derive(Debug, Clone)]
-pub(crate) struct HostRope {
-    cos: Vec<Vec<f32>>,
-    sin: Vec<Vec<f32>>,
-}
-
-impl HostRope {
-    /// The tables of `cos` and `sin` `[max_seq_len, head_dim / 2]` tensors.
-    pub(crate) fn new(cos: &Tensor, sin: &Tensor) -> Result<Self> {
-        Ok(HostRope {
-            cos: cos.to_vec2()?,
-            sin: sin.to_vec2()?,
-        })
-    }
-
-    /// Rotates every head of `x` (heads back to back) for position `position`, as
-    /// `Rope::apply` does: `(x1 cos - x2 sin, x2 cos + x1 sin)` over the two halves of a head.
-    pub(crate) fn rotate(&self, x: &mut [f32], head_dim: usize, position: usize) -> Result<()> {
-        let (Some(cos), Some(sin)) = (self.cos.get(position), self.sin.get(position)) else {
-            candle_core::bail!("position {position} is past the RoPE tables");
-        };
-        let half = head_dim / 2;
-        for head in x.chunks_exact_mut(head_dim) {
-            let (x1, x2) = head.split_at_mut(half);
-            for i in 0..half {
-                let (a, b) = (x1[i], x2[i]);
-                x1[i] = a * cos[i] - b * sin[i];
-                x2[i] = b * cos[i] + a * sin[i];
-            }
-        }
-        Ok(())
-    }
-}
-
 /// The attention output `[n_heads * head_dim]` of `query` (rotated, heads back to back) over
 /// `keys` and `values` `[1, n_heads, positions, head_dim]` (the cache after this position's
 /// key and value were appended).

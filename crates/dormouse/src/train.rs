@@ -15,6 +15,8 @@ use crate::config::DormouseConfig;
 use crate::data::Corpus;
 use crate::engram::memory::{HostMemory, MemoryError, MemoryShape, SparseGrad};
 use crate::engram::sidecar::{self, SidecarError, SidecarStamp};
+use crate::fused::cross_entropy::cross_entropy;
+use crate::fused::in_place::update_with;
 use crate::init::{seeded_model, sorted_vars};
 use crate::model::Dormouse;
 use crate::optim::{AdamW, clip_factor, grad_norm_squared};
@@ -97,8 +99,7 @@ pub fn batch_loss(
         .iter()
         .flat_map(|w| w[1..].iter().map(|&x| u32::from(x)))
         .collect();
-    let targets = Tensor::from_vec(targets, b * t, logits.device())?;
-    let loss = candle_nn::loss::cross_entropy(&logits.reshape((b * t, v))?, &targets)?;
+    let loss = cross_entropy(&logits.reshape((b * t, v))?, targets)?;
     Ok(BatchLoss { loss, host_read })
 }
 
@@ -124,10 +125,11 @@ pub fn bits_per_byte(
     Ok(nats / windows.len().max(1) as f64 / std::f64::consts::LN_2)
 }
 
-/// `ema = decay * ema + (1 - decay) * params`.
+/// `ema = decay * ema + (1 - decay) * params`, in place, in f32.
 pub fn update_ema(ema: &mut [Tensor], vars: &[(String, Var)], decay: f64) -> Result<()> {
+    let (keep, take) = (decay as f32, (1.0 - decay) as f32);
     for (e, (_, var)) in ema.iter_mut().zip(vars) {
-        *e = ((&*e * decay)? + (var.as_tensor().detach() * (1.0 - decay))?)?.detach();
+        update_with("ema", e, var.as_tensor(), |e, p| *e = *e * keep + p * take)?;
     }
     Ok(())
 }

@@ -1,0 +1,97 @@
+//! Mean cross-entropy of logits against target classes, and its backward pass.
+//!
+//! Each row's loss `logsumexp(l) - l[target]` is computed in f32 (the max subtracted first);
+//! the mean sums the rows in f64 in order. With `g` the loss's gradient, the logits' gradient
+//! is `g / N x (softmax(l) - onehot(target))`.
+
+use std::sync::Arc;
+
+use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
+use rayon::prelude::*;
+
+use super::{contiguous_f32, output, row_length};
+
+/// Mean over the rows of `logits [N, V]` of `-log softmax(row)[targets[row]]`.
+pub fn cross_entropy(logits: &Tensor, targets: Vec<u32>) -> Result<Tensor> {
+    let (rows, classes) = logits.dims2()?;
+    if targets.len() != rows {
+        candle_core::bail!(
+            "cross-entropy of {rows} rows against {} targets",
+            targets.len()
+        );
+    }
+    if let Some(&bad) = targets.iter().find(|&&t| t as usize >= classes) {
+        candle_core::bail!("cross-entropy over {classes} classes: a target of {bad}");
+    }
+    logits.contiguous()?.apply_op1(CrossEntropy {
+        targets: Arc::new(targets),
+    })
+}
+
+struct CrossEntropy {
+    targets: Arc<Vec<u32>>,
+}
+
+/// `(max, sum of exp(l - max))` of one row.
+fn shifted_exp_sum(row: &[f32]) -> (f32, f32) {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    (max, row.iter().map(|&l| (l - max).exp()).sum())
+}
+
+impl CustomOp1 for CrossEntropy {
+    fn name(&self) -> &'static str {
+        "cross-entropy"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let classes = row_length(self.name(), layout.shape())?;
+        let logits = contiguous_f32(self.name(), storage, layout)?;
+        let losses: Vec<f32> = logits
+            .par_chunks(classes)
+            .zip(self.targets.par_iter())
+            .map(|(row, &target)| {
+                let (max, total) = shifted_exp_sum(row);
+                total.ln() - (row[target as usize] - max)
+            })
+            .collect();
+        let sum: f64 = losses.iter().map(|&l| f64::from(l)).sum();
+        let mean = (sum / losses.len().max(1) as f64) as f32;
+        Ok(output(vec![mean], &Shape::from(())))
+    }
+
+    fn bwd(&self, logits: &Tensor, _loss: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let op = CrossEntropyGrad {
+            targets: Arc::clone(&self.targets),
+            grad: grad.to_scalar::<f32>()?,
+        };
+        Ok(Some(logits.apply_op1_no_bwd(&op)?))
+    }
+}
+
+struct CrossEntropyGrad {
+    targets: Arc<Vec<u32>>,
+    grad: f32,
+}
+
+impl CustomOp1 for CrossEntropyGrad {
+    fn name(&self) -> &'static str {
+        "cross-entropy-grad"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let classes = row_length(self.name(), layout.shape())?;
+        let logits = contiguous_f32(self.name(), storage, layout)?;
+        let per_row = self.grad / self.targets.len().max(1) as f32;
+        let mut dl = vec![0f32; logits.len()];
+        dl.par_chunks_mut(classes)
+            .zip(logits.par_chunks(classes).zip(self.targets.par_iter()))
+            .for_each(|(dl, (row, &target))| {
+                let (max, total) = shifted_exp_sum(row);
+                for (dl, &l) in dl.iter_mut().zip(row) {
+                    *dl = per_row * ((l - max).exp() / total);
+                }
+                dl[target as usize] -= per_row;
+            });
+        Ok(output(dl, layout.shape()))
+    }
+}

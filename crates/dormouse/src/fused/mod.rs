@@ -1,0 +1,48 @@
+//! Fused CPU kernels for training, each a candle custom op with its own backward pass.
+//!
+//! Built from tensor primitives, one RMSNorm is six candle kernels forward and more backward,
+//! each a pass over memory into a freshly allocated buffer; the causal softmax over a batch's
+//! attention scores is seven. Each op here reads its inputs once and writes its output once,
+//! and its backward pass is one or two more such kernels. The work is split over rows with
+//! rayon, and every output element is computed by one thread in a fixed order, so the bits do
+//! not depend on the number of threads; reductions across rows ([`rms_norm`]'s weight
+//! gradient, [`cross_entropy`]'s mean) sum fixed-size chunks and then the chunks in order.
+//!
+//! The ops take and return f32 tensors on the CPU and refuse anything else by name.
+
+pub mod causal_softmax;
+pub mod cross_entropy;
+pub mod in_place;
+pub mod rms_norm;
+pub mod rope;
+pub mod swiglu;
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, Layout, Result, Shape};
+
+/// Rows a reduction across rows sums before the partial sums are added in order.
+const ROWS_PER_CHUNK: usize = 64;
+
+/// The f32 elements of a contiguous operand.
+fn contiguous_f32<'a>(op: &str, storage: &'a CpuStorage, layout: &Layout) -> Result<&'a [f32]> {
+    let CpuStorage::F32(values) = storage else {
+        candle_core::bail!("{op} takes f32 tensors, not {:?}", storage.dtype());
+    };
+    let Some((start, end)) = layout.contiguous_offsets() else {
+        candle_core::bail!("{op} takes contiguous tensors");
+    };
+    Ok(&values[start..end])
+}
+
+/// The size of the last axis of `shape` (an op's row length), refusing a scalar or empty row.
+fn row_length(op: &str, shape: &Shape) -> Result<usize> {
+    match shape.dims().last() {
+        Some(&n) if n > 0 => Ok(n),
+        _ => candle_core::bail!("{op} needs rows along the last axis, not shape {shape:?}"),
+    }
+}
+
+/// An op's output.
+fn output(values: Vec<f32>, shape: &Shape) -> (CpuStorage, Shape) {
+    (CpuStorage::F32(values), shape.clone())
+}
