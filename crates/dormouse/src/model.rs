@@ -3,7 +3,7 @@
 //!
 //! One forward function serves training and inference: [`Dormouse::forward`] takes a batch of
 //! byte windows and an optional [`KvCache`]; with a cache it continues where the cache left off.
-//! RMSNorm, RoPE, the causal softmax, the SwiGLU gate and the loss are the fused kernels of
+//! RMSNorm, RoPE, the causal attention, the SwiGLU gate and the loss are the fused kernels of
 //! [`crate::fused`] (candle's own have no backward pass), each with its backward pass; the
 //! products are candle's. The function that is trained is the function that is served.
 //!
@@ -30,7 +30,7 @@ use crate::config::{DormouseConfig, VOCAB_SIZE};
 use std::sync::Arc;
 
 use crate::engram::hash;
-use crate::fused::causal_softmax::causal_softmax;
+use crate::fused::attention::causal_attention;
 use crate::fused::rms_norm::rms_norm;
 use crate::fused::rope::{RopeTables, rope_heads};
 use crate::fused::swiglu::swiglu;
@@ -122,7 +122,7 @@ impl Attention {
         rope: &Rope,
         cache: Option<&mut LayerCache>,
     ) -> Result<Tensor> {
-        let (b, t, d) = x.dims3()?;
+        let (b, t, _) = x.dims3()?;
         let q = rope_heads(&self.q_proj.forward(x)?, &rope.tables, self.n_heads, start)?;
         let mut k = rope_heads(&self.k_proj.forward(x)?, &rope.tables, self.n_heads, start)?;
         let mut v = self.heads(&self.v_proj.forward(x)?, b, t)?;
@@ -131,9 +131,7 @@ impl Attention {
             // byte copies that byte's keys and values, not the whole history.
             (k, v) = cache.kv.append(&k.contiguous()?, &v.contiguous()?)?;
         }
-        let scores = q.matmul(&k.transpose(2, 3)?)?;
-        let weights = causal_softmax(&scores, 1.0 / (self.head_dim as f64).sqrt(), start)?;
-        let out = weights.matmul(&v)?.transpose(1, 2)?.reshape((b, t, d))?;
+        let out = causal_attention(&q, &k, &v, start)?;
         self.o_proj.forward(&out)
     }
 }

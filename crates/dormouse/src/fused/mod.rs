@@ -10,7 +10,7 @@
 //!
 //! The ops take and return f32 tensors on the CPU and refuse anything else by name.
 
-pub mod causal_softmax;
+pub mod attention;
 pub mod cross_entropy;
 pub mod in_place;
 pub mod rms_norm;
