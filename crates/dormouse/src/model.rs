@@ -31,6 +31,7 @@ use std::sync::Arc;
 
 use crate::engram::hash;
 use crate::fused::attention::causal_attention;
+use crate::fused::linear as fused_linear;
 use crate::fused::rms_norm::rms_norm;
 use crate::fused::rope::{RopeTables, rope_heads};
 use crate::fused::swiglu::swiglu;
@@ -123,16 +124,26 @@ impl Attention {
         cache: Option<&mut LayerCache>,
     ) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
-        let q = rope_heads(&self.q_proj.forward(x)?, &rope.tables, self.n_heads, start)?;
-        let mut k = rope_heads(&self.k_proj.forward(x)?, &rope.tables, self.n_heads, start)?;
-        let mut v = self.heads(&self.v_proj.forward(x)?, b, t)?;
+        let q = rope_heads(
+            &project(&self.q_proj, x)?,
+            &rope.tables,
+            self.n_heads,
+            start,
+        )?;
+        let mut k = rope_heads(
+            &project(&self.k_proj, x)?,
+            &rope.tables,
+            self.n_heads,
+            start,
+        )?;
+        let mut v = self.heads(&project(&self.v_proj, x)?, b, t)?;
         if let Some(cache) = cache {
             // Written in place into buffers that grow by CACHE_GROWTH positions: appending a
             // byte copies that byte's keys and values, not the whole history.
             (k, v) = cache.kv.append(&k.contiguous()?, &v.contiguous()?)?;
         }
         let out = causal_attention(&q, &k, &v, start)?;
-        self.o_proj.forward(&out)
+        project(&self.o_proj, &out)
     }
 }
 
@@ -167,6 +178,14 @@ impl Attention {
     }
 }
 
+/// `x [.., in] -> [.., out]`: the fused [`fused_linear::linear`] without a bias, candle's with one.
+fn project(layer: &Linear, x: &Tensor) -> Result<Tensor> {
+    match layer.bias() {
+        None => fused_linear::linear(x, layer.weight()),
+        Some(_) => layer.forward(x),
+    }
+}
+
 /// `x [B, in] -> [B, out]` through [`row_product`], whose every row's bits are independent of
 /// B and of the other rows.
 fn rows_linear(linear: &Linear, x: &Tensor) -> Result<Tensor> {
@@ -191,8 +210,8 @@ impl Mlp {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let gated = swiglu(&self.gate_proj.forward(x)?, &self.up_proj.forward(x)?)?;
-        self.down_proj.forward(&gated)
+        let gated = swiglu(&project(&self.gate_proj, x)?, &project(&self.up_proj, x)?)?;
+        project(&self.down_proj, &gated)
     }
 }
 
@@ -216,7 +235,7 @@ impl EngramRead {
     /// `h + sigmoid(gate(h)) * proj(memory)`.
     fn forward(&self, h: &Tensor, memory: &Tensor) -> Result<Tensor> {
         let gate = candle_nn::ops::sigmoid(&self.gate.forward(h)?)?;
-        h + self.proj.forward(memory)?.broadcast_mul(&gate)?
+        h + project(&self.proj, memory)?.broadcast_mul(&gate)?
     }
 }
 
@@ -483,10 +502,10 @@ impl Dormouse {
         }
         let h = self.norm.forward(&h)?;
         match &self.lm_head {
-            Some(head) => head.forward(&h),
+            Some(head) => project(head, &h),
             // As a Linear over the embedding: the product reads the matrix transposed in place
             // instead of copying it per call.
-            None => Linear::new(self.embed.embeddings().clone(), None).forward(&h),
+            None => fused_linear::linear(&h, self.embed.embeddings()),
         }
     }
 

@@ -10,7 +10,8 @@
 //! Each sequence is one task; within it the heads, queries and keys run in a fixed order, every
 //! sum adding its terms in index order, so the bits depend on nothing but the inputs. The inner
 //! loops are compiled for the widest vectors the CPU has (pulp's run-time dispatch); they are
-//! separate multiplies and adds, never fused, so every variant gives the same bits.
+//! separate multiplies and adds, never fused, and `exp` is [`super::vector_exp`]'s, so every
+//! variant gives the same bits.
 
 use std::sync::OnceLock;
 
@@ -18,6 +19,7 @@ use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 use pulp::Simd;
 use rayon::prelude::*;
 
+use super::vector_exp::exp_in_place;
 use super::{contiguous_f32, output};
 
 /// Attention of `q [B, H, T, Dh]` (positions `start..start + T`) over `k`, `v` `[B, H, S, Dh]`,
@@ -347,11 +349,11 @@ impl CausalAttention {
                 let max = p
                     .iter()
                     .fold(f32::NEG_INFINITY, |m, &s| m.max(s * self.scale));
-                let mut total = 0f32;
                 for s in p.iter_mut() {
-                    *s = (*s * self.scale - max).exp();
-                    total += *s;
+                    *s = *s * self.scale - max;
                 }
+                exp_in_place(simd, p);
+                let total: f32 = p.iter().sum();
                 let o = &mut out[i * heads * dh + head * dh..][..dh];
                 add_combination(simd, o, v, 0..n, |j| p[j]);
                 for o in o.iter_mut() {
@@ -448,8 +450,9 @@ impl CausalAttention {
                 products_transposed(simd, p, query, &keys_t, stride);
                 let log_sum = log_sums[head * queries + i];
                 for s in p.iter_mut() {
-                    *s = (*s * self.scale - log_sum).exp();
+                    *s = *s * self.scale - log_sum;
                 }
+                exp_in_place(simd, p);
                 let ds = &mut ds[i * stride..][..n];
                 products_transposed(simd, ds, g_i, &values_t, stride);
                 let o_i = &o[i * dh..(i + 1) * dh];

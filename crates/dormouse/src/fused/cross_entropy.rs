@@ -1,6 +1,7 @@
 //! Mean cross-entropy of logits against target classes, and its backward pass.
 //!
-//! Each row's loss `logsumexp(l) - l[target]` is computed in f32 (the max subtracted first);
+//! Each row's loss `logsumexp(l) - l[target]` is computed in f32 (the max subtracted first,
+//! `exp` from [`super::vector_exp`]);
 //! the mean sums the rows in f64 in order. With `g` the loss's gradient, the logits' gradient
 //! is `g / N x (softmax(l) - onehot(target))`.
 
@@ -9,6 +10,7 @@ use std::sync::Arc;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
+use super::vector_exp::exp_all;
 use super::{contiguous_f32, output, row_length};
 
 /// Mean over the rows of `logits [N, V]` of `-log softmax(row)[targets[row]]`.
@@ -32,10 +34,14 @@ struct CrossEntropy {
     targets: Arc<Vec<u32>>,
 }
 
-/// `(max, sum of exp(l - max))` of one row.
-fn shifted_exp_sum(row: &[f32]) -> (f32, f32) {
+/// `exp(l - max)` of one row into `exps`, and `(max, their sum in order)`.
+fn shifted_exps(row: &[f32], exps: &mut [f32]) -> (f32, f32) {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    (max, row.iter().map(|&l| (l - max).exp()).sum())
+    for (e, &l) in exps.iter_mut().zip(row) {
+        *e = l - max;
+    }
+    exp_all(exps);
+    (max, exps.iter().sum())
 }
 
 impl CustomOp1 for CrossEntropy {
@@ -49,10 +55,13 @@ impl CustomOp1 for CrossEntropy {
         let losses: Vec<f32> = logits
             .par_chunks(classes)
             .zip(self.targets.par_iter())
-            .map(|(row, &target)| {
-                let (max, total) = shifted_exp_sum(row);
-                total.ln() - (row[target as usize] - max)
-            })
+            .map_init(
+                || vec![0f32; classes],
+                |exps, (row, &target)| {
+                    let (max, total) = shifted_exps(row, exps);
+                    total.ln() - (row[target as usize] - max)
+                },
+            )
             .collect();
         let sum: f64 = losses.iter().map(|&l| f64::from(l)).sum();
         let mean = (sum / losses.len().max(1) as f64) as f32;
@@ -86,9 +95,9 @@ impl CustomOp1 for CrossEntropyGrad {
         dl.par_chunks_mut(classes)
             .zip(logits.par_chunks(classes).zip(self.targets.par_iter()))
             .for_each(|(dl, (row, &target))| {
-                let (max, total) = shifted_exp_sum(row);
-                for (dl, &l) in dl.iter_mut().zip(row) {
-                    *dl = per_row * ((l - max).exp() / total);
+                let (_, total) = shifted_exps(row, dl);
+                for dl in dl.iter_mut() {
+                    *dl = per_row * (*dl / total);
                 }
                 dl[target as usize] -= per_row;
             });

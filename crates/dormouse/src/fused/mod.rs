@@ -13,9 +13,11 @@
 pub mod attention;
 pub mod cross_entropy;
 pub mod in_place;
+pub mod linear;
 pub mod rms_norm;
 pub mod rope;
 pub mod swiglu;
+pub mod vector_exp;
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, Layout, Result, Shape};

@@ -4,6 +4,7 @@
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
+use super::vector_exp::exp_all;
 use super::{contiguous_f32, output};
 
 /// Elements per parallel task.
@@ -16,8 +17,15 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
 
 struct SwiGlu;
 
-fn sigmoid(a: f32) -> f32 {
-    1.0 / (1.0 + (-a).exp())
+/// `out[i] = sigmoid(a[i]) = 1 / (1 + exp(-a[i]))`, with [`exp_all`]'s `exp`.
+fn sigmoids(out: &mut [f32], a: &[f32]) {
+    for (o, &a) in out.iter_mut().zip(a) {
+        *o = -a;
+    }
+    exp_all(out);
+    for o in out.iter_mut() {
+        *o = 1.0 / (1.0 + *o);
+    }
 }
 
 fn same_length(op: &str, a: &[f32], b: &[f32]) -> Result<()> {
@@ -50,8 +58,9 @@ impl CustomOp2 for SwiGlu {
         out.par_chunks_mut(CHUNK)
             .zip(gate.par_chunks(CHUNK).zip(up.par_chunks(CHUNK)))
             .for_each(|(out, (gate, up))| {
+                sigmoids(out, gate);
                 for ((o, &a), &b) in out.iter_mut().zip(gate).zip(up) {
-                    *o = a * sigmoid(a) * b;
+                    *o = a * *o * b;
                 }
             });
         Ok(output(out, gl.shape()))
@@ -106,8 +115,9 @@ impl CustomOp3 for SwiGluGrad {
                     .zip(up.par_chunks(CHUNK).zip(grad.par_chunks(CHUNK))),
             )
             .for_each(|(out, (gate, (up, grad)))| {
+                sigmoids(out, gate);
                 for (((o, &a), &b), &g) in out.iter_mut().zip(gate).zip(up).zip(grad) {
-                    let s = sigmoid(a);
+                    let s = *o;
                     *o = match self {
                         SwiGluGrad::Gate => g * b * s * (1.0 + a * (1.0 - s)),
                         SwiGluGrad::Up => g * a * s,
