@@ -19,6 +19,7 @@ use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 use pulp::Simd;
 use rayon::prelude::*;
 
+use super::tile::{KEY_PADDING, row_sums, transpose_into};
 use super::vector_exp::exp_in_place;
 use super::{contiguous_f32, output};
 
@@ -87,121 +88,8 @@ impl CausalAttention {
     }
 }
 
-/// Vectors summed side by side: independent sums keep the adder busy where one sum would
-/// wait for each add before the next.
-const BLOCKS: usize = 4;
-
-/// Key strides are padded to a multiple of this, so a group of [`BLOCKS`] of the widest
-/// vectors (16 lanes) never reads past a row.
-const KEY_PADDING: usize = BLOCKS * 16;
-
-/// `[rows, cols]` to `[cols, stride]` (`stride >= rows`; the padding is left as it is).
-#[inline(always)]
-fn transpose_into(dst: &mut [f32], src: &[f32], cols: usize, stride: usize) {
-    for (r, row) in src.chunks_exact(cols).enumerate() {
-        for (c, &value) in row.iter().enumerate() {
-            dst[c * stride + r] = value;
-        }
-    }
-}
-
-#[inline(always)]
-fn load<S: Simd>(values: &[f32]) -> S::f32s {
-    bytemuck::pod_read_unaligned(bytemuck::cast_slice(&values[..S::F32_LANES]))
-}
-
-/// `N` vectors of sums: `acc[b] += coef(j) rows[j][offset + b x lanes..]` for `j` in `range`
-/// in order, `rows` `row_stride` apart. Multiplies and adds are separate roundings, so a lane
-/// gets the same bits at every vector width.
-#[inline(always)]
-fn blocked_sums<S: Simd, const N: usize>(
-    simd: S,
-    rows: &[f32],
-    (row_stride, offset): (usize, usize),
-    range: std::ops::Range<usize>,
-    coef: impl Fn(usize) -> f32,
-) -> [S::f32s; N] {
-    let lanes = S::F32_LANES;
-    let mut acc = [simd.splat_f32s(0.0); N];
-    for j in range {
-        let c = simd.splat_f32s(coef(j));
-        let row = &rows[j * row_stride + offset..][..N * lanes];
-        for (b, acc) in acc.iter_mut().enumerate() {
-            *acc = simd.add_f32s(*acc, simd.mul_f32s(c, load::<S>(&row[b * lanes..])));
-        }
-    }
-    acc
-}
-
-/// `out[j] = sum over d of x[d] m_t[d][j]` for every `j < out.len()`, with `m_t` a matrix
-/// transposed to `[x.len(), stride]`, `stride` a multiple of [`KEY_PADDING`] (so the last
-/// group may read padding). Each output sums its terms in order of `d`.
-#[inline(always)]
-fn products_transposed<S: Simd>(simd: S, out: &mut [f32], x: &[f32], m_t: &[f32], stride: usize) {
-    let width = BLOCKS * S::F32_LANES;
-    for (group, out) in out.chunks_mut(width).enumerate() {
-        let acc =
-            blocked_sums::<S, BLOCKS>(simd, m_t, (stride, group * width), 0..x.len(), |d| x[d]);
-        for (o, a) in out.iter_mut().zip(bytemuck::cast_slice::<_, f32>(&acc)) {
-            *o = *a;
-        }
-    }
-}
-
-/// `out[c] += sum over j of coef(j) rows[j][c]` for the `rows` (each `out.len()` long) whose
-/// index is in `range`, every output summing its terms in order of `j`.
-#[inline(always)]
-fn add_combination<S: Simd>(
-    simd: S,
-    out: &mut [f32],
-    rows: &[f32],
-    range: std::ops::Range<usize>,
-    coef: impl Fn(usize) -> f32,
-) {
-    let (width, lanes) = (out.len(), S::F32_LANES);
-    let mut at = 0;
-    while width - at >= lanes {
-        let place = (width, at);
-        let added = match (width - at) / lanes {
-            1 => add_to(
-                &mut out[at..],
-                &blocked_sums::<S, 1>(simd, rows, place, range.clone(), &coef),
-            ),
-            2 => add_to(
-                &mut out[at..],
-                &blocked_sums::<S, 2>(simd, rows, place, range.clone(), &coef),
-            ),
-            3 => add_to(
-                &mut out[at..],
-                &blocked_sums::<S, 3>(simd, rows, place, range.clone(), &coef),
-            ),
-            _ => add_to(
-                &mut out[at..],
-                &blocked_sums::<S, BLOCKS>(simd, rows, place, range.clone(), &coef),
-            ),
-        };
-        at += added;
-    }
-    for j in range {
-        let c = coef(j);
-        for (o, &r) in out[at..]
-            .iter_mut()
-            .zip(&rows[j * width + at..(j + 1) * width])
-        {
-            *o += c * r;
-        }
-    }
-}
-
-/// Adds the vectors `acc` to the front of `out`; returns how many elements that was.
-#[inline(always)]
-fn add_to<V: bytemuck::Pod>(out: &mut [f32], acc: &[V]) -> usize {
-    let values = bytemuck::cast_slice::<_, f32>(acc);
-    for (o, a) in out.iter_mut().zip(values) {
-        *o += *a;
-    }
-    values.len()
-}
+/// Query rows (and in the backward pass key rows) a tile computes at once.
+const ROWS: usize = 4;
 
 /// One sequence's work, run through pulp's dispatch so that the loops of the methods it
 /// inlines are compiled for the widest vector instructions this CPU has.
@@ -334,34 +222,99 @@ impl CausalAttention {
         } = dims;
         let stride = keys.next_multiple_of(KEY_PADDING);
         let mut keys_t = vec![0f32; dh * stride];
-        let mut scores = vec![0f32; stride];
+        let mut weights = vec![0f32; ROWS * stride];
         for head in 0..heads {
-            let (q, k, v) = (
-                &q[head * queries * dh..][..queries * dh],
-                &k[head * keys * dh..][..keys * dh],
-                &v[head * keys * dh..][..keys * dh],
-            );
-            transpose_into(&mut keys_t, k, dh, stride);
-            for (i, query) in q.chunks_exact(dh).enumerate() {
-                let n = self.visible(i, keys);
-                products_transposed(simd, &mut scores[..n], query, &keys_t, stride);
-                let p = &mut scores[..n];
-                let max = p
-                    .iter()
-                    .fold(f32::NEG_INFINITY, |m, &s| m.max(s * self.scale));
-                for s in p.iter_mut() {
-                    *s = *s * self.scale - max;
+            let head_rows = HeadRows {
+                q: &q[head * queries * dh..][..queries * dh],
+                k: &k[head * keys * dh..][..keys * dh],
+                v: &v[head * keys * dh..][..keys * dh],
+                keys_t: &mut keys_t,
+                stride,
+            };
+            transpose_into(head_rows.keys_t, head_rows.k, dh, stride);
+            let mut first = 0;
+            while first < queries {
+                let rows = Rows {
+                    first,
+                    out: &mut *out,
+                    log_sums: &mut log_sums[head * queries..(head + 1) * queries],
+                    weights: &mut weights,
+                    head,
+                };
+                if queries - first >= ROWS {
+                    self.forward_rows::<S, ROWS>(simd, dims, &head_rows, rows);
+                    first += ROWS;
+                } else {
+                    self.forward_rows::<S, 1>(simd, dims, &head_rows, rows);
+                    first += 1;
                 }
-                exp_in_place(simd, p);
-                let total: f32 = p.iter().sum();
-                let o = &mut out[i * heads * dh + head * dh..][..dh];
-                add_combination(simd, o, v, 0..n, |j| p[j]);
-                for o in o.iter_mut() {
-                    *o /= total;
-                }
-                log_sums[head * queries + i] = max + total.ln();
             }
         }
+    }
+
+    /// Query rows `first..first + R` of one head: their weights, outputs and log-sums.
+    #[inline(always)]
+    fn forward_rows<S: Simd, const R: usize>(
+        &self,
+        simd: S,
+        dims: Dims,
+        head_rows: &HeadRows<'_>,
+        rows: Rows<'_>,
+    ) {
+        let Dims {
+            heads,
+            keys,
+            head_dim: dh,
+            ..
+        } = dims;
+        let HeadRows { q, v, stride, .. } = *head_rows;
+        let Rows {
+            first,
+            out,
+            log_sums,
+            weights,
+            head,
+        } = rows;
+        let seen = |r: usize| self.visible(first + r, keys);
+        let widest = seen(R - 1);
+        let lanes = S::F32_LANES;
+        row_sums::<S, R>(
+            simd,
+            head_rows.keys_t,
+            (stride, widest.next_multiple_of(lanes)),
+            0..dh,
+            |r, d| q[(first + r) * dh + d],
+            |r, at, sums| weights[r * stride + at..][..sums.len()].copy_from_slice(sums),
+        );
+        let mut totals = [0f32; R];
+        for (r, total) in totals.iter_mut().enumerate() {
+            let p = &mut weights[r * stride..][..seen(r)];
+            let max = p
+                .iter()
+                .fold(f32::NEG_INFINITY, |m, &s| m.max(s * self.scale));
+            for s in p.iter_mut() {
+                *s = *s * self.scale - max;
+            }
+            exp_in_place(simd, p);
+            *total = p.iter().sum();
+            log_sums[first + r] = max + total.ln();
+            // The keys this row does not see weigh nothing in the tile's sums.
+            weights[r * stride + seen(r)..r * stride + widest].fill(0.0);
+        }
+        let weights = &*weights;
+        row_sums::<S, R>(
+            simd,
+            v,
+            (dh, dh),
+            0..widest,
+            |r, j| weights[r * stride + j],
+            |r, at, sums| {
+                let o = &mut out[(first + r) * heads * dh + head * dh + at..][..sums.len()];
+                for (o, &s) in o.iter_mut().zip(sums) {
+                    *o = s / totals[r];
+                }
+            },
+        );
     }
 
     /// `(dq, dk, dv)` from `q`, `k`, `v`, the output and its gradient.
@@ -422,6 +375,7 @@ impl CausalAttention {
             head_dim: dh,
             ..
         } = dims;
+        let lanes = S::F32_LANES;
         let stride = keys.next_multiple_of(KEY_PADDING);
         let (mut keys_t, mut values_t) = (vec![0f32; dh * stride], vec![0f32; dh * stride]);
         // Every query row's weights and score gradients, 0 past the keys it sees.
@@ -443,47 +397,114 @@ impl CausalAttention {
             }
             transpose_into(&mut keys_t, k, dh, stride);
             transpose_into(&mut values_t, v, dh, stride);
-            for i in 0..queries {
-                let n = self.visible(i, keys);
-                let (query, g_i) = (&q[i * dh..(i + 1) * dh], &g[i * dh..(i + 1) * dh]);
-                let p = &mut p[i * stride..][..n];
-                products_transposed(simd, p, query, &keys_t, stride);
-                let log_sum = log_sums[head * queries + i];
-                for s in p.iter_mut() {
-                    *s = *s * self.scale - log_sum;
+            let dq = &mut dq[at_q..][..queries * dh];
+            let mut first = 0;
+            while first < queries {
+                let r = if queries - first >= ROWS { ROWS } else { 1 };
+                let seen = |r: usize| self.visible(first + r, keys);
+                let widest = seen(r - 1).next_multiple_of(lanes);
+                let weights_of = |p: &mut [f32]| {
+                    let scores = |r: usize, d: usize| q[(first + r) * dh + d];
+                    let put = |row: usize, at: usize, sums: &[f32]| {
+                        p[(first + row) * stride + at..][..sums.len()].copy_from_slice(sums)
+                    };
+                    if r == ROWS {
+                        row_sums::<S, ROWS>(simd, &keys_t, (stride, widest), 0..dh, scores, put)
+                    } else {
+                        row_sums::<S, 1>(simd, &keys_t, (stride, widest), 0..dh, scores, put)
+                    }
+                };
+                weights_of(&mut p);
+                let grads_of = |ds: &mut [f32]| {
+                    let coef = |r: usize, d: usize| g[(first + r) * dh + d];
+                    let put = |row: usize, at: usize, sums: &[f32]| {
+                        ds[(first + row) * stride + at..][..sums.len()].copy_from_slice(sums)
+                    };
+                    if r == ROWS {
+                        row_sums::<S, ROWS>(simd, &values_t, (stride, widest), 0..dh, coef, put)
+                    } else {
+                        row_sums::<S, 1>(simd, &values_t, (stride, widest), 0..dh, coef, put)
+                    }
+                };
+                grads_of(&mut ds);
+                for row in 0..r {
+                    let i = first + row;
+                    let n = seen(row);
+                    let log_sum = log_sums[head * queries + i];
+                    let p = &mut p[i * stride..][..keys];
+                    for s in p[..n].iter_mut() {
+                        *s = *s * self.scale - log_sum;
+                    }
+                    exp_in_place(simd, &mut p[..n]);
+                    p[n..].fill(0.0);
+                    let (g_i, o_i) = (&g[i * dh..(i + 1) * dh], &o[i * dh..(i + 1) * dh]);
+                    let g_dot_o: f32 = g_i.iter().zip(o_i).map(|(g, o)| g * o).sum();
+                    let ds = &mut ds[i * stride..][..keys];
+                    for (ds, &p) in ds[..n].iter_mut().zip(p.iter()) {
+                        *ds = p * (*ds - g_dot_o) * self.scale;
+                    }
+                    ds[n..].fill(0.0);
                 }
-                exp_in_place(simd, p);
-                let ds = &mut ds[i * stride..][..n];
-                products_transposed(simd, ds, g_i, &values_t, stride);
-                let o_i = &o[i * dh..(i + 1) * dh];
-                let g_dot_o: f32 = g_i.iter().zip(o_i).map(|(g, o)| g * o).sum();
-                for (ds, &p) in ds.iter_mut().zip(p.iter()) {
-                    *ds = p * (*ds - g_dot_o) * self.scale;
+                let ds = &ds;
+                let coef = |row: usize, j: usize| ds[(first + row) * stride + j];
+                let put = |row: usize, at: usize, sums: &[f32]| {
+                    dq[(first + row) * dh + at..][..sums.len()].copy_from_slice(sums)
+                };
+                let widest = seen(r - 1);
+                if r == ROWS {
+                    row_sums::<S, ROWS>(simd, k, (dh, dh), 0..widest, coef, put);
+                } else {
+                    row_sums::<S, 1>(simd, k, (dh, dh), 0..widest, coef, put);
                 }
-                let ds = &ds[..];
-                add_combination(simd, &mut dq[at_q + i * dh..][..dh], k, 0..n, |j| ds[j]);
+                first += r;
             }
             let dk = &mut dk[at_k..][..keys * dh];
             let dv = &mut dv[at_k..][..keys * dh];
-            for j in 0..keys {
-                // The first query that sees key j.
-                let first = j.saturating_sub(self.start).min(queries);
+            let mut j0 = 0;
+            while j0 < keys {
+                let r = if keys - j0 >= ROWS { ROWS } else { 1 };
+                // The first query that sees key j0 (later keys are seen by fewer queries, and
+                // the rows of the ones that do not see them hold 0).
+                let seen_from = j0.saturating_sub(self.start).min(queries);
                 let (ds, p) = (&ds, &p);
-                add_combination(
-                    simd,
-                    &mut dk[j * dh..(j + 1) * dh],
-                    q,
-                    first..queries,
-                    |i| ds[i * stride + j],
-                );
-                add_combination(
-                    simd,
-                    &mut dv[j * dh..(j + 1) * dh],
-                    &g,
-                    first..queries,
-                    |i| p[i * stride + j],
-                );
+                let dk_of = |row: usize, at: usize, sums: &[f32]| {
+                    dk[(j0 + row) * dh + at..][..sums.len()].copy_from_slice(sums)
+                };
+                let ds_coef = |row: usize, i: usize| ds[i * stride + j0 + row];
+                if r == ROWS {
+                    row_sums::<S, ROWS>(simd, q, (dh, dh), seen_from..queries, ds_coef, dk_of);
+                } else {
+                    row_sums::<S, 1>(simd, q, (dh, dh), seen_from..queries, ds_coef, dk_of);
+                }
+                let dv_of = |row: usize, at: usize, sums: &[f32]| {
+                    dv[(j0 + row) * dh + at..][..sums.len()].copy_from_slice(sums)
+                };
+                let p_coef = |row: usize, i: usize| p[i * stride + j0 + row];
+                if r == ROWS {
+                    row_sums::<S, ROWS>(simd, &g, (dh, dh), seen_from..queries, p_coef, dv_of);
+                } else {
+                    row_sums::<S, 1>(simd, &g, (dh, dh), seen_from..queries, p_coef, dv_of);
+                }
+                j0 += r;
             }
         }
     }
+}
+
+/// One head's inputs in a forward pass.
+struct HeadRows<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    keys_t: &'a mut [f32],
+    stride: usize,
+}
+
+/// Where a group of query rows of one head writes.
+struct Rows<'a> {
+    first: usize,
+    out: &'a mut [f32],
+    log_sums: &'a mut [f32],
+    weights: &'a mut [f32],
+    head: usize,
 }

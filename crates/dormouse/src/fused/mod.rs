@@ -17,6 +17,7 @@ pub mod linear;
 pub mod rms_norm;
 pub mod rope;
 pub mod swiglu;
+pub mod tile;
 pub mod vector_exp;
 
 use candle_core::backend::BackendStorage;
