@@ -39,7 +39,8 @@ Prints one JSON line on stdout (notes go to stderr): impl, preset, params, batch
 tokens_per_s (batch x seq x steps over the timed steps' total time: batch drawing, hashing,
 forward, backward, clipping, AdamW, EMA), threads, first_step_s (step 0, with any compile),
 warmup_steps, warmup_s, step_ms_median, tokens_per_s_median (from the median step: steadier
-when something else takes the CPU), attn, optimizer, loss_first, loss_last.
+when something else takes the CPU), attn, optimizer, loss_first, loss_last, losses (every
+step's, warmup included).
 """
 
 import argparse
@@ -526,6 +527,7 @@ def main():
         "optimizer": f"AdamW {optim_kind}",
         "loss_first": round(losses[0], 5) if losses else None,
         "loss_last": round(losses[-1], 5) if losses else None,
+        "losses": [round(v, 7) for v in losses],
     }
     print(json.dumps(record), flush=True)
 

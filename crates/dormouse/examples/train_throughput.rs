@@ -1,5 +1,6 @@
 //! Training throughput of a preset, as one JSON line (tokens per second over timed steps after
-//! untimed warmup steps), for `bench/train_throughput.sh` to set beside the reference.
+//! untimed warmup steps, and every step's loss), for `bench/train_throughput.sh` to set beside
+//! the reference.
 //!
 //! ```sh
 //! cargo run --release -p dormouse --example train_throughput -- --preset small --batch 8 --seq 256 --steps 10
