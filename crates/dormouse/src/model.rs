@@ -33,7 +33,7 @@ use crate::engram::hash;
 use crate::fused::attention::causal_attention;
 use crate::fused::linear as fused_linear;
 use crate::fused::rms_norm::rms_norm;
-use crate::fused::rope::{RopeTables, rope_heads};
+use crate::fused::rope::{RopeTables, rope_heads, split_heads};
 use crate::fused::swiglu::swiglu;
 use crate::row_product;
 use crate::step_attention;
@@ -123,7 +123,6 @@ impl Attention {
         rope: &Rope,
         cache: Option<&mut LayerCache>,
     ) -> Result<Tensor> {
-        let (b, t, _) = x.dims3()?;
         let q = rope_heads(
             &project(&self.q_proj, x)?,
             &rope.tables,
@@ -136,7 +135,7 @@ impl Attention {
             self.n_heads,
             start,
         )?;
-        let mut v = self.heads(&project(&self.v_proj, x)?, b, t)?;
+        let mut v = split_heads(&project(&self.v_proj, x)?, &rope.tables, self.n_heads)?;
         if let Some(cache) = cache {
             // Written in place into buffers that grow by CACHE_GROWTH positions: appending a
             // byte copies that byte's keys and values, not the whole history.

@@ -103,6 +103,19 @@ pub fn rope_heads(
         tables: Arc::clone(tables),
         heads,
         start,
+        rotate: true,
+    })
+}
+
+/// `x [B, T, heads x Dh]` to heads `[B, heads, T, Dh]` without rotating them (the values of
+/// attention): one node, where a reshape, a transpose and a copy are three. `Dh` is the
+/// tables' head size.
+pub fn split_heads(x: &Tensor, tables: &Arc<RopeTables>, heads: usize) -> Result<Tensor> {
+    x.contiguous()?.apply_op1(RopeHeads {
+        tables: Arc::clone(tables),
+        heads,
+        start: 0,
+        rotate: false,
     })
 }
 
@@ -110,6 +123,21 @@ struct RopeHeads {
     tables: Arc<RopeTables>,
     heads: usize,
     start: usize,
+    /// False: only split (or merge) the heads.
+    rotate: bool,
+}
+
+impl RopeHeads {
+    /// Writes one head `src` into `dst`: rotated for `position` if the op rotates (by the
+    /// opposite angle when `inverse`), else copied.
+    fn place(&self, dst: &mut [f32], src: &[f32], position: usize, inverse: bool) -> Result<()> {
+        if self.rotate {
+            self.tables.rotate_into(dst, src, position, inverse)
+        } else {
+            dst.copy_from_slice(src);
+            Ok(())
+        }
+    }
 }
 
 impl RopeHeads {
@@ -153,8 +181,7 @@ impl CustomOp1 for RopeHeads {
                 let (seq, head) = (block / self.heads, block % self.heads);
                 for (pos, out) in out.chunks_mut(dh).enumerate() {
                     let at = (seq * t + pos) * d + head * dh;
-                    self.tables
-                        .rotate_into(out, &x[at..at + dh], self.start + pos, false)?;
+                    self.place(out, &x[at..at + dh], self.start + pos, false)?;
                 }
                 Ok::<_, candle_core::Error>(())
             })?;
@@ -167,6 +194,7 @@ impl CustomOp1 for RopeHeads {
                 tables: Arc::clone(&self.tables),
                 heads: self.heads,
                 start: self.start,
+                rotate: self.rotate,
             },
         };
         Ok(Some(grad.contiguous()?.apply_op1_no_bwd(&op)?))
@@ -184,11 +212,7 @@ impl CustomOp1 for UnropeHeads {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let RopeHeads {
-            tables,
-            heads,
-            start,
-        } = &self.inner;
+        let RopeHeads { heads, start, .. } = &self.inner;
         let (b, t, dh) = self.inner.check(layout.shape(), false)?;
         let grad = contiguous_f32(self.name(), storage, layout)?;
         let d = heads * dh;
@@ -200,7 +224,8 @@ impl CustomOp1 for UnropeHeads {
                 let (seq, pos) = (row / t, row % t);
                 for (head, out) in out.chunks_mut(dh).enumerate() {
                     let at = ((seq * heads + head) * t + pos) * dh;
-                    tables.rotate_into(out, &grad[at..at + dh], start + pos, true)?;
+                    self.inner
+                        .place(out, &grad[at..at + dh], start + pos, true)?;
                 }
                 Ok::<_, candle_core::Error>(())
             })?;
