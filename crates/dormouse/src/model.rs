@@ -34,7 +34,7 @@ use crate::fused::attention::causal_attention;
 use crate::fused::linear as fused_linear;
 use crate::fused::rms_norm::rms_norm;
 use crate::fused::rope::{RopeTables, rope_heads, split_heads};
-use crate::fused::swiglu::swiglu;
+use crate::fused::swiglu::{swiglu, swiglu_projections};
 use crate::row_product;
 use crate::step_attention;
 
@@ -209,7 +209,7 @@ impl Mlp {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let gated = swiglu(&project(&self.gate_proj, x)?, &project(&self.up_proj, x)?)?;
+        let gated = swiglu_projections(x, self.gate_proj.weight(), self.up_proj.weight())?;
         project(&self.down_proj, &gated)
     }
 }

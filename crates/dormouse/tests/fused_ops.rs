@@ -10,7 +10,7 @@ use dormouse::fused::cross_entropy::cross_entropy;
 use dormouse::fused::linear::linear;
 use dormouse::fused::rms_norm::rms_norm;
 use dormouse::fused::rope::{RopeTables, rope_heads};
-use dormouse::fused::swiglu::swiglu;
+use dormouse::fused::swiglu::{swiglu, swiglu_projections};
 use dormouse::optim::AdamW;
 use std::sync::Arc;
 
@@ -189,6 +189,23 @@ fn swiglu_and_its_gradients_match_the_primitive_form() {
         &[var(&[4, 70], 5, 6.0), var(&[4, 70], 6, 2.0)],
         |t| swiglu(&t[0], &t[1]),
         |t| t[0].silu()? * &t[1],
+        2e-6,
+    );
+}
+
+#[test]
+fn the_swiglu_projections_and_their_gradients_match_the_primitive_form() {
+    agree(
+        &[
+            var(&[2, 5, 24], 13, 1.0),
+            var(&[40, 24], 14, 1.0),
+            var(&[40, 24], 15, 1.0),
+        ],
+        |t| swiglu_projections(&t[0], &t[1], &t[2]),
+        |t| {
+            let gate = t[0].broadcast_matmul(&t[1].t()?)?;
+            gate.silu()? * t[0].broadcast_matmul(&t[2].t()?)?
+        },
         2e-6,
     );
 }

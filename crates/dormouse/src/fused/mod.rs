@@ -21,7 +21,7 @@ pub mod tile;
 pub mod vector_exp;
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, Layout, Result, Shape};
+use candle_core::{CpuStorage, Layout, Result, Shape, Tensor};
 
 /// Rows a reduction across rows sums before the partial sums are added in order.
 const ROWS_PER_CHUNK: usize = 64;
@@ -35,6 +35,15 @@ fn contiguous_f32<'a>(op: &str, storage: &'a CpuStorage, layout: &Layout) -> Res
         candle_core::bail!("{op} takes contiguous tensors");
     };
     Ok(&values[start..end])
+}
+
+/// Runs `f` on the f32 elements of a contiguous CPU tensor.
+fn with_f32<R>(op: &str, t: &Tensor, f: impl FnOnce(&[f32]) -> Result<R>) -> Result<R> {
+    let (storage, layout) = t.storage_and_layout();
+    let candle_core::Storage::Cpu(cpu) = &*storage else {
+        candle_core::bail!("{op} runs on the CPU");
+    };
+    f(contiguous_f32(op, cpu, layout)?)
 }
 
 /// The size of the last axis of `shape` (an op's row length), refusing a scalar or empty row.

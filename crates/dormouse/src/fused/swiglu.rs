@@ -1,11 +1,19 @@
 //! The SwiGLU gate `silu(a) x b` (`silu(a) = a sigmoid(a)`), and its backward pass:
 //! `da = g b sigmoid(a) (1 + a (1 - sigmoid(a)))`, `db = g silu(a)`.
+//!
+//! Two ops: [`swiglu`] of two given tensors, and [`swiglu_projections`], which also does the
+//! two products that make them from the MLP's input (`a = x Wg^T`, `b = x Wu^T`) as one node:
+//! the pre-activations it keeps for its backward pass never become graph tensors, so candle
+//! gives them no zeroed gradient buffers, and the input's gradient is summed inside.
 
+use std::sync::OnceLock;
+
+use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
 use super::vector_exp::exp_all;
-use super::{contiguous_f32, output};
+use super::{contiguous_f32, output, with_f32};
 
 /// Elements per parallel task.
 const CHUNK: usize = 1 << 14;
@@ -15,7 +23,16 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     gate.contiguous()?.apply_op2(&up.contiguous()?, SwiGlu)
 }
 
-struct SwiGlu;
+/// `silu(x W_gate^T) x (x W_up^T)` for `x [.., in]` and weights `[hidden, in]`: `[.., hidden]`.
+pub fn swiglu_projections(x: &Tensor, w_gate: &Tensor, w_up: &Tensor) -> Result<Tensor> {
+    x.contiguous()?.apply_op3(
+        &w_gate.contiguous()?,
+        &w_up.contiguous()?,
+        SwiGluProjections {
+            pre_activations: OnceLock::new(),
+        },
+    )
+}
 
 /// `out[i] = sigmoid(a[i]) = 1 / (1 + exp(-a[i]))`, with [`exp_all`]'s `exp`.
 fn sigmoids(out: &mut [f32], a: &[f32]) {
@@ -35,6 +52,62 @@ fn same_length(op: &str, a: &[f32], b: &[f32]) -> Result<()> {
     Ok(())
 }
 
+/// `silu(gate) x up`.
+fn gated(gate: &[f32], up: &[f32]) -> Vec<f32> {
+    let mut out = vec![0f32; gate.len()];
+    out.par_chunks_mut(CHUNK)
+        .zip(gate.par_chunks(CHUNK).zip(up.par_chunks(CHUNK)))
+        .for_each(|(out, (gate, up))| {
+            sigmoids(out, gate);
+            for ((o, &a), &b) in out.iter_mut().zip(gate).zip(up) {
+                *o = a * *o * b;
+            }
+        });
+    out
+}
+
+/// `(d gate, d up)` from the gradient of `silu(gate) x up`, in one pass.
+fn gated_grads(gate: &[f32], up: &[f32], grad: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let (mut d_gate, mut d_up) = (vec![0f32; gate.len()], vec![0f32; gate.len()]);
+    d_gate
+        .par_chunks_mut(CHUNK)
+        .zip(d_up.par_chunks_mut(CHUNK))
+        .zip(
+            gate.par_chunks(CHUNK)
+                .zip(up.par_chunks(CHUNK).zip(grad.par_chunks(CHUNK))),
+        )
+        .for_each(|((d_gate, d_up), (gate, (up, grad)))| {
+            sigmoids(d_up, gate);
+            let rows = d_gate.iter_mut().zip(d_up.iter_mut());
+            for (((dg, du), &a), (&b, &g)) in rows.zip(gate).zip(up.iter().zip(grad)) {
+                let s = *du;
+                *dg = g * b * s * (1.0 + a * (1.0 - s));
+                *du = g * a * s;
+            }
+        });
+    (d_gate, d_up)
+}
+
+/// Both gradients of a gate as tensors of `shape`.
+fn gate_grads(gate: &Tensor, up: &Tensor, grad: &Tensor) -> Result<(Tensor, Tensor)> {
+    let grad = grad.contiguous()?;
+    let (d_gate, d_up) = with_f32("swiglu-grad", gate, |gate| {
+        with_f32("swiglu-grad", up, |up| {
+            with_f32("swiglu-grad", &grad, |grad| {
+                same_length("swiglu-grad", gate, up)?;
+                same_length("swiglu-grad", gate, grad)?;
+                Ok(gated_grads(gate, up, grad))
+            })
+        })
+    })?;
+    Ok((
+        Tensor::from_vec(d_gate, gate.shape(), gate.device())?,
+        Tensor::from_vec(d_up, gate.shape(), gate.device())?,
+    ))
+}
+
+struct SwiGlu;
+
 impl CustomOp2 for SwiGlu {
     fn name(&self) -> &'static str {
         "swiglu"
@@ -50,20 +123,9 @@ impl CustomOp2 for SwiGlu {
         if gl.shape() != ul.shape() {
             candle_core::bail!("swiglu of shapes {:?} and {:?}", gl.shape(), ul.shape());
         }
-        let (gate, up) = (
-            contiguous_f32(self.name(), gs, gl)?,
-            contiguous_f32(self.name(), us, ul)?,
-        );
-        let mut out = vec![0f32; gate.len()];
-        out.par_chunks_mut(CHUNK)
-            .zip(gate.par_chunks(CHUNK).zip(up.par_chunks(CHUNK)))
-            .for_each(|(out, (gate, up))| {
-                sigmoids(out, gate);
-                for ((o, &a), &b) in out.iter_mut().zip(gate).zip(up) {
-                    *o = a * *o * b;
-                }
-            });
-        Ok(output(out, gl.shape()))
+        let gate = contiguous_f32(self.name(), gs, gl)?;
+        let up = contiguous_f32(self.name(), us, ul)?;
+        Ok(output(gated(gate, up), gl.shape()))
     }
 
     fn bwd(
@@ -73,57 +135,93 @@ impl CustomOp2 for SwiGlu {
         _out: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let grad = grad.contiguous()?;
-        let d_gate = gate.apply_op3_no_bwd(up, &grad, &SwiGluGrad::Gate)?;
-        let d_up = gate.apply_op3_no_bwd(up, &grad, &SwiGluGrad::Up)?;
+        let (d_gate, d_up) = gate_grads(gate, up, grad)?;
         Ok((Some(d_gate), Some(d_up)))
     }
 }
 
-/// One operand's gradient from `(gate, up, grad)`.
-enum SwiGluGrad {
-    Gate,
-    Up,
+struct SwiGluProjections {
+    /// `(x W_gate^T, x W_up^T)` as `[rows, hidden]`, kept by forward.
+    pre_activations: OnceLock<(Tensor, Tensor)>,
 }
 
-impl CustomOp3 for SwiGluGrad {
+/// `(rows, in, hidden)` of the MLP's input and weights, refusing mismatched shapes.
+fn projection_sizes(x: &Shape, w_gate: &Shape, w_up: &Shape) -> Result<(usize, usize, usize)> {
+    let (&[hidden, w_in], Some(&x_in)) = (w_gate.dims(), x.dims().last()) else {
+        candle_core::bail!("the SwiGLU projections of {x:?} by weights {w_gate:?}, {w_up:?}");
+    };
+    if x_in != w_in || x_in == 0 || w_up != w_gate {
+        candle_core::bail!("the SwiGLU projections of {x:?} by weights {w_gate:?}, {w_up:?}");
+    }
+    Ok((x.elem_count() / x_in, x_in, hidden))
+}
+
+/// The f32 values of a product's result.
+fn into_values(storage: CpuStorage) -> Result<Vec<f32>> {
+    match storage {
+        CpuStorage::F32(values) => Ok(values),
+        other => candle_core::bail!("a product gave {:?}, not f32", other.dtype()),
+    }
+}
+
+impl CustomOp3 for SwiGluProjections {
     fn name(&self) -> &'static str {
-        match self {
-            SwiGluGrad::Gate => "swiglu-gate-grad",
-            SwiGluGrad::Up => "swiglu-up-grad",
-        }
+        "swiglu-projections"
     }
 
     fn cpu_fwd(
         &self,
+        xs: &CpuStorage,
+        xl: &Layout,
         gs: &CpuStorage,
         gl: &Layout,
         us: &CpuStorage,
         ul: &Layout,
-        ds: &CpuStorage,
-        dl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let gate = contiguous_f32(self.name(), gs, gl)?;
-        let up = contiguous_f32(self.name(), us, ul)?;
-        let grad = contiguous_f32(self.name(), ds, dl)?;
-        same_length(self.name(), gate, up)?;
-        same_length(self.name(), gate, grad)?;
-        let mut out = vec![0f32; gate.len()];
-        out.par_chunks_mut(CHUNK)
-            .zip(
-                gate.par_chunks(CHUNK)
-                    .zip(up.par_chunks(CHUNK).zip(grad.par_chunks(CHUNK))),
-            )
-            .for_each(|(out, (gate, (up, grad)))| {
-                sigmoids(out, gate);
-                for (((o, &a), &b), &g) in out.iter_mut().zip(gate).zip(up).zip(grad) {
-                    let s = *o;
-                    *o = match self {
-                        SwiGluGrad::Gate => g * b * s * (1.0 + a * (1.0 - s)),
-                        SwiGluGrad::Up => g * a * s,
-                    };
-                }
-            });
-        Ok(output(out, gl.shape()))
+        if !(xl.is_contiguous() && gl.is_contiguous() && ul.is_contiguous()) {
+            candle_core::bail!("the SwiGLU projections take contiguous tensors");
+        }
+        let (rows, inputs, hidden) = projection_sizes(xl.shape(), gl.shape(), ul.shape())?;
+        let x = Layout::contiguous_with_offset((rows, inputs), xl.start_offset());
+        let product = |ws: &CpuStorage, wl: &Layout| -> Result<Vec<f32>> {
+            let w_t = Layout::contiguous_with_offset((hidden, inputs), wl.start_offset())
+                .transpose(0, 1)?;
+            into_values(xs.matmul(ws, (1, rows, hidden, inputs), &x, &w_t)?)
+        };
+        let (gate, up) = (product(gs, gl)?, product(us, ul)?);
+        let out = gated(&gate, &up);
+        let device = candle_core::Device::Cpu;
+        let kept = (
+            Tensor::from_vec(gate, (rows, hidden), &device)?,
+            Tensor::from_vec(up, (rows, hidden), &device)?,
+        );
+        // A second forward of the same op (never done by candle) would keep the first.
+        let _ = self.pre_activations.set(kept);
+        let mut dims = xl.dims().to_vec();
+        if let Some(last) = dims.last_mut() {
+            *last = hidden;
+        }
+        Ok(output(out, &Shape::from(dims)))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w_gate: &Tensor,
+        w_up: &Tensor,
+        _out: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let Some((gate, up)) = self.pre_activations.get() else {
+            candle_core::bail!("the SwiGLU projections' backward pass ran before their forward");
+        };
+        let (rows, inputs, hidden) = projection_sizes(x.shape(), w_gate.shape(), w_up.shape())?;
+        let x_shape = x.shape().clone();
+        let (d_gate, d_up) = gate_grads(gate, up, &grad.reshape((rows, hidden))?)?;
+        let dx = (d_gate.matmul(&w_gate.detach())? + d_up.matmul(&w_up.detach())?)?;
+        let x = x.detach().reshape((rows, inputs))?;
+        let dw_gate = d_gate.t()?.matmul(&x)?;
+        let dw_up = d_up.t()?.matmul(&x)?;
+        Ok((Some(dx.reshape(x_shape)?), Some(dw_gate), Some(dw_up)))
     }
 }
