@@ -19,7 +19,7 @@ use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 use pulp::Simd;
 use rayon::prelude::*;
 
-use super::tile::{KEY_PADDING, row_sums, transpose_into};
+use super::tile::{KEY_PADDING, row_sums, row_sums_of, transpose_into};
 use super::vector_exp::exp_in_place;
 use super::{contiguous_f32, output};
 
@@ -400,33 +400,25 @@ impl CausalAttention {
             let dq = &mut dq[at_q..][..queries * dh];
             let mut first = 0;
             while first < queries {
-                let r = if queries - first >= ROWS { ROWS } else { 1 };
+                let r = (queries - first).min(ROWS);
                 let seen = |r: usize| self.visible(first + r, keys);
                 let widest = seen(r - 1).next_multiple_of(lanes);
-                let weights_of = |p: &mut [f32]| {
-                    let scores = |r: usize, d: usize| q[(first + r) * dh + d];
-                    let put = |row: usize, at: usize, sums: &[f32]| {
-                        p[(first + row) * stride + at..][..sums.len()].copy_from_slice(sums)
-                    };
-                    if r == ROWS {
-                        row_sums::<S, ROWS>(simd, &keys_t, (stride, widest), 0..dh, scores, put)
-                    } else {
-                        row_sums::<S, 1>(simd, &keys_t, (stride, widest), 0..dh, scores, put)
-                    }
-                };
-                weights_of(&mut p);
-                let grads_of = |ds: &mut [f32]| {
-                    let coef = |r: usize, d: usize| g[(first + r) * dh + d];
-                    let put = |row: usize, at: usize, sums: &[f32]| {
-                        ds[(first + row) * stride + at..][..sums.len()].copy_from_slice(sums)
-                    };
-                    if r == ROWS {
-                        row_sums::<S, ROWS>(simd, &values_t, (stride, widest), 0..dh, coef, put)
-                    } else {
-                        row_sums::<S, 1>(simd, &values_t, (stride, widest), 0..dh, coef, put)
-                    }
-                };
-                grads_of(&mut ds);
+                // Scores (from the queries and the keys) into p, and the weights' gradients
+                // before the softmax (from the output's gradient and the values) into ds.
+                for (m_t, x, sums) in [(&keys_t, q, &mut p), (&values_t, &g[..], &mut ds)] {
+                    row_sums_of(
+                        simd,
+                        r,
+                        m_t,
+                        (stride, widest),
+                        0..dh,
+                        |row, d| x[(first + row) * dh + d],
+                        |row, at, values| {
+                            sums[(first + row) * stride + at..][..values.len()]
+                                .copy_from_slice(values)
+                        },
+                    );
+                }
                 for row in 0..r {
                     let i = first + row;
                     let n = seen(row);
@@ -446,44 +438,39 @@ impl CausalAttention {
                     ds[n..].fill(0.0);
                 }
                 let ds = &ds;
-                let coef = |row: usize, j: usize| ds[(first + row) * stride + j];
-                let put = |row: usize, at: usize, sums: &[f32]| {
-                    dq[(first + row) * dh + at..][..sums.len()].copy_from_slice(sums)
-                };
-                let widest = seen(r - 1);
-                if r == ROWS {
-                    row_sums::<S, ROWS>(simd, k, (dh, dh), 0..widest, coef, put);
-                } else {
-                    row_sums::<S, 1>(simd, k, (dh, dh), 0..widest, coef, put);
-                }
+                row_sums_of(
+                    simd,
+                    r,
+                    k,
+                    (dh, dh),
+                    0..seen(r - 1),
+                    |row, j| ds[(first + row) * stride + j],
+                    |row, at, sums| {
+                        dq[(first + row) * dh + at..][..sums.len()].copy_from_slice(sums)
+                    },
+                );
                 first += r;
             }
             let dk = &mut dk[at_k..][..keys * dh];
             let dv = &mut dv[at_k..][..keys * dh];
             let mut j0 = 0;
             while j0 < keys {
-                let r = if keys - j0 >= ROWS { ROWS } else { 1 };
+                let r = (keys - j0).min(ROWS);
                 // The first query that sees key j0 (later keys are seen by fewer queries, and
                 // the rows of the ones that do not see them hold 0).
                 let seen_from = j0.saturating_sub(self.start).min(queries);
-                let (ds, p) = (&ds, &p);
-                let dk_of = |row: usize, at: usize, sums: &[f32]| {
-                    dk[(j0 + row) * dh + at..][..sums.len()].copy_from_slice(sums)
-                };
-                let ds_coef = |row: usize, i: usize| ds[i * stride + j0 + row];
-                if r == ROWS {
-                    row_sums::<S, ROWS>(simd, q, (dh, dh), seen_from..queries, ds_coef, dk_of);
-                } else {
-                    row_sums::<S, 1>(simd, q, (dh, dh), seen_from..queries, ds_coef, dk_of);
-                }
-                let dv_of = |row: usize, at: usize, sums: &[f32]| {
-                    dv[(j0 + row) * dh + at..][..sums.len()].copy_from_slice(sums)
-                };
-                let p_coef = |row: usize, i: usize| p[i * stride + j0 + row];
-                if r == ROWS {
-                    row_sums::<S, ROWS>(simd, &g, (dh, dh), seen_from..queries, p_coef, dv_of);
-                } else {
-                    row_sums::<S, 1>(simd, &g, (dh, dh), seen_from..queries, p_coef, dv_of);
+                for (rows, coefs, grads) in [(q, &ds, &mut *dk), (&g[..], &p, &mut *dv)] {
+                    row_sums_of(
+                        simd,
+                        r,
+                        rows,
+                        (dh, dh),
+                        seen_from..queries,
+                        |row, i| coefs[i * stride + j0 + row],
+                        |row, at, sums| {
+                            grads[(j0 + row) * dh + at..][..sums.len()].copy_from_slice(sums)
+                        },
+                    );
                 }
                 j0 += r;
             }

@@ -112,6 +112,25 @@ pub fn row_sums<S: Simd, const R: usize>(
     }
 }
 
+/// [`row_sums`] for `rows` rows, 1 to 4, chosen at run time.
+#[inline(always)]
+pub fn row_sums_of<S: Simd>(
+    simd: S,
+    rows: usize,
+    matrix: &[f32],
+    place: (usize, usize),
+    range: std::ops::Range<usize>,
+    coef: impl Fn(usize, usize) -> f32,
+    write: impl FnMut(usize, usize, &[f32]),
+) {
+    match rows {
+        1 => row_sums::<S, 1>(simd, matrix, place, range, coef, write),
+        2 => row_sums::<S, 2>(simd, matrix, place, range, coef, write),
+        3 => row_sums::<S, 3>(simd, matrix, place, range, coef, write),
+        _ => row_sums::<S, 4>(simd, matrix, place, range, coef, write),
+    }
+}
+
 /// Hands each tile row to `put` as f32s; returns the elements per row.
 #[inline(always)]
 fn emit<V: bytemuck::Pod, const N: usize, const R: usize>(
