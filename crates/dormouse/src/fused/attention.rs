@@ -8,9 +8,9 @@
 //! `ds = p (g v^T - g . o)`, `dq = scale ds k`, `dk = scale ds^T q`, `dv = p^T g`.
 //!
 //! Each sequence is one task; within it the heads, queries and keys run in a fixed order, every
-//! sum adding its terms in index order, so the bits depend on nothing but the inputs. The inner
-//! loops are compiled for the widest vectors the CPU has (pulp's run-time dispatch); they are
-//! separate multiplies and adds, never fused, and `exp` is [`super::vector_exp`]'s, so every
+//! sum adding its terms in a fixed order ([`super::lanes`] for a row's sums), so the bits depend on nothing but the inputs. The inner
+//! loops are compiled for the widest vectors the CPU has (pulp's run-time dispatch); their sums
+//! are [`super::tile`]'s fused multiply-adds and `exp` is [`super::vector_exp`]'s, so every
 //! variant gives the same bits.
 
 use std::sync::OnceLock;
@@ -19,6 +19,7 @@ use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 use pulp::Simd;
 use rayon::prelude::*;
 
+use super::lanes;
 use super::tile::{KEY_PADDING, row_sums, row_sums_of, transpose_into};
 use super::vector_exp::exp_in_place;
 use super::{contiguous_f32, output};
@@ -289,14 +290,15 @@ impl CausalAttention {
         let mut totals = [0f32; R];
         for (r, total) in totals.iter_mut().enumerate() {
             let p = &mut weights[r * stride..][..seen(r)];
-            let max = p
-                .iter()
-                .fold(f32::NEG_INFINITY, |m, &s| m.max(s * self.scale));
             for s in p.iter_mut() {
-                *s = *s * self.scale - max;
+                *s *= self.scale;
+            }
+            let max = lanes::max(p);
+            for s in p.iter_mut() {
+                *s -= max;
             }
             exp_in_place(simd, p);
-            *total = p.iter().sum();
+            *total = lanes::sum(p);
             log_sums[first + r] = max + total.ln();
             // The keys this row does not see weigh nothing in the tile's sums.
             weights[r * stride + seen(r)..r * stride + widest].fill(0.0);
@@ -430,7 +432,7 @@ impl CausalAttention {
                     exp_in_place(simd, &mut p[..n]);
                     p[n..].fill(0.0);
                     let (g_i, o_i) = (&g[i * dh..(i + 1) * dh], &o[i * dh..(i + 1) * dh]);
-                    let g_dot_o: f32 = g_i.iter().zip(o_i).map(|(g, o)| g * o).sum();
+                    let g_dot_o = lanes::dot(g_i, o_i);
                     let ds = &mut ds[i * stride..][..keys];
                     for (ds, &p) in ds[..n].iter_mut().zip(p.iter()) {
                         *ds = p * (*ds - g_dot_o) * self.scale;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
+use super::lanes;
 use super::vector_exp::exp_all;
 use super::{contiguous_f32, output, row_length};
 
@@ -34,14 +35,14 @@ struct CrossEntropy {
     targets: Arc<Vec<u32>>,
 }
 
-/// `exp(l - max)` of one row into `exps`, and `(max, their sum in order)`.
+/// `exp(l - max)` of one row into `exps`, and `(max, their sum in the lane order)`.
 fn shifted_exps(row: &[f32], exps: &mut [f32]) -> (f32, f32) {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let max = lanes::max(row);
     for (e, &l) in exps.iter_mut().zip(row) {
         *e = l - max;
     }
     exp_all(exps);
-    (max, exps.iter().sum())
+    (max, lanes::sum(exps))
 }
 
 impl CustomOp1 for CrossEntropy {

@@ -13,6 +13,7 @@
 pub mod attention;
 pub mod cross_entropy;
 pub mod in_place;
+pub mod lanes;
 pub mod linear;
 pub mod rms_norm;
 pub mod rope;

@@ -6,6 +6,7 @@
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
+use super::lanes;
 use super::{ROWS_PER_CHUNK, contiguous_f32, output, row_length};
 
 /// `x [.., d]` normalised over its last axis and scaled by `weight [d]`.
@@ -18,9 +19,9 @@ struct RmsNorm {
     eps: f32,
 }
 
-/// `sqrt(mean(x^2) + eps)` of one row, summed in order.
+/// `sqrt(mean(x^2) + eps)` of one row, summed in the lane order.
 fn root_mean_square(row: &[f32], eps: f32) -> f32 {
-    let squares: f32 = row.iter().map(|v| v * v).sum();
+    let squares = lanes::sum_of_squares(row);
     (squares / row.len() as f32 + eps).sqrt()
 }
 
@@ -113,12 +114,7 @@ impl CustomOp3 for InputGrad {
             .zip(x.par_chunks(d).zip(grad.par_chunks(d)))
             .for_each(|(dx, (x, g))| {
                 let s = root_mean_square(x, self.eps);
-                let dot: f32 = x
-                    .iter()
-                    .zip(g)
-                    .zip(weight)
-                    .map(|((&x, &g), &w)| g * w * (x / s))
-                    .sum();
+                let dot = lanes::sum_by(d, |i| g[i] * weight[i] * (x[i] / s));
                 let mean = dot / d as f32;
                 for (((dx, &x), &g), &w) in dx.iter_mut().zip(x).zip(g).zip(weight) {
                     *dx = (g * w - x / s * mean) / s;

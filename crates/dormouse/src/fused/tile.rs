@@ -2,8 +2,10 @@
 //! each vector loaded serves `R` rows and `R x N` independent sums keep the adder busy where
 //! one sum would wait for each add before the next.
 //!
-//! Every sum adds its terms in the order given, each term a separate f32 multiply and add
-//! (never fused), so a lane gets the same bits in a 16-lane, an 8-lane or a 1-lane register.
+//! Every sum adds its terms in the order given, each term one fused multiply-add (a single
+//! rounding: the FMA instruction in a vector, a correctly rounded `mul_add` in pulp's scalar
+//! path and the tails), so a lane gets the same bits in a 16-lane, an 8-lane or a 1-lane
+//! register.
 
 use pulp::Simd;
 
@@ -50,7 +52,7 @@ pub fn tile<S: Simd, const R: usize, const N: usize>(
         for (r, acc) in acc.iter_mut().enumerate() {
             let c = simd.splat_f32s(coef(r, t));
             for (a, &v) in acc.iter_mut().zip(&values) {
-                *a = simd.add_f32s(*a, simd.mul_f32s(c, v));
+                *a = simd.mul_add_f32s(c, v, *a);
             }
         }
     }
@@ -104,7 +106,7 @@ pub fn row_sums<S: Simd, const R: usize>(
                 let c = coef(r, t);
                 let row = &rows[t * row_stride + at..][..sums.len()];
                 for (s, &v) in sums.iter_mut().zip(row) {
-                    *s += c * v;
+                    *s = c.mul_add(v, *s);
                 }
             }
             write(r, at, sums);
