@@ -147,3 +147,46 @@ fn emit<V: bytemuck::Pod, const N: usize, const R: usize>(
     }
     len
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `row_sums` of 4 rows over a `[terms, 70]` matrix (four vectors, a remainder of whole
+    /// vectors and a scalar tail at every width), as bits.
+    fn sums_at<S: Simd>(simd: S, matrix: &[f32], coefs: &[f32]) -> Vec<u32> {
+        let (width, terms) = (70, matrix.len() / 70);
+        let mut out = vec![0u32; 4 * width];
+        row_sums::<S, 4>(
+            simd,
+            matrix,
+            (width, width),
+            0..terms,
+            |r, t| coefs[r * terms + t],
+            |r, at, sums| {
+                for (o, s) in out[r * width + at..].iter_mut().zip(sums) {
+                    *o = s.to_bits();
+                }
+            },
+        );
+        out
+    }
+
+    #[test]
+    fn every_vector_width_gives_the_scalar_bits() {
+        let value = |i: usize| ((i * 7919 % 1009) as f32 - 504.0) / 97.0;
+        let matrix: Vec<f32> = (0..33 * 70).map(value).collect();
+        let coefs: Vec<f32> = (0..4 * 33).map(|i| value(i * 31 + 5)).collect();
+        let scalar = sums_at(pulp::Scalar::new(), &matrix, &coefs);
+        #[cfg(target_arch = "x86_64")]
+        {
+            if let Some(v3) = pulp::x86::V3::try_new() {
+                assert_eq!(sums_at(v3, &matrix, &coefs), scalar, "8 lanes");
+            }
+            if let Some(v4) = pulp::x86::V4::try_new() {
+                assert_eq!(sums_at(v4, &matrix, &coefs), scalar, "16 lanes");
+            }
+        }
+        assert!(scalar.iter().any(|&b| b != 0));
+    }
+}
