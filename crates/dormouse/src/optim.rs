@@ -7,7 +7,7 @@
 
 use candle_core::{Result, Tensor, Var, backprop::GradStore};
 
-use crate::fused::in_place::{sum_of_squares, update_with, update_with2};
+use crate::fused::in_place::{sum_of_squares, update_three};
 
 /// Decay of the first moment.
 pub const BETA1: f64 = 0.9;
@@ -48,7 +48,8 @@ impl AdamW {
     }
 
     /// One update with gradients already scaled by `clip_scale`. Norm and bias parameters
-    /// (1-D) are not decayed. The moments and the parameters are updated in place, in f32, as
+    /// (1-D) are not decayed. The moments and the parameters are updated in place, in one pass,
+    /// in f32, as
     /// `m = b1 m + (1 - b1) g`, `v = b2 v + (1 - b2) g^2`, then
     /// `p = (1 - lr decay) p - lr (m / c1) / (sqrt(v / c2) + eps)` with `c1`, `c2` the bias
     /// corrections (each division by a constant a product with its f32 reciprocal).
@@ -71,19 +72,14 @@ impl AdamW {
             let Some(grad) = grads.get(var.as_tensor()) else {
                 continue;
             };
-            update_with("adamw first moment", &self.m[i], grad, |m, g| {
-                let g = g * clip + 0.0;
-                *m = *m * keep1 + g * take1;
-            })?;
-            update_with("adamw second moment", &self.v[i], grad, |v, g| {
-                let g = g * clip + 0.0;
-                *v = *v * keep2 + g * g * take2;
-            })?;
             let decay = if var.rank() > 1 { weight_decay } else { 0.0 };
             let shrink = (1.0 - lr * decay) as f32;
-            let param = var.as_tensor();
-            update_with2("adamw step", param, &self.m[i], &self.v[i], |p, m, v| {
-                let step = (m * inverse1) / ((v * inverse2).sqrt() + eps);
+            let tensors = [var.as_tensor(), &self.m[i], &self.v[i]];
+            update_three("adamw", tensors, grad, |p, m, v, g| {
+                let g = g * clip + 0.0;
+                *m = *m * keep1 + g * take1;
+                *v = *v * keep2 + g * g * take2;
+                let step = (*m * inverse1) / ((*v * inverse2).sqrt() + eps);
                 *p = *p * shrink - step * rate;
             })?;
         }

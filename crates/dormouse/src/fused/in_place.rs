@@ -2,7 +2,7 @@
 //! moments and parameters, the EMA teacher): one pass, no new buffer. Each element is updated
 //! by one thread from its own inputs, so the bits do not depend on the number of threads.
 
-use candle_core::{CpuStorage, InplaceOp2, InplaceOp3, Layout, Result, Tensor};
+use candle_core::{CpuStorage, InplaceOp2, Layout, Result, Tensor};
 use rayon::prelude::*;
 
 use super::contiguous_f32;
@@ -21,17 +21,75 @@ pub fn update_with(
     dst.inplace_op2(&src.contiguous()?, &With1 { name, update })
 }
 
-/// `update(&mut d, a, b)` for every element of `dst`, `a` and `b` (same shapes).
-pub fn update_with2(
+/// `update(&mut a, &mut b, &mut c, s)` for every element of three tensors updated together
+/// and one read (same shapes): one pass over the four where three would take three.
+/// The three must be distinct tensors (each is locked for writing while the others are).
+pub fn update_three(
     name: &'static str,
-    dst: &Tensor,
-    a: &Tensor,
-    b: &Tensor,
-    update: impl Fn(&mut f32, f32, f32) + Sync,
+    [a, b, c]: [&Tensor; 3],
+    src: &Tensor,
+    update: impl Fn(&mut f32, &mut f32, &mut f32, f32) + Sync,
 ) -> Result<()> {
-    same_shape(name, dst, a)?;
-    same_shape(name, dst, b)?;
-    dst.inplace_op3(&a.contiguous()?, &b.contiguous()?, &With2 { name, update })
+    for t in [b, c, src] {
+        same_shape(name, a, t)?;
+    }
+    if a.id() == b.id() || a.id() == c.id() || b.id() == c.id() {
+        candle_core::bail!("{name} updates three distinct tensors");
+    }
+    let src = src.contiguous()?;
+    with_mut_f32(name, a, |a| {
+        with_mut_f32(name, b, |b| {
+            with_mut_f32(name, c, |c| {
+                super::with_f32(name, &src, |s| {
+                    let outs = a.par_chunks_mut(CHUNK).zip(b.par_chunks_mut(CHUNK));
+                    outs.zip(c.par_chunks_mut(CHUNK).zip(s.par_chunks(CHUNK)))
+                        .for_each(|((a, b), (c, s))| {
+                            let rows = a.iter_mut().zip(b.iter_mut());
+                            for ((a, b), (c, &s)) in rows.zip(c.iter_mut().zip(s)) {
+                                update(a, b, c, s);
+                            }
+                        });
+                    Ok(())
+                })
+            })
+        })
+    })
+}
+
+/// Runs `f` on the f32 elements of a contiguous CPU tensor, writable (the tensor's storage is
+/// locked for writing meanwhile).
+pub fn with_mut_f32<R>(
+    name: &'static str,
+    t: &Tensor,
+    f: impl FnOnce(&mut [f32]) -> Result<R>,
+) -> Result<R> {
+    struct Op<F, R> {
+        name: &'static str,
+        f: std::cell::Cell<Option<F>>,
+        out: std::cell::Cell<Option<Result<R>>>,
+    }
+    impl<F: FnOnce(&mut [f32]) -> Result<R>, R> candle_core::InplaceOp1 for Op<F, R> {
+        fn name(&self) -> &'static str {
+            self.name
+        }
+        fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> Result<()> {
+            let values = destination(self.name, storage, layout)?;
+            if let Some(f) = self.f.take() {
+                self.out.set(Some(f(values)));
+            }
+            Ok(())
+        }
+    }
+    let op = Op {
+        name,
+        f: std::cell::Cell::new(Some(f)),
+        out: std::cell::Cell::new(None),
+    };
+    t.inplace_op1(&op)?;
+    match op.out.take() {
+        Some(out) => out,
+        None => candle_core::bail!("{name} did not run on a CPU tensor"),
+    }
 }
 
 fn same_shape(name: &str, dst: &Tensor, src: &Tensor) -> Result<()> {
@@ -79,39 +137,6 @@ impl<F: Fn(&mut f32, f32) + Sync> InplaceOp2 for With1<F> {
             .for_each(|(dst, src)| {
                 for (d, &s) in dst.iter_mut().zip(src) {
                     (self.update)(d, s);
-                }
-            });
-        Ok(())
-    }
-}
-
-struct With2<F> {
-    name: &'static str,
-    update: F,
-}
-
-impl<F: Fn(&mut f32, f32, f32) + Sync> InplaceOp3 for With2<F> {
-    fn name(&self) -> &'static str {
-        self.name
-    }
-
-    fn cpu_fwd(
-        &self,
-        ds: &mut CpuStorage,
-        dl: &Layout,
-        a_s: &CpuStorage,
-        al: &Layout,
-        bs: &CpuStorage,
-        bl: &Layout,
-    ) -> Result<()> {
-        let a = contiguous_f32(self.name, a_s, al)?;
-        let b = contiguous_f32(self.name, bs, bl)?;
-        let dst = destination(self.name, ds, dl)?;
-        dst.par_chunks_mut(CHUNK)
-            .zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK)))
-            .for_each(|(dst, (a, b))| {
-                for ((d, &a), &b) in dst.iter_mut().zip(a).zip(b) {
-                    (self.update)(d, a, b);
                 }
             });
         Ok(())
