@@ -3,9 +3,9 @@
 //!
 //! One forward function serves training and inference: [`Dormouse::forward`] takes a batch of
 //! byte windows and an optional [`KvCache`]; with a cache it continues where the cache left off.
-//! RMSNorm, RoPE, the causal attention, the SwiGLU gate and the loss are the fused kernels of
-//! [`crate::fused`] (candle's own have no backward pass), each with its backward pass; the
-//! products are candle's. The function that is trained is the function that is served.
+//! RMSNorm, RoPE, the causal attention, the SwiGLU gate, the projections and the loss are the
+//! fused kernels of [`crate::fused`] (candle's own have no backward pass), each with its
+//! backward pass; the matrix products inside them are candle's. The function that is trained is the function that is served.
 //!
 //! Tensor names (module paths, stable; the `.dmexp` export and checkpoints use them):
 //!
@@ -26,9 +26,9 @@
 use candle_core::{D, DType, Device, Module, Result, Tensor};
 use candle_nn::{Embedding, Init, Linear, VarBuilder, linear, linear_no_bias};
 
-use crate::config::{DormouseConfig, VOCAB_SIZE};
 use std::sync::Arc;
 
+use crate::config::{DormouseConfig, VOCAB_SIZE};
 use crate::engram::hash;
 use crate::fused::attention::causal_attention;
 use crate::fused::linear as fused_linear;

@@ -379,7 +379,8 @@ fn serialize(tensors: &[(String, Tensor)]) -> std::result::Result<Vec<u8>, RunEr
 }
 
 impl Trainer {
-    /// The EMA teacher as a model of its own (for held-out evaluation).
+    /// The EMA teacher as a model of its own (for held-out evaluation). It shares the EMA's
+    /// buffers, which each step updates in place: evaluate it before the next step.
     pub fn teacher(&self) -> Result<Dormouse> {
         let device = self.ema.first().map_or(Device::Cpu, |t| t.device().clone());
         let tensors: std::collections::HashMap<String, Tensor> = self

@@ -63,7 +63,8 @@ impl Dims {
                 "attention takes [B, H, T, Dh] queries and keys, not {q:?} and {k:?}"
             );
         };
-        if (kb, kh, kd) != (b, h, dh) || v.dims() != k.dims() || dh == 0 {
+        let empty = [h, t, s, dh].contains(&0);
+        if (kb, kh, kd) != (b, h, dh) || v.dims() != k.dims() || empty {
             candle_core::bail!("attention of queries {q:?} over keys {k:?} and values {v:?}");
         }
         Ok(Dims {

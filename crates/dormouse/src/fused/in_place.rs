@@ -2,10 +2,10 @@
 //! moments and parameters, the EMA teacher): one pass, no new buffer. Each element is updated
 //! by one thread from its own inputs, so the bits do not depend on the number of threads.
 
-use candle_core::{CpuStorage, InplaceOp2, Layout, Result, Tensor};
+use candle_core::{CpuStorage, Layout, Result, Tensor};
 use rayon::prelude::*;
 
-use super::contiguous_f32;
+use super::with_f32;
 
 /// Elements per parallel task.
 const CHUNK: usize = 1 << 15;
@@ -18,12 +18,28 @@ pub fn update_with(
     update: impl Fn(&mut f32, f32) + Sync,
 ) -> Result<()> {
     same_shape(name, dst, src)?;
-    dst.inplace_op2(&src.contiguous()?, &With1 { name, update })
+    if dst.id() == src.id() {
+        candle_core::bail!("{name} updates a tensor from another one");
+    }
+    let src = src.contiguous()?;
+    with_mut_f32(name, dst, |d| {
+        with_f32(name, &src, |s| {
+            d.par_chunks_mut(CHUNK)
+                .zip(s.par_chunks(CHUNK))
+                .for_each(|(d, s)| {
+                    for (d, &s) in d.iter_mut().zip(s) {
+                        update(d, s);
+                    }
+                });
+            Ok(())
+        })
+    })
 }
 
 /// `update(&mut a, &mut b, &mut c, s)` for every element of three tensors updated together
 /// and one read (same shapes): one pass over the four where three would take three.
-/// The three must be distinct tensors (each is locked for writing while the others are).
+/// The three must be distinct tensors with buffers of their own: each is locked for writing
+/// while the others are.
 pub fn update_three(
     name: &'static str,
     [a, b, c]: [&Tensor; 3],
@@ -40,7 +56,7 @@ pub fn update_three(
     with_mut_f32(name, a, |a| {
         with_mut_f32(name, b, |b| {
             with_mut_f32(name, c, |c| {
-                super::with_f32(name, &src, |s| {
+                with_f32(name, &src, |s| {
                     let outs = a.par_chunks_mut(CHUNK).zip(b.par_chunks_mut(CHUNK));
                     outs.zip(c.par_chunks_mut(CHUNK).zip(s.par_chunks(CHUNK)))
                         .for_each(|((a, b), (c, s))| {
@@ -113,47 +129,13 @@ fn destination<'a>(
     Ok(&mut values[start..end])
 }
 
-struct With1<F> {
-    name: &'static str,
-    update: F,
-}
-
-impl<F: Fn(&mut f32, f32) + Sync> InplaceOp2 for With1<F> {
-    fn name(&self) -> &'static str {
-        self.name
-    }
-
-    fn cpu_fwd(
-        &self,
-        ds: &mut CpuStorage,
-        dl: &Layout,
-        ss: &CpuStorage,
-        sl: &Layout,
-    ) -> Result<()> {
-        let src = contiguous_f32(self.name, ss, sl)?;
-        let dst = destination(self.name, ds, dl)?;
-        dst.par_chunks_mut(CHUNK)
-            .zip(src.par_chunks(CHUNK))
-            .for_each(|(dst, src)| {
-                for (d, &s) in dst.iter_mut().zip(src) {
-                    (self.update)(d, s);
-                }
-            });
-        Ok(())
-    }
-}
-
 /// The sum of squares of a tensor's elements, in f64: chunks in parallel, then in order.
 pub fn sum_of_squares(t: &Tensor) -> Result<f64> {
-    let t = t.contiguous()?;
-    let (storage, layout) = t.storage_and_layout();
-    let candle_core::Storage::Cpu(cpu) = &*storage else {
-        candle_core::bail!("sum of squares runs on the CPU");
-    };
-    let values = contiguous_f32("sum of squares", cpu, layout)?;
-    let partials: Vec<f64> = values
-        .par_chunks(CHUNK)
-        .map(|c| c.iter().map(|&v| f64::from(v) * f64::from(v)).sum())
-        .collect();
-    Ok(partials.iter().sum())
+    with_f32("sum of squares", &t.contiguous()?, |values| {
+        let partials: Vec<f64> = values
+            .par_chunks(CHUNK)
+            .map(|c| c.iter().map(|&v| f64::from(v) * f64::from(v)).sum())
+            .collect();
+        Ok(partials.iter().sum())
+    })
 }

@@ -47,6 +47,14 @@ fn with_f32<R>(op: &str, t: &Tensor, f: impl FnOnce(&[f32]) -> Result<R>) -> Res
     f(contiguous_f32(op, cpu, layout)?)
 }
 
+/// Refuses operands of different lengths, naming the op.
+fn same_length(op: &str, a: &[f32], b: &[f32]) -> Result<()> {
+    if a.len() != b.len() {
+        candle_core::bail!("{op}: operands of {} and {} elements", a.len(), b.len());
+    }
+    Ok(())
+}
+
 /// The size of the last axis of `shape` (an op's row length), refusing a scalar or empty row.
 fn row_length(op: &str, shape: &Shape) -> Result<usize> {
     match shape.dims().last() {

@@ -7,7 +7,7 @@ use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tenso
 use rayon::prelude::*;
 
 use super::lanes;
-use super::{ROWS_PER_CHUNK, contiguous_f32, output, row_length};
+use super::{ROWS_PER_CHUNK, contiguous_f32, output, row_length, same_length};
 
 /// `x [.., d]` normalised over its last axis and scaled by `weight [d]`.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
@@ -101,14 +101,7 @@ impl CustomOp3 for InputGrad {
         let x = contiguous_f32(self.name(), xs, xl)?;
         let weight = checked_weight(self.name(), ws, wl, d)?;
         let grad = contiguous_f32(self.name(), gs, gl)?;
-        if grad.len() != x.len() {
-            candle_core::bail!(
-                "{}: a gradient of {} for {}",
-                self.name(),
-                grad.len(),
-                x.len()
-            );
-        }
+        same_length(self.name(), x, grad)?;
         let mut dx = vec![0f32; x.len()];
         dx.par_chunks_mut(d)
             .zip(x.par_chunks(d).zip(grad.par_chunks(d)))
@@ -144,14 +137,7 @@ impl CustomOp2 for WeightGrad {
         let d = row_length(self.name(), xl.shape())?;
         let x = contiguous_f32(self.name(), xs, xl)?;
         let grad = contiguous_f32(self.name(), gs, gl)?;
-        if grad.len() != x.len() {
-            candle_core::bail!(
-                "{}: a gradient of {} for {}",
-                self.name(),
-                grad.len(),
-                x.len()
-            );
-        }
+        same_length(self.name(), x, grad)?;
         let chunk = d * ROWS_PER_CHUNK;
         let partials: Vec<Vec<f32>> = x
             .par_chunks(chunk)

@@ -62,9 +62,7 @@ impl RopeTables {
         for head in x.chunks_exact_mut(self.head_dim()) {
             let (x1, x2) = head.split_at_mut(self.half);
             for i in 0..self.half {
-                let (a, b) = (x1[i], x2[i]);
-                x1[i] = a * cos[i] - b * sin[i];
-                x2[i] = b * cos[i] + a * sin[i];
+                (x1[i], x2[i]) = turn(x1[i], x2[i], cos[i], sin[i]);
             }
         }
         Ok(())
@@ -83,13 +81,17 @@ impl RopeTables {
         let (d1, d2) = dst.split_at_mut(self.half);
         let (s1, s2) = src.split_at(self.half);
         for i in 0..self.half {
-            let (a, b, c) = (s1[i], s2[i], cos[i]);
             let s = if inverse { -sin[i] } else { sin[i] };
-            d1[i] = a * c - b * s;
-            d2[i] = b * c + a * s;
+            (d1[i], d2[i]) = turn(s1[i], s2[i], cos[i], s);
         }
         Ok(())
     }
+}
+
+/// The pair `(a, b)` turned by the angle of `(cos, sin)`: `(a cos - b sin, b cos + a sin)`.
+#[inline(always)]
+fn turn(a: f32, b: f32, cos: f32, sin: f32) -> (f32, f32) {
+    (a * cos - b * sin, b * cos + a * sin)
 }
 
 /// `x [B, T, heads x Dh]` for positions `start..start + T` to rotated heads `[B, heads, T, Dh]`.
@@ -153,6 +155,9 @@ impl RopeHeads {
                 self.heads
             ),
         };
+        if t == 0 || self.heads == 0 {
+            candle_core::bail!("RoPE over {} heads: an input of shape {dims:?}", self.heads);
+        }
         if self.start + t > self.tables.positions() {
             candle_core::bail!(
                 "positions up to {} are past the RoPE tables ({})",

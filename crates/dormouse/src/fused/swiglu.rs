@@ -13,7 +13,7 @@ use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tenso
 use rayon::prelude::*;
 
 use super::vector_exp::exp_all;
-use super::{contiguous_f32, output, with_f32};
+use super::{contiguous_f32, output, same_length, with_f32};
 
 /// Elements per parallel task.
 const CHUNK: usize = 1 << 14;
@@ -43,13 +43,6 @@ fn sigmoids(out: &mut [f32], a: &[f32]) {
     for o in out.iter_mut() {
         *o = 1.0 / (1.0 + *o);
     }
-}
-
-fn same_length(op: &str, a: &[f32], b: &[f32]) -> Result<()> {
-    if a.len() != b.len() {
-        candle_core::bail!("{op}: operands of {} and {} elements", a.len(), b.len());
-    }
-    Ok(())
 }
 
 /// `silu(gate) x up`.
