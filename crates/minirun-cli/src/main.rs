@@ -180,7 +180,7 @@ fn main() -> ExitCode {
         Command::Catalog(args) => hub_cmd::catalog(&args),
         Command::Download(args) => hub_cmd::download(&args),
         Command::Verify(args) => verify_cmd::run(&args),
-        Command::Run(args) => run_cmd::run(&args),
+        Command::Run(args) => threads::on_pool(|| run_cmd::run(&args)),
         Command::Serve(args) => serve_cmd::serve(&args),
         Command::Bench(command) => bench_cmd::run(&command),
     };

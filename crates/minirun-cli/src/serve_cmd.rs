@@ -122,7 +122,8 @@ pub fn serve(args: &ServeArgs) -> Result<ExitCode> {
 }
 
 /// Opens the artifact and builds its model on the decode thread (the model borrows the
-/// session, so both live there), reports `Ready`, then decodes until the jobs close.
+/// session, so both live there), reports `Ready`, then decodes until the jobs close; the
+/// decoding runs on a worker of the pool (`threads::on_pool`).
 fn spawn_engine(
     args: &ServeArgs,
     taken: mpsc::Receiver<Job>,
@@ -138,37 +139,39 @@ fn spawn_engine(
     std::thread::Builder::new()
         .name("decode".into())
         .spawn(move || {
-            let session = match Session::open(&path, trust) {
-                Ok(s) => s,
-                Err(e) => {
-                    let _ = ready.send(Err(e.into()));
-                    return serve_engine::Summary::default();
-                }
-            };
-            let max_positions = session.architecture.max_positions();
-            let context = context.map_or(max_positions.min(4096), |c| c as usize);
-            let model = match plan_and_build(
-                &session,
-                budget,
-                reads_in_flight,
-                context,
-                max_concurrent,
-                max_positions,
-            ) {
-                Ok((model, lines)) => {
-                    let _ = ready.send(Ok(Ready { lines }));
-                    model
-                }
-                Err(e) => {
-                    let _ = ready.send(Err(e));
-                    return serve_engine::Summary::default();
-                }
-            };
-            let limits = serve_engine::Limits {
-                max_concurrent,
-                context,
-            };
-            serve_engine::run(&session, &model, &taken, limits)
+            crate::threads::on_pool(move || {
+                let session = match Session::open(&path, trust) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = ready.send(Err(e.into()));
+                        return serve_engine::Summary::default();
+                    }
+                };
+                let max_positions = session.architecture.max_positions();
+                let context = context.map_or(max_positions.min(4096), |c| c as usize);
+                let model = match plan_and_build(
+                    &session,
+                    budget,
+                    reads_in_flight,
+                    context,
+                    max_concurrent,
+                    max_positions,
+                ) {
+                    Ok((model, lines)) => {
+                        let _ = ready.send(Ok(Ready { lines }));
+                        model
+                    }
+                    Err(e) => {
+                        let _ = ready.send(Err(e));
+                        return serve_engine::Summary::default();
+                    }
+                };
+                let limits = serve_engine::Limits {
+                    max_concurrent,
+                    context,
+                };
+                serve_engine::run(&session, &model, &taken, limits)
+            })
         })
         .context("cannot start the decode thread")
 }

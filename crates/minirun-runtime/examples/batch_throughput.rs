@@ -138,7 +138,13 @@ fn together(model: &Model, requests: &[Request]) -> Timed {
     }
 }
 
+/// On a worker of rayon's pool, as `minirun serve` decodes: the products split with the other
+/// workers without a hand-off to the pool each.
 fn main() {
+    rayon::scope(|_| measure());
+}
+
+fn measure() {
     let a = args();
     let session = Session::open(&a.artifact, Trust::Unverified).unwrap_or_else(|e| {
         eprintln!("batch_throughput: {e}");
