@@ -441,18 +441,11 @@ pub(crate) fn attend_latent(
     scale: f32,
 ) -> Vec<f32> {
     let (lora, rope) = (q_latent.len(), q_pe.len());
+    let q_pe_scaled: Vec<f32> = q_pe.iter().map(|a| a * scale).collect();
     let scores: Vec<f32> = (0..steps)
         .map(|t| {
-            let content: f32 = q_latent
-                .iter()
-                .zip(&latents[t * lora..(t + 1) * lora])
-                .map(|(a, b)| a * b)
-                .sum();
-            let positional: f32 = q_pe
-                .iter()
-                .zip(&keys[t * rope..(t + 1) * rope])
-                .map(|(a, b)| a * scale * b)
-                .sum();
+            let content = dot_in_lanes(q_latent, &latents[t * lora..(t + 1) * lora]);
+            let positional = dot_in_lanes(&q_pe_scaled, &keys[t * rope..(t + 1) * rope]);
             content * scale + positional
         })
         .collect();
@@ -468,6 +461,26 @@ pub(crate) fn attend_latent(
             .for_each(|(m, l)| *m += p * l);
     }
     mixed
+}
+
+/// `sum a[k] * b[k]` in a fixed order that does not wait on every add: lane `j` of 8 adds the
+/// products `k = 8c + j` in ascending `c` (the tail's products go to lanes `0..`), then
+/// `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`. With one chain of adds, the scores
+/// took 13% of a 300-token decode on this machine's cores, bound by the add's latency.
+pub(crate) fn dot_in_lanes(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let (a_chunks, a_tail) = a.as_chunks::<8>();
+    let (b_chunks, b_tail) = b.as_chunks::<8>();
+    for (x, y) in a_chunks.iter().zip(b_chunks) {
+        for j in 0..8 {
+            lanes[j] += x[j] * y[j];
+        }
+    }
+    for (j, (x, y)) in a_tail.iter().zip(b_tail).enumerate() {
+        lanes[j] += x * y;
+    }
+    ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6]))
+        + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]))
 }
 
 /// Multi-head latent attention's per-head sizes.
