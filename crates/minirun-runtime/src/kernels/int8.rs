@@ -10,8 +10,9 @@
 //!
 //! 1. `amax = max |x_k|` over the group (f32; a NaN input makes `amax` NaN).
 //! 2. `d = amax / 127`; when `amax` is 0, `d = 0` and every code is 0.
-//! 3. `q_k = round(x_k / d)` (half away from zero), clamped to [-127, 127].
-//! 4. `sum = x_k` summed over the group, `k` ascending, in f32.
+//! 3. `q_k = round(x_k / d)` (half away from zero), clamped to [-127, 127] (a NaN gives 0).
+//! 4. `sum`: lane `j` of 8 adds `x_{8c + j}` for ascending `c`, in f32, then
+//!    `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`.
 //!
 //! Row `r`, with `w_k = s_g * c_k + b_g` (`c_k` the stored 4-bit codes):
 //!
@@ -60,22 +61,16 @@ impl Int8Vector {
                 what: format!("8-bit activations in groups of {group}"),
             });
         }
-        let mut codes = Vec::with_capacity(x.len());
+        let mut codes = vec![0i8; x.len()];
         let mut steps = Vec::with_capacity(x.len() / group);
         let mut sums = Vec::with_capacity(x.len() / group);
-        for g in x.chunks_exact(group) {
-            let amax = g.iter().fold(0f32, |m, v| {
-                let a = v.abs();
-                if a > m || a.is_nan() { a } else { m }
-            });
-            let d = amax / 127.0;
-            for &v in g {
-                let q = if amax == 0.0 { 0.0 } else { (v / d).round() };
-                codes.push(q.clamp(-127.0, 127.0) as i8);
-            }
-            steps.push(d);
-            sums.push(g.iter().fold(0f32, |s, &v| s + v));
-        }
+        pulp::Arch::new().dispatch(QuantizeGroups {
+            x,
+            group,
+            codes: &mut codes,
+            steps: &mut steps,
+            sums: &mut sums,
+        });
         let paired = pair_blocks(&codes);
         Ok(Int8Vector {
             group,
@@ -96,6 +91,68 @@ impl Int8Vector {
 
     pub fn group(&self) -> usize {
         self.group
+    }
+}
+
+/// Steps 1 to 4 for every group, compiled for the widest instructions the machine has (each
+/// step is element-wise or a fixed-order sum, so every width gives the same bits).
+struct QuantizeGroups<'a> {
+    x: &'a [f32],
+    group: usize,
+    codes: &'a mut [i8],
+    steps: &'a mut Vec<f32>,
+    sums: &'a mut Vec<f32>,
+}
+
+impl pulp::WithSimd for QuantizeGroups<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _simd: S) {
+        let groups = self.x.chunks_exact(self.group);
+        for (g, codes) in groups.zip(self.codes.chunks_exact_mut(self.group)) {
+            let amax = in_lanes(g, 0f32, |m, v| {
+                let a = v.abs();
+                if a > m || a.is_nan() { a } else { m }
+            });
+            let d = amax / 127.0;
+            for (code, &v) in codes.iter_mut().zip(g) {
+                let q = if amax == 0.0 {
+                    0.0
+                } else {
+                    round_half_away(v / d)
+                };
+                *code = q.clamp(-127.0, 127.0) as i8;
+            }
+            self.steps.push(d);
+            self.sums.push(in_lanes(g, 0f32, |s, v| s + v));
+        }
+    }
+}
+
+/// `op` folded over `values` in 8 lanes (lane `j` takes elements `8c + j`, `c` ascending, from
+/// `init`), the lanes then combined as `((l0 op l4) op (l2 op l6)) op ((l1 op l5) op (l3 op
+/// l7))`; `values.len()` is a multiple of 8.
+#[inline(always)]
+fn in_lanes(values: &[f32], init: f32, op: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut lanes = [init; 8];
+    for chunk in values.as_chunks::<8>().0 {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane = op(*lane, v);
+        }
+    }
+    let [l0, l1, l2, l3, l4, l5, l6, l7] = lanes;
+    op(op(op(l0, l4), op(l2, l6)), op(op(l1, l5), op(l3, l7)))
+}
+
+/// `v.round()` (half away from zero) in operations that vectorize: `v - trunc(v)` is exact.
+#[inline(always)]
+fn round_half_away(v: f32) -> f32 {
+    let t = v.trunc();
+    if (v - t).abs() >= 0.5 {
+        t + 1f32.copysign(v)
+    } else {
+        t
     }
 }
 
@@ -299,6 +356,45 @@ impl QMatrix<'_> {
             out.par_chunks_mut(ROWS_PER_TASK * batch)
                 .enumerate()
                 .for_each(|(task, band)| kernel(self, rows.start + task * ROWS_PER_TASK, xs, band));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::round_half_away;
+
+    /// The vectorizable rounding is `f32::round` on every value class: halves both ways,
+    /// values past 2^23 (already integers), infinities, NaN, and a stride through all bits.
+    #[test]
+    fn round_half_away_is_f32_round() {
+        let special = [
+            0.5,
+            -0.5,
+            1.5,
+            -1.5,
+            2.5,
+            -2.5,
+            126.5,
+            -126.5,
+            0.49999997,
+            -0.49999997,
+            0.0,
+            -0.0,
+            8388607.5,
+            8388608.0,
+            1e30,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MIN_POSITIVE,
+        ];
+        let stride = (0..u32::MAX).step_by(4099).map(f32::from_bits);
+        for v in special.into_iter().chain(stride) {
+            let (got, want) = (round_half_away(v), v.round());
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{v:e}: {got:e}, f32::round gives {want:e}"
+            );
         }
     }
 }
