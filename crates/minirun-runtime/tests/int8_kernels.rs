@@ -85,6 +85,9 @@ proptest! {
         m.matvec_int8(&q, &mut fast).unwrap();
         m.matvec_int8_portable(&q, &mut portable).unwrap();
         prop_assert_eq!(bits(&fast), bits(&portable));
+        let mut avx2 = vec![0f32; rows];
+        m.with_activations(Activations::Int8).matmul_int8_avx2(&x, 1, &mut avx2).unwrap();
+        prop_assert_eq!(bits(&avx2), bits(&portable));
         for (r, (&got, &(exact, size))) in fast.iter().zip(&reference::matvec(&m, &x)).enumerate() {
             let allowed = allowed_error(&m, r, &x, size);
             prop_assert!((f64::from(got) - exact).abs() <= allowed,
@@ -204,14 +207,18 @@ fn a_batch_gives_each_vector_the_bits_of_its_own_product() {
                 alone.extend(bits(&y));
             }
             for threads in [1, 2] {
-                let (fast, portable) = on_threads(threads, || {
+                let (fast, avx2, portable) = on_threads(threads, || {
                     let mut fast = vec![0f32; batch * m.rows()];
+                    let mut avx2 = vec![0f32; batch * m.rows()];
                     let mut portable = vec![0f32; batch * m.rows()];
                     m.matmul(&xs, batch, &mut fast).unwrap();
+                    m.matmul_int8_avx2(&xs, batch, &mut avx2).unwrap();
                     m.matmul_int8_portable(&xs, batch, &mut portable).unwrap();
-                    (bits(&fast), bits(&portable))
+                    (bits(&fast), bits(&avx2), bits(&portable))
                 });
+                // `matmul` takes VNNI where the machine has it; the AVX2 path must agree.
                 assert_eq!(fast, alone, "group {group} batch {batch} {threads} threads");
+                assert_eq!(avx2, alone, "group {group} batch {batch} AVX2");
                 assert_eq!(portable, alone, "group {group} batch {batch} portable");
             }
         }

@@ -17,9 +17,13 @@
 //! Row `r`, with `w_k = s_g * c_k + b_g` (`c_k` the stored 4-bit codes):
 //!
 //! 1. `i_g = Σ c_k * q_k` over the group, exactly (an i32; at most 128 x 15 x 127).
-//! 2. `acc = 0`; for each group ascending, `acc = acc + ((s_g * d_g) * f32(i_g) + b_g * sum_g)`,
-//!    each multiply and add a separate f32 operation (no fused multiply-add).
-//! 3. `y_r = acc`.
+//! 2. Eight accumulators `a_0..a_7 = 0`; for each group ascending,
+//!    `a_{g mod 8} = a_{g mod 8} + ((s_g * d_g) * f32(i_g) + b_g * sum_g)`, each multiply and
+//!    add a separate f32 operation (no fused multiply-add).
+//! 3. `y_r = ((a_0 + a_4) + (a_2 + a_6)) + ((a_1 + a_5) + (a_3 + a_7))`.
+//!
+//! Eight accumulators rather than one: a single chain of adds bound a row to the add's
+//! latency, and with eight, eight groups' terms are added in one vector instruction.
 //!
 //! Any order of the integer additions gives the same `i_g`, so the SIMD path (`avx2_int8.rs`)
 //! may lay lanes out as it likes; the f32 operations are the same sequence on every path.
@@ -208,7 +212,7 @@ pub(crate) fn dot_portable(m: &QMatrix, r: usize, x: &Int8Vector) -> f32 {
     let group = x.group;
     let groups = m.cols / group;
     let row = &m.packed[r * m.cols / 2..(r + 1) * m.cols / 2];
-    let mut acc = 0f32;
+    let mut acc = [0f32; 8];
     for g in 0..groups {
         let bytes = &row[g * group / 2..(g + 1) * group / 2];
         let codes = &x.codes[g * group..(g + 1) * group];
@@ -217,20 +221,35 @@ pub(crate) fn dot_portable(m: &QMatrix, r: usize, x: &Int8Vector) -> f32 {
             i += i32::from(byte & 15) * i32::from(codes[2 * k]);
             i += i32::from(byte >> 4) * i32::from(codes[2 * k + 1]);
         }
-        acc = fold(m, r * groups + g, acc, i, x, g);
+        fold(m, r * groups + g, &mut acc, i, x, g);
     }
-    acc
+    combine(acc)
 }
 
-/// Step 2 of the row arithmetic: group `g` (the matrix's group `index`) added to `acc`.
+/// Step 2 of the row arithmetic: group `g`'s term (the matrix's group `index`) added to its
+/// accumulator.
 #[inline(always)]
-pub(crate) fn fold(m: &QMatrix, index: usize, acc: f32, i: i32, x: &Int8Vector, g: usize) -> f32 {
+pub(crate) fn fold(
+    m: &QMatrix,
+    index: usize,
+    acc: &mut [f32; 8],
+    i: i32,
+    x: &Int8Vector,
+    g: usize,
+) {
     let Format::Affine { scale, .. } = m.format else {
-        return f32::NAN;
+        acc[g % 8] = f32::NAN;
+        return;
     };
     let s = scale.read(m.scales, index);
     let b = scale.read(m.biases, index);
-    acc + ((s * x.steps[g]) * i as f32 + b * x.sums[g])
+    acc[g % 8] += (s * x.steps[g]) * i as f32 + b * x.sums[g];
+}
+
+/// Step 3: the accumulators added pairwise.
+#[inline(always)]
+pub(crate) fn combine(a: [f32; 8]) -> f32 {
+    ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
 }
 
 type RowsBatchInt8 = fn(&QMatrix, usize, &[Int8Vector], &mut [f32]);
@@ -244,6 +263,15 @@ fn rows_batch_portable(m: &QMatrix, first: usize, xs: &[Int8Vector], out: &mut [
 }
 
 fn rows_batch_fast(m: &QMatrix, first: usize, xs: &[Int8Vector], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(vnni) = x86_vnni::Vnni::try_new() {
+        return super::avx2_int8::rows_batch_vnni(vnni, m, first, xs, out);
+    }
+    rows_batch_avx2(m, first, xs, out)
+}
+
+/// The AVX2 path even where VNNI exists (tests compare the paths).
+fn rows_batch_avx2(m: &QMatrix, first: usize, xs: &[Int8Vector], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if let Some(v3) = pulp::x86::V3::try_new() {
         return super::avx2_int8::rows_batch(v3, m, first, xs, out);
@@ -300,6 +328,18 @@ impl QMatrix<'_> {
         ys: &mut [f32],
     ) -> Result<(), KernelError> {
         self.matmul_int8_with(xs, batch, ys, rows_batch_fast)
+    }
+
+    /// `matmul` with 8-bit activations through the AVX2 code even where VNNI exists: tests
+    /// compare the paths.
+    #[doc(hidden)]
+    pub fn matmul_int8_avx2(
+        &self,
+        xs: &[f32],
+        batch: usize,
+        ys: &mut [f32],
+    ) -> Result<(), KernelError> {
+        self.matmul_int8_with(xs, batch, ys, rows_batch_avx2)
     }
 
     /// `matmul` with 8-bit activations through the portable code: tests compare the two.
