@@ -254,6 +254,8 @@ fn fold_block(
 /// (row, vector) gets the group sums and the fold of its own product, so a tile's shape never
 /// changes a bit.
 #[inline(always)]
+// Constant indices into slices of known length: the loops unroll without bounds checks.
+#[allow(clippy::needless_range_loop)]
 fn tile<E: PairProducts, const PPG: usize, const R: usize, const V: usize>(
     engine: E,
     m: &QMatrix,
