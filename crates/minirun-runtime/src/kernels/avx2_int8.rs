@@ -3,9 +3,9 @@
 //! nibbles, each multiplied with the matching codes by `vpmaddubsw` (unsigned nibble times
 //! signed code, pairs added: at most 2 x 15 x 127, no saturation), the two added, then
 //! widened to i32 pairs by `vpmaddwd`. The integer sums are exact, so the lanes' order does
-//! not matter; the f32 fold is `int8::fold`, the same operations as the portable path. Groups
-//! of 64 or 128 columns run in tiles of rows by vectors: a tile splits each row's bytes into
-//! nibbles once for all its vectors, and its accumulators are independent chains.
+//! not matter; the f32 fold is `int8::fold`, the same operations as the portable path. With
+//! AVX-512 VNNI (`x86_vnni::Vnni`), `vpdpbusd` replaces the two widening steps: the same
+//! integer sums, so the same bits.
 
 use pulp::bytemuck::cast;
 use pulp::x86::V3;
@@ -59,10 +59,10 @@ fn pair_sum(v3: V3, packed: [u8; PAIR_BYTES], even: &[i8], odd: &[i8]) -> [i32; 
     cast(pair_lanes(v3, packed, cast(even), cast(odd)))
 }
 
-/// How a tile adds one pair of blocks' products to its lanes: AVX2's `vpmaddubsw` and
+/// How a row adds one pair of blocks' products to its lanes: AVX2's `vpmaddubsw` and
 /// `vpmaddwd`, or VNNI's `vpdpbusd` once per nibble half. Both sums are exact integers, so both
 /// give the same group totals (in different lanes) and the same bits.
-pub(crate) trait PairProducts: Copy {
+trait PairProducts: Copy {
     fn v3(self) -> V3;
     fn add_pair(
         self,
@@ -248,117 +248,59 @@ fn fold_block(
     avx._mm256_add_ps(acc, terms)
 }
 
-/// Rows `first..first + R` against the `V` vectors of `xs` for groups of 64 or 128 columns:
-/// each pair of packed bytes is split into nibbles once per row, each pair of activation codes
-/// loaded once per vector, and the tile's `R x V` accumulators are independent chains. Every
-/// (row, vector) gets the group sums and the fold of its own product, so a tile's shape never
-/// changes a bit.
+/// Row `r` against `x` for groups of `2 * BLOCK * PPG` columns (64 or 128): eight groups at a
+/// time, each pair of packed bytes split into nibbles and multiplied into its group's lanes,
+/// then `fold_block`; the last `groups % 8` one at a time through `int8::fold`.
 #[inline(always)]
 // Constant indices into slices of known length: the loops unroll without bounds checks.
 #[allow(clippy::needless_range_loop)]
-fn tile<E: PairProducts, const PPG: usize, const R: usize, const V: usize>(
+fn dot_blocks<E: PairProducts, const PPG: usize>(
     engine: E,
     m: &QMatrix,
-    first: usize,
-    xs: &[Int8Vector],
-) -> [[f32; V]; R] {
+    r: usize,
+    x: &Int8Vector,
+) -> f32 {
     let v3 = engine.v3();
     let zero: __m256i = cast([0i32; 8]);
-    let group = 2 * BLOCK * PPG;
-    let groups = m.cols / group;
+    let groups = m.cols / (2 * BLOCK * PPG);
     let row_bytes = m.cols / 2;
-    let rows: [&[[u8; PAIR_BYTES]]; R] = std::array::from_fn(|i| {
-        let r = first + i;
-        m.packed[r * row_bytes..(r + 1) * row_bytes]
-            .as_chunks::<PAIR_BYTES>()
-            .0
-    });
-    let codes: [&[[i8; BLOCK]]; V] = std::array::from_fn(|v| xs[v].paired.as_chunks::<BLOCK>().0);
+    let row = m.packed[r * row_bytes..(r + 1) * row_bytes]
+        .as_chunks::<PAIR_BYTES>()
+        .0;
+    let codes = x.paired.as_chunks::<BLOCK>().0;
     let blocks = groups / GROUPS_AT_ONCE;
     let block_pairs = GROUPS_AT_ONCE * PPG;
-    let mut acc: [[__m256; V]; R] = [[cast([0f32; 8]); V]; R];
+    let mut acc: __m256 = cast([0f32; 8]);
     for block in 0..blocks {
-        let first_group = block * GROUPS_AT_ONCE;
         let start = block * block_pairs;
         // Slices of known length, so that the constant indices below need no checks.
-        let row_pairs: [&[[u8; PAIR_BYTES]]; R] =
-            std::array::from_fn(|i| &rows[i][start..start + block_pairs]);
-        let x_blocks: [&[[i8; BLOCK]]; V] =
-            std::array::from_fn(|v| &codes[v][2 * start..2 * (start + block_pairs)]);
-        let mut lanes = [[[zero; GROUPS_AT_ONCE]; V]; R];
+        let row_pairs = &row[start..start + block_pairs];
+        let x_blocks = &codes[2 * start..2 * (start + block_pairs)];
+        let mut lanes = [zero; GROUPS_AT_ONCE];
         for j in 0..GROUPS_AT_ONCE {
             for q in 0..PPG {
                 let p = j * PPG + q;
-                for i in 0..R {
-                    let halves = nibbles(v3, row_pairs[i][p]);
-                    for v in 0..V {
-                        let (even, odd) = (x_blocks[v][2 * p], x_blocks[v][2 * p + 1]);
-                        lanes[i][v][j] =
-                            engine.add_pair(lanes[i][v][j], halves, cast(even), cast(odd));
-                    }
-                }
+                let (even, odd) = (x_blocks[2 * p], x_blocks[2 * p + 1]);
+                let halves = nibbles(v3, row_pairs[p]);
+                lanes[j] = engine.add_pair(lanes[j], halves, cast(even), cast(odd));
             }
         }
-        for (i, (row_acc, row_lanes)) in acc.iter_mut().zip(&lanes).enumerate() {
-            for (v, (a, lane)) in row_acc.iter_mut().zip(row_lanes).enumerate() {
-                *a = fold_block(v3, m, first + i, &xs[v], first_group, *lane, *a);
-            }
-        }
+        acc = fold_block(v3, m, r, x, block * GROUPS_AT_ONCE, lanes, acc);
     }
-    let mut acc: [[[f32; 8]; V]; R] = acc.map(|row| row.map(cast));
+    let mut acc: [f32; 8] = cast(acc);
     for g in blocks * GROUPS_AT_ONCE..groups {
-        for (i, (row_acc, row)) in acc.iter_mut().zip(&rows).enumerate() {
-            for (v, (a, x)) in row_acc.iter_mut().zip(&codes).enumerate() {
-                let lanes: [i32; 8] = cast(group_lanes(v3, row, x, g, PPG));
-                fold(
-                    m,
-                    (first + i) * groups + g,
-                    a,
-                    lanes.iter().sum(),
-                    &xs[v],
-                    g,
-                );
-            }
-        }
+        let lanes: [i32; 8] = cast(group_lanes(v3, row, codes, g, PPG));
+        fold(m, r * groups + g, &mut acc, lanes.iter().sum(), x, g);
     }
-    acc.map(|row| row.map(combine))
-}
-
-/// Rows `first..` (as many as `out` holds) against `xs`, in tiles of `R` rows by the `V`
-/// vectors of `xs` (then single rows), into `out[i * batch + offset + v]`.
-#[inline(always)]
-fn tiles<E: PairProducts, const PPG: usize, const R: usize, const V: usize>(
-    engine: E,
-    m: &QMatrix,
-    first: usize,
-    xs: &[Int8Vector],
-    batch: usize,
-    offset: usize,
-    out: &mut [f32],
-) {
-    let rows = out.len() / batch;
-    let mut put = |i: usize, values: &[f32]| {
-        out[i * batch + offset..i * batch + offset + values.len()].copy_from_slice(values);
-    };
-    let whole = rows / R * R;
-    for i in (0..whole).step_by(R) {
-        for (k, values) in tile::<E, PPG, R, V>(engine, m, first + i, xs)
-            .iter()
-            .enumerate()
-        {
-            put(i + k, values);
-        }
-    }
-    for i in whole..rows {
-        put(i, &tile::<E, PPG, 1, V>(engine, m, first + i, xs)[0]);
-    }
+    combine(acc)
 }
 
 /// Rows `first..` against every vector of `xs` for groups of 64 or 128 columns, one vector at a
 /// time over the band's rows (which stay in cache between vectors). Measured on one core
 /// (2048 x 2048, 4 vectors): tiles of 2 rows x 4 vectors took 441 us, 1 x 4 399 us, 1 x 2
-/// 555 us, one vector at a time 328 us; a tile's 8 groups x R x V lanes outgrow the registers.
-fn rows_batch_tiled<E: PairProducts, const PPG: usize>(
+/// 555 us, one vector at a time 328 us: a tile's 8 groups x rows x vectors of lanes outgrow
+/// the registers.
+fn rows_batch_blocks<E: PairProducts, const PPG: usize>(
     engine: E,
     m: &QMatrix,
     first: usize,
@@ -366,16 +308,16 @@ fn rows_batch_tiled<E: PairProducts, const PPG: usize>(
     out: &mut [f32],
 ) {
     let batch = xs.len();
-    for offset in 0..batch {
-        let x = &xs[offset..offset + 1];
-        tiles::<E, PPG, 1, 1>(engine, m, first, x, batch, offset, out);
+    for (b, x) in xs.iter().enumerate() {
+        for (i, row_out) in out.chunks_exact_mut(batch).enumerate() {
+            row_out[b] = dot_blocks::<E, PPG>(engine, m, first + i, x);
+        }
     }
 }
 
-/// Rows `first..` against every vector of `xs`, into `out[i * batch + b]`: each row is read from
-/// memory once for the batch, in tiles of rows and vectors for groups of 64 or 128 (row by row
-/// for groups of 32). Each (row, vector) gets its own product's bits whatever the tile (a lone
-/// product is a batch of one).
+/// Rows `first..` against every vector of `xs`, into `out[i * batch + b]`: each (row, vector)
+/// runs the one row function, so each vector gets its own product's bits (a lone product is a
+/// batch of one).
 pub(crate) fn rows_batch(v3: V3, m: &QMatrix, first: usize, xs: &[Int8Vector], out: &mut [f32]) {
     struct RowsBatch<'a, 'm> {
         v3: V3,
@@ -403,7 +345,7 @@ pub(crate) fn rows_batch(v3: V3, m: &QMatrix, first: usize, xs: &[Int8Vector], o
     );
 }
 
-/// `rows_batch` with VNNI's byte dot products in the tiles (the same bits).
+/// `rows_batch` with VNNI's byte dot products (the same bits).
 pub(crate) fn rows_batch_vnni(
     vnni: Vnni,
     m: &QMatrix,
@@ -425,10 +367,10 @@ fn rows_batch_with<E: PairProducts>(
     xs: &[Int8Vector],
     out: &mut [f32],
 ) {
-    // Pairs of 32-column blocks per group, as a constant of the tiles' code.
+    // Pairs of 32-column blocks per group, as a constant of the row code.
     match xs.first().map(Int8Vector::group) {
-        Some(64) => return rows_batch_tiled::<E, 1>(engine, m, first, xs, out),
-        Some(128) => return rows_batch_tiled::<E, 2>(engine, m, first, xs, out),
+        Some(64) => return rows_batch_blocks::<E, 1>(engine, m, first, xs, out),
+        Some(128) => return rows_batch_blocks::<E, 2>(engine, m, first, xs, out),
         _ => {}
     }
     for (i, row_out) in out.chunks_exact_mut(xs.len()).enumerate() {
