@@ -4,7 +4,7 @@
 //! logit bits, which the example checks before it prints the table.
 //!
 //!     cargo run --release -p minirun-runtime --example prefill_throughput -- ARTIFACT \
-//!         [--tokens 64] [--threads 1,2] [--repeats 3]
+//!         [--tokens 64] [--threads 1,2] [--repeats 3] [--activations f32|int8]
 //!
 //! ARTIFACT is an unverified, packed artifact, e.g. the one `bench/decode_vs_mlx.sh` leaves
 //! in `target/decode-bench/artifact`.
@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use minirun_runtime::artifact::{Access, Artifact};
 use minirun_runtime::config::DeepSeekV3Config;
 use minirun_runtime::deepseek::{DeepSeekV3, StepStats};
+use minirun_runtime::kernels::Activations;
 use minirun_runtime::model::Decoder;
 
 struct Args {
@@ -22,10 +23,13 @@ struct Args {
     tokens: usize,
     threads: Vec<usize>,
     repeats: usize,
+    activations: Activations,
 }
 
 fn usage() -> ! {
-    eprintln!("usage: prefill_throughput ARTIFACT [--tokens N] [--threads 1,2] [--repeats N]");
+    eprintln!(
+        "usage: prefill_throughput ARTIFACT [--tokens N] [--threads 1,2] [--repeats N] [--activations f32|int8]"
+    );
     std::process::exit(2)
 }
 
@@ -37,12 +41,20 @@ fn args() -> Args {
         tokens: 64,
         threads: vec![1, 2],
         repeats: 3,
+        activations: Activations::F32,
     };
     while let Some(flag) = it.next() {
         let value = it.next().unwrap_or_else(|| usage());
         match flag.as_str() {
             "--tokens" => a.tokens = value.parse().unwrap_or_else(|_| usage()),
             "--repeats" => a.repeats = value.parse().unwrap_or_else(|_| usage()),
+            "--activations" => {
+                a.activations = match value.as_str() {
+                    "f32" => Activations::F32,
+                    "int8" => Activations::Int8,
+                    _ => usage(),
+                }
+            }
             "--threads" => {
                 a.threads = value
                     .split(',')
@@ -69,10 +81,11 @@ fn best(repeats: usize, run: impl Fn() -> Vec<f32>) -> (Duration, Vec<f32>) {
 
 fn main() {
     let a = args();
-    let artifact = Artifact::open(&a.artifact, Access::Unverified).unwrap_or_else(|e| {
+    let mut artifact = Artifact::open(&a.artifact, Access::Unverified).unwrap_or_else(|e| {
         eprintln!("prefill_throughput: {e}");
         std::process::exit(1)
     });
+    artifact.set_activations(a.activations);
     let config = DeepSeekV3Config::parse(&artifact.config_json).expect("a DeepSeek-V3 config");
     let model = DeepSeekV3::load(&artifact, config.clone()).expect("the model loads");
     let prompt: Vec<u32> = (0..a.tokens)

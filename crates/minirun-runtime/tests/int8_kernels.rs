@@ -191,7 +191,7 @@ fn a_batch_gives_each_vector_the_bits_of_its_own_product() {
     for (group, groups) in [(32, 5), (64, 20), (128, 9)] {
         let stored = affine4(300, group, groups, FloatType::BF16, group as u64);
         let m = stored.matrix().with_activations(Activations::Int8);
-        // 4 and 9: whole tiles of four vectors, and four plus five alone.
+        // 1 takes the row path, the others octets of rows (300 rows: 37 octets and 4 rows).
         for batch in [1, 2, 4, 5, 9] {
             let xs: Vec<f32> = (0..batch)
                 .flat_map(|b| input(m.cols(), 100 + b as u64))

@@ -6,6 +6,14 @@
 //! not matter; the f32 fold is `int8::fold`, the same operations as the portable path. With
 //! AVX-512 VNNI (`x86_vnni::Vnni`), `vpdpbusd` replaces the two widening steps: the same
 //! integer sums, so the same bits.
+//!
+//! A batch of two or more vectors (prefill) takes rows eight at a time instead (`octet_rows`):
+//! each 64-column chunk of the eight rows is transposed once so that one 32-bit lane holds one
+//! row, and each vector's codes are broadcast four bytes at a time into all eight rows. A
+//! group's integer sum then lands in its row's lane with no horizontal reduction, and the f32
+//! fold is the same operations lane by lane, so each (row, vector) keeps the bits of the row
+//! path. The transpose is paid once per batch: a lone vector stays on the row path, where it
+//! is the faster of the two.
 
 use pulp::bytemuck::cast;
 use pulp::x86::V3;
@@ -64,6 +72,8 @@ fn pair_sum(v3: V3, packed: [u8; PAIR_BYTES], even: &[i8], odd: &[i8]) -> [i32; 
 /// give the same group totals (in different lanes) and the same bits.
 trait PairProducts: Copy {
     fn v3(self) -> V3;
+    /// A hint to fetch `bytes` into cache ahead of use (no effect on any result).
+    fn prefetch(self, bytes: &[u8]);
     fn add_pair(
         self,
         acc: __m256i,
@@ -78,6 +88,10 @@ impl PairProducts for V3 {
     fn v3(self) -> V3 {
         self
     }
+
+    /// pulp's token offers no prefetch: the AVX2 path (machines without VNNI) goes without.
+    #[inline(always)]
+    fn prefetch(self, _: &[u8]) {}
 
     #[inline(always)]
     fn add_pair(
@@ -96,6 +110,11 @@ impl PairProducts for Vnni {
     #[inline(always)]
     fn v3(self) -> V3 {
         Vnni::v3(self)
+    }
+
+    #[inline(always)]
+    fn prefetch(self, bytes: &[u8]) {
+        Vnni::prefetch(self, bytes)
     }
 
     #[inline(always)]
@@ -295,11 +314,10 @@ fn dot_blocks<E: PairProducts, const PPG: usize>(
     combine(acc)
 }
 
-/// Rows `first..` against every vector of `xs` for groups of 64 or 128 columns, one vector at a
-/// time over the band's rows (which stay in cache between vectors). Measured on one core
-/// (2048 x 2048, 4 vectors): tiles of 2 rows x 4 vectors took 441 us, 1 x 4 399 us, 1 x 2
-/// 555 us, one vector at a time 328 us: a tile's 8 groups x rows x vectors of lanes outgrow
-/// the registers.
+/// Rows `first..` against every vector of `xs` for groups of 64 or 128 columns: whole octets of
+/// rows through [`octet_rows`], the rest one row at a time, one vector at a time over the
+/// band's rows (which stay in cache between vectors).
+#[inline(always)]
 fn rows_batch_blocks<E: PairProducts, const PPG: usize>(
     engine: E,
     m: &QMatrix,
@@ -308,9 +326,262 @@ fn rows_batch_blocks<E: PairProducts, const PPG: usize>(
     out: &mut [f32],
 ) {
     let batch = xs.len();
+    let octet_rows_total = if batch >= OCTET_MIN_BATCH {
+        out.len() / batch / OCTET * OCTET
+    } else {
+        0
+    };
+    let (octets, rest) = out.split_at_mut(octet_rows_total * batch);
+    if !octets.is_empty() {
+        let mut scratch = OctetScratch::new(batch);
+        for (o, octet_out) in octets.chunks_exact_mut(OCTET * batch).enumerate() {
+            octet_rows::<E, PPG>(engine, m, first + o * OCTET, xs, octet_out, &mut scratch);
+        }
+    }
+    let first = first + octet_rows_total;
     for (b, x) in xs.iter().enumerate() {
-        for (i, row_out) in out.chunks_exact_mut(batch).enumerate() {
+        for (i, row_out) in rest.chunks_exact_mut(batch).enumerate() {
             row_out[b] = dot_blocks::<E, PPG>(engine, m, first + i, x);
+        }
+    }
+}
+
+/// Rows computed together by [`octet_rows`]: one 32-bit lane each.
+const OCTET: usize = 8;
+
+/// The smallest batch that goes through [`octet_rows`]: its transpose is paid once per octet
+/// and chunk, however many vectors share it.
+const OCTET_MIN_BATCH: usize = 2;
+
+/// Bytes of one cache line.
+const CACHE_LINE: usize = 64;
+
+/// Lines of the next octet prefetched per 32-byte chunk of this one: eight rows' chunks are
+/// `8 x 32` bytes.
+const PREFETCH_LINES: usize = OCTET * PAIR_BYTES / CACHE_LINE;
+
+/// The per-vector state of an octet of rows: the eight f32 accumulators of step 2 (lane `r`
+/// for row `r`) and, for groups of 128 columns, the group's integer sum so far.
+struct OctetScratch {
+    acc: Vec<[__m256; 8]>,
+    partial: Vec<__m256i>,
+}
+
+impl OctetScratch {
+    fn new(batch: usize) -> OctetScratch {
+        OctetScratch {
+            acc: vec![[cast([0f32; 8]); 8]; batch],
+            partial: vec![cast([0i32; 8]); batch],
+        }
+    }
+}
+
+/// The 8 x 8 transpose of 32-bit lanes: lane `r` of output `i` is lane `i` of input `r`.
+#[inline(always)]
+fn transpose_lanes(v3: V3, r: [__m256i; OCTET]) -> [__m256i; OCTET] {
+    let a = v3.avx2;
+    let t0 = a._mm256_unpacklo_epi32(r[0], r[1]);
+    let t1 = a._mm256_unpackhi_epi32(r[0], r[1]);
+    let t2 = a._mm256_unpacklo_epi32(r[2], r[3]);
+    let t3 = a._mm256_unpackhi_epi32(r[2], r[3]);
+    let t4 = a._mm256_unpacklo_epi32(r[4], r[5]);
+    let t5 = a._mm256_unpackhi_epi32(r[4], r[5]);
+    let t6 = a._mm256_unpacklo_epi32(r[6], r[7]);
+    let t7 = a._mm256_unpackhi_epi32(r[6], r[7]);
+    // u_i: lane i of rows 0..4 in the low half, lane i + 4 in the high half (rows 4..8 for
+    // u_{i+4}).
+    let u0 = a._mm256_unpacklo_epi64(t0, t2);
+    let u1 = a._mm256_unpackhi_epi64(t0, t2);
+    let u2 = a._mm256_unpacklo_epi64(t1, t3);
+    let u3 = a._mm256_unpackhi_epi64(t1, t3);
+    let u4 = a._mm256_unpacklo_epi64(t4, t6);
+    let u5 = a._mm256_unpackhi_epi64(t4, t6);
+    let u6 = a._mm256_unpacklo_epi64(t5, t7);
+    let u7 = a._mm256_unpackhi_epi64(t5, t7);
+    [
+        a._mm256_permute2x128_si256::<0x20>(u0, u4),
+        a._mm256_permute2x128_si256::<0x20>(u1, u5),
+        a._mm256_permute2x128_si256::<0x20>(u2, u6),
+        a._mm256_permute2x128_si256::<0x20>(u3, u7),
+        a._mm256_permute2x128_si256::<0x31>(u0, u4),
+        a._mm256_permute2x128_si256::<0x31>(u1, u5),
+        a._mm256_permute2x128_si256::<0x31>(u2, u6),
+        a._mm256_permute2x128_si256::<0x31>(u3, u7),
+    ]
+}
+
+/// The nibbles of one 64-column chunk of eight rows, transposed: lane `r` of `low[i]` holds
+/// row `r`'s codes for columns `8i, 8i + 2, 8i + 4, 8i + 6` of the chunk (the even codes'
+/// 32-bit lane `i` of `Int8Vector::paired`), `high[i]` the odd columns after each.
+#[inline(always)]
+fn octet_nibbles<E: PairProducts>(
+    engine: E,
+    next_octet: &[u8],
+    rows: &[&[[u8; PAIR_BYTES]]; OCTET],
+    chunk: usize,
+) -> ([__m256i; OCTET], [__m256i; OCTET]) {
+    let v3 = engine.v3();
+    let zero: __m256i = cast([0i32; 8]);
+    let mut packed = [zero; OCTET];
+    for r in 0..OCTET {
+        packed[r] = cast(rows[r].get(chunk).copied().unwrap_or([0; PAIR_BYTES]));
+    }
+
+    // Eight rows read side by side are eight interleaved streams, which the hardware
+    // prefetcher follows poorly: the next octet's rows (contiguous) are asked for in order
+    // instead, as many lines per chunk as it takes to cover them by the end of this octet.
+    for line in 0..PREFETCH_LINES {
+        let at = (chunk * PREFETCH_LINES + line) * CACHE_LINE;
+        engine.prefetch(next_octet.get(at..).unwrap_or(&[]));
+    }
+    let lanes = transpose_lanes(v3, packed);
+    let mut low = [zero; OCTET];
+    let mut high = [zero; OCTET];
+    for i in 0..OCTET {
+        (low[i], high[i]) = nibbles(v3, cast(lanes[i]));
+    }
+    (low, high)
+}
+
+/// One chunk's integer sums for the octet's eight rows (lane `r` for row `r`) against one
+/// vector's codes: each 32-bit lane of the codes broadcast and multiplied into every row at
+/// once, in four independent sums added at the end (exact, so any order gives the same).
+#[inline(always)]
+fn octet_chunk_sum<E: PairProducts>(
+    engine: E,
+    (low, high): &([__m256i; OCTET], [__m256i; OCTET]),
+    even: [i8; BLOCK],
+    odd: [i8; BLOCK],
+) -> __m256i {
+    let v3 = engine.v3();
+    let even: [i32; 8] = cast(even);
+    let odd: [i32; 8] = cast(odd);
+    let zero: __m256i = cast([0i32; 8]);
+    let mut sums = [zero; 4];
+    for i in 0..OCTET {
+        let e = v3.avx._mm256_set1_epi32(even[i]);
+        let o = v3.avx._mm256_set1_epi32(odd[i]);
+        sums[i % 4] = engine.add_pair(sums[i % 4], (low[i], high[i]), e, o);
+    }
+    let a = v3.avx2;
+    a._mm256_add_epi32(
+        a._mm256_add_epi32(sums[0], sums[1]),
+        a._mm256_add_epi32(sums[2], sums[3]),
+    )
+}
+
+/// Groups `first_group..first_group + 8` of the stored scales (or biases) of rows
+/// `first..first + 8`, as f32: element `j` holds group `first_group + j`, lane `r` row
+/// `first + r`. Each row's eight values are read as one register, then transposed; where a
+/// row's eight are not all inside `bytes` (the last block of a matrix whose group count is
+/// not a multiple of 8) they are read one at a time.
+#[inline(always)]
+fn octet_floats(
+    v3: V3,
+    scale: FloatType,
+    bytes: &[u8],
+    first: usize,
+    groups: usize,
+    first_group: usize,
+) -> [__m256; GROUPS_AT_ONCE] {
+    let zero: __m256i = cast([0i32; 8]);
+    let mut by_row = [zero; OCTET];
+    for (r, row) in by_row.iter_mut().enumerate() {
+        let index = (first + r) * groups + first_group;
+        *row = if first_group + GROUPS_AT_ONCE <= groups {
+            cast(eight_floats(v3, scale, bytes, index))
+        } else {
+            let mut values = [0f32; GROUPS_AT_ONCE];
+            for (j, v) in values.iter_mut().enumerate().take(groups - first_group) {
+                *v = scale.read(bytes, index + j);
+            }
+            cast(values)
+        };
+    }
+    cast(transpose_lanes(v3, by_row))
+}
+
+/// Rows `first..first + 8` against every vector of `xs` for groups of `2 * BLOCK * PPG`
+/// columns, into `out[r * batch + b]`: the module's arithmetic with one row per lane. Each
+/// chunk of packed codes is transposed once for the whole batch, so that a group's integer
+/// sum lands in its row's lane without a horizontal reduction; step 2's multiplies and adds
+/// are then the same f32 operations per lane as [`fold_block`] and `int8::fold` do per row,
+/// so each (row, vector) has the bits of [`dot_blocks`].
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+fn octet_rows<E: PairProducts, const PPG: usize>(
+    engine: E,
+    m: &QMatrix,
+    first: usize,
+    xs: &[Int8Vector],
+    out: &mut [f32],
+    scratch: &mut OctetScratch,
+) {
+    let v3 = engine.v3();
+    let (avx, avx2) = (v3.avx, v3.avx2);
+    let Format::Affine { scale, .. } = m.format else {
+        out.fill(f32::NAN);
+        return;
+    };
+    let groups = m.cols / (2 * BLOCK * PPG);
+    let row_bytes = m.cols / 2;
+    let empty: &[[u8; PAIR_BYTES]] = &[];
+    let mut rows = [empty; OCTET];
+    for (r, row) in rows.iter_mut().enumerate() {
+        let start = (first + r) * row_bytes;
+        *row = m
+            .packed
+            .get(start..start + row_bytes)
+            .map_or(empty, |bytes| bytes.as_chunks::<PAIR_BYTES>().0);
+    }
+    let next_octet = m.packed.get((first + OCTET) * row_bytes..).unwrap_or(&[]);
+    for acc in &mut scratch.acc {
+        *acc = [cast([0f32; 8]); 8];
+    }
+    let mut scales = [cast([0f32; 8]); GROUPS_AT_ONCE];
+    let mut biases = scales;
+    for g in 0..groups {
+        if g % GROUPS_AT_ONCE == 0 {
+            scales = octet_floats(v3, scale, m.scales, first, groups, g);
+            biases = octet_floats(v3, scale, m.biases, first, groups, g);
+        }
+        let (s, b) = (scales[g % 8], biases[g % 8]);
+        for c in 0..PPG {
+            let chunk = g * PPG + c;
+            let weights = octet_nibbles(engine, next_octet, &rows, chunk);
+            for (v, x) in xs.iter().enumerate() {
+                let codes = x.paired.as_chunks::<BLOCK>().0;
+                let (Some(&even), Some(&odd)) = (codes.get(2 * chunk), codes.get(2 * chunk + 1))
+                else {
+                    continue;
+                };
+                let mut sum = octet_chunk_sum(engine, &weights, even, odd);
+                if c > 0 {
+                    sum = avx2._mm256_add_epi32(scratch.partial[v], sum);
+                }
+                if c + 1 < PPG {
+                    scratch.partial[v] = sum;
+                    continue;
+                }
+                let step = avx._mm256_set1_ps(x.steps.get(g).copied().unwrap_or(f32::NAN));
+                let total = avx._mm256_set1_ps(x.sums.get(g).copied().unwrap_or(f32::NAN));
+                let terms = avx._mm256_add_ps(
+                    avx._mm256_mul_ps(avx._mm256_mul_ps(s, step), avx._mm256_cvtepi32_ps(sum)),
+                    avx._mm256_mul_ps(b, total),
+                );
+                let acc = &mut scratch.acc[v][g % 8];
+                *acc = avx._mm256_add_ps(*acc, terms);
+            }
+        }
+    }
+    let batch = xs.len();
+    for (v, a) in scratch.acc.iter().enumerate() {
+        // Step 3 lane by lane (no closure: it would not inherit the target features).
+        let even = avx._mm256_add_ps(avx._mm256_add_ps(a[0], a[4]), avx._mm256_add_ps(a[2], a[6]));
+        let odd = avx._mm256_add_ps(avx._mm256_add_ps(a[1], a[5]), avx._mm256_add_ps(a[3], a[7]));
+        let y: [f32; OCTET] = cast(avx._mm256_add_ps(even, odd));
+        for (r, &value) in y.iter().enumerate() {
+            out[r * batch + v] = value;
         }
     }
 }

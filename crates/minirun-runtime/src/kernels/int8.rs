@@ -381,7 +381,9 @@ impl QMatrix<'_> {
     }
 
     /// Rows `rows` against every vector of `xs` into `out[i * batch + b]`, split between
-    /// threads by bands of rows (each row computed whole by one thread).
+    /// threads by bands of rows (each row computed whole by one thread). On one thread a batch
+    /// still goes band by band, so that a band's rows stay in cache for all its vectors
+    /// instead of the whole matrix being read again for each.
     fn int8_bands(
         &self,
         rows: Range<usize>,
@@ -391,7 +393,12 @@ impl QMatrix<'_> {
     ) {
         let batch = xs.len();
         if rows.len() * self.cols < SERIAL_CELLS || rayon::current_num_threads() == 1 {
-            kernel(self, rows.start, xs, out);
+            if batch == 1 {
+                return kernel(self, rows.start, xs, out);
+            }
+            for (task, band) in out.chunks_mut(ROWS_PER_TASK * batch).enumerate() {
+                kernel(self, rows.start + task * ROWS_PER_TASK, xs, band);
+            }
         } else {
             out.par_chunks_mut(ROWS_PER_TASK * batch)
                 .enumerate()
