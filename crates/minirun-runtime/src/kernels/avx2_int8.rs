@@ -333,10 +333,14 @@ fn rows_batch_blocks<E: PairProducts, const PPG: usize>(
     };
     let (octets, rest) = out.split_at_mut(octet_rows_total * batch);
     if !octets.is_empty() {
-        let mut scratch = OctetScratch::new(batch);
+        // Taken out of the thread's slot and put back, not borrowed in a closure: a closure
+        // would not inherit the target features the kernel is compiled for.
+        let mut scratch = OCTET_SCRATCH.take();
+        scratch.fit(batch);
         for (o, octet_out) in octets.chunks_exact_mut(OCTET * batch).enumerate() {
             octet_rows::<E, PPG>(engine, m, first + o * OCTET, xs, octet_out, &mut scratch);
         }
+        OCTET_SCRATCH.set(scratch);
     }
     let first = first + octet_rows_total;
     for (b, x) in xs.iter().enumerate() {
@@ -361,19 +365,29 @@ const CACHE_LINE: usize = 64;
 const PREFETCH_LINES: usize = OCTET * PAIR_BYTES / CACHE_LINE;
 
 /// The per-vector state of an octet of rows: the eight f32 accumulators of step 2 (lane `r`
-/// for row `r`) and, for groups of 128 columns, the group's integer sum so far.
+/// for row `r`) and, for groups of 128 columns, the group's integer sum so far; at least one
+/// entry per vector of the batch.
+#[derive(Default)]
 struct OctetScratch {
     acc: Vec<[__m256; 8]>,
     partial: Vec<__m256i>,
 }
 
 impl OctetScratch {
-    fn new(batch: usize) -> OctetScratch {
-        OctetScratch {
-            acc: vec![[cast([0f32; 8]); 8]; batch],
-            partial: vec![cast([0i32; 8]); batch],
+    /// Room for `batch` vectors. Every entry is written before it is read, so old contents
+    /// may stay.
+    fn fit(&mut self, batch: usize) {
+        if self.acc.len() < batch {
+            self.acc.resize(batch, [cast([0f32; 8]); 8]);
+            self.partial.resize(batch, cast([0i32; 8]));
         }
     }
+}
+
+thread_local! {
+    /// Each thread's scratch, kept between products: allocating it for each band of rows cost
+    /// a measurable share of a 2-thread prefill in the allocator.
+    static OCTET_SCRATCH: std::cell::RefCell<OctetScratch> = std::cell::RefCell::default();
 }
 
 /// The 8 x 8 transpose of 32-bit lanes: lane `r` of output `i` is lane `i` of input `r`.
@@ -535,7 +549,9 @@ fn octet_rows<E: PairProducts, const PPG: usize>(
             .map_or(empty, |bytes| bytes.as_chunks::<PAIR_BYTES>().0);
     }
     let next_octet = m.packed.get((first + OCTET) * row_bytes..).unwrap_or(&[]);
-    for acc in &mut scratch.acc {
+    let batch = xs.len();
+    let (accs, partials) = (&mut scratch.acc[..batch], &mut scratch.partial[..batch]);
+    for acc in accs.iter_mut() {
         *acc = [cast([0f32; 8]); 8];
     }
     let mut scales = [cast([0f32; 8]); GROUPS_AT_ONCE];
@@ -557,10 +573,10 @@ fn octet_rows<E: PairProducts, const PPG: usize>(
                 };
                 let mut sum = octet_chunk_sum(engine, &weights, even, odd);
                 if c > 0 {
-                    sum = avx2._mm256_add_epi32(scratch.partial[v], sum);
+                    sum = avx2._mm256_add_epi32(partials[v], sum);
                 }
                 if c + 1 < PPG {
-                    scratch.partial[v] = sum;
+                    partials[v] = sum;
                     continue;
                 }
                 let step = avx._mm256_set1_ps(x.steps.get(g).copied().unwrap_or(f32::NAN));
@@ -569,13 +585,12 @@ fn octet_rows<E: PairProducts, const PPG: usize>(
                     avx._mm256_mul_ps(avx._mm256_mul_ps(s, step), avx._mm256_cvtepi32_ps(sum)),
                     avx._mm256_mul_ps(b, total),
                 );
-                let acc = &mut scratch.acc[v][g % 8];
+                let acc = &mut accs[v][g % 8];
                 *acc = avx._mm256_add_ps(*acc, terms);
             }
         }
     }
-    let batch = xs.len();
-    for (v, a) in scratch.acc.iter().enumerate() {
+    for (v, a) in accs.iter().enumerate() {
         // Step 3 lane by lane (no closure: it would not inherit the target features).
         let even = avx._mm256_add_ps(avx._mm256_add_ps(a[0], a[4]), avx._mm256_add_ps(a[2], a[6]));
         let odd = avx._mm256_add_ps(avx._mm256_add_ps(a[1], a[5]), avx._mm256_add_ps(a[3], a[7]));
