@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::artifact::{Artifact, ArtifactError};
 use crate::experts::{ExpertCache, ExpertParts, with_fetched};
 use crate::kernels::{KernelError, QMatrix};
+use crate::shared_rows::SharedRows;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -287,6 +288,28 @@ pub(crate) fn apply_batch(
     Ok(ys.chunks_exact(m.rows).map(<[f32]>::to_vec).collect())
 }
 
+/// [`apply_batch`] on rows `which` of a shared input: with 8-bit activations the rows are
+/// quantized once for every product that reads them ([`SharedRows`]); each output has the bits
+/// [`apply`] gives its row alone.
+pub(crate) fn apply_shared(
+    m: &QMatrix,
+    input: &SharedRows,
+    which: &[usize],
+    stats: &mut StepStats,
+) -> Result<Vec<Vec<f32>>, KernelError> {
+    let Some(group) = m.int8_group() else {
+        let rows = SharedRows::pick(input.values(), which)?;
+        return match rows.as_slice() {
+            [x] => Ok(vec![apply(m, x, stats)?]),
+            _ => apply_batch(m, &rows.into_iter().cloned().collect::<Vec<_>>(), stats),
+        };
+    };
+    let all = input.quantized(group)?;
+    let outs = m.matmul_quantized(&SharedRows::pick(&all, which)?)?;
+    stats.weight_bytes += m.stored_bytes() as u64;
+    Ok(outs)
+}
+
 /// The indices of the `k` largest `values` (all of them when fewer), largest first; ties go
 /// to the lower index.
 pub(crate) fn top_k(values: &[f32], k: usize) -> Vec<usize> {
@@ -355,8 +378,20 @@ impl Mlp<'_> {
         xs: &[Vec<f32>],
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<f32>>, KernelError> {
-        let gate = apply_batch(&self.gate, xs, stats)?;
-        let up = apply_batch(&self.up, xs, stats)?;
+        let all: Vec<usize> = (0..xs.len()).collect();
+        self.forward_on(&SharedRows::new(xs), &all, stats)
+    }
+
+    /// The MLP on rows `which` of a shared input (the gate and up projections read the same
+    /// rows, quantized once between them and any other product sharing `input`).
+    pub(crate) fn forward_on(
+        &self,
+        input: &SharedRows,
+        which: &[usize],
+        stats: &mut StepStats,
+    ) -> Result<Vec<Vec<f32>>, KernelError> {
+        let gate = apply_shared(&self.gate, input, which, stats)?;
+        let up = apply_shared(&self.up, input, which, stats)?;
         let inner: Vec<Vec<f32>> = gate
             .iter()
             .zip(&up)
@@ -654,15 +689,15 @@ impl ExpertUsers {
         &self,
         e: usize,
         expert: &Mlp,
-        xs: &[Vec<f32>],
+        input: &SharedRows,
         stats: &mut StepStats,
     ) -> Result<Vec<SlotOutput>, KernelError> {
         let served = self.users.get(&e).map_or(&[][..], Vec::as_slice);
-        let rows: Vec<Vec<f32>> = served.iter().map(|&(row, _)| xs[row].clone()).collect();
+        let rows: Vec<usize> = served.iter().map(|&(row, _)| row).collect();
         Ok(served
             .iter()
             .copied()
-            .zip(expert.forward(&rows, stats)?)
+            .zip(expert.forward_on(input, &rows, stats)?)
             .collect())
     }
 
@@ -671,11 +706,11 @@ impl ExpertUsers {
         &self,
         e: usize,
         expert: &Mlp,
-        xs: &[Vec<f32>],
+        input: &SharedRows,
         outputs: &mut [Vec<Vec<f32>>],
         stats: &mut StepStats,
     ) -> Result<(), KernelError> {
-        for ((row, k), out) in self.outputs(e, expert, xs, stats)? {
+        for ((row, k), out) in self.outputs(e, expert, input, stats)? {
             outputs[row][k] = out;
         }
         Ok(())
@@ -715,10 +750,11 @@ pub(crate) fn run_routed<T>(
     stats: &mut StepStats,
 ) -> Result<(RoutedOutputs, T), ModelError> {
     let users = ExpertUsers::of(routes);
+    let input = SharedRows::new(xs);
     let mut outputs: RoutedOutputs = routes.iter().map(|r| vec![Vec::new(); r.len()]).collect();
     let value = match (experts, streaming) {
         (RoutedExperts::Resident(held), _) => {
-            run_resident_experts(held, &users, xs, &mut outputs, stats)?;
+            run_resident_experts(held, &users, &input, &mut outputs, stats)?;
             meanwhile(stats)?
         }
         (RoutedExperts::Streamed { layer, parts }, Some(streaming)) => {
@@ -729,7 +765,7 @@ pub(crate) fn run_routed<T>(
                 slots,
                 activation,
             };
-            fetched.run(&users, xs, &mut outputs, meanwhile, stats)?
+            fetched.run(&users, &input, &mut outputs, meanwhile, stats)?
         }
         (RoutedExperts::Streamed { .. }, None) => {
             return Err(ModelError::Artifact(ArtifactError::Tensor {
@@ -747,7 +783,7 @@ pub(crate) fn run_routed<T>(
 fn run_resident_experts(
     held: &[Mlp],
     users: &ExpertUsers,
-    xs: &[Vec<f32>],
+    input: &SharedRows,
     outputs: &mut RoutedOutputs,
     stats: &mut StepStats,
 ) -> Result<(), KernelError> {
@@ -762,7 +798,7 @@ fn run_resident_experts(
                 actual: held.len(),
             })?;
             let mut own = StepStats::default();
-            let outs = users.outputs(e, expert, xs, &mut own)?;
+            let outs = users.outputs(e, expert, input, &mut own)?;
             Ok::<_, KernelError>((outs, own))
         })
         .collect();
@@ -791,7 +827,7 @@ impl StreamedExperts<'_> {
     fn run<T>(
         &self,
         users: &ExpertUsers,
-        xs: &[Vec<f32>],
+        input: &SharedRows,
         outputs: &mut [Vec<Vec<f32>>],
         meanwhile: impl FnOnce(&mut StepStats) -> Result<T, ModelError>,
         stats: &mut StepStats,
@@ -831,7 +867,7 @@ impl StreamedExperts<'_> {
                         down: expert.down.matrix(&part.down)?,
                         activation: self.activation,
                     };
-                    users.run(e, &mlp, xs, outputs, &mut expert_stats)?;
+                    users.run(e, &mlp, input, outputs, &mut expert_stats)?;
                     Ok(())
                 },
             )?;

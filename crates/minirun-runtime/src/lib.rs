@@ -21,4 +21,5 @@ pub mod plan;
 pub mod read_clock;
 pub mod rope;
 pub mod session;
+mod shared_rows;
 pub mod text;

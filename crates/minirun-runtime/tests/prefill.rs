@@ -11,6 +11,7 @@ use minirun_runtime::budget::Budget;
 use minirun_runtime::config::DeepSeekV3Config;
 use minirun_runtime::deepseek::{DeepSeekV3, ModelError, PREFILL_CHUNK, StepStats};
 use minirun_runtime::generate::argmax;
+use minirun_runtime::kernels::Activations;
 use minirun_runtime::model::Decoder;
 use minirun_runtime::plan::{Plan, expert_map};
 
@@ -73,6 +74,36 @@ fn a_prefilled_prompt_has_the_bits_of_stepping_through_it_resident_and_streamed(
                     "{fixture}, {what}, {threads} threads: prefill differs from stepping"
                 );
             }
+        }
+    }
+}
+
+/// With 8-bit activations a position's rows are quantized once for all the products that read
+/// them (gate and up, every routed expert) instead of once per product; a prefill must still
+/// give every position stepping's bits, resident and streamed, on one thread and on two.
+#[test]
+fn with_eight_bit_activations_a_prefill_has_the_bits_of_stepping() {
+    let dir = packed("mlx-affine4-g64");
+    let mut artifact = Artifact::open(dir.path(), Access::Unverified).unwrap();
+    let exact = DeepSeekV3Config::parse(&artifact.config_json).unwrap();
+    let config = exact.clone();
+    let prompt = prompt(config.vocab_size);
+    let exact_bits = decode(&DeepSeekV3::load(&artifact, exact).unwrap(), &prompt, false);
+    artifact.set_activations(Activations::Int8);
+    let resident = DeepSeekV3::load(&artifact, config.clone()).unwrap();
+    let stepped = decode(&resident, &prompt, false);
+    assert!(stepped != exact_bits, "int8 gave the f32 path's bits");
+
+    let experts = expert_map(&artifact, &config).unwrap();
+    let floor = Plan::new(&artifact, &config, &experts, Budget::Floor, 128).unwrap();
+    let streamed = DeepSeekV3::load_planned(&artifact, config, &floor, experts).unwrap();
+    for threads in [1, 2] {
+        for (what, model) in [("resident", &resident), ("streamed", &streamed)] {
+            let batched = on_threads(threads, || decode(model, &prompt, true));
+            assert!(
+                batched == stepped,
+                "{what}, {threads} threads: an int8 prefill differs from stepping"
+            );
         }
     }
 }

@@ -322,7 +322,7 @@ fn rows_batch_blocks<E: PairProducts, const PPG: usize>(
     engine: E,
     m: &QMatrix,
     first: usize,
-    xs: &[Int8Vector],
+    xs: &[&Int8Vector],
     out: &mut [f32],
 ) {
     let batch = xs.len();
@@ -527,7 +527,7 @@ fn octet_rows<E: PairProducts, const PPG: usize>(
     engine: E,
     m: &QMatrix,
     first: usize,
-    xs: &[Int8Vector],
+    xs: &[&Int8Vector],
     out: &mut [f32],
     scratch: &mut OctetScratch,
 ) {
@@ -604,12 +604,12 @@ fn octet_rows<E: PairProducts, const PPG: usize>(
 /// Rows `first..` against every vector of `xs`, into `out[i * batch + b]`: each (row, vector)
 /// runs the one row function, so each vector gets its own product's bits (a lone product is a
 /// batch of one).
-pub(crate) fn rows_batch(v3: V3, m: &QMatrix, first: usize, xs: &[Int8Vector], out: &mut [f32]) {
+pub(crate) fn rows_batch(v3: V3, m: &QMatrix, first: usize, xs: &[&Int8Vector], out: &mut [f32]) {
     struct RowsBatch<'a, 'm> {
         v3: V3,
         m: &'a QMatrix<'m>,
         first: usize,
-        xs: &'a [Int8Vector],
+        xs: &'a [&'a Int8Vector],
         out: &'a mut [f32],
     }
     impl pulp::WithSimd for RowsBatch<'_, '_> {
@@ -636,7 +636,7 @@ pub(crate) fn rows_batch_vnni(
     vnni: Vnni,
     m: &QMatrix,
     first: usize,
-    xs: &[Int8Vector],
+    xs: &[&Int8Vector],
     out: &mut [f32],
 ) {
     vnni.vectorize(
@@ -650,11 +650,11 @@ fn rows_batch_with<E: PairProducts>(
     engine: E,
     m: &QMatrix,
     first: usize,
-    xs: &[Int8Vector],
+    xs: &[&Int8Vector],
     out: &mut [f32],
 ) {
     // Pairs of 32-column blocks per group, as a constant of the row code.
-    match xs.first().map(Int8Vector::group) {
+    match xs.first().map(|x| x.group()) {
         Some(64) => return rows_batch_blocks::<E, 1>(engine, m, first, xs, out),
         Some(128) => return rows_batch_blocks::<E, 2>(engine, m, first, xs, out),
         _ => {}

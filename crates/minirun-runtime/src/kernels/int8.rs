@@ -33,7 +33,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use super::format::{Format, QMatrix};
-use super::{KernelError, ROWS_PER_TASK, SERIAL_CELLS, check_len};
+use super::{KernelError, ROWS_PER_TASK, SERIAL_CELLS, check_len, unweave};
 
 /// Columns of one block of quantized codes: the SIMD path reads two blocks (one 32-byte
 /// register of 4-bit codes) at a time.
@@ -252,9 +252,9 @@ pub(crate) fn combine(a: [f32; 8]) -> f32 {
     ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
 }
 
-type RowsBatchInt8 = fn(&QMatrix, usize, &[Int8Vector], &mut [f32]);
+type RowsBatchInt8 = fn(&QMatrix, usize, &[&Int8Vector], &mut [f32]);
 
-fn rows_batch_portable(m: &QMatrix, first: usize, xs: &[Int8Vector], out: &mut [f32]) {
+fn rows_batch_portable(m: &QMatrix, first: usize, xs: &[&Int8Vector], out: &mut [f32]) {
     for (i, row_out) in out.chunks_exact_mut(xs.len()).enumerate() {
         for (o, x) in row_out.iter_mut().zip(xs) {
             *o = dot_portable(m, first + i, x);
@@ -262,7 +262,7 @@ fn rows_batch_portable(m: &QMatrix, first: usize, xs: &[Int8Vector], out: &mut [
     }
 }
 
-fn rows_batch_fast(m: &QMatrix, first: usize, xs: &[Int8Vector], out: &mut [f32]) {
+fn rows_batch_fast(m: &QMatrix, first: usize, xs: &[&Int8Vector], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if let Some(vnni) = x86_vnni::Vnni::try_new() {
         return super::avx2_int8::rows_batch_vnni(vnni, m, first, xs, out);
@@ -271,7 +271,7 @@ fn rows_batch_fast(m: &QMatrix, first: usize, xs: &[Int8Vector], out: &mut [f32]
 }
 
 /// The AVX2 path even where VNNI exists (tests compare the paths).
-fn rows_batch_avx2(m: &QMatrix, first: usize, xs: &[Int8Vector], out: &mut [f32]) {
+fn rows_batch_avx2(m: &QMatrix, first: usize, xs: &[&Int8Vector], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if let Some(v3) = pulp::x86::V3::try_new() {
         return super::avx2_int8::rows_batch(v3, m, first, xs, out);
@@ -285,7 +285,7 @@ impl QMatrix<'_> {
     pub fn matvec_int8(&self, x: &Int8Vector, y: &mut [f32]) -> Result<(), KernelError> {
         check_input(self, x)?;
         check_len("y", self.rows, y.len())?;
-        self.int8_bands(0..self.rows, std::slice::from_ref(x), y, rows_batch_fast);
+        self.int8_bands(0..self.rows, &[x], y, rows_batch_fast);
         Ok(())
     }
 
@@ -295,12 +295,7 @@ impl QMatrix<'_> {
     pub fn matvec_int8_portable(&self, x: &Int8Vector, y: &mut [f32]) -> Result<(), KernelError> {
         check_input(self, x)?;
         check_len("y", self.rows, y.len())?;
-        self.int8_bands(
-            0..self.rows,
-            std::slice::from_ref(x),
-            y,
-            rows_batch_portable,
-        );
+        self.int8_bands(0..self.rows, &[x], y, rows_batch_portable);
         Ok(())
     }
 
@@ -314,7 +309,7 @@ impl QMatrix<'_> {
     ) -> Result<(), KernelError> {
         let x = Int8Vector::quantize(x, affine4_group(self)?)?;
         check_input(self, &x)?;
-        self.int8_bands(rows, std::slice::from_ref(&x), y, rows_batch_fast);
+        self.int8_bands(rows, &[&x], y, rows_batch_fast);
         Ok(())
     }
 
@@ -370,14 +365,45 @@ impl QMatrix<'_> {
             .chunks_exact(self.cols)
             .map(|x| Int8Vector::quantize(x, group))
             .collect::<Result<Vec<_>, _>>()?;
+        let vectors: Vec<&Int8Vector> = vectors.iter().collect();
         let mut by_row = vec![0f32; self.rows * batch];
         self.int8_bands(0..self.rows, &vectors, &mut by_row, kernel);
-        for (r, values) in by_row.chunks_exact(batch).enumerate() {
-            for (b, &v) in values.iter().enumerate() {
-                ys[b * self.rows + r] = v;
-            }
-        }
+        let mut outs: Vec<&mut [f32]> = ys.chunks_exact_mut(self.rows).collect();
+        unweave(&by_row, &mut outs);
         Ok(())
+    }
+
+    /// `W x` for every vector of `xs`, each already quantized for this matrix's group (so that
+    /// products sharing an input quantize it once), one output vector each: every output has
+    /// the bits of its own product, and each row of the matrix is read once for the batch.
+    pub(crate) fn matmul_quantized(
+        &self,
+        xs: &[&Int8Vector],
+    ) -> Result<Vec<Vec<f32>>, KernelError> {
+        for x in xs {
+            check_input(self, x)?;
+        }
+        let mut outs = vec![vec![0f32; self.rows]; xs.len()];
+        if xs.is_empty() {
+            return Ok(outs);
+        }
+        if let [x] = xs {
+            self.int8_bands(0..self.rows, &[*x], &mut outs[0], rows_batch_fast);
+            return Ok(outs);
+        }
+        let mut by_row = vec![0f32; self.rows * xs.len()];
+        self.int8_bands(0..self.rows, xs, &mut by_row, rows_batch_fast);
+        unweave(&by_row, &mut outs);
+        Ok(outs)
+    }
+
+    /// The affine group 8-bit inputs of this matrix are quantized for, when its products take
+    /// 8-bit activations.
+    pub(crate) fn int8_group(&self) -> Option<usize> {
+        match self.activations() {
+            super::Activations::Int8 => affine4_group(self).ok(),
+            super::Activations::F32 => None,
+        }
     }
 
     /// Rows `rows` against every vector of `xs` into `out[i * batch + b]`, split between
@@ -387,7 +413,7 @@ impl QMatrix<'_> {
     fn int8_bands(
         &self,
         rows: Range<usize>,
-        xs: &[Int8Vector],
+        xs: &[&Int8Vector],
         out: &mut [f32],
         kernel: RowsBatchInt8,
     ) {

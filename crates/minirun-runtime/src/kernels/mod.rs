@@ -83,6 +83,27 @@ pub enum KernelError {
 const ROWS_PER_TASK: usize = 16;
 const SERIAL_CELLS: usize = 1 << 16;
 
+/// `by_row[r * batch + b]` into `outs[b][r]` (`batch = outs.len()`), sixteen rows at a time so
+/// that each output's cache line is written whole: output by output, a row's `batch` stores
+/// would land a power of two apart, all in one cache set, and evict one another.
+pub(crate) fn unweave<O: AsMut<[f32]>>(by_row: &[f32], outs: &mut [O]) {
+    const ROWS_AT_ONCE: usize = 16;
+    let batch = outs.len();
+    if batch == 0 {
+        return;
+    }
+    let rows = by_row.len() / batch;
+    for start in (0..rows).step_by(ROWS_AT_ONCE) {
+        let end = (start + ROWS_AT_ONCE).min(rows);
+        for (b, out) in outs.iter_mut().enumerate() {
+            let out = &mut out.as_mut()[start..end];
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = by_row[(start + i) * batch + b];
+            }
+        }
+    }
+}
+
 struct RowsOp<'a, 'm> {
     m: &'a QMatrix<'m>,
     first: usize,
@@ -312,11 +333,8 @@ impl QMatrix<'_> {
                 .enumerate()
                 .for_each(|(task, out)| band(task, out));
         }
-        for (r, values) in by_row.chunks_exact(batch).enumerate() {
-            for (b, &v) in values.iter().enumerate() {
-                ys[b * self.rows + r] = v;
-            }
-        }
+        let mut outs: Vec<&mut [f32]> = ys.chunks_exact_mut(self.rows).collect();
+        unweave(&by_row, &mut outs);
         Ok(())
     }
 

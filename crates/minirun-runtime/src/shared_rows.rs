@@ -1,0 +1,63 @@
+//! A batch's input rows as several products read them: an MLP's gate and up projections take
+//! the same rows, and so do all of a layer's routed experts. With 8-bit activations each of
+//! those products would quantize the rows it reads; here they are quantized once, by the first
+//! product that asks, and shared. Quantizing depends only on a row's values and the group, so
+//! every product still gets the bits its own quantization would give it.
+
+use std::borrow::Cow;
+use std::sync::OnceLock;
+
+use crate::kernels::{Int8Vector, KernelError};
+
+/// Rows of f32 values and, once asked for, their 8-bit form for one group.
+pub(crate) struct SharedRows<'x> {
+    values: &'x [Vec<f32>],
+    /// The group first asked for, and every row quantized for it (or why that failed).
+    int8: OnceLock<(usize, Result<Vec<Int8Vector>, KernelError>)>,
+}
+
+impl<'x> SharedRows<'x> {
+    pub fn new(values: &'x [Vec<f32>]) -> SharedRows<'x> {
+        SharedRows {
+            values,
+            int8: OnceLock::new(),
+        }
+    }
+
+    pub fn values(&self) -> &'x [Vec<f32>] {
+        self.values
+    }
+
+    /// Every row quantized for `group`: computed by the first caller (the others wait for it)
+    /// and kept; a later caller asking for another group gets its own quantization.
+    pub fn quantized(&self, group: usize) -> Result<Cow<'_, [Int8Vector]>, KernelError> {
+        let (kept_group, kept) = self
+            .int8
+            .get_or_init(|| (group, quantize_all(self.values, group)));
+        if *kept_group != group {
+            return quantize_all(self.values, group).map(Cow::Owned);
+        }
+        kept.as_deref().map(Cow::Borrowed).map_err(Clone::clone)
+    }
+
+    /// Rows `which` (indices into the batch), each borrowed from `all`.
+    pub fn pick<'a, T>(all: &'a [T], which: &[usize]) -> Result<Vec<&'a T>, KernelError> {
+        which
+            .iter()
+            .map(|&i| {
+                all.get(i).ok_or(KernelError::Length {
+                    what: "batch rows",
+                    expected: i + 1,
+                    actual: all.len(),
+                })
+            })
+            .collect()
+    }
+}
+
+fn quantize_all(values: &[Vec<f32>], group: usize) -> Result<Vec<Int8Vector>, KernelError> {
+    values
+        .iter()
+        .map(|x| Int8Vector::quantize(x, group))
+        .collect()
+}
