@@ -649,11 +649,7 @@ impl<'a> DeepSeekV3<'a> {
             cache.rope_key[layer].extend_from_slice(&key);
         }
         let q_latents = self.queries_in_latent_space(a, &qs, stats)?;
-        let mut mixed = Vec::with_capacity(qs.len());
-        for (t, (q, q_latent)) in qs.iter().zip(&q_latents).enumerate() {
-            let cache = &caches[rows.cache[t]];
-            mixed.push(self.mix_heads(q, q_latent, layer, rows.position[t], cache));
-        }
+        let mixed = self.mix_all_heads(&qs, &q_latents, layer, rows, caches);
         let outs = self.heads_out(a, &mixed, stats)?;
         Ok(apply_batch(&a.o, &outs, stats)?)
     }
@@ -678,28 +674,47 @@ impl<'a> DeepSeekV3<'a> {
         }
     }
 
-    /// One position's heads over the cache's positions up to and including `position`: per
-    /// head, the cached latents mixed by the softmax of the scores.
-    fn mix_heads(
+    /// Every row's heads ([`Self::mix_head`]), each (row, head) on whichever worker takes it:
+    /// they are independent, so each has the bits it has computed alone.
+    fn mix_all_heads(
+        &self,
+        qs: &[Vec<f32>],
+        q_latents: &[Vec<Vec<f32>>],
+        layer: usize,
+        rows: &Rows,
+        caches: &[&mut Cache],
+    ) -> Vec<Vec<Vec<f32>>> {
+        use rayon::prelude::*;
+        let c = &self.config;
+        let width = c.qk_nope_head_dim + c.qk_rope_head_dim;
+        qs.par_iter()
+            .zip(q_latents)
+            .enumerate()
+            .map(|(t, (q, q_latent))| {
+                let cache = &*caches[rows.cache[t]];
+                q.par_chunks_exact(width)
+                    .zip(q_latent)
+                    .map(|(q, q_latent)| self.mix_head(q, q_latent, layer, rows.position[t], cache))
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// One head of one position over the cache's positions up to and including `position`:
+    /// the cached latents mixed by the softmax of the scores.
+    fn mix_head(
         &self,
         q: &[f32],
-        q_latents: &[Vec<f32>],
+        q_latent: &[f32],
         layer: usize,
         position: usize,
         cache: &Cache,
-    ) -> Vec<Vec<f32>> {
-        let c = &self.config;
-        let (nope, rope_dim) = (c.qk_nope_head_dim, c.qk_rope_head_dim);
+    ) -> Vec<f32> {
+        let nope = self.config.qk_nope_head_dim;
         let (latents, keys) = (&cache.latent[layer], &cache.rope_key[layer]);
-        let steps = position + 1;
-        q.chunks_exact(nope + rope_dim)
-            .zip(q_latents)
-            .map(|(q, q_latent)| {
-                let mut q_rope = q[nope..].to_vec();
-                self.rope.apply(&mut q_rope, position);
-                attend_latent(q_latent, &q_rope, latents, keys, steps, self.scale)
-            })
-            .collect()
+        let mut q_rope = q[nope..].to_vec();
+        self.rope.apply(&mut q_rope, position);
+        attend_latent(q_latent, &q_rope, latents, keys, position + 1, self.scale)
     }
 
     fn heads_out(

@@ -539,6 +539,31 @@ pub(crate) enum LatentProjections<'a> {
     Whole(QMatrix<'a>),
 }
 
+/// `run(h)` for every head `h`, heads on whichever worker takes them: a head's projection is
+/// too small to be worth splitting between threads (each split wakes the other workers), and
+/// sixteen of them are not. Each head's outputs are computed as they would be alone.
+fn each_head<T: Send>(
+    heads: usize,
+    stats: &mut StepStats,
+    run: impl Fn(usize, &mut StepStats) -> Result<T, KernelError> + Sync,
+) -> Result<Vec<T>, KernelError> {
+    use rayon::prelude::*;
+    let results: Vec<_> = (0..heads)
+        .into_par_iter()
+        .map(|h| {
+            let mut own = StepStats::default();
+            run(h, &mut own).map(|out| (out, own))
+        })
+        .collect();
+    let mut outs = Vec::with_capacity(heads);
+    for result in results {
+        let (out, own) = result?;
+        crate::generate::accumulate(stats, &own);
+        outs.push(out);
+    }
+    Ok(outs)
+}
+
 fn head<'a>(stack: &crate::artifact::Stack<'a>, h: usize) -> Result<QMatrix<'a>, KernelError> {
     stack.get(h).ok_or(KernelError::Length {
         what: "heads",
@@ -561,13 +586,15 @@ impl LatentProjections<'_> {
         let mut q_latents = vec![Vec::with_capacity(d.heads); qs.len()];
         match self {
             LatentProjections::Split { embed_q, .. } => {
-                for h in 0..d.heads {
-                    let m = head(embed_q, h)?;
+                let per_head = each_head(d.heads, stats, |h, stats| {
                     let rows: Vec<Vec<f32>> = qs
                         .iter()
                         .map(|q| q[h * width..h * width + d.nope].to_vec())
                         .collect();
-                    for (t, latent) in apply_batch(&m, &rows, stats)?.into_iter().enumerate() {
+                    apply_batch(&head(embed_q, h)?, &rows, stats)
+                })?;
+                for latents in per_head {
+                    for (t, latent) in latents.into_iter().enumerate() {
                         q_latents[t].push(latent);
                     }
                 }
@@ -598,11 +625,20 @@ impl LatentProjections<'_> {
         let mut outs = vec![vec![0f32; d.heads * d.v]; mixed.len()];
         match self {
             LatentProjections::Split { unembed_out, .. } => {
-                for h in 0..d.heads {
-                    let m = head(unembed_out, h)?;
-                    let rows: Vec<Vec<f32>> =
-                        mixed.iter().map(|per_head| per_head[h].clone()).collect();
-                    for (out, head_out) in outs.iter_mut().zip(apply_batch(&m, &rows, stats)?) {
+                let per_head = each_head(d.heads, stats, |h, stats| {
+                    let rows = mixed
+                        .iter()
+                        .map(|per_head| per_head.get(h).cloned())
+                        .collect::<Option<Vec<Vec<f32>>>>()
+                        .ok_or(KernelError::Length {
+                            what: "mixed heads",
+                            expected: d.heads,
+                            actual: h,
+                        })?;
+                    apply_batch(&head(unembed_out, h)?, &rows, stats)
+                })?;
+                for (h, head_outs) in per_head.into_iter().enumerate() {
+                    for (out, head_out) in outs.iter_mut().zip(head_outs) {
                         out[h * d.v..(h + 1) * d.v].copy_from_slice(&head_out);
                     }
                 }
@@ -754,6 +790,9 @@ pub(crate) fn run_routed<T>(
     let mut outputs: RoutedOutputs = routes.iter().map(|r| vec![Vec::new(); r.len()]).collect();
     let value = match (experts, streaming) {
         (RoutedExperts::Resident(held), _) => {
+            if let Some(group) = held.first().and_then(|m| m.gate.int8_group()) {
+                input.prepare(group);
+            }
             run_resident_experts(held, &users, &input, &mut outputs, stats)?;
             meanwhile(stats)?
         }

@@ -40,6 +40,14 @@ impl<'x> SharedRows<'x> {
         kept.as_deref().map(Cow::Borrowed).map_err(Clone::clone)
     }
 
+    /// Quantizes every row for `group` now, before the products that share them run in
+    /// parallel: asked for lazily from inside them, one worker would quantize while the others
+    /// wait on it.
+    pub fn prepare(&self, group: usize) {
+        // The value (or the error) is kept for the products to take.
+        let _ = self.quantized(group);
+    }
+
     /// Rows `which` (indices into the batch), each borrowed from `all`.
     pub fn pick<'a, T>(all: &'a [T], which: &[usize]) -> Result<Vec<&'a T>, KernelError> {
         which
@@ -55,9 +63,11 @@ impl<'x> SharedRows<'x> {
     }
 }
 
+/// Every row quantized, rows on whichever worker takes them (each row's codes are its own).
 fn quantize_all(values: &[Vec<f32>], group: usize) -> Result<Vec<Int8Vector>, KernelError> {
+    use rayon::prelude::*;
     values
-        .iter()
+        .par_iter()
         .map(|x| Int8Vector::quantize(x, group))
         .collect()
 }
