@@ -267,6 +267,10 @@ fn fold_block(
     avx._mm256_add_ps(acc, terms)
 }
 
+/// How far ahead of its reads a row asks for packed bytes: the rows of a band are read in
+/// order, and the hardware prefetcher alone left the loads waiting on memory.
+const ROW_PREFETCH_AHEAD: usize = 2048;
+
 /// Row `r` against `x` for groups of `2 * BLOCK * PPG` columns (64 or 128): eight groups at a
 /// time, each pair of packed bytes split into nibbles and multiplied into its group's lanes,
 /// then `fold_block`; the last `groups % 8` one at a time through `int8::fold`.
@@ -290,8 +294,13 @@ fn dot_blocks<E: PairProducts, const PPG: usize>(
     let blocks = groups / GROUPS_AT_ONCE;
     let block_pairs = GROUPS_AT_ONCE * PPG;
     let mut acc: __m256 = cast([0f32; 8]);
+    let row_start = r * row_bytes;
     for block in 0..blocks {
         let start = block * block_pairs;
+        let ahead = row_start + start * PAIR_BYTES + ROW_PREFETCH_AHEAD;
+        for line in 0..block_pairs * PAIR_BYTES / CACHE_LINE {
+            engine.prefetch(m.packed.get(ahead + line * CACHE_LINE..).unwrap_or(&[]));
+        }
         // Slices of known length, so that the constant indices below need no checks.
         let row_pairs = &row[start..start + block_pairs];
         let x_blocks = &codes[2 * start..2 * (start + block_pairs)];
