@@ -5,7 +5,9 @@ mod common;
 
 use common::matrices::{Rng, Stored, float_bytes};
 use common::on_threads;
-use minirun_runtime::kernels::{BlockScale, FloatType, Format, QMatrix, decode, reference};
+use minirun_runtime::kernels::{
+    BlockScale, FloatType, Format, QMatrix, SERIAL_CELLS, decode, reference,
+};
 use proptest::prelude::*;
 
 const FLOATS: [FloatType; 3] = [FloatType::F32, FloatType::F16, FloatType::BF16];
@@ -155,10 +157,10 @@ proptest! {
 fn results_are_bit_identical_on_one_or_two_threads_and_in_bands() {
     for kind in 0..5 {
         for pick in 0..6 {
-            let stored = make(kind, 1100, 8, pick, 7 + pick as u64);
+            let stored = make(kind, 4200, 8, pick, 7 + pick as u64);
             let m = stored.matrix();
             assert!(
-                m.rows() * m.cols() >= 1 << 16,
+                m.rows() * m.cols() >= SERIAL_CELLS,
                 "the product must be big enough to run in parallel"
             );
             let x = input(m.cols(), 3);

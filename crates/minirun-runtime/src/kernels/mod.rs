@@ -78,10 +78,13 @@ pub enum KernelError {
     },
 }
 
-/// Rows handed to one rayon task; below `SERIAL_CELLS` weights a product runs on the calling
-/// thread. Neither changes a result bit (see the module docs).
+/// Rows handed to one rayon task. It changes no result bit (see the module docs).
 const ROWS_PER_TASK: usize = 16;
-const SERIAL_CELLS: usize = 1 << 16;
+
+/// Below this many weights a product runs on the calling thread: splitting it would wake the
+/// other workers for less work than the wake-up costs (the per-head attention projections, a
+/// router). It changes no result bit.
+pub const SERIAL_CELLS: usize = 1 << 18;
 
 /// `by_row[r * batch + b]` into `outs[b][r]` (`batch = outs.len()`), sixteen rows at a time so
 /// that each output's cache line is written whole: output by output, a row's `batch` stores
