@@ -273,15 +273,18 @@ pub(crate) fn apply(
 
 /// `W x` for every `x` of a batch, the matrix's bytes read once for all of them: each output
 /// has the bits [`apply`] gives it alone (`QMatrix::matmul`).
-pub(crate) fn apply_batch(
+pub(crate) fn apply_batch<X: AsRef<[f32]>>(
     m: &QMatrix,
-    xs: &[Vec<f32>],
+    xs: &[X],
     stats: &mut StepStats,
 ) -> Result<Vec<Vec<f32>>, KernelError> {
     if let [x] = xs {
-        return Ok(vec![apply(m, x, stats)?]);
+        return Ok(vec![apply(m, x.as_ref(), stats)?]);
     }
-    let flat: Vec<f32> = xs.concat();
+    let mut flat = Vec::with_capacity(xs.len() * m.cols());
+    for x in xs {
+        flat.extend_from_slice(x.as_ref());
+    }
     let mut ys = vec![0f32; xs.len() * m.rows];
     m.matmul(&flat, xs.len(), &mut ys)?;
     stats.weight_bytes += m.stored_bytes() as u64;
@@ -298,11 +301,7 @@ pub(crate) fn apply_shared(
     stats: &mut StepStats,
 ) -> Result<Vec<Vec<f32>>, KernelError> {
     let Some(group) = m.int8_group() else {
-        let rows = SharedRows::pick(input.values(), which)?;
-        return match rows.as_slice() {
-            [x] => Ok(vec![apply(m, x, stats)?]),
-            _ => apply_batch(m, &rows.into_iter().cloned().collect::<Vec<_>>(), stats),
-        };
+        return apply_batch(m, &SharedRows::pick(input.values(), which)?, stats);
     };
     let all = input.quantized(group)?;
     let outs = m.matmul_quantized(&SharedRows::pick(&all, which)?)?;
@@ -628,13 +627,14 @@ impl LatentProjections<'_> {
                 let per_head = each_head(d.heads, stats, |h, stats| {
                     let rows = mixed
                         .iter()
-                        .map(|per_head| per_head.get(h).cloned())
-                        .collect::<Option<Vec<Vec<f32>>>>()
-                        .ok_or(KernelError::Length {
-                            what: "mixed heads",
-                            expected: d.heads,
-                            actual: h,
-                        })?;
+                        .map(|per_head| {
+                            per_head.get(h).ok_or(KernelError::Length {
+                                what: "mixed heads",
+                                expected: d.heads,
+                                actual: per_head.len(),
+                            })
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
                     apply_batch(&head(unembed_out, h)?, &rows, stats)
                 })?;
                 for (h, head_outs) in per_head.into_iter().enumerate() {

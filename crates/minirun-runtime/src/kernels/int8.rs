@@ -366,10 +366,8 @@ impl QMatrix<'_> {
             .map(|x| Int8Vector::quantize(x, group))
             .collect::<Result<Vec<_>, _>>()?;
         let vectors: Vec<&Int8Vector> = vectors.iter().collect();
-        let mut by_row = vec![0f32; self.rows * batch];
-        self.int8_bands(0..self.rows, &vectors, &mut by_row, kernel);
         let mut outs: Vec<&mut [f32]> = ys.chunks_exact_mut(self.rows).collect();
-        unweave(&by_row, &mut outs);
+        self.int8_products(&vectors, &mut outs, kernel);
         Ok(())
     }
 
@@ -384,17 +382,27 @@ impl QMatrix<'_> {
             check_input(self, x)?;
         }
         let mut outs = vec![vec![0f32; self.rows]; xs.len()];
-        if xs.is_empty() {
-            return Ok(outs);
-        }
-        if let [x] = xs {
-            self.int8_bands(0..self.rows, &[*x], &mut outs[0], rows_batch_fast);
-            return Ok(outs);
-        }
-        let mut by_row = vec![0f32; self.rows * xs.len()];
-        self.int8_bands(0..self.rows, xs, &mut by_row, rows_batch_fast);
-        unweave(&by_row, &mut outs);
+        self.int8_products(xs, &mut outs, rows_batch_fast);
         Ok(outs)
+    }
+
+    /// Every vector of `xs` (checked) into its output of `outs` (one per vector, `rows` long):
+    /// a lone vector straight into its output, a batch row-major, then unweaved.
+    fn int8_products<O: AsMut<[f32]>>(
+        &self,
+        xs: &[&Int8Vector],
+        outs: &mut [O],
+        kernel: RowsBatchInt8,
+    ) {
+        match outs {
+            [] => {}
+            [out] => self.int8_bands(0..self.rows, xs, out.as_mut(), kernel),
+            _ => {
+                let mut by_row = vec![0f32; self.rows * xs.len()];
+                self.int8_bands(0..self.rows, xs, &mut by_row, kernel);
+                unweave(&by_row, outs);
+            }
+        }
     }
 
     /// The affine group 8-bit inputs of this matrix are quantized for, when its products take
