@@ -4,7 +4,10 @@
 //! logit bits, which the example checks before it prints the table.
 //!
 //!     cargo run --release -p minirun-runtime --example prefill_throughput -- ARTIFACT \
-//!         [--tokens 64] [--threads 1,2] [--repeats 3] [--activations f32|int8]
+//!         [--tokens 64] [--threads 1,2] [--repeats 3] [--activations f32|int8] [--prefill-only]
+//!
+//! `--prefill-only` runs `--repeats` prefills and nothing else, and prints their mean rate: a
+//! steady load to profile (`perf stat`, `perf record`) without the stepping.
 //!
 //! ARTIFACT is an unverified, packed artifact, e.g. the one `bench/decode_vs_mlx.sh` leaves
 //! in `target/decode-bench/artifact`.
@@ -24,11 +27,12 @@ struct Args {
     threads: Vec<usize>,
     repeats: usize,
     activations: Activations,
+    prefill_only: bool,
 }
 
 fn usage() -> ! {
     eprintln!(
-        "usage: prefill_throughput ARTIFACT [--tokens N] [--threads 1,2] [--repeats N] [--activations f32|int8]"
+        "usage: prefill_throughput ARTIFACT [--tokens N] [--threads 1,2] [--repeats N] [--activations f32|int8] [--prefill-only]"
     );
     std::process::exit(2)
 }
@@ -42,8 +46,13 @@ fn args() -> Args {
         threads: vec![1, 2],
         repeats: 3,
         activations: Activations::F32,
+        prefill_only: false,
     };
     while let Some(flag) = it.next() {
+        if flag == "--prefill-only" {
+            a.prefill_only = true;
+            continue;
+        }
         let value = it.next().unwrap_or_else(|| usage());
         match flag.as_str() {
             "--tokens" => a.tokens = value.parse().unwrap_or_else(|_| usage()),
@@ -100,6 +109,20 @@ fn main() {
             .num_threads(threads)
             .build()
             .expect("a thread pool");
+        if a.prefill_only {
+            let started = Instant::now();
+            for _ in 0..a.repeats.max(1) {
+                pool.install(|| {
+                    model
+                        .prefill(&prompt, &mut model.new_cache(), &mut StepStats::default())
+                        .expect("a prefill")
+                });
+            }
+            let tokens = (a.repeats.max(1) * prompt.len()) as f64;
+            let rate = tokens / started.elapsed().as_secs_f64();
+            println!("| {threads} | {} | | {rate:.1} (mean) | |", prompt.len());
+            continue;
+        }
         let (stepped, stepped_logits) = pool.install(|| {
             best(a.repeats, || {
                 let mut cache = model.new_cache();

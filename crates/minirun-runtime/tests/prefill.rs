@@ -52,29 +52,36 @@ fn decode(model: &DeepSeekV3, prompt: &[u32], batched: bool) -> Vec<Vec<u32>> {
     all
 }
 
+/// Loads `artifact` resident and streamed at the floor, and checks that a prefill gives every
+/// position the bits stepping gives, with both models on one thread and on two; returns the
+/// stepped bits.
+fn assert_prefill_matches_stepping(artifact: &Artifact, what: &str) -> Vec<Vec<u32>> {
+    let config = DeepSeekV3Config::parse(&artifact.config_json).unwrap();
+    let prompt = prompt(config.vocab_size);
+    let resident = DeepSeekV3::load(artifact, config.clone()).unwrap();
+    let stepped = decode(&resident, &prompt, false);
+
+    let experts = expert_map(artifact, &config).unwrap();
+    let floor = Plan::new(artifact, &config, &experts, Budget::Floor, 128).unwrap();
+    let streamed = DeepSeekV3::load_planned(artifact, config, &floor, experts).unwrap();
+    for threads in [1, 2] {
+        for (how, model) in [("resident", &resident), ("streamed", &streamed)] {
+            let batched = on_threads(threads, || decode(model, &prompt, true));
+            assert!(
+                batched == stepped,
+                "{what}, {how}, {threads} threads: prefill differs from stepping"
+            );
+        }
+    }
+    stepped
+}
+
 #[test]
 fn a_prefilled_prompt_has_the_bits_of_stepping_through_it_resident_and_streamed() {
     for fixture in FIXTURES {
         let dir = packed(fixture);
         let artifact = Artifact::open(dir.path(), Access::Unverified).unwrap();
-        let config = DeepSeekV3Config::parse(&artifact.config_json).unwrap();
-        let prompt = prompt(config.vocab_size);
-        let resident = DeepSeekV3::load(&artifact, config.clone()).unwrap();
-        let stepped = decode(&resident, &prompt, false);
-
-        let experts = expert_map(&artifact, &config).unwrap();
-        let floor = Plan::new(&artifact, &config, &experts, Budget::Floor, 128).unwrap();
-        let streamed =
-            DeepSeekV3::load_planned(&artifact, config.clone(), &floor, experts.clone()).unwrap();
-        for threads in [1, 2] {
-            for (what, model) in [("resident", &resident), ("streamed", &streamed)] {
-                let batched = on_threads(threads, || decode(model, &prompt, true));
-                assert!(
-                    batched == stepped,
-                    "{fixture}, {what}, {threads} threads: prefill differs from stepping"
-                );
-            }
-        }
+        assert_prefill_matches_stepping(&artifact, fixture);
     }
 }
 
@@ -84,28 +91,14 @@ fn a_prefilled_prompt_has_the_bits_of_stepping_through_it_resident_and_streamed(
 #[test]
 fn with_eight_bit_activations_a_prefill_has_the_bits_of_stepping() {
     let dir = packed("mlx-affine4-g64");
-    let mut artifact = Artifact::open(dir.path(), Access::Unverified).unwrap();
-    let exact = DeepSeekV3Config::parse(&artifact.config_json).unwrap();
-    let config = exact.clone();
+    let exact = Artifact::open(dir.path(), Access::Unverified).unwrap();
+    let config = DeepSeekV3Config::parse(&exact.config_json).unwrap();
     let prompt = prompt(config.vocab_size);
-    let exact_bits = decode(&DeepSeekV3::load(&artifact, exact).unwrap(), &prompt, false);
+    let exact_bits = decode(&DeepSeekV3::load(&exact, config).unwrap(), &prompt, false);
+    let mut artifact = Artifact::open(dir.path(), Access::Unverified).unwrap();
     artifact.set_activations(Activations::Int8);
-    let resident = DeepSeekV3::load(&artifact, config.clone()).unwrap();
-    let stepped = decode(&resident, &prompt, false);
-    assert!(stepped != exact_bits, "int8 gave the f32 path's bits");
-
-    let experts = expert_map(&artifact, &config).unwrap();
-    let floor = Plan::new(&artifact, &config, &experts, Budget::Floor, 128).unwrap();
-    let streamed = DeepSeekV3::load_planned(&artifact, config, &floor, experts).unwrap();
-    for threads in [1, 2] {
-        for (what, model) in [("resident", &resident), ("streamed", &streamed)] {
-            let batched = on_threads(threads, || decode(model, &prompt, true));
-            assert!(
-                batched == stepped,
-                "{what}, {threads} threads: an int8 prefill differs from stepping"
-            );
-        }
-    }
+    let int8_bits = assert_prefill_matches_stepping(&artifact, "int8");
+    assert!(int8_bits != exact_bits, "int8 gave the f32 path's bits");
 }
 
 #[test]
