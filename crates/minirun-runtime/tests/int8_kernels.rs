@@ -1,4 +1,4 @@
-//! Affine 4-bit products with 8-bit activations (`QMatrix::matvec_int8`): the SIMD and
+//! Affine 4-bit and MXFP4 products with 8-bit activations (`QMatrix::matvec_int8`): the SIMD and
 //! portable paths give the same bits, so do one and two threads; the result stays within the
 //! error the activations' rounding allows of the exact product (`kernels::reference`); other
 //! formats, mismatched groups and lengths are refused; NaN inputs propagate.
@@ -32,6 +32,26 @@ fn affine4(rows: usize, group: usize, groups: usize, scale: FloatType, seed: u64
     }
 }
 
+/// An MXFP4 matrix of `groups` groups of 32 per row, its scale bytes drawn from `exponents`
+/// (the codes 0 and 0xFF included where the caller asks for them).
+fn mxfp4(rows: usize, groups: usize, exponents: &[u8], seed: u64) -> Stored {
+    let mut rng = Rng(seed);
+    let cols = 32 * groups;
+    Stored {
+        format: Format::Mxfp4,
+        rows,
+        cols,
+        packed: (0..rows * cols / 2).map(|_| rng.next() as u8).collect(),
+        scales: (0..rows * groups)
+            .map(|_| exponents[rng.next() as usize % exponents.len()])
+            .collect(),
+        biases: Vec::new(),
+    }
+}
+
+/// Scale codes around 2^0: products stay finite.
+const MODERATE_EXPONENTS: [u8; 6] = [120, 124, 126, 127, 128, 131];
+
 fn input(cols: usize, seed: u64) -> Vec<f32> {
     let mut rng = Rng(seed ^ 0x5EED);
     (0..cols).map(|_| rng.unit() * 3.0).collect()
@@ -43,11 +63,13 @@ fn bits(y: &[f32]) -> Vec<u32> {
 
 /// The largest error 8-bit activations may add to row `r` of the exact product: each code
 /// stands for its input within half a step (plus f32 rounding of the division), so a group adds
-/// at most |s_g| x step_g / 2 x the sum of its weight codes; f32 rounding of the fold and of the
-/// group sums adds the rest.
+/// at most its scale x step_g / 2 x the sum of its weights' magnitudes (affine: the codes);
+/// f32 rounding of the fold and of the group sums adds the rest.
 fn allowed_error(m: &QMatrix, r: usize, x: &[f32], size: f64) -> f64 {
-    let Format::Affine { group, scale, .. } = m.format() else {
-        unreachable!("affine matrices only")
+    let group = match m.format() {
+        Format::Affine { group, .. } => group,
+        Format::Mxfp4 => 32,
+        other => unreachable!("{other:?} takes no 8-bit activations"),
     };
     let groups = m.cols() / group;
     let mut bound = size * 2f64.powi(-16);
@@ -56,16 +78,49 @@ fn allowed_error(m: &QMatrix, r: usize, x: &[f32], size: f64) -> f64 {
         let amax = x[cols.clone()]
             .iter()
             .fold(0f64, |a, v| a.max(f64::from(v.abs())));
-        let codes: f64 = cols
-            .map(|k| {
-                let cell = r * m.cols() + k;
-                f64::from((m.packed()[cell / 2] >> (4 * (cell % 2))) & 15)
-            })
-            .sum();
-        let s = reference::float(scale, m.scales(), r * groups + g).abs();
-        bound += s * (amax / 127.0) * (0.5 + 1e-5) * codes;
+        let nibble = |k: usize| {
+            let cell = r * m.cols() + k;
+            (m.packed()[cell / 2] >> (4 * (cell % 2))) & 15
+        };
+        let (s, weights): (f64, f64) = match m.format() {
+            Format::Affine { scale, .. } => (
+                reference::float(scale, m.scales(), r * groups + g).abs(),
+                cols.map(|k| f64::from(nibble(k))).sum(),
+            ),
+            _ => (
+                reference::e8m0(m.scales()[r * groups + g]),
+                cols.map(|k| reference::e2m1(nibble(k)).abs()).sum(),
+            ),
+        };
+        bound += s * (amax / 127.0) * (0.5 + 1e-5) * weights;
     }
     bound
+}
+
+/// The fast (VNNI where present), AVX2 and portable paths give the same bits for `m x`, and
+/// each row stays within `allowed_error` of the f64 reference.
+fn check_paths_and_error(m: &QMatrix, group: usize, seed: u64) -> Result<(), TestCaseError> {
+    let x = input(m.cols(), seed);
+    let q = Int8Vector::quantize(&x, group).unwrap();
+    let mut fast = vec![0f32; m.rows()];
+    let mut portable = vec![0f32; m.rows()];
+    m.matvec_int8(&q, &mut fast).unwrap();
+    m.matvec_int8_portable(&q, &mut portable).unwrap();
+    prop_assert_eq!(bits(&fast), bits(&portable));
+    let mut avx2 = vec![0f32; m.rows()];
+    m.with_activations(Activations::Int8)
+        .matmul_int8_avx2(&x, 1, &mut avx2)
+        .unwrap();
+    prop_assert_eq!(bits(&avx2), bits(&portable));
+    for (r, (&got, &(exact, size))) in fast.iter().zip(&reference::matvec(m, &x)).enumerate() {
+        let allowed = allowed_error(m, r, &x, size);
+        prop_assert!(
+            (f64::from(got) - exact).abs() <= allowed,
+            "{:?} row {r}: int8 {got}, exact {exact}, allowed {allowed}",
+            m.format()
+        );
+    }
+    Ok(())
 }
 
 proptest! {
@@ -77,21 +132,43 @@ proptest! {
     ) {
         let group = [32, 64, 128][pick % 3];
         let stored = affine4(rows, group, groups, FLOATS[pick / 3], seed);
+        check_paths_and_error(&stored.matrix(), group, seed)?;
+    }
+
+    #[test]
+    fn mxfp4_simd_and_portable_paths_agree_bit_for_bit_and_stay_near_the_exact_product(
+        rows in 1usize..12, groups in 1usize..40, seed: u64,
+    ) {
+        let stored = mxfp4(rows, groups, &MODERATE_EXPONENTS, seed);
+        check_paths_and_error(&stored.matrix(), 32, seed)?;
+    }
+}
+
+/// The scale codes the exponent-bits formula misses (0: 2^-127; 0xFF: NaN) and the extremes
+/// beside them give the portable path's bits through the SIMD code, in the eight-group blocks
+/// and in the tail; a row with a 0xFF scale is NaN, one with only 0 scales tiny but not zero.
+#[test]
+fn mxfp4_special_scale_codes_match_the_portable_path() {
+    let x = input(32 * 19, 3);
+    let q = Int8Vector::quantize(&x, 32).unwrap();
+    for exponents in [&[0u8, 1, 2, 254][..], &[0, 255, 127], &[0]] {
+        let stored = mxfp4(9, 19, exponents, 17);
         let m = stored.matrix();
-        let x = input(m.cols(), seed);
-        let q = Int8Vector::quantize(&x, group).unwrap();
-        let mut fast = vec![0f32; rows];
-        let mut portable = vec![0f32; rows];
+        let mut fast = vec![0f32; m.rows()];
+        let mut portable = vec![0f32; m.rows()];
         m.matvec_int8(&q, &mut fast).unwrap();
         m.matvec_int8_portable(&q, &mut portable).unwrap();
-        prop_assert_eq!(bits(&fast), bits(&portable));
-        let mut avx2 = vec![0f32; rows];
-        m.with_activations(Activations::Int8).matmul_int8_avx2(&x, 1, &mut avx2).unwrap();
-        prop_assert_eq!(bits(&avx2), bits(&portable));
-        for (r, (&got, &(exact, size))) in fast.iter().zip(&reference::matvec(&m, &x)).enumerate() {
-            let allowed = allowed_error(&m, r, &x, size);
-            prop_assert!((f64::from(got) - exact).abs() <= allowed,
-                "group {group} row {r}: int8 {got}, exact {exact}, allowed {allowed}");
+        assert_eq!(bits(&fast), bits(&portable), "scale codes {exponents:?}");
+        for (r, &y) in fast.iter().enumerate() {
+            let scales = &m.scales()[r * 19..(r + 1) * 19];
+            if scales.contains(&255) {
+                assert!(y.is_nan(), "row {r}: {y} with a NaN scale");
+            } else if scales.iter().all(|&e| e == 0) {
+                assert!(
+                    y != 0.0 && y.abs() < 1e-30,
+                    "row {r}: {y} with scales of 2^-127"
+                );
+            }
         }
     }
 }
@@ -178,7 +255,32 @@ fn other_formats_groups_and_lengths_are_refused() {
     let f32_matrix = QMatrix::new(Format::Dense(FloatType::F32), 4, 64, &dense, &[], &[]).unwrap();
     let q = Int8Vector::quantize(&input(64, 5), 64).unwrap();
     let err = f32_matrix.matvec_int8(&q, &mut y).unwrap_err();
-    assert!(err.to_string().contains("affine 4-bit only"), "{err}");
+    assert!(
+        err.to_string().contains("affine 4-bit and MXFP4 only"),
+        "{err}"
+    );
+    let fp8 = [0u8; 4 * 128];
+    let fp8_matrix = QMatrix::new(
+        Format::Fp8Block {
+            block_rows: 128,
+            block_cols: 128,
+            scale: minirun_runtime::kernels::BlockScale::E8m0,
+        },
+        4,
+        128,
+        &fp8,
+        &[127],
+        &[],
+    )
+    .unwrap();
+    let q128 = Int8Vector::quantize(&input(128, 5), 32).unwrap();
+    assert!(fp8_matrix.matvec_int8(&q128, &mut y).is_err());
+    let mxfp4_matrix = mxfp4(4, 4, &MODERATE_EXPONENTS, 5);
+    let err = mxfp4_matrix
+        .matrix()
+        .matvec_int8(&Int8Vector::quantize(&input(128, 5), 64).unwrap(), &mut y)
+        .unwrap_err();
+    assert!(err.to_string().contains("group"), "{err}");
     assert!(Int8Vector::quantize(&input(100, 5), 64).is_err());
     assert!(Int8Vector::quantize(&[], 64).is_err());
 }
@@ -188,8 +290,18 @@ fn other_formats_groups_and_lengths_are_refused() {
 /// `matvec_int8`.
 #[test]
 fn a_batch_gives_each_vector_the_bits_of_its_own_product() {
-    for (group, groups) in [(32, 5), (64, 20), (128, 9)] {
-        let stored = affine4(300, group, groups, FloatType::BF16, group as u64);
+    let cases = [
+        (32, 5, false),
+        (64, 20, false),
+        (128, 9, false),
+        (32, 21, true),
+    ];
+    for (group, groups, is_mxfp4) in cases {
+        let stored = if is_mxfp4 {
+            mxfp4(300, groups, &MODERATE_EXPONENTS, 21)
+        } else {
+            affine4(300, group, groups, FloatType::BF16, group as u64)
+        };
         let m = stored.matrix().with_activations(Activations::Int8);
         // 1 takes the row path, the others octets of rows (300 rows: 37 octets and 4 rows).
         for batch in [1, 2, 4, 5, 9] {

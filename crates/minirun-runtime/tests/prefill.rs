@@ -90,15 +90,20 @@ fn a_prefilled_prompt_has_the_bits_of_stepping_through_it_resident_and_streamed(
 /// give every position stepping's bits, resident and streamed, on one thread and on two.
 #[test]
 fn with_eight_bit_activations_a_prefill_has_the_bits_of_stepping() {
-    let dir = packed("mlx-affine4-g64");
-    let exact = Artifact::open(dir.path(), Access::Unverified).unwrap();
-    let config = DeepSeekV3Config::parse(&exact.config_json).unwrap();
-    let prompt = prompt(config.vocab_size);
-    let exact_bits = decode(&DeepSeekV3::load(&exact, config).unwrap(), &prompt, false);
-    let mut artifact = Artifact::open(dir.path(), Access::Unverified).unwrap();
-    artifact.set_activations(Activations::Int8);
-    let int8_bits = assert_prefill_matches_stepping(&artifact, "int8");
-    assert!(int8_bits != exact_bits, "int8 gave the f32 path's bits");
+    for fixture in ["mlx-affine4-g64", "mlx-mxfp4"] {
+        let dir = packed(fixture);
+        let exact = Artifact::open(dir.path(), Access::Unverified).unwrap();
+        let config = DeepSeekV3Config::parse(&exact.config_json).unwrap();
+        let prompt = prompt(config.vocab_size);
+        let exact_bits = decode(&DeepSeekV3::load(&exact, config).unwrap(), &prompt, false);
+        let mut artifact = Artifact::open(dir.path(), Access::Unverified).unwrap();
+        artifact.set_activations(Activations::Int8);
+        let int8_bits = assert_prefill_matches_stepping(&artifact, &format!("{fixture} int8"));
+        assert!(
+            int8_bits != exact_bits,
+            "{fixture}: int8 gave the f32 path's bits"
+        );
+    }
 }
 
 #[test]

@@ -1,5 +1,5 @@
-//! The 8-bit-activation affine 4-bit rows of `int8.rs` with AVX2 integer dot products (pulp's
-//! safe `V3` token): 32 packed bytes (two 32-column blocks) split into their low and high
+//! The 8-bit-activation affine 4-bit and MXFP4 rows of `int8.rs` with AVX2 integer dot
+//! products (pulp's safe `V3` token): 32 packed bytes (two 32-column blocks) split into their low and high
 //! nibbles, each multiplied with the matching codes by `vpmaddubsw` (unsigned nibble times
 //! signed code, pairs added: at most 2 x 15 x 127, no saturation), the two added, then
 //! widened to i32 pairs by `vpmaddwd`. The integer sums are exact, so the lanes' order does
@@ -14,13 +14,17 @@
 //! fold is the same operations lane by lane, so each (row, vector) keeps the bits of the row
 //! path. The transpose is paid once per batch: a lone vector stays on the row path, where it
 //! is the faster of the two.
+//!
+//! MXFP4 rows (`dot_mxfp4`) look each nibble up as twice its e2m1 value (`vpshufb`), then
+//! multiply its magnitude by the activation code carrying its sign (`vpabsb`, `vpsignb`), so
+//! the same unsigned-by-signed products apply: at most 2 x 12 x 127 a pair.
 
 use pulp::bytemuck::cast;
 use pulp::x86::V3;
 use std::arch::x86_64::{__m256, __m256i};
 
 use super::format::{FloatType, Format, QMatrix};
-use super::int8::{BLOCK, Int8Vector, combine, fold};
+use super::int8::{BLOCK, E2M1_DOUBLED, Int8Vector, MXFP4_GROUP, combine, fold};
 use x86_vnni::Vnni;
 
 /// Bytes of packed 4-bit codes in one register: two blocks.
@@ -610,6 +614,129 @@ fn octet_rows<E: PairProducts, const PPG: usize>(
     }
 }
 
+/// The nibbles of 32 packed MXFP4 bytes as twice their e2m1 values (signed bytes, low nibbles
+/// then high).
+#[inline(always)]
+fn doubled_e2m1(v3: V3, packed: [u8; PAIR_BYTES]) -> (__m256i, __m256i) {
+    let (low, high) = nibbles(v3, packed);
+    let mut table = [0i8; 32];
+    table[..16].copy_from_slice(&E2M1_DOUBLED);
+    table[16..].copy_from_slice(&E2M1_DOUBLED);
+    let table: __m256i = cast(table);
+    let avx2 = v3.avx2;
+    (
+        avx2._mm256_shuffle_epi8(table, low),
+        avx2._mm256_shuffle_epi8(table, high),
+    )
+}
+
+/// One pair of MXFP4 blocks' signed products added to `acc`: each weight's magnitude times the
+/// activation code with the weight's sign, through the engine's unsigned-by-signed products.
+#[inline(always)]
+fn add_signed_pair<E: PairProducts>(
+    engine: E,
+    acc: __m256i,
+    (low, high): (__m256i, __m256i),
+    even: __m256i,
+    odd: __m256i,
+) -> __m256i {
+    let avx2 = engine.v3().avx2;
+    engine.add_pair(
+        acc,
+        (avx2._mm256_abs_epi8(low), avx2._mm256_abs_epi8(high)),
+        avx2._mm256_sign_epi8(even, low),
+        avx2._mm256_sign_epi8(odd, high),
+    )
+}
+
+/// `int8::mxfp4_half_scale` of eight scale bytes from `first` (zero-padded past the end, which
+/// the callers never reach): `2^(e - 127)` built from the exponent bits, halved, with the two
+/// codes that formula misses, 0 (`2^-128` once halved) and 0xFF (NaN), put in by compare.
+#[inline(always)]
+fn eight_half_scales(v3: V3, scales: &[u8], first: usize) -> __m256 {
+    let (avx, avx2) = (v3.avx, v3.avx2);
+    let mut bytes = [0u8; 16];
+    if let Some(eight) = scales.get(first..first + GROUPS_AT_ONCE) {
+        bytes[..GROUPS_AT_ONCE].copy_from_slice(eight);
+    }
+    let codes = avx2._mm256_cvtepu8_epi32(cast(bytes));
+    let power = avx._mm256_castsi256_ps(avx2._mm256_slli_epi32::<23>(codes));
+    let half = avx._mm256_mul_ps(power, cast([0.5f32; 8]));
+    // Compares written out, not in a closure: a closure would not inherit the target features.
+    let zero_code = avx._mm256_castsi256_ps(avx2._mm256_cmpeq_epi32(codes, cast([0i32; 8])));
+    let nan_code = avx._mm256_castsi256_ps(avx2._mm256_cmpeq_epi32(codes, cast([0xFFi32; 8])));
+    // 2^-128, a subnormal: bit 21.
+    let half = avx._mm256_blendv_ps(half, cast([f32::from_bits(1 << 21); 8]), zero_code);
+    avx._mm256_blendv_ps(half, cast([f32::NAN; 8]), nan_code)
+}
+
+/// Groups of 32 folded at once by [`dot_mxfp4`]: four pairs of blocks.
+const MXFP4_PAIRS_AT_ONCE: usize = GROUPS_AT_ONCE / 2;
+
+/// MXFP4 row `r` against `x`: eight groups at a time (four registers of packed codes, each
+/// holding two groups in its low and high four lanes), their sums gathered in group order and
+/// folded on eight lanes; the last `groups % 8` one at a time through `int8::fold`.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+fn dot_mxfp4<E: PairProducts>(engine: E, m: &QMatrix, r: usize, x: &Int8Vector) -> f32 {
+    let v3 = engine.v3();
+    let (avx, avx2) = (v3.avx, v3.avx2);
+    let zero: __m256i = cast([0i32; 8]);
+    let groups = m.cols / MXFP4_GROUP;
+    let row_bytes = m.cols / 2;
+    let row_start = r * row_bytes;
+    let row = &m.packed[row_start..row_start + row_bytes];
+    let pairs = row.as_chunks::<PAIR_BYTES>().0;
+    let codes = x.paired.as_chunks::<BLOCK>().0;
+    let scales = &m.scales[r * groups..(r + 1) * groups];
+    let blocks = groups / GROUPS_AT_ONCE;
+    // hadd of hadds leaves groups [0, 2, 4, 6, 1, 3, 5, 7]; this puts them back in order.
+    let in_order: __m256i = cast([0i32, 4, 1, 5, 2, 6, 3, 7]);
+    let mut acc: __m256 = cast([0f32; 8]);
+    for block in 0..blocks {
+        let start = block * MXFP4_PAIRS_AT_ONCE;
+        let ahead = row_start + start * PAIR_BYTES + ROW_PREFETCH_AHEAD;
+        for line in 0..MXFP4_PAIRS_AT_ONCE * PAIR_BYTES / CACHE_LINE {
+            engine.prefetch(m.packed.get(ahead + line * CACHE_LINE..).unwrap_or(&[]));
+        }
+        let row_pairs = &pairs[start..start + MXFP4_PAIRS_AT_ONCE];
+        let x_blocks = &codes[2 * start..2 * (start + MXFP4_PAIRS_AT_ONCE)];
+        let mut lanes = [zero; MXFP4_PAIRS_AT_ONCE];
+        for p in 0..MXFP4_PAIRS_AT_ONCE {
+            let weights = doubled_e2m1(v3, row_pairs[p]);
+            let (even, odd) = (cast(x_blocks[2 * p]), cast(x_blocks[2 * p + 1]));
+            lanes[p] = add_signed_pair(engine, zero, weights, even, odd);
+        }
+        let totals = avx2._mm256_hadd_epi32(
+            avx2._mm256_hadd_epi32(lanes[0], lanes[1]),
+            avx2._mm256_hadd_epi32(lanes[2], lanes[3]),
+        );
+        let i = avx._mm256_cvtepi32_ps(avx2._mm256_permutevar8x32_epi32(totals, in_order));
+        let first = block * GROUPS_AT_ONCE;
+        let h = eight_half_scales(v3, scales, first);
+        let step = eight_at(&x.steps, first);
+        acc = avx._mm256_add_ps(acc, avx._mm256_mul_ps(avx._mm256_mul_ps(h, step), i));
+    }
+    let mut acc: [f32; 8] = cast(acc);
+    for g in blocks * GROUPS_AT_ONCE..groups {
+        let p = g / 2;
+        let weights = doubled_e2m1(v3, packed_pair(row, p));
+        let (even, odd) = x.paired[p * 2 * BLOCK..(p + 1) * 2 * BLOCK].split_at(BLOCK);
+        let even: [i8; BLOCK] = even.try_into().unwrap_or([0; BLOCK]);
+        let odd: [i8; BLOCK] = odd.try_into().unwrap_or([0; BLOCK]);
+        let lanes: [i32; 8] = cast(add_signed_pair(
+            engine,
+            zero,
+            weights,
+            cast(even),
+            cast(odd),
+        ));
+        let half = if g % 2 == 0 { &lanes[..4] } else { &lanes[4..] };
+        fold(m, r * groups + g, &mut acc, half.iter().sum(), x, g);
+    }
+    combine(acc)
+}
+
 /// Rows `first..` against every vector of `xs`, into `out[i * batch + b]`: each (row, vector)
 /// runs the one row function, so each vector gets its own product's bits (a lone product is a
 /// batch of one).
@@ -662,6 +789,14 @@ fn rows_batch_with<E: PairProducts>(
     xs: &[&Int8Vector],
     out: &mut [f32],
 ) {
+    if m.format == Format::Mxfp4 {
+        for (i, row_out) in out.chunks_exact_mut(xs.len()).enumerate() {
+            for (o, x) in row_out.iter_mut().zip(xs) {
+                *o = dot_mxfp4(engine, m, first + i, x);
+            }
+        }
+        return;
+    }
     // Pairs of 32-column blocks per group, as a constant of the row code.
     match xs.first().map(|x| x.group()) {
         Some(64) => return rows_batch_blocks::<E, 1>(engine, m, first, xs, out),

@@ -1,5 +1,6 @@
-//! Affine 4-bit products with 8-bit activations: the input is quantized once per vector, each
-//! group's dot product is an exact integer sum, and only the fold over groups is in f32. This
+//! Affine 4-bit and MXFP4 products with 8-bit activations: the input is quantized once per
+//! vector, each group's dot product is an exact integer sum, and only the fold over groups is
+//! in f32. This
 //! is a different arithmetic from the exact path (`mod.rs`), chosen for speed: it is fixed and
 //! the same on every thread count and instruction set, but its results are not the exact
 //! path's bits.
@@ -24,6 +25,14 @@
 //!
 //! Eight accumulators rather than one: a single chain of adds bound a row to the add's
 //! latency, and with eight, eight groups' terms are added in one vector instruction.
+//!
+//! MXFP4 rows (`w_k = 2^(e_g - 127) * e2m1(c_k)`, groups of 32) take the same steps with
+//! integer weights: `t_k = 2 * e2m1(c_k)` is an integer in [-12, 12] ([`E2M1_DOUBLED`]), so
+//!
+//! 1. `i_g = Σ t_k * q_k` over the group, exactly (at most 32 x 12 x 127);
+//! 2. `a_{g mod 8} = a_{g mod 8} + (h_g * d_g) * f32(i_g)`, with `h_g = e8m0(e_g) * 0.5`
+//!    (exact: every e8m0 value halves without rounding; NaN for the code 0xFF), and no bias;
+//! 3. `y_r` as above.
 //!
 //! Any order of the integer additions gives the same `i_g`, so the SIMD path (`avx2_int8.rs`)
 //! may lay lanes out as it likes; the f32 operations are the same sequence on every path.
@@ -179,27 +188,41 @@ fn pair_blocks(codes: &[i8]) -> Vec<i8> {
     paired
 }
 
-/// The group of an affine 4-bit matrix, or why 8-bit activations cannot run on it.
-fn affine4_group(m: &QMatrix) -> Result<usize, KernelError> {
+/// The group of columns an MXFP4 scale covers, and so the group its 8-bit inputs take.
+pub(crate) const MXFP4_GROUP: usize = 32;
+
+/// Twice the e2m1 value of each 4-bit code: integers, so that MXFP4 group sums are exact.
+pub(crate) const E2M1_DOUBLED: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// Half the value of an e8m0 scale byte, `h_g` of the MXFP4 fold.
+#[inline(always)]
+pub(crate) fn mxfp4_half_scale(byte: u8) -> f32 {
+    super::decode::e8m0(u32::from(byte)) * 0.5
+}
+
+/// The group a matrix's 8-bit inputs are quantized for, or why 8-bit activations cannot run
+/// on it.
+fn input_group(m: &QMatrix) -> Result<usize, KernelError> {
     match m.format {
         Format::Affine { bits: 4, group, .. } => Ok(group),
+        Format::Mxfp4 => Ok(MXFP4_GROUP),
         other => Err(KernelError::Shape {
             rows: m.rows,
             cols: m.cols,
-            what: format!("{other:?} weights and 8-bit activations (affine 4-bit only)"),
+            what: format!("{other:?} weights and 8-bit activations (affine 4-bit and MXFP4 only)"),
         }),
     }
 }
 
 /// Checks that `x` was quantized for the matrix's group and has its length.
 fn check_input(m: &QMatrix, x: &Int8Vector) -> Result<(), KernelError> {
-    let group = affine4_group(m)?;
+    let group = input_group(m)?;
     if group != x.group {
         return Err(KernelError::Shape {
             rows: m.rows,
             cols: m.cols,
             what: format!(
-                "affine group {group} and an input quantized for groups of {}",
+                "group {group} and an input quantized for groups of {}",
                 x.group
             ),
         });
@@ -212,14 +235,18 @@ pub(crate) fn dot_portable(m: &QMatrix, r: usize, x: &Int8Vector) -> f32 {
     let group = x.group;
     let groups = m.cols / group;
     let row = &m.packed[r * m.cols / 2..(r + 1) * m.cols / 2];
+    let weight = |code: u8| match m.format {
+        Format::Mxfp4 => i32::from(E2M1_DOUBLED[usize::from(code)]),
+        _ => i32::from(code),
+    };
     let mut acc = [0f32; 8];
     for g in 0..groups {
         let bytes = &row[g * group / 2..(g + 1) * group / 2];
         let codes = &x.codes[g * group..(g + 1) * group];
         let mut i = 0i32;
         for (k, &byte) in bytes.iter().enumerate() {
-            i += i32::from(byte & 15) * i32::from(codes[2 * k]);
-            i += i32::from(byte >> 4) * i32::from(codes[2 * k + 1]);
+            i += weight(byte & 15) * i32::from(codes[2 * k]);
+            i += weight(byte >> 4) * i32::from(codes[2 * k + 1]);
         }
         fold(m, r * groups + g, &mut acc, i, x, g);
     }
@@ -237,13 +264,18 @@ pub(crate) fn fold(
     x: &Int8Vector,
     g: usize,
 ) {
-    let Format::Affine { scale, .. } = m.format else {
-        acc[g % 8] = f32::NAN;
-        return;
-    };
-    let s = scale.read(m.scales, index);
-    let b = scale.read(m.biases, index);
-    acc[g % 8] += (s * x.steps[g]) * i as f32 + b * x.sums[g];
+    match m.format {
+        Format::Affine { scale, .. } => {
+            let s = scale.read(m.scales, index);
+            let b = scale.read(m.biases, index);
+            acc[g % 8] += (s * x.steps[g]) * i as f32 + b * x.sums[g];
+        }
+        Format::Mxfp4 => {
+            let h = mxfp4_half_scale(m.scales[index]);
+            acc[g % 8] += (h * x.steps[g]) * i as f32;
+        }
+        _ => acc[g % 8] = f32::NAN,
+    }
 }
 
 /// Step 3: the accumulators added pairwise.
@@ -280,8 +312,8 @@ fn rows_batch_avx2(m: &QMatrix, first: usize, xs: &[&Int8Vector], out: &mut [f32
 }
 
 impl QMatrix<'_> {
-    /// `y = W x` with 8-bit activations (the module's arithmetic): affine 4-bit matrices only,
-    /// `x` quantized for the matrix's group. The same bits on any number of threads.
+    /// `y = W x` with 8-bit activations (the module's arithmetic): affine 4-bit and MXFP4
+    /// matrices only, `x` quantized for the matrix's group. The same bits on any number of threads.
     pub fn matvec_int8(&self, x: &Int8Vector, y: &mut [f32]) -> Result<(), KernelError> {
         check_input(self, x)?;
         check_len("y", self.rows, y.len())?;
@@ -307,7 +339,7 @@ impl QMatrix<'_> {
         x: &[f32],
         y: &mut [f32],
     ) -> Result<(), KernelError> {
-        let x = Int8Vector::quantize(x, affine4_group(self)?)?;
+        let x = Int8Vector::quantize(x, input_group(self)?)?;
         check_input(self, &x)?;
         self.int8_bands(rows, &[&x], y, rows_batch_fast);
         Ok(())
@@ -355,7 +387,7 @@ impl QMatrix<'_> {
         ys: &mut [f32],
         kernel: RowsBatchInt8,
     ) -> Result<(), KernelError> {
-        let group = affine4_group(self)?;
+        let group = input_group(self)?;
         check_len("xs", batch * self.cols, xs.len())?;
         check_len("ys", batch * self.rows, ys.len())?;
         if batch == 0 {
@@ -405,11 +437,11 @@ impl QMatrix<'_> {
         }
     }
 
-    /// The affine group 8-bit inputs of this matrix are quantized for, when its products take
-    /// 8-bit activations.
+    /// The group 8-bit inputs of this matrix are quantized for, when its products take 8-bit
+    /// activations.
     pub(crate) fn int8_group(&self) -> Option<usize> {
         match self.activations() {
-            super::Activations::Int8 => affine4_group(self).ok(),
+            super::Activations::Int8 => input_group(self).ok(),
             super::Activations::F32 => None,
         }
     }
