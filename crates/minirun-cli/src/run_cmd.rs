@@ -69,8 +69,8 @@ pub struct RunArgs {
           value_parser = clap::value_parser!(u16).range(1..=64))]
     reads_in_flight: u16,
     /// Arithmetic of the products: f32 (exact: every weight decoded to f32) or int8 (affine
-    /// 4-bit and MXFP4 matrices take their input quantized to 8 bits per group and sum in integers:
-    /// faster, deterministic, not the f32 path's bits; other formats stay f32).
+    /// 4- and 8-bit and MXFP4 matrices take their input quantized to 8 bits per group and sum
+    /// in integers: faster, deterministic, not the f32 path's bits; other formats stay f32).
     #[arg(long, value_enum, default_value_t = ActivationsArg::F32)]
     activations: ActivationsArg,
     /// Write one JSON line per decode step (wall and I/O seconds, expert bytes read, cache hits

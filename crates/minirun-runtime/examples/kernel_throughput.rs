@@ -7,8 +7,8 @@
 //! those bytes (a sum of every 64-bit word), split over the same threads the same way. The
 //! goal is a ratio of at least 0.5. The last column is the time of one `--batch`-vector (default
 //! 4) `matmul` over the same matrices divided by the time of that many `matvec`s (below 1: the
-//! batch pays). For affine 4-bit and MXFP4, the 8-bit-activation columns give the same two
-//! figures with the input quantized for every product (`--activations int8`).
+//! batch pays). For affine 4- and 8-bit and MXFP4, the 8-bit-activation columns give the same
+//! two figures with the input quantized for every product (`--activations int8`).
 //!
 //!     cargo run --release -p minirun-runtime --example kernel_throughput [-- --mib 1024 --threads 2 --batch 4]
 
@@ -255,10 +255,12 @@ fn measure(a: &Args) {
                     m.matmul(&xs, a.batch, &mut ys).expect("the product runs");
                 }
             });
-            // Affine 4-bit and MXFP4 with 8-bit activations, the input quantized for every
+            // Affine 4- and 8-bit and MXFP4 with 8-bit activations, the input quantized for every
             // product.
             let int8_group = match format {
-                Format::Affine { bits: 4, group, .. } => Some(group),
+                Format::Affine {
+                    bits: 4 | 8, group, ..
+                } => Some(group),
                 Format::Mxfp4 => Some(32),
                 _ => None,
             };

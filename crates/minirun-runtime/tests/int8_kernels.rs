@@ -1,4 +1,4 @@
-//! Affine 4-bit and MXFP4 products with 8-bit activations (`QMatrix::matvec_int8`): the SIMD and
+//! Affine 4- and 8-bit and MXFP4 products with 8-bit activations (`QMatrix::matvec_int8`): the SIMD and
 //! portable paths give the same bits, so do one and two threads; the result stays within the
 //! error the activations' rounding allows of the exact product (`kernels::reference`); other
 //! formats, mismatched groups and lengths are refused; NaN inputs propagate.
@@ -15,18 +15,28 @@ const FLOATS: [FloatType; 3] = [FloatType::BF16, FloatType::F16, FloatType::F32]
 /// An affine 4-bit matrix of `groups` groups per row (an odd count of 32-column blocks
 /// included, which the SIMD path pads).
 fn affine4(rows: usize, group: usize, groups: usize, scale: FloatType, seed: u64) -> Stored {
+    affine(4, rows, group, groups, scale, seed)
+}
+
+/// An affine matrix of `bits`-bit codes, `groups` groups per row.
+fn affine(
+    bits: u32,
+    rows: usize,
+    group: usize,
+    groups: usize,
+    scale: FloatType,
+    seed: u64,
+) -> Stored {
     let mut rng = Rng(seed);
     let cols = group * groups;
     let n = rows * groups;
     Stored {
-        format: Format::Affine {
-            bits: 4,
-            group,
-            scale,
-        },
+        format: Format::Affine { bits, group, scale },
         rows,
         cols,
-        packed: (0..rows * cols / 2).map(|_| rng.next() as u8).collect(),
+        packed: (0..rows * cols * bits as usize / 8)
+            .map(|_| rng.next() as u8)
+            .collect(),
         scales: float_bytes(scale, &rng.floats(n, 0.1)),
         biases: float_bytes(scale, &rng.floats(n, 1.0)),
     }
@@ -83,6 +93,10 @@ fn allowed_error(m: &QMatrix, r: usize, x: &[f32], size: f64) -> f64 {
             (m.packed()[cell / 2] >> (4 * (cell % 2))) & 15
         };
         let (s, weights): (f64, f64) = match m.format() {
+            Format::Affine { bits: 8, scale, .. } => (
+                reference::float(scale, m.scales(), r * groups + g).abs(),
+                cols.map(|k| f64::from(m.packed()[r * m.cols() + k])).sum(),
+            ),
             Format::Affine { scale, .. } => (
                 reference::float(scale, m.scales(), r * groups + g).abs(),
                 cols.map(|k| f64::from(nibble(k))).sum(),
@@ -128,10 +142,11 @@ proptest! {
 
     #[test]
     fn simd_and_portable_paths_agree_bit_for_bit_and_stay_near_the_exact_product(
-        rows in 1usize..12, pick in 0usize..9, groups in 1usize..20, seed: u64,
+        rows in 1usize..12, pick in 0usize..9, groups in 1usize..20, eight_bit: bool, seed: u64,
     ) {
         let group = [32, 64, 128][pick % 3];
-        let stored = affine4(rows, group, groups, FLOATS[pick / 3], seed);
+        let code_bits = if eight_bit { 8 } else { 4 };
+        let stored = affine(code_bits, rows, group, groups, FLOATS[pick / 3], seed);
         check_paths_and_error(&stored.matrix(), group, seed)?;
     }
 
@@ -256,7 +271,8 @@ fn other_formats_groups_and_lengths_are_refused() {
     let q = Int8Vector::quantize(&input(64, 5), 64).unwrap();
     let err = f32_matrix.matvec_int8(&q, &mut y).unwrap_err();
     assert!(
-        err.to_string().contains("affine 4-bit and MXFP4 only"),
+        err.to_string()
+            .contains("affine 4- and 8-bit and MXFP4 only"),
         "{err}"
     );
     let fp8 = [0u8; 4 * 128];
@@ -290,17 +306,20 @@ fn other_formats_groups_and_lengths_are_refused() {
 /// `matvec_int8`.
 #[test]
 fn a_batch_gives_each_vector_the_bits_of_its_own_product() {
+    // (bits, group, groups): 0 bits for MXFP4.
     let cases = [
-        (32, 5, false),
-        (64, 20, false),
-        (128, 9, false),
-        (32, 21, true),
+        (4, 32, 5),
+        (4, 64, 20),
+        (4, 128, 9),
+        (0, 32, 21),
+        (8, 32, 11),
+        (8, 64, 9),
+        (8, 128, 10),
     ];
-    for (group, groups, is_mxfp4) in cases {
-        let stored = if is_mxfp4 {
-            mxfp4(300, groups, &MODERATE_EXPONENTS, 21)
-        } else {
-            affine4(300, group, groups, FloatType::BF16, group as u64)
+    for (code_bits, group, groups) in cases {
+        let stored = match code_bits {
+            0 => mxfp4(300, groups, &MODERATE_EXPONENTS, 21),
+            _ => affine(code_bits, 300, group, groups, FloatType::BF16, group as u64),
         };
         let m = stored.matrix().with_activations(Activations::Int8);
         // 1 takes the row path, the others octets of rows (300 rows: 37 octets and 4 rows).
@@ -315,7 +334,11 @@ fn a_batch_gives_each_vector_the_bits_of_its_own_product() {
                     .unwrap();
                 let mut through_matvec = vec![0f32; m.rows()];
                 m.matvec(x, &mut through_matvec).unwrap();
-                assert_eq!(bits(&through_matvec), bits(&y), "group {group}: matvec");
+                assert_eq!(
+                    bits(&through_matvec),
+                    bits(&y),
+                    "{code_bits} bits group {group}: matvec"
+                );
                 alone.extend(bits(&y));
             }
             for threads in [1, 2] {
@@ -329,9 +352,18 @@ fn a_batch_gives_each_vector_the_bits_of_its_own_product() {
                     (bits(&fast), bits(&avx2), bits(&portable))
                 });
                 // `matmul` takes VNNI where the machine has it; the AVX2 path must agree.
-                assert_eq!(fast, alone, "group {group} batch {batch} {threads} threads");
-                assert_eq!(avx2, alone, "group {group} batch {batch} AVX2");
-                assert_eq!(portable, alone, "group {group} batch {batch} portable");
+                assert_eq!(
+                    fast, alone,
+                    "{code_bits} bits group {group} batch {batch} {threads} threads"
+                );
+                assert_eq!(
+                    avx2, alone,
+                    "{code_bits} bits group {group} batch {batch} AVX2"
+                );
+                assert_eq!(
+                    portable, alone,
+                    "{code_bits} bits group {group} batch {batch} portable"
+                );
             }
         }
     }

@@ -90,7 +90,7 @@ fn a_prefilled_prompt_has_the_bits_of_stepping_through_it_resident_and_streamed(
 /// give every position stepping's bits, resident and streamed, on one thread and on two.
 #[test]
 fn with_eight_bit_activations_a_prefill_has_the_bits_of_stepping() {
-    for fixture in ["mlx-affine4-g64", "mlx-mxfp4"] {
+    for fixture in ["mlx-affine4-g64", "mlx-affine8-g32", "mlx-mxfp4"] {
         let dir = packed(fixture);
         let exact = Artifact::open(dir.path(), Access::Unverified).unwrap();
         let config = DeepSeekV3Config::parse(&exact.config_json).unwrap();

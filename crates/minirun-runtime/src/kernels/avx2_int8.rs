@@ -1,5 +1,5 @@
-//! The 8-bit-activation affine 4-bit and MXFP4 rows of `int8.rs` with AVX2 integer dot
-//! products (pulp's safe `V3` token): 32 packed bytes (two 32-column blocks) split into their low and high
+//! The 8-bit-activation affine 4-bit, affine 8-bit and MXFP4 rows of `int8.rs` with AVX2
+//! integer dot products (pulp's safe `V3` token): 32 packed bytes (two 32-column blocks) split into their low and high
 //! nibbles, each multiplied with the matching codes by `vpmaddubsw` (unsigned nibble times
 //! signed code, pairs added: at most 2 x 15 x 127, no saturation), the two added, then
 //! widened to i32 pairs by `vpmaddwd`. The integer sums are exact, so the lanes' order does
@@ -15,7 +15,9 @@
 //! path. The transpose is paid once per batch: a lone vector stays on the row path, where it
 //! is the faster of the two.
 //!
-//! MXFP4 rows (`dot_mxfp4`) look each nibble up as twice its e2m1 value (`vpshufb`), then
+//! Affine 8-bit rows (`dot_bytes`) multiply 32 stored bytes at a time with the codes of the
+//! same columns (`vpdpbusd`; on AVX2 as two nibbles, since `vpmaddubsw` of a whole byte could
+//! saturate). MXFP4 rows (`dot_mxfp4`) look each nibble up as twice its e2m1 value (`vpshufb`), then
 //! multiply its magnitude by the activation code carrying its sign (`vpabsb`, `vpsignb`), so
 //! the same unsigned-by-signed products apply: at most 2 x 12 x 127 a pair.
 
@@ -85,6 +87,9 @@ trait PairProducts: Copy {
         even: __m256i,
         odd: __m256i,
     ) -> __m256i;
+    /// `acc` plus the products of 32 unsigned bytes with 32 signed codes, the four products
+    /// of bytes `4i..4i + 4` added into lane `i`, exactly.
+    fn add_bytes(self, acc: __m256i, bytes: __m256i, codes: __m256i) -> __m256i;
 }
 
 impl PairProducts for V3 {
@@ -108,6 +113,19 @@ impl PairProducts for V3 {
         self.avx2
             ._mm256_add_epi32(acc, nibble_products(self, halves, even, odd))
     }
+
+    /// `vpmaddubsw` of a whole byte against a signed code can saturate (2 x 255 x 127 >
+    /// 32767), so each byte is taken as its two nibbles, `low + 16 * high`, whose products
+    /// cannot.
+    #[inline(always)]
+    fn add_bytes(self, acc: __m256i, bytes: __m256i, codes: __m256i) -> __m256i {
+        let avx2 = self.avx2;
+        let (low, high) = nibbles(self, cast(bytes));
+        let low = avx2._mm256_madd_epi16(avx2._mm256_maddubs_epi16(low, codes), cast([1i16; 16]));
+        let high =
+            avx2._mm256_madd_epi16(avx2._mm256_maddubs_epi16(high, codes), cast([16i16; 16]));
+        avx2._mm256_add_epi32(acc, avx2._mm256_add_epi32(low, high))
+    }
 }
 
 impl PairProducts for Vnni {
@@ -130,6 +148,11 @@ impl PairProducts for Vnni {
         odd: __m256i,
     ) -> __m256i {
         self.dpbusd(self.dpbusd(acc, low, even), high, odd)
+    }
+
+    #[inline(always)]
+    fn add_bytes(self, acc: __m256i, bytes: __m256i, codes: __m256i) -> __m256i {
+        self.dpbusd(acc, bytes, codes)
     }
 }
 
@@ -275,6 +298,16 @@ fn fold_block(
 /// order, and the hardware prefetcher alone left the loads waiting on memory.
 const ROW_PREFETCH_AHEAD: usize = 2048;
 
+/// Asks for the `len` bytes of `packed` that start `ROW_PREFETCH_AHEAD` past `from`, a cache
+/// line at a time (a hint: no result changes).
+#[inline(always)]
+fn prefetch_ahead<E: PairProducts>(engine: E, packed: &[u8], from: usize, len: usize) {
+    let ahead = from + ROW_PREFETCH_AHEAD;
+    for line in 0..len / CACHE_LINE {
+        engine.prefetch(packed.get(ahead + line * CACHE_LINE..).unwrap_or(&[]));
+    }
+}
+
 /// Row `r` against `x` for groups of `2 * BLOCK * PPG` columns (64 or 128): eight groups at a
 /// time, each pair of packed bytes split into nibbles and multiplied into its group's lanes,
 /// then `fold_block`; the last `groups % 8` one at a time through `int8::fold`.
@@ -301,10 +334,12 @@ fn dot_blocks<E: PairProducts, const PPG: usize>(
     let row_start = r * row_bytes;
     for block in 0..blocks {
         let start = block * block_pairs;
-        let ahead = row_start + start * PAIR_BYTES + ROW_PREFETCH_AHEAD;
-        for line in 0..block_pairs * PAIR_BYTES / CACHE_LINE {
-            engine.prefetch(m.packed.get(ahead + line * CACHE_LINE..).unwrap_or(&[]));
-        }
+        prefetch_ahead(
+            engine,
+            m.packed,
+            row_start + start * PAIR_BYTES,
+            block_pairs * PAIR_BYTES,
+        );
         // Slices of known length, so that the constant indices below need no checks.
         let row_pairs = &row[start..start + block_pairs];
         let x_blocks = &codes[2 * start..2 * (start + block_pairs)];
@@ -614,6 +649,60 @@ fn octet_rows<E: PairProducts, const PPG: usize>(
     }
 }
 
+/// Affine 8-bit row `r` against `x` for groups of `32 * RPG` columns: each register of 32
+/// stored bytes multiplied with the 32 codes of the same columns into its group's lanes, eight
+/// groups at a time gathered and folded by `fold_block`; the last `groups % 8` one at a time
+/// through `int8::fold`.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+fn dot_bytes<E: PairProducts, const RPG: usize>(
+    engine: E,
+    m: &QMatrix,
+    r: usize,
+    x: &Int8Vector,
+) -> f32 {
+    let v3 = engine.v3();
+    let zero: __m256i = cast([0i32; 8]);
+    let groups = m.cols / (BLOCK * RPG);
+    let row_start = r * m.cols;
+    let row = m.packed[row_start..row_start + m.cols]
+        .as_chunks::<BLOCK>()
+        .0;
+    let codes = x.codes.as_chunks::<BLOCK>().0;
+    let blocks = groups / GROUPS_AT_ONCE;
+    let block_registers = GROUPS_AT_ONCE * RPG;
+    let mut acc: __m256 = cast([0f32; 8]);
+    for block in 0..blocks {
+        let start = block * block_registers;
+        prefetch_ahead(
+            engine,
+            m.packed,
+            row_start + start * BLOCK,
+            block_registers * BLOCK,
+        );
+        let row_registers = &row[start..start + block_registers];
+        let x_registers = &codes[start..start + block_registers];
+        let mut lanes = [zero; GROUPS_AT_ONCE];
+        for j in 0..GROUPS_AT_ONCE {
+            for q in 0..RPG {
+                let k = j * RPG + q;
+                lanes[j] = engine.add_bytes(lanes[j], cast(row_registers[k]), cast(x_registers[k]));
+            }
+        }
+        acc = fold_block(v3, m, r, x, block * GROUPS_AT_ONCE, lanes, acc);
+    }
+    let mut acc: [f32; 8] = cast(acc);
+    for g in blocks * GROUPS_AT_ONCE..groups {
+        let mut lanes = zero;
+        for k in g * RPG..(g + 1) * RPG {
+            lanes = engine.add_bytes(lanes, cast(row[k]), cast(codes[k]));
+        }
+        let lanes: [i32; 8] = cast(lanes);
+        fold(m, r * groups + g, &mut acc, lanes.iter().sum(), x, g);
+    }
+    combine(acc)
+}
+
 /// The nibbles of 32 packed MXFP4 bytes as twice their e2m1 values (signed bytes, low nibbles
 /// then high).
 #[inline(always)]
@@ -695,10 +784,12 @@ fn dot_mxfp4<E: PairProducts>(engine: E, m: &QMatrix, r: usize, x: &Int8Vector) 
     let mut acc: __m256 = cast([0f32; 8]);
     for block in 0..blocks {
         let start = block * MXFP4_PAIRS_AT_ONCE;
-        let ahead = row_start + start * PAIR_BYTES + ROW_PREFETCH_AHEAD;
-        for line in 0..MXFP4_PAIRS_AT_ONCE * PAIR_BYTES / CACHE_LINE {
-            engine.prefetch(m.packed.get(ahead + line * CACHE_LINE..).unwrap_or(&[]));
-        }
+        prefetch_ahead(
+            engine,
+            m.packed,
+            row_start + start * PAIR_BYTES,
+            MXFP4_PAIRS_AT_ONCE * PAIR_BYTES,
+        );
         let row_pairs = &pairs[start..start + MXFP4_PAIRS_AT_ONCE];
         let x_blocks = &codes[2 * start..2 * (start + MXFP4_PAIRS_AT_ONCE)];
         let mut lanes = [zero; MXFP4_PAIRS_AT_ONCE];
@@ -789,23 +880,76 @@ fn rows_batch_with<E: PairProducts>(
     xs: &[&Int8Vector],
     out: &mut [f32],
 ) {
-    if m.format == Format::Mxfp4 {
-        for (i, row_out) in out.chunks_exact_mut(xs.len()).enumerate() {
-            for (o, x) in row_out.iter_mut().zip(xs) {
-                *o = dot_mxfp4(engine, m, first + i, x);
-            }
+    let group = xs.first().map_or(0, |x| x.group());
+    match (m.format, group) {
+        (Format::Mxfp4, _) => each_row::<E, Mxfp4Rows>(engine, m, first, xs, out),
+        // Registers of 32 bytes per group, as a constant of the row code.
+        (Format::Affine { bits: 8, .. }, 32) => {
+            each_row::<E, ByteRows<1>>(engine, m, first, xs, out)
         }
-        return;
+        (Format::Affine { bits: 8, .. }, 64) => {
+            each_row::<E, ByteRows<2>>(engine, m, first, xs, out)
+        }
+        (Format::Affine { bits: 8, .. }, _) => {
+            each_row::<E, ByteRows<4>>(engine, m, first, xs, out)
+        }
+        // Pairs of 32-column blocks per group, likewise.
+        (_, 64) => rows_batch_blocks::<E, 1>(engine, m, first, xs, out),
+        (_, 128) => rows_batch_blocks::<E, 2>(engine, m, first, xs, out),
+        _ => each_row::<E, Group32Rows>(engine, m, first, xs, out),
     }
-    // Pairs of 32-column blocks per group, as a constant of the row code.
-    match xs.first().map(|x| x.group()) {
-        Some(64) => return rows_batch_blocks::<E, 1>(engine, m, first, xs, out),
-        Some(128) => return rows_batch_blocks::<E, 2>(engine, m, first, xs, out),
-        _ => {}
+}
+
+/// One row function of this module as a type, so that one loop over rows and vectors serves
+/// them all and still inlines into the code compiled for the machine's instructions (through a
+/// closure or a function pointer it would not).
+trait RowDot {
+    fn dot<E: PairProducts>(engine: E, m: &QMatrix, r: usize, x: &Int8Vector) -> f32;
+}
+
+/// [`dot_mxfp4`].
+struct Mxfp4Rows;
+
+impl RowDot for Mxfp4Rows {
+    #[inline(always)]
+    fn dot<E: PairProducts>(engine: E, m: &QMatrix, r: usize, x: &Int8Vector) -> f32 {
+        dot_mxfp4(engine, m, r, x)
     }
+}
+
+/// [`dot_bytes`] for groups of `32 * RPG` columns.
+struct ByteRows<const RPG: usize>;
+
+impl<const RPG: usize> RowDot for ByteRows<RPG> {
+    #[inline(always)]
+    fn dot<E: PairProducts>(engine: E, m: &QMatrix, r: usize, x: &Int8Vector) -> f32 {
+        dot_bytes::<E, RPG>(engine, m, r, x)
+    }
+}
+
+/// [`dot_group32`] (affine 4-bit, groups of 32).
+struct Group32Rows;
+
+impl RowDot for Group32Rows {
+    #[inline(always)]
+    fn dot<E: PairProducts>(engine: E, m: &QMatrix, r: usize, x: &Int8Vector) -> f32 {
+        dot_group32(engine.v3(), m, r, x)
+    }
+}
+
+/// Rows `first..` against every vector of `xs` into `out[i * batch + b]`, row by row, so that
+/// a row stays in cache for all the vectors.
+#[inline(always)]
+fn each_row<E: PairProducts, K: RowDot>(
+    engine: E,
+    m: &QMatrix,
+    first: usize,
+    xs: &[&Int8Vector],
+    out: &mut [f32],
+) {
     for (i, row_out) in out.chunks_exact_mut(xs.len()).enumerate() {
         for (o, x) in row_out.iter_mut().zip(xs) {
-            *o = dot_group32(engine.v3(), m, first + i, x);
+            *o = K::dot(engine, m, first + i, x);
         }
     }
 }

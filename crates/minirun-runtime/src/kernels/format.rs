@@ -145,11 +145,11 @@ impl<'a> QMatrix<'a> {
         }
     }
 
-    /// The arithmetic its products use: 8-bit activations only for affine 4-bit and MXFP4
-    /// matrices asked to, f32 otherwise.
+    /// The arithmetic its products use: 8-bit activations only for affine 4- and 8-bit and
+    /// MXFP4 matrices asked to, f32 otherwise.
     pub fn activations(&self) -> super::Activations {
         match (self.activations, self.format) {
-            (super::Activations::Int8, Format::Affine { bits: 4, .. } | Format::Mxfp4) => {
+            (super::Activations::Int8, Format::Affine { bits: 4 | 8, .. } | Format::Mxfp4) => {
                 super::Activations::Int8
             }
             _ => super::Activations::F32,

@@ -1,4 +1,4 @@
-//! Affine 4-bit and MXFP4 products with 8-bit activations: the input is quantized once per
+//! Affine 4- and 8-bit and MXFP4 products with 8-bit activations: the input is quantized once per
 //! vector, each group's dot product is an exact integer sum, and only the fold over groups is
 //! in f32. This
 //! is a different arithmetic from the exact path (`mod.rs`), chosen for speed: it is fixed and
@@ -15,9 +15,10 @@
 //! 4. `sum`: lane `j` of 8 adds `x_{8c + j}` for ascending `c`, in f32, then
 //!    `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`.
 //!
-//! Row `r`, with `w_k = s_g * c_k + b_g` (`c_k` the stored 4-bit codes):
+//! Row `r`, with `w_k = s_g * c_k + b_g` (`c_k` the stored 4- or 8-bit codes):
 //!
-//! 1. `i_g = Σ c_k * q_k` over the group, exactly (an i32; at most 128 x 15 x 127).
+//! 1. `i_g = Σ c_k * q_k` over the group, exactly (an i32; at most 128 x 255 x 127 for
+//!    8-bit codes).
 //! 2. Eight accumulators `a_0..a_7 = 0`; for each group ascending,
 //!    `a_{g mod 8} = a_{g mod 8} + ((s_g * d_g) * f32(i_g) + b_g * sum_g)`, each multiply and
 //!    add a separate f32 operation (no fused multiply-add).
@@ -204,12 +205,16 @@ pub(crate) fn mxfp4_half_scale(byte: u8) -> f32 {
 /// on it.
 fn input_group(m: &QMatrix) -> Result<usize, KernelError> {
     match m.format {
-        Format::Affine { bits: 4, group, .. } => Ok(group),
+        Format::Affine {
+            bits: 4 | 8, group, ..
+        } => Ok(group),
         Format::Mxfp4 => Ok(MXFP4_GROUP),
         other => Err(KernelError::Shape {
             rows: m.rows,
             cols: m.cols,
-            what: format!("{other:?} weights and 8-bit activations (affine 4-bit and MXFP4 only)"),
+            what: format!(
+                "{other:?} weights and 8-bit activations (affine 4- and 8-bit and MXFP4 only)"
+            ),
         }),
     }
 }
@@ -234,20 +239,33 @@ fn check_input(m: &QMatrix, x: &Int8Vector) -> Result<(), KernelError> {
 pub(crate) fn dot_portable(m: &QMatrix, r: usize, x: &Int8Vector) -> f32 {
     let group = x.group;
     let groups = m.cols / group;
-    let row = &m.packed[r * m.cols / 2..(r + 1) * m.cols / 2];
-    let weight = |code: u8| match m.format {
-        Format::Mxfp4 => i32::from(E2M1_DOUBLED[usize::from(code)]),
-        _ => i32::from(code),
-    };
     let mut acc = [0f32; 8];
     for g in 0..groups {
-        let bytes = &row[g * group / 2..(g + 1) * group / 2];
         let codes = &x.codes[g * group..(g + 1) * group];
-        let mut i = 0i32;
-        for (k, &byte) in bytes.iter().enumerate() {
-            i += weight(byte & 15) * i32::from(codes[2 * k]);
-            i += weight(byte >> 4) * i32::from(codes[2 * k + 1]);
-        }
+        let i = match m.format {
+            Format::Affine { bits: 8, .. } => {
+                let bytes = &m.packed[r * m.cols + g * group..r * m.cols + (g + 1) * group];
+                bytes
+                    .iter()
+                    .zip(codes)
+                    .map(|(&q, &c)| i32::from(q) * i32::from(c))
+                    .sum()
+            }
+            _ => {
+                let start = (r * m.cols + g * group) / 2;
+                let bytes = &m.packed[start..start + group / 2];
+                let weight = |code: u8| match m.format {
+                    Format::Mxfp4 => i32::from(E2M1_DOUBLED[usize::from(code)]),
+                    _ => i32::from(code),
+                };
+                let mut i = 0i32;
+                for (k, &byte) in bytes.iter().enumerate() {
+                    i += weight(byte & 15) * i32::from(codes[2 * k]);
+                    i += weight(byte >> 4) * i32::from(codes[2 * k + 1]);
+                }
+                i
+            }
+        };
         fold(m, r * groups + g, &mut acc, i, x, g);
     }
     combine(acc)
@@ -312,8 +330,8 @@ fn rows_batch_avx2(m: &QMatrix, first: usize, xs: &[&Int8Vector], out: &mut [f32
 }
 
 impl QMatrix<'_> {
-    /// `y = W x` with 8-bit activations (the module's arithmetic): affine 4-bit and MXFP4
-    /// matrices only, `x` quantized for the matrix's group. The same bits on any number of threads.
+    /// `y = W x` with 8-bit activations (the module's arithmetic): affine 4- and 8-bit and
+    /// MXFP4 matrices only, `x` quantized for the matrix's group. The same bits on any number of threads.
     pub fn matvec_int8(&self, x: &Int8Vector, y: &mut [f32]) -> Result<(), KernelError> {
         check_input(self, x)?;
         check_len("y", self.rows, y.len())?;

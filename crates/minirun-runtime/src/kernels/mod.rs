@@ -20,8 +20,8 @@
 //! (8 lanes in one AVX2 register, chosen at run time) and the scalar fallback give the same bits.
 //! Decoding is exact (`decode.rs`). NaN codes (e4m3 0x7F/0xFF, e8m0 0xFF) propagate as NaN.
 //!
-//! A matrix set to [`Activations::Int8`] runs its affine 4-bit and MXFP4 products in the second
-//! arithmetic `int8.rs` documents instead (8-bit activations, integer group sums), as
+//! A matrix set to [`Activations::Int8`] runs its affine 4- and 8-bit and MXFP4 products in the
+//! second arithmetic `int8.rs` documents instead (8-bit activations, integer group sums), as
 //! deterministic but not with these bits; every other format keeps the order above.
 
 #[cfg(target_arch = "x86_64")]
@@ -49,8 +49,9 @@ pub enum Activations {
     /// above.
     #[default]
     F32,
-    /// Affine 4-bit and MXFP4 matrices take their input quantized to 8 bits per group and sum
-    /// each group in integers (`int8.rs` documents the arithmetic); other formats stay exact. Faster, and
+    /// Affine 4- and 8-bit and MXFP4 matrices take their input quantized to 8 bits per group
+    /// and sum each group in integers (`int8.rs` documents the arithmetic); other formats stay
+    /// exact. Faster, and
     /// as deterministic, but not the exact path's bits.
     Int8,
 }
