@@ -254,11 +254,19 @@ fn the_simd_path_and_the_portable_path_agree_on_special_codes() {
             for (r, (&a, &b)) in fast.iter().zip(&portable).enumerate() {
                 assert!(same(a, b), "{format:?} {rows} x {cols} row {r}: {a} vs {b}");
             }
-            // The batched kernels, both paths, on the same codes: vector 1 is `x`.
-            let xs: Vec<f32> = [input(cols, seed + 100), x, input(cols, seed + 200)].concat();
-            let (mut fast3, mut portable3) = (vec![0f32; 3 * rows], vec![0f32; 3 * rows]);
-            m.matmul(&xs, 3, &mut fast3).unwrap();
-            m.matmul_portable(&xs, 3, &mut portable3).unwrap();
+            // The batched kernels, both paths, on the same codes: vector 1 is `x`; five
+            // vectors take a tile of four and one more.
+            let others = (100..104)
+                .map(|s| input(cols, seed + s))
+                .collect::<Vec<_>>();
+            let xs: Vec<f32> = [&others[0], &x, &others[1], &others[2], &others[3]]
+                .into_iter()
+                .flatten()
+                .copied()
+                .collect();
+            let (mut fast3, mut portable3) = (vec![0f32; 5 * rows], vec![0f32; 5 * rows]);
+            m.matmul(&xs, 5, &mut fast3).unwrap();
+            m.matmul_portable(&xs, 5, &mut portable3).unwrap();
             for (r, &a) in fast3[rows..2 * rows].iter().enumerate() {
                 assert!(
                     same(a, fast[r]),

@@ -8,9 +8,13 @@ use pulp::x86::V3;
 use pulp::{f32x8, u32x8};
 
 use super::format::{BlockScale, FloatType, Format, QMatrix};
+use x86_f16c::F16c;
 
 pub(crate) struct Rows<'a, 'm> {
     pub v3: V3,
+    /// F16C, where f16 matrices may use it: set only when the code runs inside
+    /// `F16c::vectorize`, which compiles it for the instruction.
+    pub f16c: Option<F16c>,
     pub m: &'a QMatrix<'m>,
     pub first: usize,
     pub x: &'a [f32],
@@ -25,6 +29,7 @@ impl pulp::WithSimd for Rows<'_, '_> {
     fn with_simd<S: pulp::Simd>(self, _: S) {
         let Rows {
             v3,
+            f16c,
             m,
             first,
             x,
@@ -33,11 +38,11 @@ impl pulp::WithSimd for Rows<'_, '_> {
         } = self;
         let mut quads = y.chunks_exact_mut(4);
         for (q, out) in (&mut quads).enumerate() {
-            out.copy_from_slice(&dot4(v3, m, first + 4 * q, x, xsum));
+            out.copy_from_slice(&dot4(v3, f16c, m, first + 4 * q, x, xsum));
         }
         let done = y.len() / 4 * 4;
         for (i, out) in y[done..].iter_mut().enumerate() {
-            *out = dot(v3, m, first + done + i, x, xsum);
+            *out = dot(v3, f16c, m, first + done + i, x, xsum);
         }
     }
 }
@@ -271,6 +276,24 @@ impl Segments<16> for Dense {
     }
 }
 
+/// f16 through F16C's `vcvtph2ps`: the same values as [`f16`] for every code but a NaN, whose
+/// quiet bit it sets. The first operation on the value (the multiply by `x`) sets that bit
+/// anyway, so every result keeps its bits.
+struct DenseF16c {
+    f16c: F16c,
+}
+
+impl Segments<16> for DenseF16c {
+    #[inline(always)]
+    fn decode(&self, chunk: &[u8; 16]) -> f32x8 {
+        cast(self.f16c.widen(cast(*chunk)))
+    }
+    #[inline(always)]
+    fn finish(&self, _: usize, part: f32x8, acc: f32x8) -> f32x8 {
+        self.f16c.v3().add_f32x8(acc, part)
+    }
+}
+
 struct Affine<'a, 'm> {
     v3: V3,
     m: &'a QMatrix<'m>,
@@ -363,7 +386,14 @@ impl<const NAN: bool> Segments<8> for Fp8<'_, NAN> {
 }
 
 #[inline(always)]
-fn dot4(v3: V3, m: &QMatrix, r: usize, x: &[f32], xsum: &[[f32; 8]]) -> [f32; 4] {
+fn dot4(
+    v3: V3,
+    f16c: Option<F16c>,
+    m: &QMatrix,
+    r: usize,
+    x: &[f32],
+    xsum: &[[f32; 8]],
+) -> [f32; 4] {
     let row_bytes = m.row_bytes();
     let rows: [&[u8]; 4] =
         std::array::from_fn(|i| &m.packed[(r + i) * row_bytes..(r + i + 1) * row_bytes]);
@@ -378,9 +408,12 @@ fn dot4(v3: V3, m: &QMatrix, r: usize, x: &[f32], xsum: &[[f32; 8]]) -> [f32; 4]
                 format: FloatType::F32,
             }),
         ),
-        Format::Dense(format) => {
-            segmented4::<16, _>(v3, rows, x, m.cols, &[(); 4].map(|_| Dense { v3, format }))
-        }
+        Format::Dense(format) => match (format, f16c) {
+            (FloatType::F16, Some(f16c)) => {
+                segmented4::<16, _>(v3, rows, x, m.cols, &[(); 4].map(|_| DenseF16c { f16c }))
+            }
+            _ => segmented4::<16, _>(v3, rows, x, m.cols, &[(); 4].map(|_| Dense { v3, format })),
+        },
         Format::Affine { bits, group, scale } => {
             let groups = m.cols / group;
             let k: [Affine; 4] = std::array::from_fn(|i| Affine {
@@ -429,7 +462,7 @@ fn dot4(v3: V3, m: &QMatrix, r: usize, x: &[f32], xsum: &[[f32; 8]]) -> [f32; 4]
 }
 
 #[inline(always)]
-fn dot(v3: V3, m: &QMatrix, r: usize, x: &[f32], xsum: &[[f32; 8]]) -> f32 {
+fn dot(v3: V3, f16c: Option<F16c>, m: &QMatrix, r: usize, x: &[f32], xsum: &[[f32; 8]]) -> f32 {
     let row_bytes = m.row_bytes();
     let row = &m.packed[r * row_bytes..(r + 1) * row_bytes];
     match m.format {
@@ -443,7 +476,12 @@ fn dot(v3: V3, m: &QMatrix, r: usize, x: &[f32], xsum: &[[f32; 8]]) -> f32 {
                 format: FloatType::F32,
             },
         ),
-        Format::Dense(format) => segmented::<16>(v3, row, x, m.cols, &Dense { v3, format }),
+        Format::Dense(format) => match (format, f16c) {
+            (FloatType::F16, Some(f16c)) => {
+                segmented::<16>(v3, row, x, m.cols, &DenseF16c { f16c })
+            }
+            _ => segmented::<16>(v3, row, x, m.cols, &Dense { v3, format }),
+        },
         Format::Affine { bits, group, scale } => {
             let k = Affine {
                 v3,
@@ -562,6 +600,8 @@ impl BatchSegments<8> for AffineBatch<'_, '_> {
 /// rows at a time), which run the same operations.
 pub(crate) struct RowsBatch<'a, 'm> {
     pub v3: V3,
+    /// As for [`Rows`].
+    pub f16c: Option<F16c>,
     pub m: &'a QMatrix<'m>,
     pub first: usize,
     pub xs: &'a [&'a [f32]],
@@ -576,6 +616,7 @@ impl pulp::WithSimd for RowsBatch<'_, '_> {
     fn with_simd<S: pulp::Simd>(self, _: S) {
         let RowsBatch {
             v3,
+            f16c,
             m,
             first,
             xs,
@@ -589,7 +630,7 @@ impl pulp::WithSimd for RowsBatch<'_, '_> {
         for r in (0..tiled_rows).step_by(2) {
             for b in (0..tiled_vectors).step_by(4) {
                 let four = [xs[b], xs[b + 1], xs[b + 2], xs[b + 3]];
-                let tile = dot_tile(v3, m, first + r, four, &xsums[b..b + 4]);
+                let tile = dot_tile(v3, f16c, m, first + r, four, &xsums[b..b + 4]);
                 for (i, row) in tile.iter().enumerate() {
                     out[(r + i) * batch + b..(r + i) * batch + b + 4].copy_from_slice(row);
                 }
@@ -597,20 +638,20 @@ impl pulp::WithSimd for RowsBatch<'_, '_> {
         }
         for r in tiled_rows..rows {
             for b in 0..tiled_vectors {
-                out[r * batch + b] = dot(v3, m, first + r, xs[b], &xsums[b]);
+                out[r * batch + b] = dot(v3, f16c, m, first + r, xs[b], &xsums[b]);
             }
         }
         // Vectors left over from the tiles: four rows at a time, as `Rows` does.
         for b in tiled_vectors..batch {
             let quads = rows / 4 * 4;
             for r in (0..quads).step_by(4) {
-                let four = dot4(v3, m, first + r, xs[b], &xsums[b]);
+                let four = dot4(v3, f16c, m, first + r, xs[b], &xsums[b]);
                 for (i, v) in four.iter().enumerate() {
                     out[(r + i) * batch + b] = *v;
                 }
             }
             for r in quads..rows {
-                out[r * batch + b] = dot(v3, m, first + r, xs[b], &xsums[b]);
+                out[r * batch + b] = dot(v3, f16c, m, first + r, xs[b], &xsums[b]);
             }
         }
     }
@@ -666,6 +707,7 @@ fn segmented_tile<const CB: usize, K: BatchSegments<CB>>(
 #[inline(always)]
 fn dot_tile(
     v3: V3,
+    f16c: Option<F16c>,
     m: &QMatrix,
     r: usize,
     xs: [&[f32]; 4],
@@ -684,10 +726,16 @@ fn dot_tile(
             });
             segmented_tile::<32, _>(v3, rows, xs, m.cols, &k)
         }
-        Format::Dense(format) => {
-            let k = [(); 2].map(|_| Same(Dense { v3, format }));
-            segmented_tile::<16, _>(v3, rows, xs, m.cols, &k)
-        }
+        Format::Dense(format) => match (format, f16c) {
+            (FloatType::F16, Some(f16c)) => {
+                let k = [(); 2].map(|_| Same(DenseF16c { f16c }));
+                segmented_tile::<16, _>(v3, rows, xs, m.cols, &k)
+            }
+            _ => {
+                let k = [(); 2].map(|_| Same(Dense { v3, format }));
+                segmented_tile::<16, _>(v3, rows, xs, m.cols, &k)
+            }
+        },
         Format::Affine { bits, group, scale } => {
             let k: [AffineBatch; 2] = std::array::from_fn(|i| AffineBatch {
                 v3,

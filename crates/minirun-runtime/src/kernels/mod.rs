@@ -127,20 +127,42 @@ impl pulp::WithSimd for RowsOp<'_, '_> {
     }
 }
 
+/// Runs the kernel `make` builds compiled for AVX2, and for F16C too where the matrix is f16
+/// and the machine has it: f16 rows then widen each chunk in one instruction instead of a dozen
+/// (the same values, so the same bits). `make` gets the token to hand the kernel, or `None`.
+#[cfg(target_arch = "x86_64")]
+fn run_avx2<K: pulp::WithSimd<Output = ()>>(
+    v3: pulp::x86::V3,
+    m: &QMatrix,
+    make: impl FnOnce(Option<x86_f16c::F16c>) -> K,
+) {
+    let f16c = (m.format == Format::Dense(FloatType::F16))
+        .then(x86_f16c::F16c::try_new)
+        .flatten();
+    match f16c {
+        Some(token) => {
+            let kernel = make(f16c);
+            token.vectorize(
+                #[inline(always)]
+                || kernel.with_simd(v3),
+            )
+        }
+        None => pulp::Simd::vectorize(v3, make(None)),
+    }
+}
+
 fn run_rows(m: &QMatrix, first: usize, x: &[f32], xsum: &[[f32; 8]], y: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if let Some(v3) = pulp::x86::V3::try_new() {
-        return pulp::Simd::vectorize(
+        return run_avx2(v3, m, |f16c| avx2::Rows {
             v3,
-            avx2::Rows {
-                v3,
-                m,
-                first,
-                x,
-                xsum,
-                y,
-            },
-        );
+            f16c,
+            m,
+            first,
+            x,
+            xsum,
+            y,
+        });
     }
     run_rows_portable(m, first, x, xsum, y);
 }
@@ -192,17 +214,15 @@ fn run_rows_batch(
 ) {
     #[cfg(target_arch = "x86_64")]
     if let Some(v3) = pulp::x86::V3::try_new() {
-        return pulp::Simd::vectorize(
+        return run_avx2(v3, m, |f16c| avx2::RowsBatch {
             v3,
-            avx2::RowsBatch {
-                v3,
-                m,
-                first,
-                xs,
-                xsums,
-                out,
-            },
-        );
+            f16c,
+            m,
+            first,
+            xs,
+            xsums,
+            out,
+        });
     }
     run_rows_batch_portable(m, first, xs, xsums, out);
 }
