@@ -283,6 +283,43 @@ fn the_simd_path_and_the_portable_path_agree_on_special_codes() {
 
 /// A small-batch product gives every vector exactly the bits of its own matrix-vector product,
 /// serially and in parallel.
+/// Every e4m3 code but the NaNs alone in a row of an FP8 matrix that holds no NaN code (the
+/// path that widens through f16 where the CPU has F16C), and every f16 code alone in a row:
+/// the SIMD product has the portable one's bits, so each code decodes to the same value.
+#[test]
+fn every_fp8_and_f16_code_alone_gives_the_portable_bits() {
+    let x: Vec<f32> = (0..8).map(|k| 1.5 - k as f32 * 0.25).collect();
+    let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+    let fp8 = Format::Fp8Block {
+        block_rows: 1,
+        block_cols: 8,
+        scale: BlockScale::E8m0,
+    };
+    let codes = (0u8..=255).filter(|c| c & 0x7F != 0x7F);
+    let fp8_rows: Vec<Vec<u8>> = codes.map(|c| vec![c, 0x38, 0, 0, 0, 0, 0, 0xB8]).collect();
+    let f16_rows: Vec<Vec<u8>> = (0..=u16::MAX)
+        .step_by(8)
+        .map(|first| (first..=first + 7).flat_map(u16::to_le_bytes).collect())
+        .collect();
+    for (format, rows, scales) in [
+        (fp8, fp8_rows, vec![127u8]),
+        (Format::Dense(FloatType::F16), f16_rows, vec![]),
+    ] {
+        for row in rows {
+            let m = QMatrix::new(format, 1, 8, &row, &scales, &[]).unwrap();
+            let (mut fast, mut portable) = ([0f32], [0f32]);
+            m.matvec(&x, &mut fast).unwrap();
+            m.matvec_portable(&x, &mut portable).unwrap();
+            assert!(
+                same(fast[0], portable[0]),
+                "{format:?} {row:02x?}: {} vs {}",
+                fast[0],
+                portable[0]
+            );
+        }
+    }
+}
+
 #[test]
 fn matmul_gives_each_vector_the_bits_of_its_matvec() {
     for kind in 0..5 {

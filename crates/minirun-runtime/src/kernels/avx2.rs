@@ -366,6 +366,31 @@ impl Segments<4> for Scaled<'_> {
     }
 }
 
+/// FP8 blocks without NaN codes through F16C: an e4m3 byte's bits, placed in an f16's sign,
+/// exponent and top mantissa bits, are its value times 2^-8 (the biases differ by 8, and
+/// subnormals line up too), so a sign-extending widen, a shift by 7 and a mask (the sign's
+/// copy out of the exponent's top bit) give the f16, `vcvtph2ps` the f32, and an exact multiply
+/// by 256 the value `e4m3` gives: five instructions where the integer decoding takes ten.
+struct Fp8F16c<'a>(F16c, Scaled<'a>);
+
+impl Segments<8> for Fp8F16c<'_> {
+    #[inline(always)]
+    fn decode(&self, chunk: &[u8; 8]) -> f32x8 {
+        let v3 = self.0.v3();
+        let mut wide = [0u8; 16];
+        wide[..8].copy_from_slice(chunk);
+        let words = v3.sse4_1._mm_cvtepi8_epi16(cast(wide));
+        let halves = v3
+            .sse2
+            ._mm_and_si128(v3.sse2._mm_slli_epi16::<7>(words), cast([0xBFFFu16; 8]));
+        v3.mul_f32x8(cast(self.0.widen(halves)), v3.splat_f32x8(256.0))
+    }
+    #[inline(always)]
+    fn finish(&self, segment: usize, part: f32x8, acc: f32x8) -> f32x8 {
+        self.1.fold(segment, part, acc)
+    }
+}
+
 /// FP8 blocks; `NAN` selects NaN codes element by element (only matrices that hold any).
 struct Fp8<'a, const NAN: bool>(Scaled<'a>);
 
@@ -453,6 +478,9 @@ fn dot4(
             if m.fp8_nan_codes {
                 let k: [Fp8<true>; 4] = std::array::from_fn(|i| Fp8(scaled(i)));
                 segmented4::<8, _>(v3, rows, x, block_cols, &k)
+            } else if let Some(f16c) = f16c {
+                let k: [Fp8F16c; 4] = std::array::from_fn(|i| Fp8F16c(f16c, scaled(i)));
+                segmented4::<8, _>(v3, rows, x, block_cols, &k)
             } else {
                 let k: [Fp8<false>; 4] = std::array::from_fn(|i| Fp8(scaled(i)));
                 segmented4::<8, _>(v3, rows, x, block_cols, &k)
@@ -519,6 +547,8 @@ fn dot(v3: V3, f16c: Option<F16c>, m: &QMatrix, r: usize, x: &[f32], xsum: &[[f3
             };
             if m.fp8_nan_codes {
                 segmented::<8>(v3, row, x, block_cols, &Fp8::<true>(scaled))
+            } else if let Some(f16c) = f16c {
+                segmented::<8>(v3, row, x, block_cols, &Fp8F16c(f16c, scaled))
             } else {
                 segmented::<8>(v3, row, x, block_cols, &Fp8::<false>(scaled))
             }
@@ -774,6 +804,9 @@ fn dot_tile(
             };
             if m.fp8_nan_codes {
                 let k: [Same<Fp8<true>>; 2] = std::array::from_fn(|i| Same(Fp8(scaled(i))));
+                segmented_tile::<8, _>(v3, rows, xs, block_cols, &k)
+            } else if let Some(f16c) = f16c {
+                let k: [Same<Fp8F16c>; 2] = std::array::from_fn(|i| Same(Fp8F16c(f16c, scaled(i))));
                 segmented_tile::<8, _>(v3, rows, xs, block_cols, &k)
             } else {
                 let k: [Same<Fp8<false>>; 2] = std::array::from_fn(|i| Same(Fp8(scaled(i))));

@@ -127,18 +127,22 @@ impl pulp::WithSimd for RowsOp<'_, '_> {
     }
 }
 
-/// Runs the kernel `make` builds compiled for AVX2, and for F16C too where the matrix is f16
-/// and the machine has it: f16 rows then widen each chunk in one instruction instead of a dozen
-/// (the same values, so the same bits). `make` gets the token to hand the kernel, or `None`.
+/// Runs the kernel `make` builds compiled for AVX2, and for F16C too where the matrix is f16 or
+/// FP8 without NaN codes and the machine has it: their rows then widen each chunk through
+/// `vcvtph2ps` instead of a dozen or ten integer operations (the same values, so the same
+/// bits). `make` gets the token to hand the kernel, or `None`.
 #[cfg(target_arch = "x86_64")]
 fn run_avx2<K: pulp::WithSimd<Output = ()>>(
     v3: pulp::x86::V3,
     m: &QMatrix,
     make: impl FnOnce(Option<x86_f16c::F16c>) -> K,
 ) {
-    let f16c = (m.format == Format::Dense(FloatType::F16))
-        .then(x86_f16c::F16c::try_new)
-        .flatten();
+    let widens = match m.format {
+        Format::Dense(FloatType::F16) => true,
+        Format::Fp8Block { .. } => !m.fp8_nan_codes,
+        _ => false,
+    };
+    let f16c = widens.then(x86_f16c::F16c::try_new).flatten();
     match f16c {
         Some(token) => {
             let kernel = make(f16c);
