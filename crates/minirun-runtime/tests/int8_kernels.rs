@@ -306,12 +306,15 @@ fn other_formats_groups_and_lengths_are_refused() {
 /// `matvec_int8`.
 #[test]
 fn a_batch_gives_each_vector_the_bits_of_its_own_product() {
-    // (bits, group, groups): 0 bits for MXFP4.
+    // (bits, group, groups): 0 bits for MXFP4 (an even group count takes octets of rows, an
+    // odd one the row path).
     let cases = [
         (4, 32, 5),
         (4, 64, 20),
         (4, 128, 9),
         (0, 32, 21),
+        (0, 32, 20),
+        (0, 32, 2),
         (8, 32, 11),
         (8, 64, 9),
         (8, 128, 10),

@@ -26,7 +26,7 @@ use pulp::x86::V3;
 use std::arch::x86_64::{__m256, __m256i};
 
 use super::format::{FloatType, Format, QMatrix};
-use super::int8::{BLOCK, E2M1_DOUBLED, Int8Vector, MXFP4_GROUP, combine, fold};
+use super::int8::{BLOCK, E2M1_DOUBLED, Int8Vector, MXFP4_GROUP, combine, fold, mxfp4_half_scale};
 use x86_vnni::Vnni;
 
 /// Bytes of packed 4-bit codes in one register: two blocks.
@@ -362,11 +362,11 @@ fn dot_blocks<E: PairProducts, const PPG: usize>(
     combine(acc)
 }
 
-/// Rows `first..` against every vector of `xs` for groups of 64 or 128 columns: whole octets of
-/// rows through [`octet_rows`], the rest one row at a time, one vector at a time over the
-/// band's rows (which stay in cache between vectors).
+/// Rows `first..` against every vector of `xs`: whole octets of rows through the kernel's
+/// octet function, the rest one row at a time, one vector at a time over the band's rows (which
+/// stay in cache between vectors).
 #[inline(always)]
-fn rows_batch_blocks<E: PairProducts, const PPG: usize>(
+fn rows_batch_octets<E: PairProducts, K: Octets>(
     engine: E,
     m: &QMatrix,
     first: usize,
@@ -386,15 +386,66 @@ fn rows_batch_blocks<E: PairProducts, const PPG: usize>(
         let mut scratch = OCTET_SCRATCH.take();
         scratch.fit(batch);
         for (o, octet_out) in octets.chunks_exact_mut(OCTET * batch).enumerate() {
-            octet_rows::<E, PPG>(engine, m, first + o * OCTET, xs, octet_out, &mut scratch);
+            K::octet(engine, m, first + o * OCTET, xs, octet_out, &mut scratch);
         }
         OCTET_SCRATCH.set(scratch);
     }
     let first = first + octet_rows_total;
     for (b, x) in xs.iter().enumerate() {
         for (i, row_out) in rest.chunks_exact_mut(batch).enumerate() {
-            row_out[b] = dot_blocks::<E, PPG>(engine, m, first + i, x);
+            row_out[b] = K::dot(engine, m, first + i, x);
         }
+    }
+}
+
+/// A row kernel with an octet form: eight rows at a time against a batch, each (row, vector)
+/// with the row function's bits.
+trait Octets: RowDot {
+    fn octet<E: PairProducts>(
+        engine: E,
+        m: &QMatrix,
+        first: usize,
+        xs: &[&Int8Vector],
+        out: &mut [f32],
+        scratch: &mut OctetScratch,
+    );
+}
+
+/// Affine 4-bit for groups of `64 * PPG` columns: [`octet_rows`] and [`dot_blocks`].
+struct Blocks<const PPG: usize>;
+
+impl<const PPG: usize> RowDot for Blocks<PPG> {
+    #[inline(always)]
+    fn dot<E: PairProducts>(engine: E, m: &QMatrix, r: usize, x: &Int8Vector) -> f32 {
+        dot_blocks::<E, PPG>(engine, m, r, x)
+    }
+}
+
+impl<const PPG: usize> Octets for Blocks<PPG> {
+    #[inline(always)]
+    fn octet<E: PairProducts>(
+        engine: E,
+        m: &QMatrix,
+        first: usize,
+        xs: &[&Int8Vector],
+        out: &mut [f32],
+        scratch: &mut OctetScratch,
+    ) {
+        octet_rows::<E, PPG>(engine, m, first, xs, out, scratch)
+    }
+}
+
+impl Octets for Mxfp4Rows {
+    #[inline(always)]
+    fn octet<E: PairProducts>(
+        engine: E,
+        m: &QMatrix,
+        first: usize,
+        xs: &[&Int8Vector],
+        out: &mut [f32],
+        scratch: &mut OctetScratch,
+    ) {
+        octet_mxfp4(engine, m, first, xs, out, scratch)
     }
 }
 
@@ -537,10 +588,18 @@ fn octet_chunk_sum<E: PairProducts>(
 /// `first + r`. Each row's eight values are read as one register, then transposed; where a
 /// row's eight are not all inside `bytes` (the last block of a matrix whose group count is
 /// not a multiple of 8) they are read one at a time.
+/// What the per-group values `octet_floats` reads are: stored floats (affine scales and
+/// biases), or e8m0 bytes taken as half their value (MXFP4's `h_g`).
+#[derive(Clone, Copy)]
+enum GroupFloats {
+    Float(FloatType),
+    HalfE8m0,
+}
+
 #[inline(always)]
 fn octet_floats(
     v3: V3,
-    scale: FloatType,
+    scale: GroupFloats,
     bytes: &[u8],
     first: usize,
     groups: usize,
@@ -551,16 +610,62 @@ fn octet_floats(
     for (r, row) in by_row.iter_mut().enumerate() {
         let index = (first + r) * groups + first_group;
         *row = if first_group + GROUPS_AT_ONCE <= groups {
-            cast(eight_floats(v3, scale, bytes, index))
+            match scale {
+                GroupFloats::Float(t) => cast(eight_floats(v3, t, bytes, index)),
+                GroupFloats::HalfE8m0 => cast(eight_half_scales(v3, bytes, index)),
+            }
         } else {
             let mut values = [0f32; GROUPS_AT_ONCE];
             for (j, v) in values.iter_mut().enumerate().take(groups - first_group) {
-                *v = scale.read(bytes, index + j);
+                *v = match scale {
+                    GroupFloats::Float(t) => t.read(bytes, index + j),
+                    GroupFloats::HalfE8m0 => bytes
+                        .get(index + j)
+                        .map_or(f32::NAN, |&e| mxfp4_half_scale(e)),
+                };
             }
             cast(values)
         };
     }
     cast(transpose_lanes(v3, by_row))
+}
+
+/// The packed bytes of rows `first..first + 8` in 32-byte chunks (empty past the matrix's end)
+/// and everything after them, which the octet prefetches as it goes.
+#[inline(always)]
+fn octet_packed<'a>(
+    m: &QMatrix<'a>,
+    first: usize,
+    row_bytes: usize,
+) -> ([&'a [[u8; PAIR_BYTES]]; OCTET], &'a [u8]) {
+    let empty: &[[u8; PAIR_BYTES]] = &[];
+    let mut rows = [empty; OCTET];
+    for (r, row) in rows.iter_mut().enumerate() {
+        let start = (first + r) * row_bytes;
+        *row = m
+            .packed
+            .get(start..start + row_bytes)
+            .map_or(empty, |bytes| bytes.as_chunks::<PAIR_BYTES>().0);
+    }
+    let next_octet = m.packed.get((first + OCTET) * row_bytes..).unwrap_or(&[]);
+    (rows, next_octet)
+}
+
+/// Step 3 lane by lane for every vector's accumulators (lane `r` for row `r`), into
+/// `out[r * batch + v]`.
+#[inline(always)]
+fn store_octet(v3: V3, accs: &[[__m256; 8]], out: &mut [f32]) {
+    let avx = v3.avx;
+    let batch = accs.len();
+    for (v, a) in accs.iter().enumerate() {
+        // No closure: it would not inherit the target features.
+        let even = avx._mm256_add_ps(avx._mm256_add_ps(a[0], a[4]), avx._mm256_add_ps(a[2], a[6]));
+        let odd = avx._mm256_add_ps(avx._mm256_add_ps(a[1], a[5]), avx._mm256_add_ps(a[3], a[7]));
+        let y: [f32; OCTET] = cast(avx._mm256_add_ps(even, odd));
+        for (r, &value) in y.iter().enumerate() {
+            out[r * batch + v] = value;
+        }
+    }
 }
 
 /// Rows `first..first + 8` against every vector of `xs` for groups of `2 * BLOCK * PPG`
@@ -587,16 +692,7 @@ fn octet_rows<E: PairProducts, const PPG: usize>(
     };
     let groups = m.cols / (2 * BLOCK * PPG);
     let row_bytes = m.cols / 2;
-    let empty: &[[u8; PAIR_BYTES]] = &[];
-    let mut rows = [empty; OCTET];
-    for (r, row) in rows.iter_mut().enumerate() {
-        let start = (first + r) * row_bytes;
-        *row = m
-            .packed
-            .get(start..start + row_bytes)
-            .map_or(empty, |bytes| bytes.as_chunks::<PAIR_BYTES>().0);
-    }
-    let next_octet = m.packed.get((first + OCTET) * row_bytes..).unwrap_or(&[]);
+    let (rows, next_octet) = octet_packed(m, first, row_bytes);
     let batch = xs.len();
     let (accs, partials) = (&mut scratch.acc[..batch], &mut scratch.partial[..batch]);
     for acc in accs.iter_mut() {
@@ -606,8 +702,8 @@ fn octet_rows<E: PairProducts, const PPG: usize>(
     let mut biases = scales;
     for g in 0..groups {
         if g % GROUPS_AT_ONCE == 0 {
-            scales = octet_floats(v3, scale, m.scales, first, groups, g);
-            biases = octet_floats(v3, scale, m.biases, first, groups, g);
+            scales = octet_floats(v3, GroupFloats::Float(scale), m.scales, first, groups, g);
+            biases = octet_floats(v3, GroupFloats::Float(scale), m.biases, first, groups, g);
         }
         let (s, b) = (scales[g % 8], biases[g % 8]);
         for c in 0..PPG {
@@ -638,15 +734,7 @@ fn octet_rows<E: PairProducts, const PPG: usize>(
             }
         }
     }
-    for (v, a) in accs.iter().enumerate() {
-        // Step 3 lane by lane (no closure: it would not inherit the target features).
-        let even = avx._mm256_add_ps(avx._mm256_add_ps(a[0], a[4]), avx._mm256_add_ps(a[2], a[6]));
-        let odd = avx._mm256_add_ps(avx._mm256_add_ps(a[1], a[5]), avx._mm256_add_ps(a[3], a[7]));
-        let y: [f32; OCTET] = cast(avx._mm256_add_ps(even, odd));
-        for (r, &value) in y.iter().enumerate() {
-            out[r * batch + v] = value;
-        }
-    }
+    store_octet(v3, accs, out);
 }
 
 /// Affine 8-bit row `r` against `x` for groups of `32 * RPG` columns: each register of 32
@@ -828,6 +916,91 @@ fn dot_mxfp4<E: PairProducts>(engine: E, m: &QMatrix, r: usize, x: &Int8Vector) 
     combine(acc)
 }
 
+/// MXFP4 rows `first..first + 8` against every vector of `xs` (an even number of groups per
+/// row), into `out[r * batch + b]`. Each 64-column chunk of the eight rows is transposed and
+/// looked up as twice its e2m1 values once for the batch. The weights are signed, so here the
+/// activation codes take the unsigned side of the byte products, offset by 128 (`q + 128`, a
+/// flip of the top bit), and the offset's share, 128 times each group's weight sum, is taken
+/// off: the same exact `i_g` as [`dot_mxfp4`], and the same f32 fold lane by lane.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+fn octet_mxfp4<E: PairProducts>(
+    engine: E,
+    m: &QMatrix,
+    first: usize,
+    xs: &[&Int8Vector],
+    out: &mut [f32],
+    scratch: &mut OctetScratch,
+) {
+    let v3 = engine.v3();
+    let (avx, avx2) = (v3.avx, v3.avx2);
+    let zero: __m256i = cast([0i32; 8]);
+    let groups = m.cols / MXFP4_GROUP;
+    let row_bytes = m.cols / 2;
+    let (rows, next_octet) = octet_packed(m, first, row_bytes);
+    let batch = xs.len();
+    let accs = &mut scratch.acc[..batch];
+    for acc in accs.iter_mut() {
+        *acc = [cast([0f32; 8]); 8];
+    }
+    let mut table = [0i8; 32];
+    table[..16].copy_from_slice(&E2M1_DOUBLED);
+    table[16..].copy_from_slice(&E2M1_DOUBLED);
+    let table: __m256i = cast(table);
+    let offset: __m256i = cast([128u8; 32]);
+    const FLIP: i32 = 0x8080_8080u32 as i32;
+    let mut halves = [cast([0f32; 8]); GROUPS_AT_ONCE];
+    for pair in 0..groups / 2 {
+        let g = 2 * pair;
+        if g % GROUPS_AT_ONCE == 0 {
+            halves = octet_floats(v3, GroupFloats::HalfE8m0, m.scales, first, groups, g);
+        }
+        let (low, high) = octet_nibbles(engine, next_octet, &rows, pair);
+        let mut weights = ([zero; OCTET], [zero; OCTET]);
+        for i in 0..OCTET {
+            weights.0[i] = avx2._mm256_shuffle_epi8(table, low[i]);
+            weights.1[i] = avx2._mm256_shuffle_epi8(table, high[i]);
+        }
+        // Lanes 0-3 of the codes are the pair's first group, 4-7 its second.
+        let mut offsets = [zero; 2];
+        for i in 0..OCTET {
+            let (w_even, w_odd) = (weights.0[i], weights.1[i]);
+            offsets[i / 4] = engine.add_pair(offsets[i / 4], (offset, offset), w_even, w_odd);
+        }
+        for (v, x) in xs.iter().enumerate() {
+            let codes = x.paired.as_chunks::<BLOCK>().0;
+            let (Some(&even), Some(&odd)) = (codes.get(2 * pair), codes.get(2 * pair + 1)) else {
+                continue;
+            };
+            let even: [i32; 8] = cast(even);
+            let odd: [i32; 8] = cast(odd);
+            // Two independent sums per group, added at the end (exact, so the order is free):
+            // one chain of eight byte products would wait on each one's latency.
+            let mut sums = [zero; 4];
+            for i in 0..OCTET {
+                let e = avx._mm256_set1_epi32(even[i] ^ FLIP);
+                let o = avx._mm256_set1_epi32(odd[i] ^ FLIP);
+                let (w_even, w_odd) = (weights.0[i], weights.1[i]);
+                let at = i / 4 * 2 + i % 2;
+                sums[at] = engine.add_pair(sums[at], (e, o), w_even, w_odd);
+            }
+            for half in 0..2 {
+                let group = g + half;
+                let sum = avx2._mm256_add_epi32(sums[2 * half], sums[2 * half + 1]);
+                let i = avx2._mm256_sub_epi32(sum, offsets[half]);
+                let step = avx._mm256_set1_ps(x.steps.get(group).copied().unwrap_or(f32::NAN));
+                let terms = avx._mm256_mul_ps(
+                    avx._mm256_mul_ps(halves[group % 8], step),
+                    avx._mm256_cvtepi32_ps(i),
+                );
+                let acc = &mut accs[v][group % 8];
+                *acc = avx._mm256_add_ps(*acc, terms);
+            }
+        }
+    }
+    store_octet(v3, accs, out);
+}
+
 /// Rows `first..` against every vector of `xs`, into `out[i * batch + b]`: each (row, vector)
 /// runs the one row function, so each vector gets its own product's bits (a lone product is a
 /// batch of one).
@@ -882,6 +1055,10 @@ fn rows_batch_with<E: PairProducts>(
 ) {
     let group = xs.first().map_or(0, |x| x.group());
     match (m.format, group) {
+        // The octets read whole 64-column chunks: an odd group count stays on the row path.
+        (Format::Mxfp4, _) if (m.cols / MXFP4_GROUP).is_multiple_of(2) => {
+            rows_batch_octets::<E, Mxfp4Rows>(engine, m, first, xs, out)
+        }
         (Format::Mxfp4, _) => each_row::<E, Mxfp4Rows>(engine, m, first, xs, out),
         // Registers of 32 bytes per group, as a constant of the row code.
         (Format::Affine { bits: 8, .. }, 32) => {
@@ -894,8 +1071,8 @@ fn rows_batch_with<E: PairProducts>(
             each_row::<E, ByteRows<4>>(engine, m, first, xs, out)
         }
         // Pairs of 32-column blocks per group, likewise.
-        (_, 64) => rows_batch_blocks::<E, 1>(engine, m, first, xs, out),
-        (_, 128) => rows_batch_blocks::<E, 2>(engine, m, first, xs, out),
+        (_, 64) => rows_batch_octets::<E, Blocks<1>>(engine, m, first, xs, out),
+        (_, 128) => rows_batch_octets::<E, Blocks<2>>(engine, m, first, xs, out),
         _ => each_row::<E, Group32Rows>(engine, m, first, xs, out),
     }
 }
