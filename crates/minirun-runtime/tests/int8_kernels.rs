@@ -1,7 +1,8 @@
-//! Affine 4- and 8-bit and MXFP4 products with 8-bit activations (`QMatrix::matvec_int8`): the SIMD and
-//! portable paths give the same bits, so do one and two threads; the result stays within the
-//! error the activations' rounding allows of the exact product (`kernels::reference`); other
-//! formats, mismatched groups and lengths are refused; NaN inputs propagate.
+//! Affine 4- and 8-bit and MXFP4 products with 8-bit activations (`QMatrix::matvec_int8`): the
+//! SIMD and portable paths give the same bits, so do one and two threads; the result stays
+//! within the error the activations' rounding allows of the exact product
+//! (`kernels::reference`); other formats, mismatched groups and lengths are refused; NaN inputs
+//! propagate.
 
 mod common;
 

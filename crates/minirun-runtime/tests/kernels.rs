@@ -264,25 +264,23 @@ fn the_simd_path_and_the_portable_path_agree_on_special_codes() {
                 .flatten()
                 .copied()
                 .collect();
-            let (mut fast3, mut portable3) = (vec![0f32; 5 * rows], vec![0f32; 5 * rows]);
-            m.matmul(&xs, 5, &mut fast3).unwrap();
-            m.matmul_portable(&xs, 5, &mut portable3).unwrap();
-            for (r, &a) in fast3[rows..2 * rows].iter().enumerate() {
+            let (mut fast_batch, mut portable_batch) = (vec![0f32; 5 * rows], vec![0f32; 5 * rows]);
+            m.matmul(&xs, 5, &mut fast_batch).unwrap();
+            m.matmul_portable(&xs, 5, &mut portable_batch).unwrap();
+            for (r, &a) in fast_batch[rows..2 * rows].iter().enumerate() {
                 assert!(
                     same(a, fast[r]),
                     "{format:?} matmul row {r}: {a} vs {}",
                     fast[r]
                 );
             }
-            for (i, (&a, &b)) in fast3.iter().zip(&portable3).enumerate() {
+            for (i, (&a, &b)) in fast_batch.iter().zip(&portable_batch).enumerate() {
                 assert!(same(a, b), "{format:?} matmul output {i}: {a} vs {b}");
             }
         }
     }
 }
 
-/// A small-batch product gives every vector exactly the bits of its own matrix-vector product,
-/// serially and in parallel.
 /// Every e4m3 code but the NaNs alone in a row of an FP8 matrix that holds no NaN code (the
 /// path that widens through f16 where the CPU has F16C), and every f16 code alone in a row:
 /// the SIMD product has the portable one's bits, so each code decodes to the same value.
@@ -320,6 +318,8 @@ fn every_fp8_and_f16_code_alone_gives_the_portable_bits() {
     }
 }
 
+/// A small-batch product gives every vector exactly the bits of its own matrix-vector product,
+/// serially and in parallel.
 #[test]
 fn matmul_gives_each_vector_the_bits_of_its_matvec() {
     for kind in 0..5 {

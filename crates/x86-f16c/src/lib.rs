@@ -10,7 +10,8 @@
 //! ```
 //! if let Some(f16c) = x86_f16c::F16c::try_new() {
 //!     let halves: [u16; 8] = [0x3C00, 0xC000, 0x0001, 0x7BFF, 0, 0x8000, 0x7C00, 0x3555];
-//!     let wide: [f32; 8] = f16c.vectorize(|| pulp::bytemuck::cast(f16c.widen(pulp::bytemuck::cast(halves))));
+//!     use pulp::bytemuck::cast;
+//!     let wide: [f32; 8] = f16c.vectorize(|| cast(f16c.widen(cast(halves))));
 //!     assert_eq!(&wide[..4], &[1.0, -2.0, 2f32.powi(-24), 65504.0]);
 //! }
 //! ```

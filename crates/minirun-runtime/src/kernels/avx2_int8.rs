@@ -1,7 +1,8 @@
 //! The 8-bit-activation affine 4-bit, affine 8-bit and MXFP4 rows of `int8.rs` with AVX2
-//! integer dot products (pulp's safe `V3` token): 32 packed bytes (two 32-column blocks) split into their low and high
-//! nibbles, each multiplied with the matching codes by `vpmaddubsw` (unsigned nibble times
-//! signed code, pairs added: at most 2 x 15 x 127, no saturation), the two added, then
+//! integer dot products (pulp's safe `V3` token). Affine 4-bit: 32 packed bytes (two 32-column
+//! blocks) split into their low and high nibbles, each multiplied with the matching codes by
+//! `vpmaddubsw` (unsigned nibble times signed code, pairs added: at most 2 x 15 x 127, no
+//! saturation), the two added, then
 //! widened to i32 pairs by `vpmaddwd`. The integer sums are exact, so the lanes' order does
 //! not matter; the f32 fold is `int8::fold`, the same operations as the portable path. With
 //! AVX-512 VNNI (`x86_vnni::Vnni`), `vpdpbusd` replaces the two widening steps: the same
@@ -17,9 +18,11 @@
 //!
 //! Affine 8-bit rows (`dot_bytes`) multiply 32 stored bytes at a time with the codes of the
 //! same columns (`vpdpbusd`; on AVX2 as two nibbles, since `vpmaddubsw` of a whole byte could
-//! saturate). MXFP4 rows (`dot_mxfp4`) look each nibble up as twice its e2m1 value (`vpshufb`), then
-//! multiply its magnitude by the activation code carrying its sign (`vpabsb`, `vpsignb`), so
-//! the same unsigned-by-signed products apply: at most 2 x 12 x 127 a pair.
+//! saturate). MXFP4 rows (`dot_mxfp4`) look each nibble up as twice its e2m1 value
+//! (`vpshufb`), then multiply its magnitude by the activation code carrying its sign
+//! (`vpabsb`, `vpsignb`), so the same unsigned-by-signed products apply: at most 2 x 12 x 127
+//! a pair. MXFP4 batches take octets too (`octet_mxfp4`), with the activation codes on the
+//! unsigned side instead.
 
 use pulp::bytemuck::cast;
 use pulp::x86::V3;
@@ -583,11 +586,6 @@ fn octet_chunk_sum<E: PairProducts>(
     )
 }
 
-/// Groups `first_group..first_group + 8` of the stored scales (or biases) of rows
-/// `first..first + 8`, as f32: element `j` holds group `first_group + j`, lane `r` row
-/// `first + r`. Each row's eight values are read as one register, then transposed; where a
-/// row's eight are not all inside `bytes` (the last block of a matrix whose group count is
-/// not a multiple of 8) they are read one at a time.
 /// What the per-group values `octet_floats` reads are: stored floats (affine scales and
 /// biases), or e8m0 bytes taken as half their value (MXFP4's `h_g`).
 #[derive(Clone, Copy)]
@@ -596,6 +594,11 @@ enum GroupFloats {
     HalfE8m0,
 }
 
+/// Groups `first_group..first_group + 8` of the stored scales (or biases) of rows
+/// `first..first + 8`, as f32: element `j` holds group `first_group + j`, lane `r` row
+/// `first + r`. Each row's eight values are read as one register, then transposed; where a
+/// row's eight are not all inside `bytes` (the last block of a matrix whose group count is
+/// not a multiple of 8) they are read one at a time.
 #[inline(always)]
 fn octet_floats(
     v3: V3,
@@ -791,20 +794,29 @@ fn dot_bytes<E: PairProducts, const RPG: usize>(
     combine(acc)
 }
 
+/// [`E2M1_DOUBLED`] in both 128-bit lanes, as `vpshufb` looks it up.
+const E2M1_DOUBLED_LANES: [i8; 32] = {
+    let mut table = [0i8; 32];
+    let mut i = 0;
+    while i < 32 {
+        table[i] = E2M1_DOUBLED[i % 16];
+        i += 1;
+    }
+    table
+};
+
+/// Each byte of `codes` (a 4-bit code) as twice its e2m1 value, a signed byte.
+#[inline(always)]
+fn doubled(v3: V3, codes: __m256i) -> __m256i {
+    v3.avx2._mm256_shuffle_epi8(cast(E2M1_DOUBLED_LANES), codes)
+}
+
 /// The nibbles of 32 packed MXFP4 bytes as twice their e2m1 values (signed bytes, low nibbles
 /// then high).
 #[inline(always)]
 fn doubled_e2m1(v3: V3, packed: [u8; PAIR_BYTES]) -> (__m256i, __m256i) {
     let (low, high) = nibbles(v3, packed);
-    let mut table = [0i8; 32];
-    table[..16].copy_from_slice(&E2M1_DOUBLED);
-    table[16..].copy_from_slice(&E2M1_DOUBLED);
-    let table: __m256i = cast(table);
-    let avx2 = v3.avx2;
-    (
-        avx2._mm256_shuffle_epi8(table, low),
-        avx2._mm256_shuffle_epi8(table, high),
-    )
+    (doubled(v3, low), doubled(v3, high))
 }
 
 /// One pair of MXFP4 blocks' signed products added to `acc`: each weight's magnitude times the
@@ -943,10 +955,6 @@ fn octet_mxfp4<E: PairProducts>(
     for acc in accs.iter_mut() {
         *acc = [cast([0f32; 8]); 8];
     }
-    let mut table = [0i8; 32];
-    table[..16].copy_from_slice(&E2M1_DOUBLED);
-    table[16..].copy_from_slice(&E2M1_DOUBLED);
-    let table: __m256i = cast(table);
     let offset: __m256i = cast([128u8; 32]);
     const FLIP: i32 = 0x8080_8080u32 as i32;
     let mut halves = [cast([0f32; 8]); GROUPS_AT_ONCE];
@@ -958,8 +966,8 @@ fn octet_mxfp4<E: PairProducts>(
         let (low, high) = octet_nibbles(engine, next_octet, &rows, pair);
         let mut weights = ([zero; OCTET], [zero; OCTET]);
         for i in 0..OCTET {
-            weights.0[i] = avx2._mm256_shuffle_epi8(table, low[i]);
-            weights.1[i] = avx2._mm256_shuffle_epi8(table, high[i]);
+            weights.0[i] = doubled(v3, low[i]);
+            weights.1[i] = doubled(v3, high[i]);
         }
         // Lanes 0-3 of the codes are the pair's first group, 4-7 its second.
         let mut offsets = [zero; 2];

@@ -1,9 +1,8 @@
-//! Affine 4- and 8-bit and MXFP4 products with 8-bit activations: the input is quantized once per
-//! vector, each group's dot product is an exact integer sum, and only the fold over groups is
-//! in f32. This
-//! is a different arithmetic from the exact path (`mod.rs`), chosen for speed: it is fixed and
-//! the same on every thread count and instruction set, but its results are not the exact
-//! path's bits.
+//! Affine 4- and 8-bit and MXFP4 products with 8-bit activations: the input is quantized once
+//! per vector, each group's dot product is an exact integer sum, and only the fold over groups
+//! is in f32. This is a different arithmetic from the exact path (`mod.rs`), chosen for speed:
+//! it is fixed and the same on every thread count and instruction set, but its results are not
+//! the exact path's bits.
 //!
 //! # The arithmetic
 //!
@@ -331,7 +330,8 @@ fn rows_batch_avx2(m: &QMatrix, first: usize, xs: &[&Int8Vector], out: &mut [f32
 
 impl QMatrix<'_> {
     /// `y = W x` with 8-bit activations (the module's arithmetic): affine 4- and 8-bit and
-    /// MXFP4 matrices only, `x` quantized for the matrix's group. The same bits on any number of threads.
+    /// MXFP4 matrices only, `x` quantized for the matrix's group. The same bits on any number
+    /// of threads.
     pub fn matvec_int8(&self, x: &Int8Vector, y: &mut [f32]) -> Result<(), KernelError> {
         check_input(self, x)?;
         check_len("y", self.rows, y.len())?;

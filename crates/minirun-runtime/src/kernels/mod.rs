@@ -51,8 +51,7 @@ pub enum Activations {
     F32,
     /// Affine 4- and 8-bit and MXFP4 matrices take their input quantized to 8 bits per group
     /// and sum each group in integers (`int8.rs` documents the arithmetic); other formats stay
-    /// exact. Faster, and
-    /// as deterministic, but not the exact path's bits.
+    /// exact. Faster, and as deterministic, but not the exact path's bits.
     Int8,
 }
 
