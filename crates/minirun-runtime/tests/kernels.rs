@@ -72,21 +72,8 @@ fn make(kind: usize, rows: usize, segments: usize, pick: usize, seed: u64) -> St
             let scales = (0..cells / 32).map(|_| 110 + rng.byte() % 30).collect();
             (rng.bytes(cells / 2), scales, vec![])
         }
-        Format::Fp8Block {
-            block_rows,
-            block_cols,
-            scale,
-        } => {
-            let grid = rows.div_ceil(block_rows) * cols.div_ceil(block_cols);
-            // e4m3 codes without the NaN pattern (the NaN cases have their own test).
-            let packed = (0..cells)
-                .map(|_| rng.byte())
-                .map(|b| if b & 0x7F == 0x7F { b ^ 1 } else { b })
-                .collect();
-            let scales = match scale {
-                BlockScale::E8m0 => (0..grid).map(|_| 115 + rng.byte() % 20).collect(),
-                BlockScale::Float(t) => float_bytes(t, &rng.floats(grid, 0.01)),
-            };
+        Format::Fp8Block { .. } => {
+            let (packed, scales) = fp8_bytes(&mut rng, format, rows, cols);
             (packed, scales, vec![])
         }
     };
@@ -98,6 +85,29 @@ fn make(kind: usize, rows: usize, segments: usize, pick: usize, seed: u64) -> St
         scales,
         biases,
     }
+}
+
+/// Random e4m3 codes without the NaN pattern (the NaN cases have their own test) and moderate
+/// block scales.
+fn fp8_bytes(rng: &mut Rng, format: Format, rows: usize, cols: usize) -> (Vec<u8>, Vec<u8>) {
+    let Format::Fp8Block {
+        block_rows,
+        block_cols,
+        scale,
+    } = format
+    else {
+        panic!("not an FP8 format: {format:?}");
+    };
+    let grid = rows.div_ceil(block_rows) * cols.div_ceil(block_cols);
+    let packed = (0..rows * cols)
+        .map(|_| rng.byte())
+        .map(|b| if b & 0x7F == 0x7F { b ^ 1 } else { b })
+        .collect();
+    let scales = match scale {
+        BlockScale::E8m0 => (0..grid).map(|_| 115 + rng.byte() % 20).collect(),
+        BlockScale::Float(t) => float_bytes(t, &rng.floats(grid, 0.01)),
+    };
+    (packed, scales)
 }
 
 fn input(cols: usize, seed: u64) -> Vec<f32> {
@@ -315,6 +325,69 @@ fn every_fp8_and_f16_code_alone_gives_the_portable_bits() {
                 portable[0]
             );
         }
+    }
+}
+
+/// FP8 rows of the widths that take each row loop of the SIMD path (narrow rows one after
+/// another with four blocks in flight, wide rows four at a time), with block widths of odd and
+/// even chunk counts (decoded one chunk or two at a time), a partial last block and row counts
+/// off the multiple of four: the portable bits, on one thread and on two.
+#[test]
+fn fp8_rows_of_every_width_give_the_portable_bits() {
+    let shapes = [
+        (224, 24),
+        (1032, 128),
+        (4096, 16),
+        (4104, 128),
+        (7176, 8),
+        (7176, 24),
+    ];
+    for (i, (cols, block_cols)) in shapes.into_iter().enumerate() {
+        for (rows, scale) in [
+            (1, BlockScale::E8m0),
+            (5, BlockScale::Float(FloatType::F32)),
+        ] {
+            let format = Format::Fp8Block {
+                block_rows: 2,
+                block_cols,
+                scale,
+            };
+            let mut rng = Rng(i as u64 * 7 + rows as u64);
+            let (packed, scales) = fp8_bytes(&mut rng, format, rows, cols);
+            let m = QMatrix::new(format, rows, cols, &packed, &scales, &[]).unwrap();
+            let x = input(cols, i as u64);
+            let mut portable = vec![0f32; rows];
+            m.matvec_portable(&x, &mut portable).unwrap();
+            let want: Vec<u32> = portable.iter().map(|f| f.to_bits()).collect();
+            for threads in [1, 2] {
+                let got = on_threads(threads, || {
+                    let mut fast = vec![0f32; rows];
+                    m.matvec(&x, &mut fast).unwrap();
+                    fast
+                });
+                let got: Vec<u32> = got.iter().map(|f| f.to_bits()).collect();
+                assert_eq!(
+                    got, want,
+                    "{rows} x {cols}, blocks of {block_cols}, {threads} threads"
+                );
+            }
+        }
+    }
+    // Every code in both halves of a pair of chunks decoded in one step.
+    let pair = Format::Fp8Block {
+        block_rows: 1,
+        block_cols: 16,
+        scale: BlockScale::E8m0,
+    };
+    let x: Vec<f32> = (0..16).map(|k| 1.75 - k as f32 * 0.25).collect();
+    for code in (0u8..=255).filter(|c| c & 0x7F != 0x7F) {
+        let mut row = [0x30u8; 16];
+        (row[3], row[12]) = (code, code ^ 0x80);
+        let m = QMatrix::new(pair, 1, 16, &row, &[127], &[]).unwrap();
+        let (mut fast, mut portable) = ([0f32], [0f32]);
+        m.matvec(&x, &mut fast).unwrap();
+        m.matvec_portable(&x, &mut portable).unwrap();
+        assert_eq!(fast[0].to_bits(), portable[0].to_bits(), "code {code:#04x}");
     }
 }
 
