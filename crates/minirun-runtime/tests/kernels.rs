@@ -328,12 +328,12 @@ fn every_fp8_and_f16_code_alone_gives_the_portable_bits() {
     }
 }
 
-/// FP8 rows of the widths that take each row loop of the SIMD path (narrow rows one after
-/// another with four blocks in flight, wide rows four at a time), with block widths of odd and
-/// even chunk counts (decoded one chunk or two at a time), a partial last block and row counts
-/// off the multiple of four: the portable bits, on one thread and on two.
+/// FP8 and affine rows of the widths that take each row loop of the SIMD path (narrow rows one
+/// after another with four blocks in flight, wide rows four at a time); for FP8 block widths of
+/// odd and even chunk counts (decoded one chunk or two at a time), a partial last block and row
+/// counts off the multiple of four: the portable bits, on one thread and on two.
 #[test]
-fn fp8_rows_of_every_width_give_the_portable_bits() {
+fn rows_of_every_width_give_the_portable_bits() {
     let shapes = [
         (224, 24),
         (1032, 128),
@@ -371,6 +371,25 @@ fn fp8_rows_of_every_width_give_the_portable_bits() {
                     "{rows} x {cols}, blocks of {block_cols}, {threads} threads"
                 );
             }
+        }
+    }
+    // Affine rows on both sides of the width that changes the loop (groups of 32, 64, 128).
+    for segments in [20, 65, 129] {
+        for pick in 0..6 {
+            let stored = make(1, 5, segments, pick, 17 * segments as u64 + pick as u64);
+            let m = stored.matrix();
+            let x = input(m.cols(), pick as u64);
+            let (mut fast, mut portable) = (vec![0f32; 5], vec![0f32; 5]);
+            m.matvec(&x, &mut fast).unwrap();
+            m.matvec_portable(&x, &mut portable).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&fast),
+                bits(&portable),
+                "{:?} {}",
+                m.format(),
+                m.cols()
+            );
         }
     }
     // Every code in both halves of a pair of chunks decoded in one step.

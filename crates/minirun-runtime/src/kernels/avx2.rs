@@ -599,11 +599,12 @@ impl<const NAN: bool> Segments<8> for Fp8<'_, NAN> {
     }
 }
 
-/// The widest FP8 rows that go one after another (`segmented_across`) rather than four at a
-/// time: their `x` (4 bytes a column) stays in the first-level cache while a row streams past
-/// it. Wider rows read `x` once for four rows instead (`segmented4`). Measured with
-/// `kernel_throughput`: rows of 2048 columns gained 1.5-1.8x one after another, rows of 7168
-/// lost 0.7-0.9x. Either way the bits are `segmented`'s.
+/// The widest FP8 and affine rows that go one after another (`segmented_across`) rather than
+/// four at a time: their `x` (4 bytes a column) stays in the first-level cache while a row
+/// streams past it. Wider rows read `x` once for four rows instead (`segmented4`). Measured
+/// with `kernel_throughput`: FP8 rows of 2048 columns gained 1.5-1.8x one after another
+/// (affine ones 1.0-1.3x), FP8 rows of 7168 lost 0.7-0.9x; MXFP4 gained nothing (its decoding
+/// is the bound). Either way the bits are `segmented`'s.
 const ACROSS_MAX_COLS: usize = 4096;
 
 /// An FP8 row through `segmented_across` in the decoding its matrix allows.
@@ -664,6 +665,17 @@ fn dot4(
                 first_group: (r + i) * groups,
                 xsum,
             });
+            if m.cols <= ACROSS_MAX_COLS {
+                let mut out = [0.0; 4];
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = if bits == 4 {
+                        segmented_across::<4, _>(v3, rows[i], x, group, &k[i])
+                    } else {
+                        segmented_across::<8, _>(v3, rows[i], x, group, &k[i])
+                    };
+                }
+                return out;
+            }
             if bits == 4 {
                 segmented4::<4, _>(v3, rows, x, group, &k)
             } else {
