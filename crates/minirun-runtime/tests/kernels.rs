@@ -373,6 +373,26 @@ fn rows_of_every_width_give_the_portable_bits() {
             }
         }
     }
+    // An input so large that times 256 it would overflow (the F16C path then keeps its own
+    // multiply by 256), beside ordinary ones: products that stay finite stay finite.
+    let format = Format::Fp8Block {
+        block_rows: 1,
+        block_cols: 16,
+        scale: BlockScale::E8m0,
+    };
+    let mut rng = Rng(5);
+    let (mut packed, scales) = fp8_bytes(&mut rng, format, 3, 64);
+    for row in packed.chunks_exact_mut(64) {
+        row[17] = 0x38; // 1.0
+    }
+    let m = QMatrix::new(format, 3, 64, &packed, &scales, &[]).unwrap();
+    let mut x = input(64, 3);
+    x[17] = 2.0e36; // above 2^120: times 256 it is infinite
+    let (mut fast, mut portable) = ([0f32; 3], [0f32; 3]);
+    m.matvec(&x, &mut fast).unwrap();
+    m.matvec_portable(&x, &mut portable).unwrap();
+    assert!(portable.iter().all(|v| v.is_finite()), "{portable:?}");
+    assert_eq!(fast.map(f32::to_bits), portable.map(f32::to_bits));
     // Affine rows on both sides of the width that changes the loop (groups of 32, 64, 128).
     for segments in [20, 65, 129] {
         for pick in 0..6 {

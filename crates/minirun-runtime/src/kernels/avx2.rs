@@ -541,9 +541,25 @@ impl Segments<4> for Scaled<'_> {
 /// subnormals line up too), so a sign-extending widen, a shift by 7 and a mask (the sign's
 /// copy out of the exponent's top bit) give the f16, `vcvtph2ps` the f32, and an exact multiply
 /// by 256 the value `e4m3` gives: five instructions where the integer decoding takes ten.
-struct Fp8F16c<'a>(F16c, Scaled<'a>);
+/// `PRESCALED`: the kernel is handed `x` times 256 instead (`fp8_x_times_256`), and the
+/// multiply is left out: `(v / 256) * (256 x)` is the same real number as `v * x` (both
+/// scalings are exact), so it rounds to the same bits.
+struct Fp8F16c<'a, const PRESCALED: bool = false>(F16c, Scaled<'a>);
 
-impl Segments<8> for Fp8F16c<'_> {
+impl<const PRESCALED: bool> Fp8F16c<'_, PRESCALED> {
+    #[inline(always)]
+    fn times_256(&self, quarter: f32x8) -> f32x8 {
+        if PRESCALED {
+            quarter
+        } else {
+            self.0
+                .v3()
+                .mul_f32x8(quarter, self.0.v3().splat_f32x8(256.0))
+        }
+    }
+}
+
+impl<const PRESCALED: bool> Segments<8> for Fp8F16c<'_, PRESCALED> {
     #[inline(always)]
     fn decode(&self, chunk: &[u8; 8]) -> f32x8 {
         let v3 = self.0.v3();
@@ -553,7 +569,7 @@ impl Segments<8> for Fp8F16c<'_> {
         let halves = v3
             .sse2
             ._mm_and_si128(v3.sse2._mm_slli_epi16::<7>(words), cast([0xBFFFu16; 8]));
-        v3.mul_f32x8(cast(self.0.widen(halves)), v3.splat_f32x8(256.0))
+        self.times_256(cast(self.0.widen(halves)))
     }
     const PAIRS: bool = true;
     /// Sixteen bytes in one step: one 256-bit sign-extension, shift and mask, then a widen of
@@ -568,10 +584,9 @@ impl Segments<8> for Fp8F16c<'_> {
             ._mm256_and_si256(v3.avx2._mm256_slli_epi16::<7>(words), cast([0xBFFFu16; 16]));
         let low = v3.avx._mm256_castsi256_si128(halves);
         let high = v3.avx2._mm256_extracti128_si256::<1>(halves);
-        let times256 = v3.splat_f32x8(256.0);
         [
-            v3.mul_f32x8(cast(self.0.widen(low)), times256),
-            v3.mul_f32x8(cast(self.0.widen(high)), times256),
+            self.times_256(cast(self.0.widen(low))),
+            self.times_256(cast(self.0.widen(high))),
         ]
     }
     #[inline(always)]
@@ -607,21 +622,28 @@ impl<const NAN: bool> Segments<8> for Fp8<'_, NAN> {
 /// is the bound). Either way the bits are `segmented`'s.
 const ACROSS_MAX_COLS: usize = 4096;
 
-/// An FP8 row through `segmented_across` in the decoding its matrix allows.
+/// An FP8 row through `segmented_across` in the decoding its matrix allows; `x256` is `x`
+/// times 256 where the caller could make it (else empty).
 #[inline(always)]
+// The row, its matrix and both forms of the input: bundling them would only rename them.
+#[allow(clippy::too_many_arguments)]
 fn fp8_across(
     v3: V3,
     f16c: Option<F16c>,
     m: &QMatrix,
     row: &[u8],
     x: &[f32],
+    x256: &[[f32; 8]],
     block_cols: usize,
     scaled: Scaled,
 ) -> f32 {
     if m.fp8_nan_codes {
         segmented_across::<8, _>(v3, row, x, block_cols, &Fp8::<true>(scaled))
+    } else if let (Some(f16c), false) = (f16c, x256.is_empty()) {
+        let k = Fp8F16c::<true>(f16c, scaled);
+        segmented_across::<8, _>(v3, row, x256.as_flattened(), block_cols, &k)
     } else if let Some(f16c) = f16c {
-        segmented_across::<8, _>(v3, row, x, block_cols, &Fp8F16c(f16c, scaled))
+        segmented_across::<8, _>(v3, row, x, block_cols, &Fp8F16c::<false>(f16c, scaled))
     } else {
         segmented_across::<8, _>(v3, row, x, block_cols, &Fp8::<false>(scaled))
     }
@@ -707,6 +729,9 @@ fn dot4(
                 return if m.fp8_nan_codes {
                     let k: [Fp8<true>; 4] = std::array::from_fn(|i| Fp8(scaled(i)));
                     segmented4::<8, _>(v3, rows, x, block_cols, &k)
+                } else if let (Some(f16c), false) = (f16c, xsum.is_empty()) {
+                    let k: [Fp8F16c<true>; 4] = std::array::from_fn(|i| Fp8F16c(f16c, scaled(i)));
+                    segmented4::<8, _>(v3, rows, xsum.as_flattened(), block_cols, &k)
                 } else if let Some(f16c) = f16c {
                     let k: [Fp8F16c; 4] = std::array::from_fn(|i| Fp8F16c(f16c, scaled(i)));
                     segmented4::<8, _>(v3, rows, x, block_cols, &k)
@@ -718,7 +743,7 @@ fn dot4(
             // One row after another, each row's segments four at a time (`segmented_across`).
             let mut out = [0.0; 4];
             for (i, o) in out.iter_mut().enumerate() {
-                *o = fp8_across(v3, f16c, m, rows[i], x, block_cols, scaled(i));
+                *o = fp8_across(v3, f16c, m, rows[i], x, xsum, block_cols, scaled(i));
             }
             out
         }
@@ -782,11 +807,14 @@ fn dot(v3: V3, f16c: Option<F16c>, m: &QMatrix, r: usize, x: &[f32], xsum: &[[f3
                 first,
             };
             if m.cols <= ACROSS_MAX_COLS {
-                fp8_across(v3, f16c, m, row, x, block_cols, scaled)
+                fp8_across(v3, f16c, m, row, x, xsum, block_cols, scaled)
             } else if m.fp8_nan_codes {
                 segmented::<8, _>(v3, row, x, block_cols, &Fp8::<true>(scaled))
+            } else if let (Some(f16c), false) = (f16c, xsum.is_empty()) {
+                let k = Fp8F16c::<true>(f16c, scaled);
+                segmented::<8, _>(v3, row, xsum.as_flattened(), block_cols, &k)
             } else if let Some(f16c) = f16c {
-                segmented::<8, _>(v3, row, x, block_cols, &Fp8F16c(f16c, scaled))
+                segmented::<8, _>(v3, row, x, block_cols, &Fp8F16c::<false>(f16c, scaled))
             } else {
                 segmented::<8, _>(v3, row, x, block_cols, &Fp8::<false>(scaled))
             }
@@ -1044,7 +1072,8 @@ fn dot_tile(
                 let k: [Same<Fp8<true>>; 2] = std::array::from_fn(|i| Same(Fp8(scaled(i))));
                 segmented_tile::<8, _>(v3, rows, xs, block_cols, &k)
             } else if let Some(f16c) = f16c {
-                let k: [Same<Fp8F16c>; 2] = std::array::from_fn(|i| Same(Fp8F16c(f16c, scaled(i))));
+                let k: [Same<Fp8F16c>; 2] =
+                    std::array::from_fn(|i| Same(Fp8F16c::<false>(f16c, scaled(i))));
                 segmented_tile::<8, _>(v3, rows, xs, block_cols, &k)
             } else {
                 let k: [Same<Fp8<false>>; 2] = std::array::from_fn(|i| Same(Fp8(scaled(i))));

@@ -154,6 +154,24 @@ fn run_avx2<K: pulp::WithSimd<Output = ()>>(
     }
 }
 
+/// `x` times 256, for the F16C decoding of FP8 (which then skips its own multiply by 256 of
+/// every weight): empty where the machine lacks F16C or where an element is not finite or is
+/// so large (2^119 or more) that times 256 it could overflow, so that every product keeps
+/// its bits.
+fn fp8_x_times_256(x: &[f32]) -> Vec<[f32; 8]> {
+    #[cfg(target_arch = "x86_64")]
+    if x86_f16c::F16c::try_new().is_some() && x.iter().all(|v| v.abs() < 2f32.powi(119)) {
+        return x
+            .as_chunks::<8>()
+            .0
+            .iter()
+            .map(|c| c.map(|v| v * 256.0))
+            .collect();
+    }
+    let _ = x;
+    Vec::new()
+}
+
 fn run_rows(m: &QMatrix, first: usize, x: &[f32], xsum: &[[f32; 8]], y: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if let Some(v3) = pulp::x86::V3::try_new() {
@@ -259,10 +277,13 @@ fn check_len(what: &'static str, expected: usize, actual: usize) -> Result<(), K
 }
 
 impl QMatrix<'_> {
-    /// What the affine fold needs of `x` (`row::lane_sums`); nothing for other formats.
+    /// What a row kernel needs of `x` besides `x`, in chunks of eight: the affine fold's lane
+    /// sums (`row::lane_sums`); for FP8 matrices the F16C path decodes, `x` times 256
+    /// (`fp8_x_times_256`); nothing otherwise. The portable path reads only the lane sums.
     fn lane_sums(&self, x: &[f32]) -> Vec<[f32; 8]> {
         match self.format {
             Format::Affine { group, .. } => row::lane_sums(x, group),
+            Format::Fp8Block { .. } if !self.fp8_nan_codes => fp8_x_times_256(x),
             _ => Vec::new(),
         }
     }
