@@ -73,7 +73,9 @@ for preset in "${presets[@]}"; do
   for round in $(seq "$rounds"); do
     if [ -z "${RUST_RESULTS:-}" ]; then
       echo "dormouse (candle): $preset, $steps steps of $batch x $seq (round $round of $rounds)" >&2
-      line=$(cargo run --release -q -p dormouse --example train_throughput -- \
+      # Element-wise operations on the calling thread, as `dormouse train` runs them.
+      line=$(CANDLE_NUM_THREADS="${CANDLE_NUM_THREADS:-1}" \
+        cargo run --release -q -p dormouse --example train_throughput -- \
         --preset "$preset" --batch "$batch" --seq "$seq" --steps "$steps" | json_line)
       echo "$line"
       echo "$line" >> "$results"

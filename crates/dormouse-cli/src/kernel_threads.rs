@@ -1,11 +1,20 @@
-//! One thread per matrix product for the inference commands (`generate`, `serve`).
+//! How many threads candle's kernels use, set for our own process.
 //!
-//! Decoding runs one byte at a time, so every matrix product is tiny, and candle splits each
-//! across all cores anyway: on `small`, `dormouse generate` makes 608 bytes/s with single-threaded
-//! kernels against 343 with two threads per product. candle reads its thread count only from
-//! the environment (`RAYON_NUM_THREADS`), once, so the way to set it for our own process is to
-//! re-execute the program with the variable set before anything else runs. `exec` replaces the
-//! process image in place: same PID, same signals, same stdio.
+//! candle reads its thread counts only from the environment, once, so the way to set them for
+//! our own process is to re-execute the program with the variable set before anything else
+//! runs. `exec` replaces the process image in place: same PID, same signals, same stdio. A
+//! variable the user already set is kept.
+//!
+//! - **Decoding** (`generate`, `serve`) runs one byte at a time, so every matrix product is
+//!   tiny, and candle splits each across all cores anyway: on `small`, `dormouse generate`
+//!   makes 608 bytes/s with single-threaded kernels against 343 with two threads per product.
+//!   `RAYON_NUM_THREADS=1` makes every kernel single-threaded.
+//! - **Training** keeps every core for the matrix products (gemm, through rayon), but runs
+//!   candle's element-wise operations on the calling thread (`CANDLE_NUM_THREADS=1`). Those
+//!   have a pool of their own whose workers spin between operations: on 2 cores a spinning
+//!   worker took 30% of the samples of a `nano` run and competed with gemm's threads for the
+//!   second core (`bench/train_throughput.sh`: 1.07-1.25x tokens/s without it). Element-wise
+//!   results do not depend on the thread that computes them, so the losses are the same.
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -14,21 +23,30 @@ use std::process::Command;
 /// The variable candle (and rayon) read their thread count from.
 pub const THREADS_VARIABLE: &str = "RAYON_NUM_THREADS";
 
-/// Re-executes the running program, with the same arguments, with `RAYON_NUM_THREADS=1` unless
-/// the variable is already set (the user's own choice is kept). Returns only if it is set or the
-/// exec failed; call it in `main` before anything starts a thread pool (parsing the arguments
-/// does not).
+/// The variable candle reads the size of its element-wise pool from (default: the rayon count).
+pub const ELEMENTWISE_THREADS_VARIABLE: &str = "CANDLE_NUM_THREADS";
+
+/// Re-executes with `RAYON_NUM_THREADS=1` (see the module docs). Returns only if the variable
+/// is set or the exec failed; call it in `main` before anything starts a thread pool (parsing
+/// the arguments does not).
 pub fn single_threaded_kernels() {
-    if std::env::var_os(THREADS_VARIABLE).is_some() {
+    reexecute_with(THREADS_VARIABLE, "1");
+}
+
+/// Re-executes with `CANDLE_NUM_THREADS=1` (see the module docs), as
+/// [`single_threaded_kernels`] does.
+pub fn elementwise_on_calling_thread() {
+    reexecute_with(ELEMENTWISE_THREADS_VARIABLE, "1");
+}
+
+fn reexecute_with(variable: &str, value: &str) {
+    if std::env::var_os(variable).is_some() {
         return;
     }
     let Ok(program) = std::env::current_exe() else {
         return;
     };
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
-    let error = Command::new(program)
-        .args(args)
-        .env(THREADS_VARIABLE, "1")
-        .exec();
-    eprintln!("note: could not re-execute with {THREADS_VARIABLE}=1 ({error}); continuing");
+    let error = Command::new(program).args(args).env(variable, value).exec();
+    eprintln!("note: could not re-execute with {variable}={value} ({error}); continuing");
 }

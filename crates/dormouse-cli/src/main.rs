@@ -54,12 +54,19 @@ impl Command {
     fn decodes_byte_by_byte(&self) -> bool {
         matches!(self, Command::Generate(_) | Command::Serve(_))
     }
+
+    /// Whether the command trains (see [`kernel_threads::elementwise_on_calling_thread`]).
+    fn trains(&self) -> bool {
+        matches!(self, Command::Train(_) | Command::Quickstart(_))
+    }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if cli.command.decodes_byte_by_byte() {
         kernel_threads::single_threaded_kernels();
+    } else if cli.command.trains() {
+        kernel_threads::elementwise_on_calling_thread();
     }
     match cli.command {
         Command::Train(args) => train_cmd::main(*args),

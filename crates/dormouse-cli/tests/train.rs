@@ -260,3 +260,46 @@ fn an_engram_ram_run_saves_its_sidecar_and_resume_refuses_other_slots() {
     let out = train(dir.path(), &["--resume", "--steps", "5", "--data", &data]);
     assert!(out.status.success(), "{}", stderr(&out));
 }
+
+/// `dormouse train` runs candle's element-wise operations on the calling thread unless
+/// `CANDLE_NUM_THREADS` says otherwise; the losses are the same either way, bit for bit (a
+/// batch large enough that candle splits its element-wise operations when it may).
+#[test]
+fn the_element_wise_thread_count_leaves_the_losses_alone() {
+    let losses = |elementwise_threads: Option<&str>| {
+        let dir = tempfile::tempdir().unwrap();
+        let data = corpus(dir.path());
+        let mut command = Command::new(env!("CARGO_BIN_EXE_dormouse"));
+        command.current_dir(dir.path()).args([
+            "train",
+            "--preset",
+            "nano",
+            "--batch",
+            "8",
+            "--seq",
+            "256",
+            "--eval-bytes",
+            "4096",
+            "--steps",
+            "3",
+            "--data",
+            &data,
+            "--log",
+            "run.jsonl",
+        ]);
+        if let Some(threads) = elementwise_threads {
+            command.env("CANDLE_NUM_THREADS", threads);
+        }
+        let out = command.output().expect("run train");
+        assert!(out.status.success(), "{}", stderr(&out));
+        let log = fs::read_to_string(dir.path().join("run.jsonl")).unwrap();
+        let losses: Vec<String> = log
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|v| v.get("loss").map(ToString::to_string))
+            .collect();
+        assert_eq!(losses.len(), 3, "{log}");
+        losses
+    };
+    assert_eq!(losses(None), losses(Some("2")));
+}

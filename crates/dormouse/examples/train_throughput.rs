@@ -1,9 +1,10 @@
 //! Training throughput of a preset, as one JSON line (tokens per second over timed steps after
 //! untimed warmup steps, and every step's loss), for `bench/train_throughput.sh` to set beside
-//! the reference.
+//! the reference. Run it with `CANDLE_NUM_THREADS=1` (as the script does) for the threads
+//! `dormouse train` uses: candle's element-wise operations on the calling thread.
 //!
 //! ```sh
-//! cargo run --release -p dormouse --example train_throughput -- --preset small --batch 8 --seq 256 --steps 10
+//! CANDLE_NUM_THREADS=1 cargo run --release -p dormouse --example train_throughput -- --preset small --batch 8 --seq 256 --steps 10
 //! ```
 
 use std::time::Instant;
