@@ -114,6 +114,24 @@ fn input(cols: usize, seed: u64) -> Vec<f32> {
     Rng(seed ^ 0xABCD).floats(cols, 2.0)
 }
 
+/// `matvec` (the SIMD path where the machine has one) against `matvec_portable`, bit for bit, on
+/// an input drawn from `seed`.
+fn assert_simd_has_the_portable_bits(m: &QMatrix, seed: u64) {
+    let x = input(m.cols(), seed);
+    let (mut fast, mut portable) = (vec![0f32; m.rows()], vec![0f32; m.rows()]);
+    m.matvec(&x, &mut fast).unwrap();
+    m.matvec_portable(&x, &mut portable).unwrap();
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    assert_eq!(
+        bits(&fast),
+        bits(&portable),
+        "{:?} {} x {}",
+        m.format(),
+        m.rows(),
+        m.cols()
+    );
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
 
@@ -204,20 +222,7 @@ fn the_simd_path_and_the_portable_path_give_the_same_bits() {
         for pick in 0..12 {
             for rows in [1, 3, 4, 7, 9] {
                 let stored = make(kind, rows, 5, pick, 31 * pick as u64 + rows as u64);
-                let m = stored.matrix();
-                let x = input(m.cols(), pick as u64);
-                let (mut fast, mut portable) = (vec![0f32; rows], vec![0f32; rows]);
-                m.matvec(&x, &mut fast).unwrap();
-                m.matvec_portable(&x, &mut portable).unwrap();
-                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                assert_eq!(
-                    bits(&fast),
-                    bits(&portable),
-                    "{:?} {} x {}",
-                    m.format(),
-                    m.rows(),
-                    m.cols()
-                );
+                assert_simd_has_the_portable_bits(&stored.matrix(), pick as u64);
             }
         }
     }
@@ -397,19 +402,7 @@ fn rows_of_every_width_give_the_portable_bits() {
     for segments in [20, 65, 129] {
         for pick in 0..6 {
             let stored = make(1, 5, segments, pick, 17 * segments as u64 + pick as u64);
-            let m = stored.matrix();
-            let x = input(m.cols(), pick as u64);
-            let (mut fast, mut portable) = (vec![0f32; 5], vec![0f32; 5]);
-            m.matvec(&x, &mut fast).unwrap();
-            m.matvec_portable(&x, &mut portable).unwrap();
-            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            assert_eq!(
-                bits(&fast),
-                bits(&portable),
-                "{:?} {}",
-                m.format(),
-                m.cols()
-            );
+            assert_simd_has_the_portable_bits(&stored.matrix(), pick as u64);
         }
     }
     // Every code in both halves of a pair of chunks decoded in one step.

@@ -619,7 +619,8 @@ impl<const NAN: bool> Segments<8> for Fp8<'_, NAN> {
 /// streams past it. Wider rows read `x` once for four rows instead (`segmented4`). Measured
 /// with `kernel_throughput`: FP8 rows of 2048 columns gained 1.5-1.8x one after another
 /// (affine ones 1.0-1.3x), FP8 rows of 7168 lost 0.7-0.9x; MXFP4 gained nothing (its decoding
-/// is the bound). Either way the bits are `segmented`'s.
+/// is the bound). Either way the bits are `segmented`'s. A lone FP8 row (rows left over from
+/// the fours) goes one-after-another at any width: it shares no chunk of `x` with another row.
 const ACROSS_MAX_COLS: usize = 4096;
 
 /// An FP8 row through `segmented_across` in the decoding its matrix allows; `x256` is `x`
@@ -806,18 +807,8 @@ fn dot(v3: V3, f16c: Option<F16c>, m: &QMatrix, r: usize, x: &[f32], xsum: &[[f3
                 scale,
                 first,
             };
-            if m.cols <= ACROSS_MAX_COLS {
-                fp8_across(v3, f16c, m, row, x, xsum, block_cols, scaled)
-            } else if m.fp8_nan_codes {
-                segmented::<8, _>(v3, row, x, block_cols, &Fp8::<true>(scaled))
-            } else if let (Some(f16c), false) = (f16c, xsum.is_empty()) {
-                let k = Fp8F16c::<true>(f16c, scaled);
-                segmented::<8, _>(v3, row, xsum.as_flattened(), block_cols, &k)
-            } else if let Some(f16c) = f16c {
-                segmented::<8, _>(v3, row, x, block_cols, &Fp8F16c::<false>(f16c, scaled))
-            } else {
-                segmented::<8, _>(v3, row, x, block_cols, &Fp8::<false>(scaled))
-            }
+            // A lone row reuses no chunk of `x` whatever its width: four segments in flight.
+            fp8_across(v3, f16c, m, row, x, xsum, block_cols, scaled)
         }
     }
 }
