@@ -912,9 +912,7 @@ fn dot_mxfp4<E: PairProducts>(engine: E, m: &QMatrix, r: usize, x: &Int8Vector) 
     for g in blocks * GROUPS_AT_ONCE..groups {
         let p = g / 2;
         let weights = doubled_e2m1(v3, packed_pair(row, p));
-        let (even, odd) = x.paired[p * 2 * BLOCK..(p + 1) * 2 * BLOCK].split_at(BLOCK);
-        let even: [i8; BLOCK] = even.try_into().unwrap_or([0; BLOCK]);
-        let odd: [i8; BLOCK] = odd.try_into().unwrap_or([0; BLOCK]);
+        let (even, odd) = (codes[2 * p], codes[2 * p + 1]);
         let lanes: [i32; 8] = cast(add_signed_pair(
             engine,
             zero,

@@ -159,8 +159,9 @@ fn run_avx2<K: pulp::WithSimd<Output = ()>>(
 /// so large (2^119 or more) that times 256 it could overflow, so that every product keeps
 /// its bits.
 fn fp8_x_times_256(x: &[f32]) -> Vec<[f32; 8]> {
+    const TWO_TO_THE_119: f32 = f32::from_bits((127 + 119) << 23);
     #[cfg(target_arch = "x86_64")]
-    if x86_f16c::F16c::try_new().is_some() && x.iter().all(|v| v.abs() < 2f32.powi(119)) {
+    if x86_f16c::F16c::try_new().is_some() && x.iter().all(|v| v.abs() < TWO_TO_THE_119) {
         return x
             .as_chunks::<8>()
             .0
@@ -280,7 +281,7 @@ impl QMatrix<'_> {
     /// What a row kernel needs of `x` besides `x`, in chunks of eight: the affine fold's lane
     /// sums (`row::lane_sums`); for FP8 matrices the F16C path decodes, `x` times 256
     /// (`fp8_x_times_256`); nothing otherwise. The portable path reads only the lane sums.
-    fn lane_sums(&self, x: &[f32]) -> Vec<[f32; 8]> {
+    fn kernel_inputs(&self, x: &[f32]) -> Vec<[f32; 8]> {
         match self.format {
             Format::Affine { group, .. } => row::lane_sums(x, group),
             Format::Fp8Block { .. } if !self.fp8_nan_codes => fp8_x_times_256(x),
@@ -313,7 +314,7 @@ impl QMatrix<'_> {
         if self.activations() == Activations::Int8 {
             return self.matvec_int8_band(rows, x, y);
         }
-        let xsum = self.lane_sums(x);
+        let xsum = self.kernel_inputs(x);
         if rows.len() * self.cols < SERIAL_CELLS || rayon::current_num_threads() == 1 {
             run_rows(self, rows.start, x, &xsum, y);
         } else {
@@ -363,7 +364,7 @@ impl QMatrix<'_> {
             return self.matmul_int8(xs, batch, ys);
         }
         let vectors: Vec<&[f32]> = xs.chunks_exact(self.cols).collect();
-        let xsums: Vec<Vec<[f32; 8]>> = vectors.iter().map(|x| self.lane_sums(x)).collect();
+        let xsums: Vec<Vec<[f32; 8]>> = vectors.iter().map(|x| self.kernel_inputs(x)).collect();
         // Row-major by output row (`by_row[r * batch + b]`), so that a band of rows is one
         // contiguous slice a thread can own; transposed into `ys` at the end.
         let mut by_row = vec![0f32; self.rows * batch];
@@ -392,7 +393,7 @@ impl QMatrix<'_> {
     pub fn matvec_portable(&self, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
         check_len("x", self.cols, x.len())?;
         check_len("y", self.rows, y.len())?;
-        let xsum = self.lane_sums(x);
+        let xsum = self.kernel_inputs(x);
         run_rows_portable(self, 0, x, &xsum, y);
         Ok(())
     }
