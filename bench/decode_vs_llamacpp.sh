@@ -15,10 +15,11 @@
 #      of pre-tokenizer hashes, so it is declared as gpt-2 (a byte-level BPE with the GPT-2
 #      pre-tokenizer regex, which is what it is). `llama-quantize --pure ... Q4_0` then makes
 #      every tensor 4-bit (about the bytes per token of MLX affine 4-bit).
-#   4. `llama-bench -p PROMPT_TOKENS -n TOKENS -t 1,2 -r 3` (prompt processing of PROMPT_TOKENS
-#      tokens, generation of TOKENS tokens), and `minirun run` on the MLX artifact, 1 and 2
-#      threads, f32 and 8-bit activations, best of 3: decode tokens/s over its decode steps and
-#      prompt tokens/s over its prefill.
+#   4. `llama-bench -p PROMPT_TOKENS -n TOKENS -t 1,2 -r RUNS` (prompt processing of
+#      PROMPT_TOKENS tokens, generation of TOKENS tokens) beside `minirun bench model` on the
+#      MLX artifact with the same -p, -n and -r, 1 and 2 threads, f32 and 8-bit activations.
+#      Both time the same way: a warm-up, then the mean of RUNS passes, each from an empty
+#      cache. One `minirun run` per setting besides, for its greedy ids.
 # Everything lives under target/ (target/llamacpp-bench, target/decode-bench); nothing is
 # installed elsewhere. The first run downloads about 6 GiB of Python wheels (torch) and builds
 # llama.cpp (about 10 minutes on 2 cores).
@@ -58,13 +59,25 @@ if [ ! -f "$src/CMakeLists.txt" ]; then
     "llama-cpp-python==$LLAMA_CPP_PYTHON" -d "$work/sdist"
   tar xzf "$work/sdist/llama_cpp_python-$LLAMA_CPP_PYTHON.tar.gz" -C "$work"
 fi
-if [ ! -x "$work/build/bin/llama-bench" ] || [ ! -x "$work/build/bin/llama-quantize" ]; then
+# On CPUs with AMX, this llama.cpp's AMX buffer type aborts while it creates the context of
+# this model (GGML_ASSERT(*cur_backend_id != -1) in ggml_backend_sched_split_graph), so AMX is
+# compiled out: llama.cpp then runs its AVX-512/AVX2 kernels on weights repacked at load
+# (q4_0_8x8), as on CPUs without AMX. minirun uses no AMX either.
+no_amx=""
+if [ "$(uname -m)" = x86_64 ]; then
+  no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+fi
+build_key="release native $no_amx"
+if [ ! -x "$work/build/bin/llama-bench" ] || [ ! -x "$work/build/bin/llama-quantize" ] ||
+   [ "$(cat "$work/build.key" 2>/dev/null)" != "$build_key" ]; then
   echo "building llama.cpp (llama-bench, llama-quantize) into $work/build" >&2
+  rm -rf "$work/build"
   PATH="$tools_bin:$PATH" cmake -S "$src" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DLLAMA_BUILD_SERVER=OFF > "$work/cmake.log"
+    -DLLAMA_BUILD_SERVER=OFF -DCMAKE_C_FLAGS="$no_amx" -DCMAKE_CXX_FLAGS="$no_amx" > "$work/cmake.log"
   PATH="$tools_bin:$PATH" cmake --build "$work/build" -j "$(nproc)" \
     --target llama-bench llama-quantize >> "$work/cmake.log"
+  printf '%s\n' "$build_key" > "$work/build.key"
 fi
 
 # 2. the weights, quantized by MLX for minirun and unquantized for llama.cpp's converter
@@ -115,11 +128,13 @@ if [ ! -f "$art/index.json" ] || [ "$bin" -nt "$art/index.json" ]; then
 fi
 for threads in 1 2; do
   for activations in f32 int8; do
-    for i in $(seq 1 "$runs"); do
-      "$bin" run "$art" --unverified --json --prompt "$prompt" --max-tokens "$((tokens + 1))" \
-        --ignore-eos --threads "$threads" --activations "$activations" \
-        > "$work/minirun-$threads-$activations-$i.json"
-    done
+    "$bin" bench model "$art" --unverified --json -p "$prompt_tokens" -n "$tokens" -r "$runs" \
+      --threads "$threads" --activations "$activations" \
+      > "$work/minirun-bench-$threads-$activations.json"
+    # One real run too: its greedy ids across thread counts and arithmetics.
+    "$bin" run "$art" --unverified --json --prompt "$prompt" --max-tokens "$((tokens + 1))" \
+      --ignore-eos --threads "$threads" --activations "$activations" \
+      > "$work/minirun-$threads-$activations.json"
   done
 done
 
@@ -138,25 +153,23 @@ def llama_rate(threads, kind):
         if r["n_threads"] == threads and (r["n_prompt"] > 0) == (kind == "prompt"):
             return r["avg_ts"]
     return float("nan")
-def best(threads, activations, field):
-    rs = [json.loads((work / f"minirun-{threads}-{activations}-{i}.json").read_text()) for i in range(1, runs + 1)]
-    if field == "prompt":
-        return max(r["prompt_tokens"] / r["prompt_seconds"] for r in rs), rs[0]
-    return max(r["tokens_per_second"] for r in rs), rs[0]
+def minirun_rate(threads, activations, kind):
+    doc = json.loads((work / f"minirun-bench-{threads}-{activations}.json").read_text())
+    want = f"pp{prompt_tokens}" if kind == "prompt" else f"tg{tokens}"
+    return next(t["mean_tokens_per_second"] for t in doc["tests"] if t["test"] == want)
 size = lambda p: sum(f.stat().st_size for f in p.rglob("*") if f.is_file() and ".minirun" not in f.parts)
 print(f"\nllama.cpp: {llama[0].get('build_commit', '?')} ({llama[0].get('cpu_info', '')}), {gguf.stat().st_size / 1e6:.0f} MB Q4_0 GGUF (--pure)")
 print(f"minirun: MLX affine 4-bit artifact, {size(art) / 1e6:.0f} MB")
 print(f"\n| threads | what | llama.cpp Q4_0 tok/s | minirun f32 tok/s | ratio | minirun int8 tok/s | ratio |")
 print("|---:|---|---:|---:|---:|---:|---:|")
 for threads in (1, 2):
-    for kind, label in (("decode", f"decode ({tokens} tokens)"), ("prompt", f"prompt ({prompt_tokens} tokens for llama.cpp)")):
+    for kind, label in (("decode", f"decode (tg{tokens})"), ("prompt", f"prompt (pp{prompt_tokens})")):
         ref = llama_rate(threads, kind)
-        f32, r = best(threads, "f32", kind)
-        i8, _ = best(threads, "int8", kind)
+        f32 = minirun_rate(threads, "f32", kind)
+        i8 = minirun_rate(threads, "int8", kind)
         print(f"| {threads} | {label} | {ref:.1f} | {f32:.1f} | {f32 / ref:.2f}x | {i8:.1f} | {i8 / ref:.2f}x |")
-r = json.loads((work / "minirun-1-f32-1.json").read_text())
-print(f"\nminirun's prompt: {r['prompt_tokens']} tokens; {r['decode_steps']} decode steps per run; best of {runs} runs each")
-ids = {(t, a): json.loads((work / f"minirun-{t}-{a}-1.json").read_text())["generated_token_ids"] for t in (1, 2) for a in ("f32", "int8")}
+print(f"\nboth: mean tokens/s of {runs} passes after a warm-up, each pass from an empty cache")
+ids = {(t, a): json.loads((work / f"minirun-{t}-{a}.json").read_text())["generated_token_ids"] for t in (1, 2) for a in ("f32", "int8")}
 for a in ("f32", "int8"):
     print(f"minirun {a}: the same greedy ids on 1 and 2 threads: {ids[(1, a)] == ids[(2, a)]}")
 same = next((i for i, (x, y) in enumerate(zip(ids[(1, 'f32')], ids[(1, 'int8')])) if x != y), len(ids[(1, 'f32')]))

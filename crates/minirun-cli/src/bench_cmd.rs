@@ -5,6 +5,8 @@
 //! reader rotates through N buffers, as a run's reads land in a pool of buffers that stay
 //! filled until their experts are computed or cached; on some virtual disks that is slower
 //! than reading into one buffer over and over.
+//!
+//! `minirun bench model` lives in `bench_model.rs`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -25,6 +27,27 @@ pub enum BenchCommand {
     #[command(after_help = "Example:
   minirun bench storage ./DeepSeek-V4-Flash-minirun --read-size 4MiB --seconds 3")]
     Storage(StorageArgs),
+    /// Time prompt processing and decoding of an artifact as llama.cpp's llama-bench does: a
+    /// warm-up, then the mean and standard deviation of the timed passes.
+    #[command(after_help = "Examples:
+  minirun bench model ./tiny-minirun --unverified
+  minirun bench model ./big-minirun -p 19 -n 32 -r 3 --threads 2 --activations int8 --json
+
+Each pass starts from an empty cache and must reproduce the first pass's bits (the prompt's
+last logits; the decoded ids and last logits), or the run is refused. The prompt is
+pseudo-random ids (--seed) after the tokenizer's BOS; decoding starts from that first id and
+then takes the greedy token of each step.")]
+    Model(crate::bench_model::ModelArgs),
+}
+
+impl BenchCommand {
+    /// The subcommand's `--threads`, where it computes.
+    pub fn threads(&self) -> Option<crate::threads::Threads> {
+        match self {
+            BenchCommand::Storage(_) => None,
+            BenchCommand::Model(args) => Some(args.threads),
+        }
+    }
 }
 
 #[derive(Args)]
@@ -60,7 +83,13 @@ struct DepthResult {
 }
 
 pub fn run(command: &BenchCommand) -> Result<ExitCode> {
-    let BenchCommand::Storage(args) = command;
+    match command {
+        BenchCommand::Storage(args) => storage(args),
+        BenchCommand::Model(args) => crate::threads::on_pool(|| crate::bench_model::run(args)),
+    }
+}
+
+fn storage(args: &StorageArgs) -> Result<ExitCode> {
     let Budget::Bytes(read_size) = args.read_size else {
         bail!("--read-size takes bytes (e.g. 1MiB), not a preset");
     };

@@ -1,6 +1,7 @@
 //! `minirun`: inspect, pack, check, download, verify and run tile-container artifacts.
 
 mod bench_cmd;
+mod bench_model;
 mod container_info;
 mod hub_cmd;
 mod info;
@@ -157,9 +158,8 @@ impl Command {
             Command::Verify(a) => Some(a.threads),
             Command::Run(a) => Some(a.threads),
             Command::Serve(a) => Some(a.threads),
-            Command::Synth(_) | Command::Catalog(_) | Command::Download(_) | Command::Bench(_) => {
-                None
-            }
+            Command::Bench(c) => c.threads(),
+            Command::Synth(_) | Command::Catalog(_) | Command::Download(_) => None,
         }
     }
 }

@@ -2,46 +2,11 @@
 //! mark every header line of an unverified run, and after `minirun verify` generate exactly
 //! mlx-lm's greedy continuation (recorded in the fixture's oracle.json).
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-fn minirun(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_minirun"))
-        // This test binary's evidence key: the user's own stays untouched.
-        .env(
-            "MINIRUN_EVIDENCE_KEY",
-            std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-tests.key"),
-        )
-        .args(args)
-        .output()
-        .expect("minirun runs")
-}
+use std::path::Path;
 
-fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../minirun-runtime/tests/data/deepseek-v3/mlx-affine4-g64")
-}
-
-fn packed() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let out = minirun(&[
-        "pack",
-        "--source",
-        fixture().to_str().unwrap(),
-        "--out",
-        dir.path().to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    dir
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
+use common::{fixture, minirun, packed, stderr};
 
 #[test]
 fn an_artifact_without_evidence_is_refused_and_unverified_runs_say_so_on_every_header_line() {

@@ -17,6 +17,7 @@ pub mod kimi_text;
 pub mod layer_stream;
 pub mod layers;
 pub mod model;
+pub mod model_bench;
 pub mod plan;
 pub mod read_clock;
 pub mod rope;

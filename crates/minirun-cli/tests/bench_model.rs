@@ -1,0 +1,93 @@
+//! `minirun bench model`: the prompt and decode tests of a packed artifact, timed after a
+//! warm-up (JSON and table), refused without evidence unless --unverified, and refused when
+//! there is nothing to time.
+
+mod common;
+
+use common::{minirun, packed, stderr};
+
+#[test]
+fn prompt_and_decode_are_timed_per_pass() {
+    let dir = packed();
+    let path = dir.path().to_str().unwrap();
+    for activations in ["f32", "int8"] {
+        let out = minirun(&[
+            "bench",
+            "model",
+            path,
+            "--unverified",
+            "-p",
+            "7",
+            "-n",
+            "5",
+            "-r",
+            "3",
+            "--threads",
+            "2",
+            "--activations",
+            activations,
+            "--json",
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(doc["threads"], 2);
+        assert_eq!(doc["activations"], activations);
+        assert_eq!(doc["verified"], false);
+        let tests = doc["tests"].as_array().unwrap();
+        let names: Vec<&str> = tests.iter().map(|t| t["test"].as_str().unwrap()).collect();
+        assert_eq!(names, ["pp7", "tg5"]);
+        for t in tests {
+            let seconds = t["seconds"].as_array().unwrap();
+            let rates = t["tokens_per_second"].as_array().unwrap();
+            assert_eq!((seconds.len(), rates.len()), (3, 3));
+            let tokens = t["tokens"].as_f64().unwrap();
+            let mut sum = 0.0;
+            for (s, r) in seconds.iter().zip(rates) {
+                let (s, r) = (s.as_f64().unwrap(), r.as_f64().unwrap());
+                assert!(s > 0.0);
+                assert!((r - tokens / s).abs() <= 1e-9 * r, "{t}");
+                sum += r;
+            }
+            let mean = t["mean_tokens_per_second"].as_f64().unwrap();
+            assert!((mean - sum / 3.0).abs() <= 1e-9 * mean, "{t}");
+        }
+    }
+
+    let table = minirun(&[
+        "bench",
+        "model",
+        path,
+        "--unverified",
+        "-p",
+        "4",
+        "-n",
+        "0",
+        "-r",
+        "1",
+    ]);
+    assert!(table.status.success(), "{}", stderr(&table));
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(text.contains("| pp4 | "), "{text}");
+    assert!(!text.contains("| tg"), "-n 0 skips decoding: {text}");
+    assert!(
+        stderr(&table)
+            .lines()
+            .all(|l| l.starts_with("[UNVERIFIED] ")),
+        "{}",
+        stderr(&table)
+    );
+}
+
+#[test]
+fn an_artifact_without_evidence_or_a_run_with_nothing_to_time_is_refused() {
+    let dir = packed();
+    let path = dir.path().to_str().unwrap();
+    let out = minirun(&["bench", "model", path, "-p", "4", "-n", "2"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("minirun verify"), "{}", stderr(&out));
+    assert!(out.stdout.is_empty());
+
+    let out = minirun(&["bench", "model", path, "--unverified", "-p", "0", "-n", "0"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("nothing to time"), "{}", stderr(&out));
+}
