@@ -11,6 +11,7 @@
 //! two figures with the input quantized for every product (`--activations int8`).
 //!
 //!     cargo run --release -p minirun-runtime --example kernel_throughput [-- --mib 1024 --threads 2 --batch 4]
+//!         [--only FORMAT-SUBSTRING] [--shape ROWSxCOLS]
 
 use std::time::Instant;
 
@@ -19,15 +20,25 @@ use rayon::prelude::*;
 
 struct Args {
     only: Option<String>,
+    /// `(rows, cols)` of the matrices; both decode shapes when not given.
+    shape: Option<(usize, usize)>,
     mib: usize,
     threads: usize,
     repeats: usize,
     batch: usize,
 }
 
+fn usage() -> ! {
+    eprintln!(
+        "usage: kernel_throughput [--mib N] [--threads N] [--repeats N] [--batch N] [--only FORMAT-SUBSTRING] [--shape ROWSxCOLS]"
+    );
+    std::process::exit(2)
+}
+
 fn args() -> Args {
     let mut a = Args {
         only: None,
+        shape: None,
         mib: 1024,
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         repeats: 3,
@@ -40,18 +51,21 @@ fn args() -> Args {
             a.only = raw;
             continue;
         }
+        if flag == "--shape" {
+            let parsed = raw
+                .as_deref()
+                .and_then(|v| v.split_once('x'))
+                .and_then(|(r, c)| Some((r.parse().ok()?, c.parse().ok()?)));
+            a.shape = Some(parsed.unwrap_or_else(|| usage()));
+            continue;
+        }
         let value = raw.and_then(|v| v.parse().ok());
         match (flag.as_str(), value) {
             ("--mib", Some(v)) => a.mib = v,
             ("--threads", Some(v)) => a.threads = v,
             ("--repeats", Some(v)) => a.repeats = v,
             ("--batch", Some(v)) if v > 0 => a.batch = v,
-            _ => {
-                eprintln!(
-                    "usage: kernel_throughput [--mib N] [--threads N] [--repeats N] [--batch N] [--only FORMAT-SUBSTRING]"
-                );
-                std::process::exit(2);
-            }
+            _ => usage(),
         }
     }
     a
@@ -212,7 +226,10 @@ fn measure(a: &Args) {
         if a.only.as_ref().is_some_and(|o| !name.contains(o.as_str())) {
             continue;
         }
-        for (rows, cols) in [(2048, 7168), (7168, 2048)] {
+        let shapes = a
+            .shape
+            .map_or(vec![(2048, 7168), (7168, 2048)], |s| vec![s]);
+        for (rows, cols) in shapes {
             let (p, s, b) = sizes(format, rows, cols);
             let per = p + s + b;
             let count = (a.mib << 20).div_ceil(per).max(1);

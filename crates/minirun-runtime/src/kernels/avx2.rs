@@ -189,6 +189,10 @@ trait Segments<const CB: usize> {
         [self.decode(&pair[0]), self.decode(&pair[1])]
     }
     fn finish(&self, segment: usize, part: f32x8, acc: f32x8) -> f32x8;
+    /// Asks for the cache line holding `bytes[0]` ahead of its use, where the decoding has a
+    /// way to (a hint: no result changes).
+    #[inline(always)]
+    fn prefetch(&self, _bytes: &[u8]) {}
 }
 
 /// `part + d * x8` for each chunk of `chunks` with the matching `x8s`, in order: by pairs
@@ -236,6 +240,22 @@ fn segmented<const CB: usize, K: Segments<CB>>(
     reduce(acc)
 }
 
+/// How far ahead of the bytes it works on `segmented_across` asks for a row's bytes (where the
+/// decoding prefetches): the hardware prefetcher alone left FP8's loads waiting on memory.
+const PREFETCH_DISTANCE: usize = 2048;
+
+/// Bytes of one cache line.
+const CACHE_LINE: usize = 64;
+
+/// The bytes from offset `at` of `row` followed by `then` (what follows it in memory).
+#[inline(always)]
+fn bytes_from<'a>(row: &'a [u8], then: &'a [u8], at: usize) -> &'a [u8] {
+    match row.get(at..) {
+        Some(rest) => rest,
+        None => then.get(at - row.len()..).unwrap_or(&[]),
+    }
+}
+
 /// How many segments of one row `segmented_across` keeps in flight.
 const SEGMENTS_IN_FLIGHT: usize = 4;
 
@@ -249,6 +269,7 @@ const SEGMENTS_IN_FLIGHT: usize = 4;
 fn segmented_across<const CB: usize, K: Segments<CB>>(
     v3: V3,
     row: &[u8],
+    then: &[u8],
     x: &[f32],
     seg: usize,
     k: &K,
@@ -260,6 +281,10 @@ fn segmented_across<const CB: usize, K: Segments<CB>>(
     let spans = x8s.len().min(chunks.len()) / span;
     let mut acc = zero;
     for q in 0..spans {
+        let ahead = q * span * CB + PREFETCH_DISTANCE;
+        for line in (0..span * CB).step_by(CACHE_LINE) {
+            k.prefetch(bytes_from(row, then, ahead + line));
+        }
         let (w, xs) = (&chunks[q * span..][..span], &x8s[q * span..][..span]);
         let parts = four_parts(
             v3,
@@ -588,6 +613,10 @@ impl<const PRESCALED: bool> Segments<8> for Fp8F16c<'_, PRESCALED> {
     fn finish(&self, segment: usize, part: f32x8, acc: f32x8) -> f32x8 {
         self.1.fold(segment, part, acc)
     }
+    #[inline(always)]
+    fn prefetch(&self, bytes: &[u8]) {
+        self.0.prefetch(bytes)
+    }
 }
 
 /// FP8 blocks; `NAN` selects NaN codes element by element (only matrices that hold any).
@@ -618,8 +647,9 @@ impl<const NAN: bool> Segments<8> for Fp8<'_, NAN> {
 /// the fours) goes one-after-another at any width: it shares no chunk of `x` with another row.
 const ACROSS_MAX_COLS: usize = 4096;
 
-/// An FP8 row through `segmented_across` in the decoding its matrix allows; `x256` is `x`
-/// times 256 where the caller could make it (else empty).
+/// An FP8 row through `segmented_across` in the decoding its matrix allows; `then` is what
+/// follows the row in memory (prefetched as the row ends), `x256` is `x` times 256 where the
+/// caller could make it (else empty).
 #[inline(always)]
 // The row, its matrix and both forms of the input: bundling them would only rename them.
 #[allow(clippy::too_many_arguments)]
@@ -628,20 +658,22 @@ fn fp8_across(
     f16c: Option<F16c>,
     m: &QMatrix,
     row: &[u8],
+    then: &[u8],
     x: &[f32],
     x256: &[[f32; 8]],
     block_cols: usize,
     scaled: Scaled,
 ) -> f32 {
     if m.fp8_nan_codes {
-        segmented_across::<8, _>(v3, row, x, block_cols, &Fp8::<true>(scaled))
+        segmented_across::<8, _>(v3, row, then, x, block_cols, &Fp8::<true>(scaled))
     } else if let (Some(f16c), false) = (f16c, x256.is_empty()) {
         let k = Fp8F16c::<true>(f16c, scaled);
-        segmented_across::<8, _>(v3, row, x256.as_flattened(), block_cols, &k)
+        segmented_across::<8, _>(v3, row, then, x256.as_flattened(), block_cols, &k)
     } else if let Some(f16c) = f16c {
-        segmented_across::<8, _>(v3, row, x, block_cols, &Fp8F16c::<false>(f16c, scaled))
+        let k = Fp8F16c::<false>(f16c, scaled);
+        segmented_across::<8, _>(v3, row, then, x, block_cols, &k)
     } else {
-        segmented_across::<8, _>(v3, row, x, block_cols, &Fp8::<false>(scaled))
+        segmented_across::<8, _>(v3, row, then, x, block_cols, &Fp8::<false>(scaled))
     }
 }
 
@@ -687,9 +719,9 @@ fn dot4(
                 let mut out = [0.0; 4];
                 for (i, o) in out.iter_mut().enumerate() {
                     *o = if bits == 4 {
-                        segmented_across::<4, _>(v3, rows[i], x, group, &k[i])
+                        segmented_across::<4, _>(v3, rows[i], &[], x, group, &k[i])
                     } else {
-                        segmented_across::<8, _>(v3, rows[i], x, group, &k[i])
+                        segmented_across::<8, _>(v3, rows[i], &[], x, group, &k[i])
                     };
                 }
                 return out;
@@ -739,7 +771,8 @@ fn dot4(
             // One row after another, each row's segments four at a time (`segmented_across`).
             let mut out = [0.0; 4];
             for (i, o) in out.iter_mut().enumerate() {
-                *o = fp8_across(v3, f16c, m, rows[i], x, xsum, block_cols, scaled(i));
+                let then = m.packed.get((r + i + 1) * row_bytes..).unwrap_or(&[]);
+                *o = fp8_across(v3, f16c, m, rows[i], then, x, xsum, block_cols, scaled(i));
             }
             out
         }
@@ -803,7 +836,8 @@ fn dot(v3: V3, f16c: Option<F16c>, m: &QMatrix, r: usize, x: &[f32], xsum: &[[f3
                 first,
             };
             // A lone row reuses no chunk of `x` whatever its width: four segments in flight.
-            fp8_across(v3, f16c, m, row, x, xsum, block_cols, scaled)
+            let then = m.packed.get((r + 1) * row_bytes..).unwrap_or(&[]);
+            fp8_across(v3, f16c, m, row, then, x, xsum, block_cols, scaled)
         }
     }
 }
