@@ -405,6 +405,12 @@ fn rows_of_every_width_give_the_portable_bits() {
             assert_simd_has_the_portable_bits(&stored.matrix(), pick as u64);
         }
     }
+    // MXFP4 rows on both sides of that width (one after another below it, four at a time
+    // above), an odd and an even group count each.
+    for segments in [19, 20, 127, 128, 129, 130] {
+        let stored = make(2, 5, segments, segments, 31 * segments as u64);
+        assert_simd_has_the_portable_bits(&stored.matrix(), segments as u64);
+    }
     // Every code in both halves of a pair of chunks decoded in one step.
     let pair = Format::Fp8Block {
         block_rows: 1,

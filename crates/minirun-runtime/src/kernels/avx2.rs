@@ -486,6 +486,8 @@ impl Segments<16> for DenseF16c {
 
 struct Affine<'a, 'm> {
     v3: V3,
+    /// Only to prefetch with, where the machine has it.
+    f16c: Option<F16c>,
     m: &'a QMatrix<'m>,
     scale: FloatType,
     first_group: usize,
@@ -512,6 +514,12 @@ impl Segments<4> for Affine<'_, '_> {
     fn finish(&self, g: usize, part: f32x8, acc: f32x8) -> f32x8 {
         self.fold(g, part, acc)
     }
+    #[inline(always)]
+    fn prefetch(&self, bytes: &[u8]) {
+        if let Some(f16c) = self.f16c {
+            f16c.prefetch(bytes)
+        }
+    }
 }
 
 impl Segments<8> for Affine<'_, '_> {
@@ -522,6 +530,12 @@ impl Segments<8> for Affine<'_, '_> {
     #[inline(always)]
     fn finish(&self, g: usize, part: f32x8, acc: f32x8) -> f32x8 {
         self.fold(g, part, acc)
+    }
+    #[inline(always)]
+    fn prefetch(&self, bytes: &[u8]) {
+        if let Some(f16c) = self.f16c {
+            f16c.prefetch(bytes)
+        }
     }
 }
 
@@ -619,6 +633,29 @@ impl<const PRESCALED: bool> Segments<8> for Fp8F16c<'_, PRESCALED> {
     }
 }
 
+/// A decoding that also prefetches, through the F16C token (MXFP4 rows read one after another).
+struct Prefetching<K>(K, F16c);
+
+impl<const CB: usize, K: Segments<CB>> Segments<CB> for Prefetching<K> {
+    const PAIRS: bool = K::PAIRS;
+    #[inline(always)]
+    fn decode(&self, chunk: &[u8; CB]) -> f32x8 {
+        self.0.decode(chunk)
+    }
+    #[inline(always)]
+    fn decode_pair(&self, pair: &[[u8; CB]; 2]) -> [f32x8; 2] {
+        self.0.decode_pair(pair)
+    }
+    #[inline(always)]
+    fn finish(&self, segment: usize, part: f32x8, acc: f32x8) -> f32x8 {
+        self.0.finish(segment, part, acc)
+    }
+    #[inline(always)]
+    fn prefetch(&self, bytes: &[u8]) {
+        self.1.prefetch(bytes)
+    }
+}
+
 /// FP8 blocks; `NAN` selects NaN codes element by element (only matrices that hold any).
 struct Fp8<'a, const NAN: bool>(Scaled<'a>);
 
@@ -638,12 +675,13 @@ impl<const NAN: bool> Segments<8> for Fp8<'_, NAN> {
     }
 }
 
-/// The widest FP8 and affine rows that go one after another (`segmented_across`) rather than
-/// four at a time: their `x` (4 bytes a column) stays in the first-level cache while a row
-/// streams past it. Wider rows read `x` once for four rows instead (`segmented4`). Measured
-/// with `kernel_throughput`: FP8 rows of 2048 columns gained 1.3-2.2x one after another
-/// (affine ones 1.1-1.3x), FP8 rows of 7168 ran at 0.65-0.95x; MXFP4 gained nothing (its decoding
-/// is the bound). Either way the bits are `segmented`'s. A lone FP8 row (rows left over from
+/// The widest FP8, affine and MXFP4 rows that go one after another (`segmented_across`) rather
+/// than four at a time: their `x` (4 bytes a column) stays in the first-level cache while a row
+/// streams past it, its bytes prefetched ahead. Wider rows read `x` once for four rows instead
+/// (`segmented4`). Measured with `kernel_throughput`: FP8 rows of 2048 columns gained 1.3-2.2x
+/// one after another (affine ones 1.1-1.3x), FP8 rows of 7168 ran at 0.65-0.95x. MXFP4 gained
+/// nothing that way until the rows were prefetched (then 1.17-1.2x, and affine 4-bit 1.6-1.8x,
+/// on an Intel VM). Either way the bits are `segmented`'s. A lone FP8 row (rows left over from
 /// the fours) goes one-after-another at any width: it shares no chunk of `x` with another row.
 const ACROSS_MAX_COLS: usize = 4096;
 
@@ -710,6 +748,7 @@ fn dot4(
             let groups = m.cols / group;
             let k: [Affine; 4] = std::array::from_fn(|i| Affine {
                 v3,
+                f16c,
                 m,
                 scale,
                 first_group: (r + i) * groups,
@@ -718,10 +757,11 @@ fn dot4(
             if m.cols <= ACROSS_MAX_COLS {
                 let mut out = [0.0; 4];
                 for (i, o) in out.iter_mut().enumerate() {
+                    let then = m.packed.get((r + i + 1) * row_bytes..).unwrap_or(&[]);
                     *o = if bits == 4 {
-                        segmented_across::<4, _>(v3, rows[i], &[], x, group, &k[i])
+                        segmented_across::<4, _>(v3, rows[i], then, x, group, &k[i])
                     } else {
-                        segmented_across::<8, _>(v3, rows[i], &[], x, group, &k[i])
+                        segmented_across::<8, _>(v3, rows[i], then, x, group, &k[i])
                     };
                 }
                 return out;
@@ -739,6 +779,14 @@ fn dot4(
                 scale: BlockScale::E8m0,
                 first: (r + i) * (m.cols / 32),
             });
+            if let (Some(f16c), true) = (f16c, m.cols <= ACROSS_MAX_COLS) {
+                let mut out = [0.0; 4];
+                for (i, (o, k)) in out.iter_mut().zip(k).enumerate() {
+                    let then = m.packed.get((r + i + 1) * row_bytes..).unwrap_or(&[]);
+                    *o = segmented_across::<4, _>(v3, rows[i], then, x, 32, &Prefetching(k, f16c));
+                }
+                return out;
+            }
             segmented4::<4, _>(v3, rows, x, 32, &k)
         }
         Format::Fp8Block {
@@ -803,6 +851,7 @@ fn dot(v3: V3, f16c: Option<F16c>, m: &QMatrix, r: usize, x: &[f32], xsum: &[[f3
         Format::Affine { bits, group, scale } => {
             let k = Affine {
                 v3,
+                f16c,
                 m,
                 scale,
                 first_group: r * (m.cols / group),

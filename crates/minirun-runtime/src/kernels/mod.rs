@@ -126,22 +126,24 @@ impl pulp::WithSimd for RowsOp<'_, '_> {
     }
 }
 
-/// Runs the kernel `make` builds compiled for AVX2, and for F16C too where the matrix is f16 or
-/// FP8 without NaN codes and the machine has it: their rows then widen each chunk through
-/// `vcvtph2ps` instead of a dozen or ten integer operations (the same values, so the same
-/// bits). `make` gets the token to hand the kernel, or `None`.
+/// Runs the kernel `make` builds compiled for AVX2, and for F16C too where the matrix takes
+/// the token and the machine has it: f16 and FP8 rows without NaN codes widen each chunk through
+/// `vcvtph2ps` instead of a dozen or ten integer operations (the same values, so the same bits),
+/// and FP8, affine and MXFP4 rows read one after another prefetch through it (a hint). `make`
+/// gets the token to hand the kernel, or `None`.
 #[cfg(target_arch = "x86_64")]
 fn run_avx2<K: pulp::WithSimd<Output = ()>>(
     v3: pulp::x86::V3,
     m: &QMatrix,
     make: impl FnOnce(Option<x86_f16c::F16c>) -> K,
 ) {
-    let widens = match m.format {
+    let takes_token = match m.format {
         Format::Dense(FloatType::F16) => true,
         Format::Fp8Block { .. } => !m.fp8_nan_codes,
+        Format::Affine { .. } | Format::Mxfp4 => true,
         _ => false,
     };
-    let f16c = widens.then(x86_f16c::F16c::try_new).flatten();
+    let f16c = takes_token.then(x86_f16c::F16c::try_new).flatten();
     match f16c {
         Some(token) => {
             let kernel = make(f16c);
