@@ -333,10 +333,11 @@ fn every_fp8_and_f16_code_alone_gives_the_portable_bits() {
     }
 }
 
-/// FP8 and affine rows of the widths that take each row loop of the SIMD path (narrow rows one
-/// after another with four blocks in flight, wide rows four at a time); for FP8 block widths of
-/// odd and even chunk counts (decoded one chunk or two at a time), a partial last block and row
-/// counts off the multiple of four: the portable bits, on one thread and on two.
+/// FP8, affine and MXFP4 rows of widths on both sides of where the prefetches run past a row's
+/// end into the next, four rows at a time and a lone row after them (FP8's with four blocks in
+/// flight); for FP8 block widths of odd and even chunk counts (decoded one chunk or two at a
+/// time), a partial last block and row counts off the multiple of four: the portable bits, on
+/// one thread and on two.
 #[test]
 fn rows_of_every_width_give_the_portable_bits() {
     let shapes = [
@@ -398,15 +399,15 @@ fn rows_of_every_width_give_the_portable_bits() {
     m.matvec_portable(&x, &mut portable).unwrap();
     assert!(portable.iter().all(|v| v.is_finite()), "{portable:?}");
     assert_eq!(fast.map(f32::to_bits), portable.map(f32::to_bits));
-    // Affine rows on both sides of the width that changes the loop (groups of 32, 64, 128).
+    // Affine rows of several widths (groups of 32, 64, 128), four at a time and the fifth alone.
     for segments in [20, 65, 129] {
         for pick in 0..6 {
             let stored = make(1, 5, segments, pick, 17 * segments as u64 + pick as u64);
             assert_simd_has_the_portable_bits(&stored.matrix(), pick as u64);
         }
     }
-    // MXFP4 rows on both sides of that width (one after another below it, four at a time
-    // above), an odd and an even group count each.
+    // MXFP4 rows of several widths, odd and even group counts (its rows go four at a time, the
+    // fifth alone).
     for segments in [19, 20, 127, 128, 129, 130] {
         let stored = make(2, 5, segments, segments, 31 * segments as u64);
         assert_simd_has_the_portable_bits(&stored.matrix(), segments as u64);

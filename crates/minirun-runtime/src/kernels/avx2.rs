@@ -189,6 +189,9 @@ trait Segments<const CB: usize> {
         [self.decode(&pair[0]), self.decode(&pair[1])]
     }
     fn finish(&self, segment: usize, part: f32x8, acc: f32x8) -> f32x8;
+    /// Whether `prefetch` asks for anything: the skeletons skip working out addresses for
+    /// decodings that cannot prefetch.
+    const PREFETCHES: bool = false;
     /// Asks for the cache line holding `bytes[0]` ahead of its use, where the decoding has a
     /// way to (a hint: no result changes).
     #[inline(always)]
@@ -240,8 +243,11 @@ fn segmented<const CB: usize, K: Segments<CB>>(
     reduce(acc)
 }
 
-/// How far ahead of the bytes it works on `segmented_across` asks for a row's bytes (where the
-/// decoding prefetches): the hardware prefetcher alone left FP8's loads waiting on memory.
+/// How far ahead of the bytes they work on `segmented4` and `segmented_across` ask for a row's
+/// bytes (where the decoding prefetches). The hardware prefetcher alone left the loads of FP8
+/// rows waiting on memory, read four at a time (four streams) on an AMD VM and one after another
+/// on an Intel one; with these prefetches four rows at a time ran fastest on the Intel VM for
+/// every prefetching format and width (README, kernel section). 1 and 4 KiB did as well.
 const PREFETCH_DISTANCE: usize = 2048;
 
 /// Bytes of one cache line.
@@ -256,14 +262,26 @@ fn bytes_from<'a>(row: &'a [u8], then: &'a [u8], at: usize) -> &'a [u8] {
     }
 }
 
+/// Offset `at` of row `i`'s stream in `segmented4`, in `tail` (its four rows, then the rest of
+/// the matrix): past the row's end, where row `i + 4` (the same stream's next row) starts.
+#[inline(always)]
+fn four_ahead(tail: &[u8], row_bytes: usize, i: usize, at: usize) -> &[u8] {
+    let offset = match at < row_bytes {
+        true => i * row_bytes + at,
+        false => (i + 4) * row_bytes + at - row_bytes,
+    };
+    tail.get(offset..).unwrap_or(&[])
+}
+
 /// How many segments of one row `segmented_across` keeps in flight.
 const SEGMENTS_IN_FLIGHT: usize = 4;
 
 /// `segmented` with four segments of one row in flight at once: each segment's part is its own
 /// chain of additions (so the adder's latency is hidden, as four rows at once hide it), the
 /// parts are folded in segment order, and each part runs `segmented`'s operations in its order,
-/// so the result has its bits. The row is read front to back as one stream: with rows read four
-/// at a time, four streams, the loads of formats that decode slowly (FP8) waited on memory.
+/// so the result has its bits. A lone FP8 row (left over from the fours) goes this way: it
+/// shares no chunk of `x` with another row. `then` is what follows the row in memory, where
+/// the prefetches run on to as the row ends.
 /// (Loops and helper functions, no closures: a closure would be compiled without AVX2.)
 #[inline(always)]
 fn segmented_across<const CB: usize, K: Segments<CB>>(
@@ -281,9 +299,11 @@ fn segmented_across<const CB: usize, K: Segments<CB>>(
     let spans = x8s.len().min(chunks.len()) / span;
     let mut acc = zero;
     for q in 0..spans {
-        let ahead = q * span * CB + PREFETCH_DISTANCE;
-        for line in (0..span * CB).step_by(CACHE_LINE) {
-            k.prefetch(bytes_from(row, then, ahead + line));
+        if K::PREFETCHES {
+            let ahead = q * span * CB + PREFETCH_DISTANCE;
+            for line in (0..span * CB).step_by(CACHE_LINE) {
+                k.prefetch(bytes_from(row, then, ahead + line));
+            }
         }
         let (w, xs) = (&chunks[q * span..][..span], &x8s[q * span..][..span]);
         let parts = four_parts(
@@ -379,11 +399,14 @@ fn four_parts<const CB: usize, K: Segments<CB>>(
 
 /// `segmented` for four rows at once: four independent chains of additions (one row's adds
 /// depend on each other, so a single row waits on the adder's latency), each row's operations
-/// and their order exactly those of `segmented`.
+/// and their order exactly those of `segmented`. Where the decoding prefetches, each row's bytes
+/// are asked for `PREFETCH_DISTANCE` ahead, and past its end the same stream's next row (row
+/// `i + 4`, in `tail`: the four rows and what follows them).
 #[inline(always)]
 fn segmented4<const CB: usize, K: Segments<CB>>(
     v3: V3,
     rows: [&[u8]; 4],
+    tail: &[u8],
     x: &[f32],
     seg: usize,
     k: &[K; 4],
@@ -402,6 +425,14 @@ fn segmented4<const CB: usize, K: Segments<CB>>(
             &c2[first..end],
             &c3[first..end],
         );
+        if K::PREFETCHES {
+            let at = first * CB + PREFETCH_DISTANCE;
+            for line in (0..x_segment.len() * CB).step_by(CACHE_LINE) {
+                for (i, k) in k.iter().enumerate() {
+                    k.prefetch(four_ahead(tail, rows[0].len(), i, at + line));
+                }
+            }
+        }
         let (mut p0, mut p1, mut p2, mut p3) = (zero, zero, zero, zero);
         let mut lone_from = 0;
         if K::PAIRS {
@@ -514,6 +545,7 @@ impl Segments<4> for Affine<'_, '_> {
     fn finish(&self, g: usize, part: f32x8, acc: f32x8) -> f32x8 {
         self.fold(g, part, acc)
     }
+    const PREFETCHES: bool = true;
     #[inline(always)]
     fn prefetch(&self, bytes: &[u8]) {
         if let Some(f16c) = self.f16c {
@@ -531,6 +563,7 @@ impl Segments<8> for Affine<'_, '_> {
     fn finish(&self, g: usize, part: f32x8, acc: f32x8) -> f32x8 {
         self.fold(g, part, acc)
     }
+    const PREFETCHES: bool = true;
     #[inline(always)]
     fn prefetch(&self, bytes: &[u8]) {
         if let Some(f16c) = self.f16c {
@@ -627,6 +660,7 @@ impl<const PRESCALED: bool> Segments<8> for Fp8F16c<'_, PRESCALED> {
     fn finish(&self, segment: usize, part: f32x8, acc: f32x8) -> f32x8 {
         self.1.fold(segment, part, acc)
     }
+    const PREFETCHES: bool = true;
     #[inline(always)]
     fn prefetch(&self, bytes: &[u8]) {
         self.0.prefetch(bytes)
@@ -650,6 +684,7 @@ impl<const CB: usize, K: Segments<CB>> Segments<CB> for Prefetching<K> {
     fn finish(&self, segment: usize, part: f32x8, acc: f32x8) -> f32x8 {
         self.0.finish(segment, part, acc)
     }
+    const PREFETCHES: bool = true;
     #[inline(always)]
     fn prefetch(&self, bytes: &[u8]) {
         self.1.prefetch(bytes)
@@ -674,16 +709,6 @@ impl<const NAN: bool> Segments<8> for Fp8<'_, NAN> {
         self.0.fold(segment, part, acc)
     }
 }
-
-/// The widest FP8, affine and MXFP4 rows that go one after another (`segmented_across`) rather
-/// than four at a time: their `x` (4 bytes a column) stays in the first-level cache while a row
-/// streams past it, its bytes prefetched ahead. Wider rows read `x` once for four rows instead
-/// (`segmented4`). Measured with `kernel_throughput`: FP8 rows of 2048 columns gained 1.3-2.2x
-/// one after another (affine ones 1.1-1.3x), FP8 rows of 7168 ran at 0.65-0.95x. MXFP4 gained
-/// nothing that way until the rows were prefetched (then 1.17-1.2x, and affine 4-bit 1.6-1.8x,
-/// on an Intel VM). Either way the bits are `segmented`'s. A lone FP8 row (rows left over from
-/// the fours) goes one-after-another at any width: it shares no chunk of `x` with another row.
-const ACROSS_MAX_COLS: usize = 4096;
 
 /// An FP8 row through `segmented_across` in the decoding its matrix allows; `then` is what
 /// follows the row in memory (prefetched as the row ends), `x256` is `x` times 256 where the
@@ -727,10 +752,13 @@ fn dot4(
     let row_bytes = m.row_bytes();
     let rows: [&[u8]; 4] =
         std::array::from_fn(|i| &m.packed[(r + i) * row_bytes..(r + i + 1) * row_bytes]);
+    // The four rows and what follows them, for the prefetches of `segmented4`.
+    let tail = m.packed.get(r * row_bytes..).unwrap_or(&[]);
     match m.format {
         Format::Dense(FloatType::F32) => segmented4::<32, _>(
             v3,
             rows,
+            &[],
             x,
             m.cols,
             &[(); 4].map(|_| Dense {
@@ -739,10 +767,22 @@ fn dot4(
             }),
         ),
         Format::Dense(format) => match (format, f16c) {
-            (FloatType::F16, Some(f16c)) => {
-                segmented4::<16, _>(v3, rows, x, m.cols, &[(); 4].map(|_| DenseF16c { f16c }))
-            }
-            _ => segmented4::<16, _>(v3, rows, x, m.cols, &[(); 4].map(|_| Dense { v3, format })),
+            (FloatType::F16, Some(f16c)) => segmented4::<16, _>(
+                v3,
+                rows,
+                &[],
+                x,
+                m.cols,
+                &[(); 4].map(|_| DenseF16c { f16c }),
+            ),
+            _ => segmented4::<16, _>(
+                v3,
+                rows,
+                &[],
+                x,
+                m.cols,
+                &[(); 4].map(|_| Dense { v3, format }),
+            ),
         },
         Format::Affine { bits, group, scale } => {
             let groups = m.cols / group;
@@ -754,22 +794,10 @@ fn dot4(
                 first_group: (r + i) * groups,
                 xsum,
             });
-            if m.cols <= ACROSS_MAX_COLS {
-                let mut out = [0.0; 4];
-                for (i, o) in out.iter_mut().enumerate() {
-                    let then = m.packed.get((r + i + 1) * row_bytes..).unwrap_or(&[]);
-                    *o = if bits == 4 {
-                        segmented_across::<4, _>(v3, rows[i], then, x, group, &k[i])
-                    } else {
-                        segmented_across::<8, _>(v3, rows[i], then, x, group, &k[i])
-                    };
-                }
-                return out;
-            }
             if bits == 4 {
-                segmented4::<4, _>(v3, rows, x, group, &k)
+                segmented4::<4, _>(v3, rows, tail, x, group, &k)
             } else {
-                segmented4::<8, _>(v3, rows, x, group, &k)
+                segmented4::<8, _>(v3, rows, tail, x, group, &k)
             }
         }
         Format::Mxfp4 => {
@@ -779,15 +807,13 @@ fn dot4(
                 scale: BlockScale::E8m0,
                 first: (r + i) * (m.cols / 32),
             });
-            if let (Some(f16c), true) = (f16c, m.cols <= ACROSS_MAX_COLS) {
-                let mut out = [0.0; 4];
-                for (i, (o, k)) in out.iter_mut().zip(k).enumerate() {
-                    let then = m.packed.get((r + i + 1) * row_bytes..).unwrap_or(&[]);
-                    *o = segmented_across::<4, _>(v3, rows[i], then, x, 32, &Prefetching(k, f16c));
+            match f16c {
+                Some(f16c) => {
+                    let k = k.map(|k| Prefetching(k, f16c));
+                    segmented4::<4, _>(v3, rows, tail, x, 32, &k)
                 }
-                return out;
+                None => segmented4::<4, _>(v3, rows, tail, x, 32, &k),
             }
-            segmented4::<4, _>(v3, rows, x, 32, &k)
         }
         Format::Fp8Block {
             block_rows,
@@ -801,28 +827,19 @@ fn dot4(
                 scale,
                 first: ((r + i) / block_rows) * grid,
             };
-            if m.cols > ACROSS_MAX_COLS {
-                return if m.fp8_nan_codes {
-                    let k: [Fp8<true>; 4] = std::array::from_fn(|i| Fp8(scaled(i)));
-                    segmented4::<8, _>(v3, rows, x, block_cols, &k)
-                } else if let (Some(f16c), false) = (f16c, xsum.is_empty()) {
-                    let k: [Fp8F16c<true>; 4] = std::array::from_fn(|i| Fp8F16c(f16c, scaled(i)));
-                    segmented4::<8, _>(v3, rows, xsum.as_flattened(), block_cols, &k)
-                } else if let Some(f16c) = f16c {
-                    let k: [Fp8F16c; 4] = std::array::from_fn(|i| Fp8F16c(f16c, scaled(i)));
-                    segmented4::<8, _>(v3, rows, x, block_cols, &k)
-                } else {
-                    let k: [Fp8<false>; 4] = std::array::from_fn(|i| Fp8(scaled(i)));
-                    segmented4::<8, _>(v3, rows, x, block_cols, &k)
-                };
+            if m.fp8_nan_codes {
+                let k: [Fp8<true>; 4] = std::array::from_fn(|i| Fp8(scaled(i)));
+                segmented4::<8, _>(v3, rows, tail, x, block_cols, &k)
+            } else if let (Some(f16c), false) = (f16c, xsum.is_empty()) {
+                let k: [Fp8F16c<true>; 4] = std::array::from_fn(|i| Fp8F16c(f16c, scaled(i)));
+                segmented4::<8, _>(v3, rows, tail, xsum.as_flattened(), block_cols, &k)
+            } else if let Some(f16c) = f16c {
+                let k: [Fp8F16c; 4] = std::array::from_fn(|i| Fp8F16c(f16c, scaled(i)));
+                segmented4::<8, _>(v3, rows, tail, x, block_cols, &k)
+            } else {
+                let k: [Fp8<false>; 4] = std::array::from_fn(|i| Fp8(scaled(i)));
+                segmented4::<8, _>(v3, rows, tail, x, block_cols, &k)
             }
-            // One row after another, each row's segments four at a time (`segmented_across`).
-            let mut out = [0.0; 4];
-            for (i, o) in out.iter_mut().enumerate() {
-                let then = m.packed.get((r + i + 1) * row_bytes..).unwrap_or(&[]);
-                *o = fp8_across(v3, f16c, m, rows[i], then, x, xsum, block_cols, scaled(i));
-            }
-            out
         }
     }
 }
