@@ -1,6 +1,6 @@
 //! `minirun bench model`: the prompt and decode tests of a packed artifact, timed after a
-//! warm-up (JSON and table), refused without evidence unless --unverified, and refused when
-//! there is nothing to time.
+//! warm-up (JSON and table), resident and streamed under the floor budget, refused without
+//! evidence unless --unverified, and refused when there is nothing to time.
 
 mod common;
 
@@ -76,6 +76,37 @@ fn prompt_and_decode_are_timed_per_pass() {
         "{}",
         stderr(&table)
     );
+}
+
+#[test]
+fn a_streamed_run_is_timed_too() {
+    let dir = packed();
+    let path = dir.path().to_str().unwrap();
+    let out = minirun(&[
+        "bench",
+        "model",
+        path,
+        "--unverified",
+        "-p",
+        "6",
+        "-n",
+        "4",
+        "-r",
+        "2",
+        "--budget",
+        "floor",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["resident"], false, "{doc}");
+    let names: Vec<&str> = doc["tests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["test"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["pp6", "tg4"]);
 }
 
 #[test]
