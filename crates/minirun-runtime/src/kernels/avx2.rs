@@ -667,7 +667,8 @@ impl<const PRESCALED: bool> Segments<8> for Fp8F16c<'_, PRESCALED> {
     }
 }
 
-/// A decoding that also prefetches, through the F16C token (MXFP4 rows read one after another).
+/// A decoding that also prefetches through the F16C token: MXFP4's `Scaled`, which holds no
+/// token (FP8's F16C decoding holds its own).
 struct Prefetching<K>(K, F16c);
 
 impl<const CB: usize, K: Segments<CB>> Segments<CB> for Prefetching<K> {
