@@ -11,6 +11,7 @@ use anyhow::{Result, bail};
 use clap::Args;
 use minirun_format::synthetic::SplitMix64;
 use minirun_runtime::budget::{Budget, human};
+use minirun_runtime::model::Decoder;
 use minirun_runtime::model_bench::{Timings, time_decode, time_prompt};
 use minirun_runtime::plan::Mode;
 use minirun_runtime::session::{Session, Trust};
@@ -86,6 +87,12 @@ pub fn run(args: &ModelArgs) -> Result<ExitCode> {
         minirun_runtime::plan::DEFAULT_READS_IN_FLIGHT as u16,
     )?;
     let model = session.planned_model(&plan, experts)?;
+    let most = model.max_positions();
+    if context > most {
+        bail!(
+            "a test of {context} tokens needs more positions than the model's max_position_embeddings ({most}): give --prompt-tokens and --tokens of at most {most}"
+        );
+    }
     let repeats = args.repeats as usize;
     let threads = rayon::current_num_threads();
     if !args.json {

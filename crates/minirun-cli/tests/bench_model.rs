@@ -1,6 +1,7 @@
 //! `minirun bench model`: the prompt and decode tests of a packed artifact, timed after a
 //! warm-up (JSON and table), resident and streamed under the floor budget, refused without
-//! evidence unless --unverified, and refused when there is nothing to time.
+//! evidence unless --unverified, and refused when there is nothing to time or the tests need more
+//! positions than the model has.
 
 mod common;
 
@@ -121,4 +122,23 @@ fn an_artifact_without_evidence_or_a_run_with_nothing_to_time_is_refused() {
     let out = minirun(&["bench", "model", path, "--unverified", "-p", "0", "-n", "0"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("nothing to time"), "{}", stderr(&out));
+
+    // Past the fixture's max_position_embeddings (256): refused before any pass runs.
+    let out = minirun(&[
+        "bench",
+        "model",
+        path,
+        "--unverified",
+        "-p",
+        "4",
+        "-n",
+        "257",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("max_position_embeddings (256)"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(out.stdout.is_empty(), "no table is started");
 }
