@@ -134,7 +134,10 @@ pub fn run(args: &ModelArgs) -> Result<ExitCode> {
         tests.push(timings);
     }
     if args.tokens > 0 {
-        let first = prompt_ids(&session, 1, args.seed)?[0];
+        let first = prompt_ids(&session, 1, args.seed)?
+            .first()
+            .copied()
+            .unwrap_or_default();
         let timings = time_decode(&model, first, args.tokens, repeats)?;
         shown(&timings);
         tests.push(timings);

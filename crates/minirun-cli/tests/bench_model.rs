@@ -7,36 +7,35 @@ mod common;
 
 use common::{minirun, packed, stderr};
 
+/// `minirun bench model PATH --unverified ARGS --json`, which must succeed: its JSON, and the
+/// names of its tests.
+fn bench_json(path: &str, args: &[&str]) -> (serde_json::Value, Vec<String>) {
+    let mut all = vec!["bench", "model", path, "--unverified", "--json"];
+    all.extend_from_slice(args);
+    let out = minirun(&all);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let names = doc["tests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["test"].as_str().unwrap().to_string())
+        .collect();
+    (doc, names)
+}
+
 #[test]
 fn prompt_and_decode_are_timed_per_pass() {
     let dir = packed();
     let path = dir.path().to_str().unwrap();
     for activations in ["f32", "int8"] {
-        let out = minirun(&[
-            "bench",
-            "model",
-            path,
-            "--unverified",
-            "-p",
-            "7",
-            "-n",
-            "5",
-            "-r",
-            "3",
-            "--threads",
-            "2",
-            "--activations",
-            activations,
-            "--json",
-        ]);
-        assert!(out.status.success(), "{}", stderr(&out));
-        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let args = ["-p", "7", "-n", "5", "-r", "3", "--threads", "2"];
+        let (doc, names) = bench_json(path, &[&args[..], &["--activations", activations]].concat());
         assert_eq!(doc["threads"], 2);
         assert_eq!(doc["activations"], activations);
         assert_eq!(doc["verified"], false);
-        let tests = doc["tests"].as_array().unwrap();
-        let names: Vec<&str> = tests.iter().map(|t| t["test"].as_str().unwrap()).collect();
         assert_eq!(names, ["pp7", "tg5"]);
+        let tests = doc["tests"].as_array().unwrap();
         for t in tests {
             let seconds = t["seconds"].as_array().unwrap();
             let rates = t["tokens_per_second"].as_array().unwrap();
@@ -83,30 +82,9 @@ fn prompt_and_decode_are_timed_per_pass() {
 fn a_streamed_run_is_timed_too() {
     let dir = packed();
     let path = dir.path().to_str().unwrap();
-    let out = minirun(&[
-        "bench",
-        "model",
-        path,
-        "--unverified",
-        "-p",
-        "6",
-        "-n",
-        "4",
-        "-r",
-        "2",
-        "--budget",
-        "floor",
-        "--json",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let args = ["-p", "6", "-n", "4", "-r", "2", "--budget", "floor"];
+    let (doc, names) = bench_json(path, &args);
     assert_eq!(doc["resident"], false, "{doc}");
-    let names: Vec<&str> = doc["tests"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["test"].as_str().unwrap())
-        .collect();
     assert_eq!(names, ["pp6", "tg4"]);
 }
 

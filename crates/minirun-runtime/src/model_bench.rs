@@ -11,9 +11,10 @@
 //! tokens while decoding, each decode step here takes the greedy token of the step before, as
 //! a real run does (the argmax is timed too).
 //!
-//! Every pass must reproduce the first one bit for bit (the prompt's last logits; the decoded
-//! ids and the last step's logits): a model whose repeated runs differ is refused rather than
-//! timed, since it would be timing something other than what `minirun run` computes.
+//! Every timed pass must reproduce the first one bit for bit (the prompt's last logits; the
+//! decoded ids and the last step's logits): a model whose repeated runs differ is refused
+//! rather than timed, since it would be timing something other than what `minirun run`
+//! computes.
 
 use std::time::Instant;
 
@@ -35,7 +36,7 @@ pub enum BenchError {
 }
 
 /// The timed passes of one test.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone)]
 pub struct Timings {
     /// `pp N` or `tg N`, as llama-bench names its tests.
     pub test: String,
@@ -77,6 +78,32 @@ fn bits(logits: &[f32]) -> Vec<u32> {
     logits.iter().map(|v| v.to_bits()).collect()
 }
 
+/// `repeats` runs of `pass` (each giving its seconds and what it computed), every one required
+/// to compute what the first did: their seconds.
+fn timed_passes<T: PartialEq>(
+    test: &str,
+    repeats: usize,
+    mut pass: impl FnMut() -> Result<(f64, T), ModelError>,
+) -> Result<Vec<f64>, BenchError> {
+    let mut seconds = Vec::with_capacity(repeats);
+    let mut first: Option<T> = None;
+    for p in 0..repeats {
+        let (s, seen) = pass()?;
+        match &first {
+            None => first = Some(seen),
+            Some(want) if *want != seen => {
+                return Err(BenchError::NotRepeatable {
+                    test: test.to_string(),
+                    pass: p + 1,
+                });
+            }
+            Some(_) => {}
+        }
+        seconds.push(s);
+    }
+    Ok(seconds)
+}
+
 /// `prompt` through a new cache of `model`, once to warm up and then `repeats` times, timed.
 pub fn time_prompt<D: Decoder>(
     model: &D,
@@ -91,23 +118,15 @@ pub fn time_prompt<D: Decoder>(
             what: "the prompt's length",
         });
     }
-    let test = format!("pp{}", prompt.len());
-    let pass = || -> Result<(f64, Vec<f32>), ModelError> {
+    let pass = || -> Result<(f64, Vec<u32>), ModelError> {
         let mut cache = model.new_cache();
         let started = Instant::now();
         let logits = model.prefill(prompt, &mut cache, &mut StepStats::default())?;
-        Ok((started.elapsed().as_secs_f64(), logits))
+        Ok((started.elapsed().as_secs_f64(), bits(&logits)))
     };
-    let (_, warm) = pass()?;
-    let want = bits(&warm);
-    let mut seconds = Vec::with_capacity(repeats);
-    for p in 0..repeats {
-        let (s, logits) = pass()?;
-        if bits(&logits) != want {
-            return Err(BenchError::NotRepeatable { test, pass: p + 1 });
-        }
-        seconds.push(s);
-    }
+    pass()?;
+    let test = format!("pp{}", prompt.len());
+    let seconds = timed_passes(&test, repeats, pass)?;
     Ok(Timings {
         test,
         tokens: prompt.len(),
@@ -115,13 +134,15 @@ pub fn time_prompt<D: Decoder>(
     })
 }
 
-/// `tokens` greedy steps from `first` through a new cache of `model`: the ids fed, and the
-/// last step's logits.
+/// What a decode pass computed: the ids it fed, and the bits of its last step's logits.
+type Decoded = (Vec<u32>, Vec<u32>);
+
+/// `tokens` greedy steps from `first` through a new cache of `model`, timed.
 fn decode_pass<D: Decoder>(
     model: &D,
     first: u32,
     tokens: usize,
-) -> Result<(f64, Vec<u32>, Vec<f32>), ModelError> {
+) -> Result<(f64, Decoded), ModelError> {
     let mut cache = model.new_cache();
     let mut stats = StepStats::default();
     let mut token = first;
@@ -133,7 +154,7 @@ fn decode_pass<D: Decoder>(
         logits = model.step(token, &mut cache, &mut stats)?;
         token = argmax(&logits);
     }
-    Ok((started.elapsed().as_secs_f64(), fed, logits))
+    Ok((started.elapsed().as_secs_f64(), (fed, bits(&logits))))
 }
 
 /// `tokens` decode steps from an empty cache, starting from `first` and then greedy: one step
@@ -152,22 +173,9 @@ pub fn time_decode<D: Decoder>(
             what: "the tokens to decode",
         });
     }
-    let test = format!("tg{tokens}");
     decode_pass(model, first, 1)?;
-    let mut seconds = Vec::with_capacity(repeats);
-    let mut first_pass: Option<(Vec<u32>, Vec<u32>)> = None;
-    for p in 0..repeats {
-        let (s, fed, logits) = decode_pass(model, first, tokens)?;
-        let seen = (fed, bits(&logits));
-        match &first_pass {
-            None => first_pass = Some(seen),
-            Some(want) if *want != seen => {
-                return Err(BenchError::NotRepeatable { test, pass: p + 1 });
-            }
-            Some(_) => {}
-        }
-        seconds.push(s);
-    }
+    let test = format!("tg{tokens}");
+    let seconds = timed_passes(&test, repeats, || decode_pass(model, first, tokens))?;
     Ok(Timings {
         test,
         tokens,

@@ -105,7 +105,7 @@ fn a_deterministic_model_is_timed_once_per_pass_after_a_warm_up() {
 
 #[test]
 fn passes_that_compute_other_bits_are_refused() {
-    // The warm-up and first pass agree; the second pass drifts.
+    // The warm-up and the first timed pass agree; the second drifts.
     let err = time_prompt(&model(2), &[4, 5], 3).unwrap_err();
     assert!(
         matches!(&err, BenchError::NotRepeatable { test, pass: 2 } if test == "pp2"),
