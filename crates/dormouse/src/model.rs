@@ -38,6 +38,9 @@ use crate::fused::swiglu::{swiglu, swiglu_projections};
 use crate::row_product;
 use crate::step_attention;
 
+mod training_pass;
+pub use training_pass::LossAndGradients;
+
 /// Standard deviation of the embedding and memory tables at initialisation.
 const INIT_STD: f64 = 0.02;
 

@@ -79,28 +79,45 @@ pub fn batch_loss(
     windows: &[&[u8]],
     host: Option<&HostMemory>,
 ) -> Result<BatchLoss> {
+    let (inputs, targets) = inputs_and_targets(windows)?;
+    let host_read = read_host(host, &inputs, model.device())?;
+    let logits = match &host_read {
+        Some((values, _)) => model.forward_with_memory(&inputs, values.as_tensor())?,
+        None => model.forward(&inputs, None)?,
+    };
+    let (b, t, v) = logits.dims3()?;
+    let loss = cross_entropy(&logits.reshape((b * t, v))?, targets)?;
+    Ok(BatchLoss { loss, host_read })
+}
+
+/// Each window's bytes but the last (read) and, in order, each window's bytes but the first
+/// (predicted).
+fn inputs_and_targets<'w>(windows: &[&'w [u8]]) -> Result<(Vec<&'w [u8]>, Vec<u32>)> {
     if windows.iter().any(|w| w.len() < 2) {
         candle_core::bail!(
             "a training window needs at least two bytes: one to read, one to predict"
         );
     }
-    let inputs: Vec<&[u8]> = windows.iter().map(|w| &w[..w.len() - 1]).collect();
-    let (logits, host_read) = match host {
-        Some(host) => {
-            let read = host.read(&inputs, model.device())?;
-            let values = Var::from_tensor(&read.values)?;
-            let logits = model.forward_with_memory(&inputs, values.as_tensor())?;
-            (logits, Some((values, read.rows)))
-        }
-        None => (model.forward(&inputs, None)?, None),
-    };
-    let (b, t, v) = logits.dims3()?;
-    let targets: Vec<u32> = windows
+    let inputs = windows.iter().map(|w| &w[..w.len() - 1]).collect();
+    let targets = windows
         .iter()
         .flat_map(|w| w[1..].iter().map(|&x| u32::from(x)))
         .collect();
-    let loss = cross_entropy(&logits.reshape((b * t, v))?, targets)?;
-    Ok(BatchLoss { loss, host_read })
+    Ok((inputs, targets))
+}
+
+/// On an `--engram-ram` run, the host rows `inputs` read, as a variable (so the backward
+/// pass gives their gradient), and which row each position read.
+fn read_host(
+    host: Option<&HostMemory>,
+    inputs: &[&[u8]],
+    device: &Device,
+) -> Result<Option<(Var, Vec<Vec<u32>>)>> {
+    let Some(host) = host else {
+        return Ok(None);
+    };
+    let read = host.read(inputs, device)?;
+    Ok(Some((Var::from_tensor(&read.values)?, read.rows)))
 }
 
 /// Cross-entropy (nats per byte) of predicting each window's next bytes.
@@ -241,16 +258,22 @@ impl Trainer {
     pub fn train_step(&mut self, corpus: &Corpus) -> std::result::Result<StepLog, RunError> {
         let s = &self.settings;
         let windows = corpus.batch(s.seed, self.step, s.batch, s.seq);
-        let batch = batch_loss(&self.model, &windows, self.host.as_ref())?;
-        let value = f64::from(batch.loss.to_scalar::<f32>()?);
+        let (inputs, targets) = inputs_and_targets(&windows)?;
+        let host_read = read_host(self.host.as_ref(), &inputs, self.model.device())?;
+        let pass = self.model.loss_and_gradients(
+            &inputs,
+            targets,
+            host_read.as_ref().map(|(values, _)| values),
+        )?;
+        let value = f64::from(pass.loss.to_scalar::<f32>()?);
         if !value.is_finite() {
             return Err(RunError::Diverged {
                 step: self.step,
                 loss: value,
             });
         }
-        let grads = batch.loss.backward()?;
-        let sparse = match &batch.host_read {
+        let grads = pass.grads;
+        let sparse = match &host_read {
             Some((values, rows)) => match grads.get(values.as_tensor()) {
                 Some(g) => Some(SparseGrad::accumulate(
                     rows,

@@ -31,12 +31,14 @@ pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor, start: usize) -> Res
     q.contiguous()?.apply_op3(
         &k.contiguous()?,
         &v.contiguous()?,
-        CausalAttention {
-            scale: 1.0 / (dh as f32).sqrt(),
-            start,
-            row_log_sums: OnceLock::new(),
-        },
+        CausalAttention::new(dh, start),
     )
+}
+
+/// The op [`causal_attention`] applies to heads of `head_dim` from position 0, for a caller
+/// that runs its backward pass itself (the op keeps what that pass reads).
+pub(crate) fn attention_op(head_dim: usize) -> Box<dyn CustomOp3 + Send + Sync> {
+    Box::new(CausalAttention::new(head_dim, 0))
 }
 
 struct CausalAttention {
@@ -201,6 +203,14 @@ impl CustomOp3 for CausalAttention {
 }
 
 impl CausalAttention {
+    fn new(head_dim: usize, start: usize) -> Self {
+        CausalAttention {
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            start,
+            row_log_sums: OnceLock::new(),
+        }
+    }
+
     /// One sequence: `out` `[T, H x Dh]`, `log_sums` `[H, T]`, `q` `[H, T, Dh]`, `k`, `v`
     /// `[H, S, Dh]`.
     #[inline(always)]

@@ -16,6 +16,17 @@ use super::{contiguous_f32, output, row_length};
 
 /// Mean over the rows of `logits [N, V]` of `-log softmax(row)[targets[row]]`.
 pub fn cross_entropy(logits: &Tensor, targets: Vec<u32>) -> Result<Tensor> {
+    logits
+        .contiguous()?
+        .apply_op1_arc(std::sync::Arc::new(cross_entropy_op(logits, targets)?))
+}
+
+/// The op [`cross_entropy`] applies to `logits` `[N, V]`, for a caller that runs its backward
+/// pass itself; refuses targets that do not fit the logits.
+pub(crate) fn cross_entropy_op(
+    logits: &Tensor,
+    targets: Vec<u32>,
+) -> Result<Box<dyn CustomOp1 + Send + Sync>> {
     let (rows, classes) = logits.dims2()?;
     if targets.len() != rows {
         candle_core::bail!(
@@ -26,9 +37,9 @@ pub fn cross_entropy(logits: &Tensor, targets: Vec<u32>) -> Result<Tensor> {
     if let Some(&bad) = targets.iter().find(|&&t| t as usize >= classes) {
         candle_core::bail!("cross-entropy over {classes} classes: a target of {bad}");
     }
-    logits.contiguous()?.apply_op1(CrossEntropy {
+    Ok(Box::new(CrossEntropy {
         targets: Arc::new(targets),
-    })
+    }))
 }
 
 struct CrossEntropy {

@@ -14,6 +14,11 @@ pub fn linear(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
     x.contiguous()?.apply_op2(&weight.contiguous()?, Linear)
 }
 
+/// The op [`linear`] applies, for a caller that runs its backward pass itself.
+pub(crate) fn linear_op() -> Box<dyn CustomOp2 + Send + Sync> {
+    Box::new(Linear)
+}
+
 struct Linear;
 
 /// `(rows, in, out)` of a product, refusing mismatched shapes.

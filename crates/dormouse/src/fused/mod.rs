@@ -10,6 +10,7 @@
 //!
 //! The ops take and return f32 tensors on the CPU and refuse anything else by name.
 
+pub mod applied;
 pub mod attention;
 pub mod cross_entropy;
 pub mod in_place;

@@ -15,6 +15,11 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
         .apply_op2(&weight.contiguous()?, RmsNorm { eps: eps as f32 })
 }
 
+/// The op [`rms_norm`] applies, for a caller that runs its backward pass itself.
+pub(crate) fn rms_norm_op(eps: f64) -> Box<dyn CustomOp2 + Send + Sync> {
+    Box::new(RmsNorm { eps: eps as f32 })
+}
+
 struct RmsNorm {
     eps: f32,
 }

@@ -109,6 +109,21 @@ pub fn rope_heads(
     })
 }
 
+/// The op [`rope_heads`] (`rotate`) or [`split_heads`] (not) applies for positions from 0,
+/// for a caller that runs its backward pass itself.
+pub(crate) fn heads_op(
+    tables: &Arc<RopeTables>,
+    heads: usize,
+    rotate: bool,
+) -> Box<dyn CustomOp1 + Send + Sync> {
+    Box::new(RopeHeads {
+        tables: Arc::clone(tables),
+        heads,
+        start: 0,
+        rotate,
+    })
+}
+
 /// `x [B, T, heads x Dh]` to heads `[B, heads, T, Dh]` without rotating them (the values of
 /// attention): one node, where a reshape, a transpose and a copy are three. `Dh` is the
 /// tables' head size.

@@ -34,6 +34,14 @@ pub fn swiglu_projections(x: &Tensor, w_gate: &Tensor, w_up: &Tensor) -> Result<
     )
 }
 
+/// The op [`swiglu_projections`] applies, for a caller that runs its backward pass itself
+/// (the op keeps what that pass reads).
+pub(crate) fn swiglu_projections_op() -> Box<dyn CustomOp3 + Send + Sync> {
+    Box::new(SwiGluProjections {
+        pre_activations: OnceLock::new(),
+    })
+}
+
 /// `out[i] = sigmoid(a[i]) = 1 / (1 + exp(-a[i]))`, with [`exp_all`]'s `exp`.
 fn sigmoids(out: &mut [f32], a: &[f32]) {
     for (o, &a) in out.iter_mut().zip(a) {

@@ -1,0 +1,358 @@
+//! A training batch's loss and every parameter's gradient, with the model's backward pass
+//! written out instead of left to candle's autograd.
+//!
+//! candle's backward pass gives every input of every node a freshly zeroed buffer and adds
+//! the node's gradient into it, one element-wise pass after another on the calling thread.
+//! For `small` at batch 8 x 256 that was about a fifth of a step, with the second core idle.
+//! Here the forward pass runs the same kernels in the same order as [`Dormouse::forward`] on
+//! detached tensors and keeps each fused op with its inputs ([`crate::fused::applied`]); the
+//! backward pass calls each op's own backward pass in reverse order, hands each gradient on
+//! as it is, and adds the residual stream's two gradients in place. The irregular pieces
+//! (the embedding and memory gathers, the Engram read and its gate) stay under candle's
+//! autograd as small graphs of their own, seeded with the gradient of their output.
+//!
+//! No tensor of the model has more than two gradients to add (the residual stream: the next
+//! block and the norm; the tied embedding: the lookup and the head), and adding two is
+//! commutative, so every gradient has the bits candle's autograd gives it; a test holds the
+//! two to equality.
+
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Result, Tensor, TensorId, Var};
+
+use super::{Block, Dormouse, EngramRead};
+use crate::config::VOCAB_SIZE;
+use crate::fused::applied::{Applied1, Applied2, Applied3};
+use crate::fused::attention::attention_op;
+use crate::fused::cross_entropy::cross_entropy_op;
+use crate::fused::in_place::update_with;
+use crate::fused::linear::linear_op;
+use crate::fused::rms_norm::rms_norm_op;
+use crate::fused::rope::heads_op;
+use crate::fused::swiglu::swiglu_projections_op;
+
+/// A batch's loss (mean nats per predicted byte) and the gradient of every parameter it
+/// reached, keyed by the parameters' tensors (and, on an `--engram-ram` run, the host rows').
+pub struct LossAndGradients {
+    pub loss: Tensor,
+    pub grads: GradStore,
+}
+
+/// What a small autograd graph needs for its backward pass: its tracked output.
+struct LocalGraph {
+    output: Tensor,
+}
+
+impl LocalGraph {
+    /// The graph's gradients given its output's: the backward pass of `sum(output * grad)`,
+    /// whose output gradient is `1 * grad`, exactly `grad`.
+    fn backward(&self, grad: &Tensor) -> Result<GradStore> {
+        (&self.output * grad)?.sum_all()?.backward()
+    }
+}
+
+/// The Engram read of a block as a small graph: `h` and the memory rows as leaves.
+struct EngramTape {
+    h: Var,
+    memory: Var,
+    graph: LocalGraph,
+}
+
+struct AttentionTape {
+    norm: Applied2,
+    q: Applied2,
+    k: Applied2,
+    v: Applied2,
+    q_heads: Applied1,
+    k_heads: Applied1,
+    v_heads: Applied1,
+    attend: Applied3,
+    out: Applied2,
+}
+
+struct MlpTape {
+    norm: Applied2,
+    gated: Applied3,
+    down: Applied2,
+}
+
+struct BlockTape {
+    engram: Option<EngramTape>,
+    attn: AttentionTape,
+    mlp: MlpTape,
+}
+
+/// `dst += src`, element by element in place (`dst` is a gradient this pass owns).
+fn add_into(dst: &Tensor, src: &Tensor) -> Result<()> {
+    update_with("a gradient sum", dst, src, |d, s| *d += s)
+}
+
+/// Moves every gradient of `local` into `grads`, adding to one already there.
+fn merge(grads: &mut GradStore, local: GradStore) -> Result<()> {
+    let ids: Vec<TensorId> = local.get_ids().copied().collect();
+    for id in ids {
+        let Some(grad) = local.get_id(id) else {
+            continue;
+        };
+        let sum = match grads.get_id(id) {
+            Some(earlier) => (earlier + grad)?,
+            None => grad.clone(),
+        };
+        grads.insert_id(id, sum);
+    }
+    Ok(())
+}
+
+impl Dormouse {
+    /// The loss of predicting `targets` (one per input byte, in order) from the byte
+    /// windows `inputs`, and its gradients: the value [`crate::train::batch_loss`] gives and
+    /// the gradients its autograd backward pass gives, with the same bits. `host_memory` is
+    /// an `--engram-ram` run's gathered rows `[B, T, orders x engram_dim]`.
+    pub fn loss_and_gradients(
+        &self,
+        inputs: &[&[u8]],
+        targets: Vec<u32>,
+        host_memory: Option<&Var>,
+    ) -> Result<LossAndGradients> {
+        let device = self.rope.device.clone();
+        let (b, t) = self.window_shape(inputs)?;
+        match host_memory {
+            None => self.runs_on_its_own()?,
+            Some(_) if !self.cfg.use_engram => {
+                candle_core::bail!("this model has no Engram memory to read")
+            }
+            Some(_) => {}
+        }
+        let ids: Vec<u32> = inputs
+            .iter()
+            .flat_map(|w| w.iter().map(|&x| u32::from(x)))
+            .collect();
+        let ids = Tensor::from_vec(ids, b * t, &device)?;
+        let embedded = self
+            .embed
+            .embeddings()
+            .detach()
+            .index_select(&ids, 0)?
+            .reshape((b, t, self.cfg.d_model))?;
+        let memory = match host_memory {
+            Some(rows) => Some(rows.as_tensor().clone()),
+            None => self.read_memory(inputs, None, &device)?,
+        };
+        let memory_rows = memory.as_ref().map(Tensor::detach);
+        let mut h = embedded;
+        let mut tapes = Vec::with_capacity(self.blocks.len());
+        for block in &self.blocks {
+            let (next, tape) = self.block_forward(block, &h, memory_rows.as_ref())?;
+            h = next;
+            tapes.push(tape);
+        }
+        let norm = Applied2::new(
+            rms_norm_op(self.cfg.norm_eps),
+            &h,
+            &self.norm.weight.detach(),
+        )?;
+        let head = self.head_weight();
+        let logits = Applied2::new(linear_op(), norm.output(), &head.detach())?;
+        let flat = logits.output().reshape((b * t, VOCAB_SIZE))?;
+        let loss = Applied1::new(cross_entropy_op(&flat, targets)?, &flat)?;
+
+        let mut grads = GradStore::default();
+        let seed = Tensor::ones((), DType::F32, &device)?;
+        let d_logits = loss.grad(&seed)?.reshape((b, t, VOCAB_SIZE))?;
+        let (d_normed, d_head) = logits.grads(&d_logits)?;
+        grads.insert(head, d_head);
+        let (mut dh, d_norm) = norm.grads(&d_normed)?;
+        grads.insert(&self.norm.weight, d_norm);
+        let mut d_memory: Option<Tensor> = None;
+        for (block, tape) in self.blocks.iter().zip(tapes).rev() {
+            dh = block_backward(block, tape, dh, &mut d_memory, &mut grads)?;
+        }
+        // The lookup's rows are added into the head's gradient when the two are tied, as
+        // autograd adds them (row by row onto what is there: not the same as adding two sums).
+        let embed = self.embed.embeddings();
+        let base = match grads.remove(embed) {
+            Some(d_head) => d_head,
+            None => embed.zeros_like()?,
+        };
+        let rows = dh.reshape((b * t, self.cfg.d_model))?;
+        grads.insert(embed, base.index_add(&ids, &rows, 0)?);
+        if let (Some(memory), Some(d_memory)) = (&memory, &d_memory) {
+            let gather = LocalGraph {
+                output: memory.clone(),
+            };
+            merge(&mut grads, gather.backward(d_memory)?)?;
+        }
+        Ok(LossAndGradients {
+            loss: loss.output().clone(),
+            grads,
+        })
+    }
+
+    /// `(B, T)` of equally long windows that fit the model.
+    fn window_shape(&self, windows: &[&[u8]]) -> Result<(usize, usize)> {
+        let (b, t) = (windows.len(), windows.first().map_or(0, |w| w.len()));
+        if b == 0 || t == 0 || windows.iter().any(|w| w.len() != t) {
+            candle_core::bail!(
+                "a batch needs at least one window, all of the same non-zero length"
+            );
+        }
+        if t > self.cfg.max_seq_len {
+            candle_core::bail!("position {t} is past max_seq_len {}", self.cfg.max_seq_len);
+        }
+        Ok((b, t))
+    }
+
+    /// The LM head's matrix: its own, or the embedding's when tied.
+    fn head_weight(&self) -> &Tensor {
+        match &self.lm_head {
+            Some(head) => head.weight(),
+            None => self.embed.embeddings(),
+        }
+    }
+
+    /// [`Block::forward`] from position 0 without a cache, keeping what the backward pass
+    /// reads.
+    fn block_forward(
+        &self,
+        block: &Block,
+        h: &Tensor,
+        memory: Option<&Tensor>,
+    ) -> Result<(Tensor, BlockTape)> {
+        let (h, engram) = match (&block.engram, memory) {
+            (Some(read), Some(memory)) => {
+                let tape = engram_forward(read, h, memory)?;
+                (tape.graph.output.detach(), Some(tape))
+            }
+            _ => (h.clone(), None),
+        };
+        let attn = self.attention_forward(block, &h)?;
+        let h = (&h + attn.out.output())?;
+        let mlp = mlp_forward(block, &h, self.cfg.norm_eps)?;
+        let h = (&h + mlp.down.output())?;
+        Ok((h, BlockTape { engram, attn, mlp }))
+    }
+
+    fn attention_forward(&self, block: &Block, h: &Tensor) -> Result<AttentionTape> {
+        let attn = &block.attn;
+        let norm = Applied2::new(
+            rms_norm_op(self.cfg.norm_eps),
+            h,
+            &block.attn_norm.weight.detach(),
+        )?;
+        let project = |w: &Tensor| Applied2::new(linear_op(), norm.output(), &w.detach());
+        let (q, k, v) = (
+            project(attn.q_proj.weight())?,
+            project(attn.k_proj.weight())?,
+            project(attn.v_proj.weight())?,
+        );
+        let tables = &self.rope.tables;
+        let q_heads = Applied1::new(heads_op(tables, attn.n_heads, true), q.output())?;
+        let k_heads = Applied1::new(heads_op(tables, attn.n_heads, true), k.output())?;
+        let v_heads = Applied1::new(heads_op(tables, attn.n_heads, false), v.output())?;
+        let attend = Applied3::new(
+            attention_op(attn.head_dim),
+            q_heads.output(),
+            k_heads.output(),
+            v_heads.output(),
+        )?;
+        let out = Applied2::new(linear_op(), attend.output(), &attn.o_proj.weight().detach())?;
+        Ok(AttentionTape {
+            norm,
+            q,
+            k,
+            v,
+            q_heads,
+            k_heads,
+            v_heads,
+            attend,
+            out,
+        })
+    }
+}
+
+fn engram_forward(read: &EngramRead, h: &Tensor, memory: &Tensor) -> Result<EngramTape> {
+    let (h, memory) = (Var::from_tensor(h)?, Var::from_tensor(memory)?);
+    let output = read.forward(h.as_tensor(), memory.as_tensor())?;
+    Ok(EngramTape {
+        h,
+        memory,
+        graph: LocalGraph { output },
+    })
+}
+
+fn mlp_forward(block: &Block, h: &Tensor, eps: f64) -> Result<MlpTape> {
+    let mlp = &block.mlp;
+    let norm = Applied2::new(rms_norm_op(eps), h, &block.mlp_norm.weight.detach())?;
+    let gated = Applied3::new(
+        swiglu_projections_op(),
+        norm.output(),
+        &mlp.gate_proj.weight().detach(),
+        &mlp.up_proj.weight().detach(),
+    )?;
+    let down = Applied2::new(
+        linear_op(),
+        gated.output(),
+        &mlp.down_proj.weight().detach(),
+    )?;
+    Ok(MlpTape { norm, gated, down })
+}
+
+/// The gradient of a block's input from its output's `dh` (which it takes over and adds
+/// into), the block's parameter gradients into `grads` and its memory rows' gradient into
+/// `d_memory`.
+fn block_backward(
+    block: &Block,
+    tape: BlockTape,
+    dh: Tensor,
+    d_memory: &mut Option<Tensor>,
+    grads: &mut GradStore,
+) -> Result<Tensor> {
+    let BlockTape { engram, attn, mlp } = tape;
+    let (d_gated, d_down) = mlp.down.grads(&dh)?;
+    let (d_normed, d_gate, d_up) = mlp.gated.grads(&d_gated)?;
+    let (d_residual, d_norm) = mlp.norm.grads(&d_normed)?;
+    add_into(&dh, &d_residual)?;
+    grads.insert(block.mlp.down_proj.weight(), d_down);
+    grads.insert(block.mlp.gate_proj.weight(), d_gate);
+    grads.insert(block.mlp.up_proj.weight(), d_up);
+    grads.insert(&block.mlp_norm.weight, d_norm);
+
+    let (d_attended, d_o) = attn.out.grads(&dh)?;
+    let (dq, dk, dv) = attn.attend.grads(&d_attended)?;
+    let (dq, dk, dv) = (
+        attn.q_heads.grad(&dq)?,
+        attn.k_heads.grad(&dk)?,
+        attn.v_heads.grad(&dv)?,
+    );
+    // In the order autograd adds them (it visits the values' projection first): the sum of
+    // three is not commutative.
+    let (d_normed, d_v) = attn.v.grads(&dv)?;
+    let (from_k, d_k) = attn.k.grads(&dk)?;
+    let (from_q, d_q) = attn.q.grads(&dq)?;
+    add_into(&d_normed, &from_k)?;
+    add_into(&d_normed, &from_q)?;
+    let (d_residual, d_norm) = attn.norm.grads(&d_normed)?;
+    add_into(&dh, &d_residual)?;
+    let a = &block.attn;
+    grads.insert(a.o_proj.weight(), d_o);
+    grads.insert(a.q_proj.weight(), d_q);
+    grads.insert(a.k_proj.weight(), d_k);
+    grads.insert(a.v_proj.weight(), d_v);
+    grads.insert(&block.attn_norm.weight, d_norm);
+
+    let Some(engram) = engram else {
+        return Ok(dh);
+    };
+    let mut local = engram.graph.backward(&dh)?;
+    let (Some(d_input), Some(d_rows)) = (
+        local.remove(engram.h.as_tensor()),
+        local.remove(engram.memory.as_tensor()),
+    ) else {
+        candle_core::bail!("the Engram read's backward pass gave no gradient for its inputs");
+    };
+    *d_memory = Some(match d_memory.take() {
+        Some(earlier) => (earlier + d_rows)?,
+        None => d_rows,
+    });
+    merge(grads, local)?;
+    Ok(d_input)
+}
