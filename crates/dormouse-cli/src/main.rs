@@ -67,6 +67,8 @@ fn main() -> ExitCode {
         kernel_threads::single_threaded_kernels();
     } else if cli.command.trains() {
         kernel_threads::elementwise_on_calling_thread();
+        // Every step frees and reallocates the same buffers: keep their pages.
+        mimalloc_purge::never_purge();
     }
     match cli.command {
         Command::Train(args) => train_cmd::main(*args),

@@ -9,8 +9,8 @@
 
 use std::time::Instant;
 
-// The same allocator as `dormouse train`: candle allocates a fresh buffer per op, and glibc's
-// malloc hands large ones back to the kernel each time (page faults, zeroing).
+// The same allocator and settings as `dormouse train`: candle allocates a fresh buffer per op,
+// and glibc's malloc hands large ones back to the kernel each time (page faults, zeroing).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -57,6 +57,8 @@ fn parse_args() -> Result<Args, String> {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let started = Instant::now();
+    // As `dormouse train` does: keep the pages of the buffers every step frees.
+    mimalloc_purge::never_purge();
     let args = parse_args()?;
     let cfg = DormouseConfig::preset(&args.preset)?;
     let settings = TrainSettings {
