@@ -220,6 +220,34 @@ fn linear_and_its_gradients_match_the_primitive_form() {
     );
 }
 
+/// The products are candle's matmul on the same layouts, bit for bit (written into memory
+/// that is not zeroed first): `y = x W^T`, `dx = g W`, `dW = g^T x`, and the MLP's two
+/// projections, at the sizes of `small`'s layers and at odd ones.
+#[test]
+fn linear_and_swiglu_products_have_the_bits_of_candles_matmul() {
+    for (rows, inputs, outputs) in [(64, 384, 1216), (37, 24, 10), (5, 1, 3)] {
+        let x = var(&[rows, inputs], 21, 1.0);
+        let (w, u) = (
+            var(&[outputs, inputs], 22, 0.5),
+            var(&[outputs, inputs], 23, 0.5),
+        );
+        let y = linear(x.as_tensor(), w.as_tensor()).unwrap();
+        let want = x.as_tensor().matmul(&w.as_tensor().t().unwrap()).unwrap();
+        assert_eq!(bits(&y), bits(&want), "{rows} x {inputs} x {outputs}");
+        let g = noise(&[rows, outputs], 24, 1.0);
+        let grads = (&y * &g).unwrap().sum_all().unwrap().backward().unwrap();
+        let dx = g.matmul(w.as_tensor()).unwrap();
+        let dw = g.t().unwrap().matmul(x.as_tensor()).unwrap();
+        assert_eq!(bits(grads.get(x.as_tensor()).unwrap()), bits(&dx));
+        assert_eq!(bits(grads.get(w.as_tensor()).unwrap()), bits(&dw));
+
+        let gated = swiglu_projections(x.as_tensor(), w.as_tensor(), u.as_tensor()).unwrap();
+        let pre = |m: &Var| x.as_tensor().matmul(&m.as_tensor().t().unwrap()).unwrap();
+        let want = swiglu(&pre(&w), &pre(&u)).unwrap();
+        assert_eq!(bits(&gated), bits(&want), "{rows} x {inputs} x {outputs}");
+    }
+}
+
 #[test]
 fn cross_entropy_and_its_gradient_match_candle_nn() {
     let targets: Vec<u32> = (0..12).map(|i| (i * 37 % 256) as u32).collect();

@@ -16,5 +16,8 @@ fn never_purge_sets_the_purge_delay_to_never() {
     let reused: Vec<Vec<u8>> = (0..4).map(|i| vec![i as u8; 8 << 20]).collect();
     drop(reused);
     let again = vec![1u8; 8 << 20];
-    assert_eq!(again.iter().map(|&b| usize::from(b)).sum::<usize>(), 8 << 20);
+    assert_eq!(
+        again.iter().map(|&b| usize::from(b)).sum::<usize>(),
+        8 << 20
+    );
 }

@@ -3,11 +3,14 @@
 //! candle's `Linear` is four nodes (a reshape, the weight's transpose, the product, a reshape
 //! back), and candle's backward pass gives each node's input a zeroed gradient buffer and adds
 //! into it: three extra passes over activation-sized memory per projection. Here the forward
-//! product is candle's own CPU matmul (the same `gemm` call on the same layouts), and the
-//! backward pass is the two products `dx = g W` and `dW = g^T x`.
+//! product is the gemm call candle's CPU matmul makes on the same layouts (same bits) but
+//! written into memory that is not zeroed first ([`fresh_gemm`]), and the backward pass is
+//! the two products `dx = g W` and `dW = g^T x`, made the same way.
 
-use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
+use fresh_gemm::{Matrix, product};
+
+use super::{contiguous_f32, output, with_f32};
 
 /// `x [.., in]` times the transpose of `weight [out, in]`: `[.., out]`.
 pub fn linear(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
@@ -44,19 +47,15 @@ impl CustomOp2 for Linear {
         ws: &CpuStorage,
         wl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        if !xl.is_contiguous() || !wl.is_contiguous() {
-            candle_core::bail!("the linear op takes contiguous tensors");
-        }
         let (rows, inputs, outputs) = sizes(xl.shape(), wl.shape())?;
-        let x = Layout::contiguous_with_offset((rows, inputs), xl.start_offset());
-        let weight_t =
-            Layout::contiguous_with_offset((outputs, inputs), wl.start_offset()).transpose(0, 1)?;
-        let y = xs.matmul(ws, (1, rows, outputs, inputs), &x, &weight_t)?;
+        let x = contiguous_f32(self.name(), xs, xl)?;
+        let weight = contiguous_f32(self.name(), ws, wl)?;
+        let y = times_transposed(x, rows, inputs, weight, outputs)?;
         let mut dims = xl.dims().to_vec();
         if let Some(last) = dims.last_mut() {
             *last = outputs;
         }
-        Ok((y, Shape::from(dims)))
+        Ok(output(y, &Shape::from(dims)))
     }
 
     fn bwd(
@@ -67,10 +66,64 @@ impl CustomOp2 for Linear {
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let (rows, inputs, outputs) = sizes(x.shape(), weight.shape())?;
-        let grad = grad.detach().contiguous()?.reshape((rows, outputs))?;
-        let dx = grad.matmul(&weight.detach())?.reshape(x.shape())?;
-        let x = x.detach().reshape((rows, inputs))?;
-        let dw = grad.t()?.matmul(&x)?;
-        Ok((Some(dx), Some(dw)))
+        let (x_t, grad) = (x.contiguous()?, grad.contiguous()?);
+        let (dx, dw) = with_f32(self.name(), &grad, |g| {
+            let dx = with_f32(self.name(), &weight.contiguous()?, |w| {
+                times(g, rows, outputs, w, inputs)
+            })?;
+            let dw = with_f32(self.name(), &x_t, |x| {
+                transposed_times(g, rows, outputs, x, inputs)
+            })?;
+            Ok((dx, dw))
+        })?;
+        let device = x.device();
+        Ok((
+            Some(Tensor::from_vec(dx, x.shape(), device)?),
+            Some(Tensor::from_vec(dw, weight.shape(), device)?),
+        ))
     }
+}
+
+/// A row-major `rows x cols` operand, refused (not read) past its slice.
+fn matrix(values: &[f32], rows: usize, cols: usize) -> Result<Matrix<'_>> {
+    Matrix::row_major(values, rows, cols).map_err(candle_core::Error::wrap)
+}
+
+/// `x [rows, inputs]` times the transpose of `weight [outputs, inputs]`: `[rows, outputs]`.
+pub(crate) fn times_transposed(
+    x: &[f32],
+    rows: usize,
+    inputs: usize,
+    weight: &[f32],
+    outputs: usize,
+) -> Result<Vec<f32>> {
+    let (x, weight) = (matrix(x, rows, inputs)?, matrix(weight, outputs, inputs)?);
+    product(x, weight.t()).map_err(candle_core::Error::wrap)
+}
+
+/// `grad [rows, outputs]` times `weight [outputs, inputs]`: `[rows, inputs]`.
+pub(crate) fn times(
+    grad: &[f32],
+    rows: usize,
+    outputs: usize,
+    weight: &[f32],
+    inputs: usize,
+) -> Result<Vec<f32>> {
+    let (grad, weight) = (
+        matrix(grad, rows, outputs)?,
+        matrix(weight, outputs, inputs)?,
+    );
+    product(grad, weight).map_err(candle_core::Error::wrap)
+}
+
+/// The transpose of `grad [rows, outputs]` times `x [rows, inputs]`: `[outputs, inputs]`.
+pub(crate) fn transposed_times(
+    grad: &[f32],
+    rows: usize,
+    outputs: usize,
+    x: &[f32],
+    inputs: usize,
+) -> Result<Vec<f32>> {
+    let (grad, x) = (matrix(grad, rows, outputs)?, matrix(x, rows, inputs)?);
+    product(grad.t(), x).map_err(candle_core::Error::wrap)
 }

@@ -8,10 +8,10 @@
 
 use std::sync::OnceLock;
 
-use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
+use super::linear::{times, times_transposed, transposed_times};
 use super::vector_exp::exp_all;
 use super::{contiguous_f32, output, same_length, with_f32};
 
@@ -89,10 +89,21 @@ fn gated_grads(gate: &[f32], up: &[f32], grad: &[f32]) -> (Vec<f32>, Vec<f32>) {
     (d_gate, d_up)
 }
 
-/// Both gradients of a gate as tensors of `shape`.
-fn gate_grads(gate: &Tensor, up: &Tensor, grad: &Tensor) -> Result<(Tensor, Tensor)> {
+/// `dst[i] += src[i]`, in parallel chunks.
+fn add_assign(dst: &mut [f32], src: &[f32]) {
+    dst.par_chunks_mut(CHUNK)
+        .zip(src.par_chunks(CHUNK))
+        .for_each(|(dst, src)| {
+            for (d, &s) in dst.iter_mut().zip(src) {
+                *d += s;
+            }
+        });
+}
+
+/// Both gradients of a gate, as values.
+fn gate_grad_values(gate: &Tensor, up: &Tensor, grad: &Tensor) -> Result<(Vec<f32>, Vec<f32>)> {
     let grad = grad.contiguous()?;
-    let (d_gate, d_up) = with_f32("swiglu-grad", gate, |gate| {
+    with_f32("swiglu-grad", gate, |gate| {
         with_f32("swiglu-grad", up, |up| {
             with_f32("swiglu-grad", &grad, |grad| {
                 same_length("swiglu-grad", gate, up)?;
@@ -100,7 +111,12 @@ fn gate_grads(gate: &Tensor, up: &Tensor, grad: &Tensor) -> Result<(Tensor, Tens
                 Ok(gated_grads(gate, up, grad))
             })
         })
-    })?;
+    })
+}
+
+/// Both gradients of a gate as tensors of the gate's shape.
+fn gate_grads(gate: &Tensor, up: &Tensor, grad: &Tensor) -> Result<(Tensor, Tensor)> {
+    let (d_gate, d_up) = gate_grad_values(gate, up, grad)?;
     Ok((
         Tensor::from_vec(d_gate, gate.shape(), gate.device())?,
         Tensor::from_vec(d_up, gate.shape(), gate.device())?,
@@ -157,14 +173,6 @@ fn projection_sizes(x: &Shape, w_gate: &Shape, w_up: &Shape) -> Result<(usize, u
     Ok((x.elem_count() / x_in, x_in, hidden))
 }
 
-/// The f32 values of a product's result.
-fn into_values(storage: CpuStorage) -> Result<Vec<f32>> {
-    match storage {
-        CpuStorage::F32(values) => Ok(values),
-        other => candle_core::bail!("a product gave {:?}, not f32", other.dtype()),
-    }
-}
-
 impl CustomOp3 for SwiGluProjections {
     fn name(&self) -> &'static str {
         "swiglu-projections"
@@ -183,11 +191,10 @@ impl CustomOp3 for SwiGluProjections {
             candle_core::bail!("the SwiGLU projections take contiguous tensors");
         }
         let (rows, inputs, hidden) = projection_sizes(xl.shape(), gl.shape(), ul.shape())?;
-        let x = Layout::contiguous_with_offset((rows, inputs), xl.start_offset());
+        let x = contiguous_f32(self.name(), xs, xl)?;
         let product = |ws: &CpuStorage, wl: &Layout| -> Result<Vec<f32>> {
-            let w_t = Layout::contiguous_with_offset((hidden, inputs), wl.start_offset())
-                .transpose(0, 1)?;
-            into_values(xs.matmul(ws, (1, rows, hidden, inputs), &x, &w_t)?)
+            let w = contiguous_f32(self.name(), ws, wl)?;
+            times_transposed(x, rows, inputs, w, hidden)
         };
         let (gate, up) = (product(gs, gl)?, product(us, ul)?);
         let out = gated(&gate, &up);
@@ -217,12 +224,24 @@ impl CustomOp3 for SwiGluProjections {
             candle_core::bail!("the SwiGLU projections' backward pass ran before their forward");
         };
         let (rows, inputs, hidden) = projection_sizes(x.shape(), w_gate.shape(), w_up.shape())?;
-        let x_shape = x.shape().clone();
-        let (d_gate, d_up) = gate_grads(gate, up, &grad.reshape((rows, hidden))?)?;
-        let dx = (d_gate.matmul(&w_gate.detach())? + d_up.matmul(&w_up.detach())?)?;
-        let x = x.detach().reshape((rows, inputs))?;
-        let dw_gate = d_gate.t()?.matmul(&x)?;
-        let dw_up = d_up.t()?.matmul(&x)?;
-        Ok((Some(dx.reshape(x_shape)?), Some(dw_gate), Some(dw_up)))
+        let (d_gate, d_up) = gate_grad_values(gate, up, &grad.reshape((rows, hidden))?)?;
+        let x_values = x.contiguous()?;
+        let (dx, dw_gate, dw_up) = with_f32(self.name(), &x_values, |x| {
+            with_f32(self.name(), &w_gate.contiguous()?, |w_gate| {
+                with_f32(self.name(), &w_up.contiguous()?, |w_up| {
+                    let mut dx = times(&d_gate, rows, hidden, w_gate, inputs)?;
+                    let from_up = times(&d_up, rows, hidden, w_up, inputs)?;
+                    add_assign(&mut dx, &from_up);
+                    let dw_gate = transposed_times(&d_gate, rows, hidden, x, inputs)?;
+                    let dw_up = transposed_times(&d_up, rows, hidden, x, inputs)?;
+                    Ok((dx, dw_gate, dw_up))
+                })
+            })
+        })?;
+        let device = x.device();
+        let dx = Tensor::from_vec(dx, x.shape(), device)?;
+        let dw_gate = Tensor::from_vec(dw_gate, w_gate.shape(), device)?;
+        let dw_up = Tensor::from_vec(dw_up, w_up.shape(), device)?;
+        Ok((Some(dx), Some(dw_gate), Some(dw_up)))
     }
 }
