@@ -6,6 +6,7 @@
 //! data that a checkpoint saves and restores bit for bit.
 
 use candle_core::{Result, Tensor, Var, backprop::GradStore};
+use rayon::prelude::*;
 
 use crate::fused::in_place::{sum_of_squares, update_three};
 
@@ -68,22 +69,23 @@ impl AdamW {
         let inverse1 = (1.0 / bias_correction(b1, self.step)) as f32;
         let inverse2 = (1.0 / bias_correction(b2, self.step)) as f32;
         let (clip, eps, rate) = (clip_scale as f32, self.eps as f32, lr as f32);
-        for (i, (_, var)) in vars.iter().enumerate() {
+        // The tensors side by side: each is one pass over memory, too short to wake the
+        // other threads for on its own.
+        let states = vars.par_iter().zip(self.m.par_iter().zip(&self.v));
+        states.try_for_each(|((_, var), (m, v))| {
             let Some(grad) = grads.get(var.as_tensor()) else {
-                continue;
+                return Ok(());
             };
             let decay = if var.rank() > 1 { weight_decay } else { 0.0 };
             let shrink = (1.0 - lr * decay) as f32;
-            let tensors = [var.as_tensor(), &self.m[i], &self.v[i]];
-            update_three("adamw", tensors, grad, |p, m, v, g| {
+            update_three("adamw", [var.as_tensor(), m, v], grad, |p, m, v, g| {
                 let g = g * clip + 0.0;
                 *m = *m * keep1 + g * take1;
                 *v = *v * keep2 + g * g * take2;
                 let step = (*m * inverse1) / ((*v * inverse2).sqrt() + eps);
                 *p = *p * shrink - step * rate;
-            })?;
-        }
-        Ok(())
+            })
+        })
     }
 }
 
@@ -112,15 +114,17 @@ pub fn adam_row(
     }
 }
 
-/// The sum of squares of every variable's gradient (its share of the global norm), in f64.
+/// The sum of squares of every variable's gradient (its share of the global norm), in f64,
+/// the variables' shares added in order.
 pub fn grad_norm_squared(vars: &[(String, Var)], grads: &GradStore) -> Result<f64> {
-    let mut total = 0f64;
-    for (_, var) in vars {
-        if let Some(g) = grads.get(var.as_tensor()) {
-            total += sum_of_squares(g)?;
-        }
-    }
-    Ok(total)
+    let shares: Vec<f64> = vars
+        .par_iter()
+        .map(|(_, var)| match grads.get(var.as_tensor()) {
+            Some(g) => sum_of_squares(g),
+            None => Ok(0.0),
+        })
+        .collect::<Result<_>>()?;
+    Ok(shares.iter().sum())
 }
 
 /// The factor that clips a global gradient norm to `max_norm` (0: no clipping).

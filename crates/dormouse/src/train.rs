@@ -9,6 +9,7 @@ use std::path::Path;
 
 use candle_core::{DType, Device, Result, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
+use rayon::prelude::*;
 
 use crate::checkpoint::{self, Checkpoint, SectionKind};
 use crate::config::DormouseConfig;
@@ -145,10 +146,9 @@ pub fn bits_per_byte(
 /// `ema = decay * ema + (1 - decay) * params`, in place, in f32.
 pub fn update_ema(ema: &mut [Tensor], vars: &[(String, Var)], decay: f64) -> Result<()> {
     let (keep, take) = (decay as f32, (1.0 - decay) as f32);
-    for (e, (_, var)) in ema.iter_mut().zip(vars) {
-        update_with("ema", e, var.as_tensor(), |e, p| *e = *e * keep + p * take)?;
-    }
-    Ok(())
+    ema.par_iter_mut().zip(vars).try_for_each(|(e, (_, var))| {
+        update_with("ema", e, var.as_tensor(), |e, p| *e = *e * keep + p * take)
+    })
 }
 
 /// One step's record (a JSONL line of the training log).

@@ -22,7 +22,7 @@ use rayon::prelude::*;
 use super::lanes;
 use super::tile::{KEY_PADDING, row_sums, row_sums_of, transpose_into};
 use super::vector_exp::exp_in_place;
-use super::{contiguous_f32, output};
+use super::{contiguous_f32, output, zeros};
 
 /// Attention of `q [B, H, T, Dh]` (positions `start..start + T`) over `k`, `v` `[B, H, S, Dh]`,
 /// returned with the heads merged: `[B, T, H x Dh]`.
@@ -159,7 +159,7 @@ impl CustomOp3 for CausalAttention {
             contiguous_f32(self.name(), vs, vl)?,
         );
         let (q_len, k_len) = dims.per_sequence();
-        let mut out = vec![0f32; q.len()];
+        let mut out = zeros(q.len());
         let mut log_sums = vec![0f32; dims.batch * dims.heads * dims.queries];
         out.par_chunks_mut(q_len)
             .zip(log_sums.par_chunks_mut(dims.heads * dims.queries))
@@ -342,11 +342,7 @@ impl CausalAttention {
         }
         let [q, k, v, out, grad] = [slices[0], slices[1], slices[2], slices[3], slices[4]];
         let (q_len, k_len) = dims.per_sequence();
-        let (mut dq, mut dk, mut dv) = (
-            vec![0f32; q.len()],
-            vec![0f32; k.len()],
-            vec![0f32; v.len()],
-        );
+        let (mut dq, mut dk, mut dv) = (zeros(q.len()), zeros(k.len()), zeros(v.len()));
         dq.par_chunks_mut(q_len)
             .zip(dk.par_chunks_mut(k_len).zip(dv.par_chunks_mut(k_len)))
             .zip(

@@ -12,7 +12,7 @@ use rayon::prelude::*;
 
 use super::lanes;
 use super::vector_exp::exp_all;
-use super::{contiguous_f32, output, row_length};
+use super::{contiguous_f32, output, row_length, zeros};
 
 /// Mean over the rows of `logits [N, V]` of `-log softmax(row)[targets[row]]`.
 pub fn cross_entropy(logits: &Tensor, targets: Vec<u32>) -> Result<Tensor> {
@@ -103,7 +103,7 @@ impl CustomOp1 for CrossEntropyGrad {
         let classes = row_length(self.name(), layout.shape())?;
         let logits = contiguous_f32(self.name(), storage, layout)?;
         let per_row = self.grad / self.targets.len().max(1) as f32;
-        let mut dl = vec![0f32; logits.len()];
+        let mut dl = zeros(logits.len());
         dl.par_chunks_mut(classes)
             .zip(logits.par_chunks(classes).zip(self.targets.par_iter()))
             .for_each(|(dl, (row, &target))| {

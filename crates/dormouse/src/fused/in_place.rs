@@ -129,13 +129,36 @@ fn destination<'a>(
     Ok(&mut values[start..end])
 }
 
-/// The sum of squares of a tensor's elements, in f64: chunks in parallel, then in order.
+/// The sum of squares of a tensor's elements, in f64: chunks in parallel, each summed in
+/// [`SQUARE_LANES`] interleaved partial sums added in order at the end (independent sums, so
+/// the compiler can keep them in vector registers), then the chunks in order.
 pub fn sum_of_squares(t: &Tensor) -> Result<f64> {
     with_f32("sum of squares", &t.contiguous()?, |values| {
+        let arch = pulp::Arch::new();
         let partials: Vec<f64> = values
             .par_chunks(CHUNK)
-            .map(|c| c.iter().map(|&v| f64::from(v) * f64::from(v)).sum())
+            .map(|chunk| arch.dispatch(|| squares_in_lanes(chunk)))
             .collect();
         Ok(partials.iter().sum())
     })
+}
+
+/// Partial sums a chunk's squares are spread over.
+const SQUARE_LANES: usize = 16;
+
+#[inline(always)]
+fn squares_in_lanes(values: &[f32]) -> f64 {
+    let mut lanes = [0f64; SQUARE_LANES];
+    let (groups, rest) = values.as_chunks::<SQUARE_LANES>();
+    for group in groups {
+        for (lane, &v) in lanes.iter_mut().zip(group) {
+            let v = f64::from(v);
+            *lane += v * v;
+        }
+    }
+    for (lane, &v) in lanes.iter_mut().zip(rest) {
+        let v = f64::from(v);
+        *lane += v * v;
+    }
+    lanes.iter().sum()
 }

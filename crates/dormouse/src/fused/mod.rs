@@ -24,6 +24,7 @@ pub mod vector_exp;
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, Layout, Result, Shape, Tensor};
+use rayon::prelude::*;
 
 /// Rows a reduction across rows sums before the partial sums are added in order.
 const ROWS_PER_CHUNK: usize = 64;
@@ -62,6 +63,42 @@ fn row_length(op: &str, shape: &Shape) -> Result<usize> {
         Some(&n) if n > 0 => Ok(n),
         _ => candle_core::bail!("{op} needs rows along the last axis, not shape {shape:?}"),
     }
+}
+
+/// Buffers at least this long are zeroed by every thread at once.
+const PARALLEL_ZEROING_MIN: usize = 1 << 16;
+
+/// `len` zeros for a kernel to write its output into. A long buffer is zeroed by all of
+/// rayon's threads instead of by one pass on the calling thread (reused memory must be
+/// cleared, and a serial pass the size of every activation of a step left the other cores
+/// idle).
+fn zeros(len: usize) -> Vec<f32> {
+    if len < PARALLEL_ZEROING_MIN {
+        return vec![0f32; len];
+    }
+    let mut values = Vec::with_capacity(len);
+    values.par_extend(rayon::iter::repeat_n(0f32, len));
+    values
+}
+
+/// `a + b`, element by element, for two f32 tensors of one shape, computed by all of
+/// rayon's threads (candle's add runs on the calling thread) straight into the result.
+pub fn sum(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    if a.dims() != b.dims() {
+        candle_core::bail!("a sum of shapes {:?} and {:?}", a.dims(), b.dims());
+    }
+    let (a, b) = (a.contiguous()?, b.contiguous()?);
+    let mut values = Vec::new();
+    with_f32("sum", &a, |a| {
+        with_f32("sum", &b, |b| {
+            a.par_iter()
+                .zip(b)
+                .map(|(a, b)| a + b)
+                .collect_into_vec(&mut values);
+            Ok(())
+        })
+    })?;
+    Tensor::from_vec(values, a.shape(), a.device())
 }
 
 /// An op's output.

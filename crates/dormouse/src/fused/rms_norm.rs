@@ -7,7 +7,7 @@ use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tenso
 use rayon::prelude::*;
 
 use super::lanes;
-use super::{ROWS_PER_CHUNK, contiguous_f32, output, row_length, same_length};
+use super::{ROWS_PER_CHUNK, contiguous_f32, output, row_length, same_length, zeros};
 
 /// `x [.., d]` normalised over its last axis and scaled by `weight [d]`.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
@@ -58,7 +58,7 @@ impl CustomOp2 for RmsNorm {
         let d = row_length(self.name(), xl.shape())?;
         let x = contiguous_f32(self.name(), xs, xl)?;
         let weight = checked_weight(self.name(), ws, wl, d)?;
-        let mut y = vec![0f32; x.len()];
+        let mut y = zeros(x.len());
         y.par_chunks_mut(d).zip(x.par_chunks(d)).for_each(|(y, x)| {
             let s = root_mean_square(x, self.eps);
             for ((y, &x), &w) in y.iter_mut().zip(x).zip(weight) {
@@ -107,7 +107,7 @@ impl CustomOp3 for InputGrad {
         let weight = checked_weight(self.name(), ws, wl, d)?;
         let grad = contiguous_f32(self.name(), gs, gl)?;
         same_length(self.name(), x, grad)?;
-        let mut dx = vec![0f32; x.len()];
+        let mut dx = zeros(x.len());
         dx.par_chunks_mut(d)
             .zip(x.par_chunks(d).zip(grad.par_chunks(d)))
             .for_each(|(dx, (x, g))| {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
-use super::{contiguous_f32, output};
+use super::{contiguous_f32, output, zeros};
 
 /// `cos` and `sin` of every (position, frequency), `[positions, head_dim / 2]` row-major.
 #[derive(Debug, Clone, PartialEq)]
@@ -193,7 +193,7 @@ impl CustomOp1 for RopeHeads {
         let (b, t, dh) = self.check(layout.shape(), true)?;
         let x = contiguous_f32(self.name(), storage, layout)?;
         let d = self.heads * dh;
-        let mut out = vec![0f32; x.len()];
+        let mut out = zeros(x.len());
         // One (sequence, head) per task: its [T, Dh] block of the output is contiguous.
         out.par_chunks_mut(t * dh)
             .enumerate()
@@ -236,7 +236,7 @@ impl CustomOp1 for UnropeHeads {
         let (b, t, dh) = self.inner.check(layout.shape(), false)?;
         let grad = contiguous_f32(self.name(), storage, layout)?;
         let d = heads * dh;
-        let mut out = vec![0f32; grad.len()];
+        let mut out = zeros(grad.len());
         // One (sequence, position) row of the merged layout per task.
         out.par_chunks_mut(d)
             .enumerate()

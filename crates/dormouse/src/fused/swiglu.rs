@@ -13,7 +13,7 @@ use rayon::prelude::*;
 
 use super::linear::{times, times_transposed, transposed_times};
 use super::vector_exp::exp_all;
-use super::{contiguous_f32, output, same_length, with_f32};
+use super::{contiguous_f32, output, same_length, with_f32, zeros};
 
 /// Elements per parallel task.
 const CHUNK: usize = 1 << 14;
@@ -55,7 +55,7 @@ fn sigmoids(out: &mut [f32], a: &[f32]) {
 
 /// `silu(gate) x up`.
 fn gated(gate: &[f32], up: &[f32]) -> Vec<f32> {
-    let mut out = vec![0f32; gate.len()];
+    let mut out = zeros(gate.len());
     out.par_chunks_mut(CHUNK)
         .zip(gate.par_chunks(CHUNK).zip(up.par_chunks(CHUNK)))
         .for_each(|(out, (gate, up))| {
@@ -69,7 +69,7 @@ fn gated(gate: &[f32], up: &[f32]) -> Vec<f32> {
 
 /// `(d gate, d up)` from the gradient of `silu(gate) x up`, in one pass.
 fn gated_grads(gate: &[f32], up: &[f32], grad: &[f32]) -> (Vec<f32>, Vec<f32>) {
-    let (mut d_gate, mut d_up) = (vec![0f32; gate.len()], vec![0f32; gate.len()]);
+    let (mut d_gate, mut d_up) = (zeros(gate.len()), zeros(gate.len()));
     d_gate
         .par_chunks_mut(CHUNK)
         .zip(d_up.par_chunks_mut(CHUNK))

@@ -28,6 +28,7 @@ use crate::fused::in_place::update_with;
 use crate::fused::linear::linear_op;
 use crate::fused::rms_norm::rms_norm_op;
 use crate::fused::rope::heads_op;
+use crate::fused::sum;
 use crate::fused::swiglu::swiglu_projections_op;
 
 /// A batch's loss (mean nats per predicted byte) and the gradient of every parameter it
@@ -225,9 +226,9 @@ impl Dormouse {
             _ => (h.clone(), None),
         };
         let attn = self.attention_forward(block, &h)?;
-        let h = (&h + attn.out.output())?;
+        let h = sum(&h, attn.out.output())?;
         let mlp = mlp_forward(block, &h, self.cfg.norm_eps)?;
-        let h = (&h + mlp.down.output())?;
+        let h = sum(&h, mlp.down.output())?;
         Ok((h, BlockTape { engram, attn, mlp }))
     }
 
