@@ -256,6 +256,13 @@ impl Trainer {
 
     /// Runs step `self.step` on the batch the seed assigns to it.
     pub fn train_step(&mut self, corpus: &Corpus) -> std::result::Result<StepLog, RunError> {
+        // On one of rayon's threads: each parallel op of the step is then handed to the other
+        // thread directly instead of being injected from outside the pool, which wakes a
+        // sleeping worker and puts the calling thread to sleep until the op is done.
+        rayon::scope(|_| self.run_step(corpus))
+    }
+
+    fn run_step(&mut self, corpus: &Corpus) -> std::result::Result<StepLog, RunError> {
         let s = &self.settings;
         let windows = corpus.batch(s.seed, self.step, s.batch, s.seq);
         let (inputs, targets) = inputs_and_targets(&windows)?;
