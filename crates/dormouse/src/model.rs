@@ -38,6 +38,7 @@ use crate::fused::swiglu::{swiglu, swiglu_projections};
 use crate::row_product;
 use crate::step_attention;
 
+mod engram_read_pass;
 mod training_pass;
 pub use training_pass::LossAndGradients;
 
@@ -610,9 +611,19 @@ impl Dormouse {
         if self.tables.is_empty() {
             return Ok(None);
         }
+        let read = self.memory_rows(sequences);
+        Ok(Some(self.gather(&read, &self.tables, device)?))
+    }
+
+    /// Which row of each order's table every position of B equally long windows reads, each
+    /// window hashed after its own history.
+    fn memory_rows<'w>(
+        &self,
+        sequences: impl ExactSizeIterator<Item = (&'w [u8], &'w [u8])>,
+    ) -> MemoryRows {
         let b = sequences.len();
         let mut t = 0;
-        let mut per_order: Vec<Vec<u32>> = vec![Vec::new(); self.tables.len()];
+        let mut per_order: Vec<Vec<u32>> = vec![Vec::new(); self.cfg.engram_orders.len()];
         for (history, window) in sequences {
             t = window.len();
             let rows = hash::rows_for(
@@ -625,18 +636,33 @@ impl Dormouse {
                 all.extend(order_rows);
             }
         }
-        let gathered = per_order
-            .into_iter()
-            .zip(&self.tables)
+        MemoryRows { b, t, per_order }
+    }
+
+    /// The rows `read` names, gathered from `tables` (one per order) as `[B, T, orders x
+    /// engram_dim]`.
+    fn gather(&self, read: &MemoryRows, tables: &[Tensor], device: &Device) -> Result<Tensor> {
+        let gathered = read
+            .per_order
+            .iter()
+            .zip(tables)
             .map(|(rows, table)| {
-                let index = Tensor::from_vec(rows, b * t, device)?;
+                let index = Tensor::from_vec(rows.clone(), read.b * read.t, device)?;
                 table
                     .index_select(&index, 0)?
-                    .reshape((b, t, self.cfg.engram_dim))
+                    .reshape((read.b, read.t, self.cfg.engram_dim))
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Some(Tensor::cat(&gathered, D::Minus1)?))
+        Tensor::cat(&gathered, D::Minus1)
     }
+}
+
+/// The table rows a batch's positions read: `per_order[o][i]` for position `i` (window after
+/// window) in order `o`'s table.
+struct MemoryRows {
+    b: usize,
+    t: usize,
+    per_order: Vec<Vec<u32>>,
 }
 
 impl KvCache {

@@ -8,7 +8,7 @@
 use candle_core::{Result, Tensor, Var, backprop::GradStore};
 use rayon::prelude::*;
 
-use crate::fused::in_place::{sum_of_squares, update_three};
+use crate::fused::in_place::{sum_of_squares, update_four, update_three, update_with};
 
 /// Decay of the first moment.
 pub const BETA1: f64 = 0.9;
@@ -62,6 +62,42 @@ impl AdamW {
         weight_decay: f64,
         clip_scale: f64,
     ) -> Result<()> {
+        self.step_all(vars, grads, (lr, weight_decay, clip_scale), None)
+    }
+
+    /// [`AdamW::update`] and, in the same pass, an exponential moving average of every
+    /// parameter after its update, `ema = decay ema + (1 - decay) p` in f32 (`ema[i]` follows
+    /// `vars[i]`; a parameter without a gradient is averaged unchanged).
+    pub fn update_with_average(
+        &mut self,
+        vars: &[(String, Var)],
+        grads: &GradStore,
+        (lr, weight_decay, clip_scale): (f64, f64, f64),
+        ema: &[Tensor],
+        decay: f64,
+    ) -> Result<()> {
+        if ema.len() != vars.len() {
+            candle_core::bail!(
+                "an average of {} tensors for {} parameters",
+                ema.len(),
+                vars.len()
+            );
+        }
+        self.step_all(
+            vars,
+            grads,
+            (lr, weight_decay, clip_scale),
+            Some((ema, decay)),
+        )
+    }
+
+    fn step_all(
+        &mut self,
+        vars: &[(String, Var)],
+        grads: &GradStore,
+        (lr, weight_decay, clip_scale): (f64, f64, f64),
+        ema: Option<(&[Tensor], f64)>,
+    ) -> Result<()> {
         self.step += 1;
         let (b1, b2) = (self.beta1, self.beta2);
         let (keep1, take1) = (b1 as f32, (1.0 - b1) as f32);
@@ -69,22 +105,38 @@ impl AdamW {
         let inverse1 = (1.0 / bias_correction(b1, self.step)) as f32;
         let inverse2 = (1.0 / bias_correction(b2, self.step)) as f32;
         let (clip, eps, rate) = (clip_scale as f32, self.eps as f32, lr as f32);
+        let adam = move |shrink: f32, p: &mut f32, m: &mut f32, v: &mut f32, g: f32| {
+            let g = g * clip + 0.0;
+            *m = *m * keep1 + g * take1;
+            *v = *v * keep2 + g * g * take2;
+            let step = (*m * inverse1) / ((*v * inverse2).sqrt() + eps);
+            *p = *p * shrink - step * rate;
+        };
+        let (averages, decay) = ema.map_or((None, 0.0), |(e, d)| (Some(e), d));
+        let (keep, take) = (decay as f32, (1.0 - decay) as f32);
         // The tensors side by side: each is one pass over memory, too short to wake the
         // other threads for on its own.
         let states = vars.par_iter().zip(self.m.par_iter().zip(&self.v));
-        states.try_for_each(|((_, var), (m, v))| {
-            let Some(grad) = grads.get(var.as_tensor()) else {
-                return Ok(());
+        states.enumerate().try_for_each(|(i, ((_, var), (m, v)))| {
+            let p = var.as_tensor();
+            let average = averages.and_then(|e| e.get(i));
+            let Some(grad) = grads.get(p) else {
+                return match average {
+                    Some(e) => update_with("ema", e, p, |e, p| *e = *e * keep + p * take),
+                    None => Ok(()),
+                };
             };
             let decay = if var.rank() > 1 { weight_decay } else { 0.0 };
             let shrink = (1.0 - lr * decay) as f32;
-            update_three("adamw", [var.as_tensor(), m, v], grad, |p, m, v, g| {
-                let g = g * clip + 0.0;
-                *m = *m * keep1 + g * take1;
-                *v = *v * keep2 + g * g * take2;
-                let step = (*m * inverse1) / ((*v * inverse2).sqrt() + eps);
-                *p = *p * shrink - step * rate;
-            })
+            match average {
+                Some(e) => update_four("adamw", [p, m, v, e], grad, |p, m, v, e, g| {
+                    adam(shrink, p, m, v, g);
+                    *e = *e * keep + *p * take;
+                }),
+                None => update_three("adamw", [p, m, v], grad, |p, m, v, g| {
+                    adam(shrink, p, m, v, g)
+                }),
+            }
         })
     }
 }

@@ -296,12 +296,16 @@ impl Trainer {
         let grad_norm = squared.sqrt();
         let scale = clip_factor(grad_norm, s.grad_clip);
         let lr = lr_at(s, self.step);
-        self.optim
-            .update(&self.vars, &grads, lr, s.weight_decay, scale)?;
+        self.optim.update_with_average(
+            &self.vars,
+            &grads,
+            (lr, s.weight_decay, scale),
+            &self.ema,
+            s.ema_decay,
+        )?;
         if let (Some(host), Some(sparse)) = (self.host.as_mut(), sparse.as_ref()) {
             host.apply_adam(sparse, lr, scale, self.step + 1);
         }
-        update_ema(&mut self.ema, &self.vars, s.ema_decay)?;
         let log = StepLog {
             step: self.step,
             loss: value,

@@ -415,3 +415,62 @@ fn the_in_place_adamw_update_has_the_bits_of_the_composed_update() {
         }
     }
 }
+
+/// AdamW with the average in the same pass gives the bits of AdamW and then the average's
+/// own pass, parameters, moments and average alike, and a parameter without a gradient is
+/// averaged unchanged.
+#[test]
+fn adamw_with_the_average_in_its_pass_has_the_bits_of_the_two_passes() {
+    let fresh = || {
+        vec![
+            ("matrix".to_string(), var(&[300, 200], 41, 1.0)),
+            ("norm".to_string(), var(&[200], 42, 1.0)),
+            ("unused".to_string(), var(&[7], 43, 1.0)),
+        ]
+    };
+    let (one_pass, two_passes) = (fresh(), fresh());
+    let (mut fused, mut plain) = (
+        AdamW::new(&one_pass).unwrap(),
+        AdamW::new(&two_passes).unwrap(),
+    );
+    let average = |params: &[(String, Var)]| -> Vec<Tensor> {
+        params
+            .iter()
+            .map(|(_, p)| (p.as_tensor() * 0.5).unwrap())
+            .collect()
+    };
+    let (fused_ema, mut plain_ema) = (average(&one_pass), average(&two_passes));
+    let grads_of = |params: &[(String, Var)], step: u64| {
+        let loss = params[..2]
+            .iter()
+            .map(|(_, p)| {
+                (p.as_tensor() * noise(p.dims(), 50 + step, 1.0))
+                    .unwrap()
+                    .sqr()
+                    .unwrap()
+                    .sum_all()
+                    .unwrap()
+            })
+            .reduce(|a, b| (a + b).unwrap())
+            .unwrap();
+        loss.backward().unwrap()
+    };
+    for step in 1..=3 {
+        let settings = (2e-3, 0.1, 0.9);
+        let grads = grads_of(&one_pass, step);
+        fused
+            .update_with_average(&one_pass, &grads, settings, &fused_ema, 0.99)
+            .unwrap();
+        let grads = grads_of(&two_passes, step);
+        plain.update(&two_passes, &grads, 2e-3, 0.1, 0.9).unwrap();
+        dormouse::train::update_ema(&mut plain_ema, &two_passes, 0.99).unwrap();
+        for i in 0..3 {
+            let (a, b) = (one_pass[i].1.as_tensor(), two_passes[i].1.as_tensor());
+            assert_eq!(bits(a), bits(b), "parameter {i}, step {step}");
+            assert_eq!(bits(&fused.m[i]), bits(&plain.m[i]), "moment {i}");
+            assert_eq!(bits(&fused.v[i]), bits(&plain.v[i]), "moment {i}");
+            assert_eq!(bits(&fused_ema[i]), bits(&plain_ema[i]), "average {i}");
+        }
+    }
+    assert_ne!(bits(&fused_ema[2]), bits(&average(&fresh())[2]));
+}

@@ -72,6 +72,46 @@ pub fn update_three(
     })
 }
 
+/// [`update_three`] with a fourth tensor updated in the same pass, after the other three
+/// (an average of the first that reads the first's new value).
+pub fn update_four(
+    name: &'static str,
+    [a, b, c, d]: [&Tensor; 4],
+    src: &Tensor,
+    update: impl Fn(&mut f32, &mut f32, &mut f32, &mut f32, f32) + Sync,
+) -> Result<()> {
+    for t in [b, c, d, src] {
+        same_shape(name, a, t)?;
+    }
+    let ids = [a.id(), b.id(), c.id(), d.id()];
+    if (1..4).any(|i| ids[..i].contains(&ids[i])) {
+        candle_core::bail!("{name} updates four distinct tensors");
+    }
+    let src = src.contiguous()?;
+    with_mut_f32(name, a, |a| {
+        with_mut_f32(name, b, |b| {
+            with_mut_f32(name, c, |c| {
+                with_mut_f32(name, d, |d| {
+                    with_f32(name, &src, |s| {
+                        let ab = a.par_chunks_mut(CHUNK).zip(b.par_chunks_mut(CHUNK));
+                        let cd = c.par_chunks_mut(CHUNK).zip(d.par_chunks_mut(CHUNK));
+                        ab.zip(cd)
+                            .zip(s.par_chunks(CHUNK))
+                            .for_each(|(((a, b), (c, d)), s)| {
+                                let ab = a.iter_mut().zip(b.iter_mut());
+                                let cd = c.iter_mut().zip(d.iter_mut());
+                                for (((a, b), (c, d)), &s) in ab.zip(cd).zip(s) {
+                                    update(a, b, c, d, s);
+                                }
+                            });
+                        Ok(())
+                    })
+                })
+            })
+        })
+    })
+}
+
 /// Runs `f` on the f32 elements of a contiguous CPU tensor, writable (the tensor's storage is
 /// locked for writing meanwhile).
 pub fn with_mut_f32<R>(

@@ -41,7 +41,7 @@ fn contiguous_f32<'a>(op: &str, storage: &'a CpuStorage, layout: &Layout) -> Res
 }
 
 /// Runs `f` on the f32 elements of a contiguous CPU tensor.
-fn with_f32<R>(op: &str, t: &Tensor, f: impl FnOnce(&[f32]) -> Result<R>) -> Result<R> {
+pub(crate) fn with_f32<R>(op: &str, t: &Tensor, f: impl FnOnce(&[f32]) -> Result<R>) -> Result<R> {
     let (storage, layout) = t.storage_and_layout();
     let candle_core::Storage::Cpu(cpu) = &*storage else {
         candle_core::bail!("{op} runs on the CPU");
@@ -72,7 +72,7 @@ const PARALLEL_ZEROING_MIN: usize = 1 << 16;
 /// rayon's threads instead of by one pass on the calling thread (reused memory must be
 /// cleared, and a serial pass the size of every activation of a step left the other cores
 /// idle).
-fn zeros(len: usize) -> Vec<f32> {
+pub(crate) fn zeros(len: usize) -> Vec<f32> {
     if len < PARALLEL_ZEROING_MIN {
         return vec![0f32; len];
     }

@@ -3,11 +3,11 @@
 //! With `s = sqrt(mean(x^2) + eps)`, `n = x / s` and `g` the gradient of `y`:
 //! `dx = (g w - n mean(g w n)) / s` row by row, and `dw = sum over rows of g n`.
 
-use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
 use super::lanes;
-use super::{ROWS_PER_CHUNK, contiguous_f32, output, row_length, same_length, zeros};
+use super::{ROWS_PER_CHUNK, contiguous_f32, output, row_length, same_length, with_f32, zeros};
 
 /// `x [.., d]` normalised over its last axis and scaled by `weight [d]`.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
@@ -76,94 +76,55 @@ impl CustomOp2 for RmsNorm {
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let (x, weight, grad) = (x.contiguous()?, weight.contiguous()?, grad.contiguous()?);
-        let eps = self.eps;
-        let dx = x.apply_op3_no_bwd(&weight, &grad, &InputGrad { eps })?;
-        let dw = x.apply_op2_no_bwd(&grad, &WeightGrad { eps })?;
-        Ok((Some(dx), Some(dw)))
+        let d = row_length(self.name(), x.shape())?;
+        let (dx, dw) = with_f32(self.name(), &x, |xs| {
+            with_f32(self.name(), &weight, |w| {
+                with_f32(self.name(), &grad, |g| {
+                    if w.len() != d {
+                        candle_core::bail!("rms-norm: a weight of {} for rows of {d}", w.len());
+                    }
+                    same_length(self.name(), xs, g)?;
+                    Ok(grads(xs, w, g, d, self.eps))
+                })
+            })
+        })?;
+        Ok((
+            Some(Tensor::from_vec(dx, x.shape(), x.device())?),
+            Some(Tensor::from_vec(dw, weight.shape(), x.device())?),
+        ))
     }
 }
 
-/// `dx` from `(x, w, g)`.
-struct InputGrad {
-    eps: f32,
-}
-
-impl CustomOp3 for InputGrad {
-    fn name(&self) -> &'static str {
-        "rms-norm-input-grad"
-    }
-
-    fn cpu_fwd(
-        &self,
-        xs: &CpuStorage,
-        xl: &Layout,
-        ws: &CpuStorage,
-        wl: &Layout,
-        gs: &CpuStorage,
-        gl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let d = row_length(self.name(), xl.shape())?;
-        let x = contiguous_f32(self.name(), xs, xl)?;
-        let weight = checked_weight(self.name(), ws, wl, d)?;
-        let grad = contiguous_f32(self.name(), gs, gl)?;
-        same_length(self.name(), x, grad)?;
-        let mut dx = zeros(x.len());
-        dx.par_chunks_mut(d)
-            .zip(x.par_chunks(d).zip(grad.par_chunks(d)))
-            .for_each(|(dx, (x, g))| {
-                let s = root_mean_square(x, self.eps);
+/// `(dx, dw)` from `x`, `w` and the output's gradient `g`, in one pass over the rows:
+/// chunks of [`ROWS_PER_CHUNK`] rows in parallel, each row's `dx` and the chunk's share of
+/// `dw` (its rows in order), then the chunks' shares added in order.
+fn grads(x: &[f32], weight: &[f32], grad: &[f32], d: usize, eps: f32) -> (Vec<f32>, Vec<f32>) {
+    let chunk = d * ROWS_PER_CHUNK;
+    let mut dx = zeros(x.len());
+    let partials: Vec<Vec<f32>> = dx
+        .par_chunks_mut(chunk)
+        .zip(x.par_chunks(chunk).zip(grad.par_chunks(chunk)))
+        .map(|(dx, (x, g))| {
+            let mut sum = vec![0f32; d];
+            for ((dx, x), g) in dx.chunks_mut(d).zip(x.chunks(d)).zip(g.chunks(d)) {
+                let s = root_mean_square(x, eps);
                 let dot = lanes::sum_by(d, |i| g[i] * weight[i] * (x[i] / s));
                 let mean = dot / d as f32;
                 for (((dx, &x), &g), &w) in dx.iter_mut().zip(x).zip(g).zip(weight) {
                     *dx = (g * w - x / s * mean) / s;
                 }
-            });
-        Ok(output(dx, xl.shape()))
-    }
-}
-
-/// `dw` from `(x, g)`: chunks of [`ROWS_PER_CHUNK`] rows in parallel, then the chunks in order.
-struct WeightGrad {
-    eps: f32,
-}
-
-impl CustomOp2 for WeightGrad {
-    fn name(&self) -> &'static str {
-        "rms-norm-weight-grad"
-    }
-
-    fn cpu_fwd(
-        &self,
-        xs: &CpuStorage,
-        xl: &Layout,
-        gs: &CpuStorage,
-        gl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let d = row_length(self.name(), xl.shape())?;
-        let x = contiguous_f32(self.name(), xs, xl)?;
-        let grad = contiguous_f32(self.name(), gs, gl)?;
-        same_length(self.name(), x, grad)?;
-        let chunk = d * ROWS_PER_CHUNK;
-        let partials: Vec<Vec<f32>> = x
-            .par_chunks(chunk)
-            .zip(grad.par_chunks(chunk))
-            .map(|(x, g)| {
-                let mut sum = vec![0f32; d];
-                for (x, g) in x.chunks(d).zip(g.chunks(d)) {
-                    let s = root_mean_square(x, self.eps);
-                    for ((sum, &x), &g) in sum.iter_mut().zip(x).zip(g) {
-                        *sum += g * (x / s);
-                    }
+                for ((sum, &x), &g) in sum.iter_mut().zip(x).zip(g) {
+                    *sum += g * (x / s);
                 }
-                sum
-            })
-            .collect();
-        let mut dw = vec![0f32; d];
-        for partial in &partials {
-            for (dw, p) in dw.iter_mut().zip(partial) {
-                *dw += p;
             }
+            sum
+        })
+        .collect();
+    let mut dw = vec![0f32; d];
+    for partial in &partials {
+        for (dw, p) in dw.iter_mut().zip(partial) {
+            *dw += p;
         }
-        Ok(output(dw, &Shape::from(d)))
     }
+    (dx, dw)
 }

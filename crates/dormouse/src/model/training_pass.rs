@@ -7,19 +7,21 @@
 //! Here the forward pass runs the same kernels in the same order as [`Dormouse::forward`] on
 //! detached tensors and keeps each fused op with its inputs ([`crate::fused::applied`]); the
 //! backward pass calls each op's own backward pass in reverse order, hands each gradient on
-//! as it is, and adds the residual stream's two gradients in place. The irregular pieces
-//! (the embedding and memory gathers, the Engram read and its gate) stay under candle's
-//! autograd as small graphs of their own, seeded with the gradient of their output.
+//! as it is, and adds the residual stream's gradients in place. The Engram read
+//! ([`super::engram_read_pass`]) and the gathers (the embedding's and the memory tables'
+//! rows, added back position after position) are written out the way autograd computes them.
 //!
-//! No tensor of the model has more than two gradients to add (the residual stream: the next
-//! block and the norm; the tied embedding: the lookup and the head), and adding two is
-//! commutative, so every gradient has the bits candle's autograd gives it; a test holds the
-//! two to equality.
+//! The attention's normed input has three gradients (from the query, key and value
+//! projections), added in the order autograd adds them; every other tensor has at most two
+//! (the residual stream: the next block and the norm; the tied embedding: the head, then the
+//! lookup's rows added onto it), so every gradient has the bits candle's autograd gives it.
+//! A test holds the two to equality.
 
 use candle_core::backprop::GradStore;
-use candle_core::{DType, Result, Tensor, TensorId, Var};
+use candle_core::{DType, Result, Tensor, Var};
 
-use super::{Block, Dormouse, EngramRead};
+use super::engram_read_pass::{self, EngramTape};
+use super::{Block, Dormouse, MemoryRows};
 use crate::config::VOCAB_SIZE;
 use crate::fused::applied::{Applied1, Applied2, Applied3};
 use crate::fused::attention::attention_op;
@@ -28,34 +30,14 @@ use crate::fused::in_place::update_with;
 use crate::fused::linear::linear_op;
 use crate::fused::rms_norm::rms_norm_op;
 use crate::fused::rope::heads_op;
-use crate::fused::sum;
 use crate::fused::swiglu::swiglu_projections_op;
+use crate::fused::{sum, with_f32, zeros};
 
 /// A batch's loss (mean nats per predicted byte) and the gradient of every parameter it
 /// reached, keyed by the parameters' tensors (and, on an `--engram-ram` run, the host rows').
 pub struct LossAndGradients {
     pub loss: Tensor,
     pub grads: GradStore,
-}
-
-/// What a small autograd graph needs for its backward pass: its tracked output.
-struct LocalGraph {
-    output: Tensor,
-}
-
-impl LocalGraph {
-    /// The graph's gradients given its output's: the backward pass of `sum(output * grad)`,
-    /// whose output gradient is `1 * grad`, exactly `grad`.
-    fn backward(&self, grad: &Tensor) -> Result<GradStore> {
-        (&self.output * grad)?.sum_all()?.backward()
-    }
-}
-
-/// The Engram read of a block as a small graph: `h` and the memory rows as leaves.
-struct EngramTape {
-    h: Var,
-    memory: Var,
-    graph: LocalGraph,
 }
 
 struct AttentionTape {
@@ -85,22 +67,6 @@ struct BlockTape {
 /// `dst += src`, element by element in place (`dst` is a gradient this pass owns).
 fn add_into(dst: &Tensor, src: &Tensor) -> Result<()> {
     update_with("a gradient sum", dst, src, |d, s| *d += s)
-}
-
-/// Moves every gradient of `local` into `grads`, adding to one already there.
-fn merge(grads: &mut GradStore, local: GradStore) -> Result<()> {
-    let ids: Vec<TensorId> = local.get_ids().copied().collect();
-    for id in ids {
-        let Some(grad) = local.get_id(id) else {
-            continue;
-        };
-        let sum = match grads.get_id(id) {
-            Some(earlier) => (earlier + grad)?,
-            None => grad.clone(),
-        };
-        grads.insert_id(id, sum);
-    }
-    Ok(())
 }
 
 impl Dormouse {
@@ -134,11 +100,15 @@ impl Dormouse {
             .detach()
             .index_select(&ids, 0)?
             .reshape((b, t, self.cfg.d_model))?;
-        let memory = match host_memory {
-            Some(rows) => Some(rows.as_tensor().clone()),
-            None => self.read_memory(inputs, None, &device)?,
+        let (memory_rows, table_reads) = match host_memory {
+            Some(rows) => (Some(rows.as_tensor().detach()), None),
+            None if self.tables.is_empty() => (None, None),
+            None => {
+                let read = self.memory_rows(inputs.iter().map(|w| (&[][..], *w)));
+                let tables: Vec<Tensor> = self.tables.iter().map(Tensor::detach).collect();
+                (Some(self.gather(&read, &tables, &device)?), Some(read))
+            }
         };
-        let memory_rows = memory.as_ref().map(Tensor::detach);
         let mut h = embedded;
         let mut tapes = Vec::with_capacity(self.blocks.len());
         for block in &self.blocks {
@@ -176,11 +146,17 @@ impl Dormouse {
         };
         let rows = dh.reshape((b * t, self.cfg.d_model))?;
         grads.insert(embed, base.index_add(&ids, &rows, 0)?);
-        if let (Some(memory), Some(d_memory)) = (&memory, &d_memory) {
-            let gather = LocalGraph {
-                output: memory.clone(),
-            };
-            merge(&mut grads, gather.backward(d_memory)?)?;
+        match (d_memory, host_memory, &table_reads) {
+            (Some(d_memory), Some(rows), _) => {
+                grads.insert(rows.as_tensor(), d_memory);
+            }
+            (Some(d_memory), None, Some(read)) => {
+                for (order, table) in self.tables.iter().enumerate() {
+                    let grad = self.table_grad(read, order, &d_memory)?;
+                    grads.insert(table, grad);
+                }
+            }
+            _ => {}
         }
         Ok(LossAndGradients {
             loss: loss.output().clone(),
@@ -202,6 +178,39 @@ impl Dormouse {
         Ok((b, t))
     }
 
+    /// The gradient of order `order`'s table: the gradient of each position's memory row
+    /// (its band of `d_memory`) added to the table row it read, position after position, onto
+    /// zeros (as autograd's `index_add` does).
+    fn table_grad(&self, read: &MemoryRows, order: usize, d_memory: &Tensor) -> Result<Tensor> {
+        let dim = self.cfg.engram_dim;
+        let width = read.per_order.len() * dim;
+        let mut grad = zeros(self.cfg.engram_rows * dim);
+        with_f32(
+            "a memory table's gradient",
+            &d_memory.contiguous()?,
+            |d_memory| {
+                let positions = d_memory.chunks(width).zip(&read.per_order[order]);
+                for (position, &row) in positions {
+                    let row = row as usize;
+                    let (Some(dst), Some(src)) = (
+                        grad.get_mut(row * dim..(row + 1) * dim),
+                        position.get(order * dim..(order + 1) * dim),
+                    ) else {
+                        candle_core::bail!(
+                            "memory row {row} is past the table's {} rows",
+                            self.cfg.engram_rows
+                        );
+                    };
+                    for (d, s) in dst.iter_mut().zip(src) {
+                        *d += s;
+                    }
+                }
+                Ok(())
+            },
+        )?;
+        Tensor::from_vec(grad, (self.cfg.engram_rows, dim), d_memory.device())
+    }
+
     /// The LM head's matrix: its own, or the embedding's when tied.
     fn head_weight(&self) -> &Tensor {
         match &self.lm_head {
@@ -220,8 +229,8 @@ impl Dormouse {
     ) -> Result<(Tensor, BlockTape)> {
         let (h, engram) = match (&block.engram, memory) {
             (Some(read), Some(memory)) => {
-                let tape = engram_forward(read, h, memory)?;
-                (tape.graph.output.detach(), Some(tape))
+                let (h, tape) = engram_read_pass::forward(read, h, memory)?;
+                (h, Some(tape))
             }
             _ => (h.clone(), None),
         };
@@ -268,16 +277,6 @@ impl Dormouse {
             out,
         })
     }
-}
-
-fn engram_forward(read: &EngramRead, h: &Tensor, memory: &Tensor) -> Result<EngramTape> {
-    let (h, memory) = (Var::from_tensor(h)?, Var::from_tensor(memory)?);
-    let output = read.forward(h.as_tensor(), memory.as_tensor())?;
-    Ok(EngramTape {
-        h,
-        memory,
-        graph: LocalGraph { output },
-    })
 }
 
 fn mlp_forward(block: &Block, h: &Tensor, eps: f64) -> Result<MlpTape> {
@@ -343,17 +342,13 @@ fn block_backward(
     let Some(engram) = engram else {
         return Ok(dh);
     };
-    let mut local = engram.graph.backward(&dh)?;
-    let (Some(d_input), Some(d_rows)) = (
-        local.remove(engram.h.as_tensor()),
-        local.remove(engram.memory.as_tensor()),
-    ) else {
-        candle_core::bail!("the Engram read's backward pass gave no gradient for its inputs");
+    let Some(read) = &block.engram else {
+        candle_core::bail!("a block without an Engram read kept one's forward pass");
     };
+    let (d_input, d_rows) = engram_read_pass::backward(read, engram, &dh, grads)?;
     *d_memory = Some(match d_memory.take() {
         Some(earlier) => (earlier + d_rows)?,
         None => d_rows,
     });
-    merge(grads, local)?;
     Ok(d_input)
 }
