@@ -5,7 +5,10 @@
 //! byte windows and an optional [`KvCache`]; with a cache it continues where the cache left off.
 //! RMSNorm, RoPE, the causal attention, the SwiGLU gate, the projections and the loss are the
 //! fused kernels of [`crate::fused`] (candle's own have no backward pass), each with its
-//! backward pass; the matrix products inside them are candle's. The function that is trained is the function that is served.
+//! backward pass; the matrix products inside them are gemm's, as candle's matmul calls it.
+//! Training runs the same kernels in the same order with the backward pass written out
+//! ([`Dormouse::loss_and_gradients`]), with the loss and gradients autograd gives this
+//! forward (tested): the function that is trained is the function that is served.
 //!
 //! Tensor names (module paths, stable; the `.dmexp` export and checkpoints use them):
 //!

@@ -4,10 +4,10 @@
 //! the Engram read at the first or a later block, and an `--engram-ram` run's host rows.
 
 use candle_core::{Device, Tensor, Var};
+use dormouse::DormouseConfig;
 use dormouse::data::Corpus;
 use dormouse::init::{seeded_model, sorted_vars};
 use dormouse::train::batch_loss;
-use dormouse::{Dormouse, DormouseConfig};
 
 fn corpus() -> Corpus {
     let text: Vec<u8> =

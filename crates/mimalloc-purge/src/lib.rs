@@ -27,6 +27,8 @@ pub fn never_purge() {
 
 /// The purge delay mimalloc uses now, in milliseconds (`-1`: never).
 #[allow(unsafe_code)]
+// C's `long` is 64 bits here and 32 on other targets.
+#[allow(clippy::useless_conversion)]
 pub fn purge_delay_ms() -> i64 {
     // SAFETY: reads one integer option of the linked mimalloc.
     i64::from(unsafe { libmimalloc_sys::mi_option_get(PURGE_DELAY) })
