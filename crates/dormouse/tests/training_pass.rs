@@ -127,3 +127,43 @@ fn host_memory_rows_get_autograds_gradient() {
         assert_eq!(got, want, "{name}");
     }
 }
+
+#[test]
+fn batches_the_model_cannot_take_are_refused_by_name() {
+    let cfg = DormouseConfig::preset("nano").unwrap();
+    let (_, model) = seeded_model(&cfg, 1, &Device::Cpu).unwrap();
+    let ragged: [&[u8]; 2] = [b"abc", b"ab"];
+    let err = model
+        .loss_and_gradients(&ragged, vec![1; 5], None)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("same non-zero length"), "{err}");
+    let even: [&[u8]; 2] = [b"abc", b"abd"];
+    let err = model
+        .loss_and_gradients(&even, vec![1; 5], None)
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string().contains("6 rows against 5 targets"),
+        "{err}"
+    );
+    let long = vec![b'a'; cfg.max_seq_len + 1];
+    let err = model
+        .loss_and_gradients(&[&long], vec![1; long.len()], None)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("past max_seq_len"), "{err}");
+    let plain = DormouseConfig {
+        use_engram: false,
+        ..cfg.clone()
+    }
+    .resolve()
+    .unwrap();
+    let (_, plain_model) = seeded_model(&plain, 1, &Device::Cpu).unwrap();
+    let rows = Var::zeros((2, 3, 32), candle_core::DType::F32, &Device::Cpu).unwrap();
+    let err = plain_model
+        .loss_and_gradients(&even, vec![1; 6], Some(&rows))
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("no Engram memory"), "{err}");
+}

@@ -69,6 +69,24 @@ fn add_into(dst: &Tensor, src: &Tensor) -> Result<()> {
     update_with("a gradient sum", dst, src, |d, s| *d += s)
 }
 
+/// Where a batch's memory rows come from, and which table rows it read.
+enum MemorySource<'a> {
+    Absent,
+    Host(&'a Var),
+    Tables(MemoryRows),
+}
+
+/// What the forward pass keeps for the backward pass.
+struct Kept<'a> {
+    ids: Tensor,
+    rows: usize,
+    memory: MemorySource<'a>,
+    blocks: Vec<BlockTape>,
+    norm: Applied2,
+    logits: Applied2,
+    loss: Applied1,
+}
+
 impl Dormouse {
     /// The loss of predicting `targets` (one per input byte, in order) from the byte
     /// windows `inputs`, and its gradients: the value [`crate::train::batch_loss`] gives and
@@ -80,8 +98,6 @@ impl Dormouse {
         targets: Vec<u32>,
         host_memory: Option<&Var>,
     ) -> Result<LossAndGradients> {
-        let device = self.rope.device.clone();
-        let (b, t) = self.window_shape(inputs)?;
         match host_memory {
             None => self.runs_on_its_own()?,
             Some(_) if !self.cfg.use_engram => {
@@ -89,6 +105,22 @@ impl Dormouse {
             }
             Some(_) => {}
         }
+        let kept = self.forward_kept(inputs, targets, host_memory)?;
+        let loss = kept.loss.output().clone();
+        let grads = self.backward_kept(kept)?;
+        Ok(LossAndGradients { loss, grads })
+    }
+
+    /// [`Dormouse::forward`] from position 0 without a cache, then the loss, keeping what the
+    /// backward pass reads.
+    fn forward_kept<'a>(
+        &self,
+        inputs: &[&[u8]],
+        targets: Vec<u32>,
+        host_memory: Option<&'a Var>,
+    ) -> Result<Kept<'a>> {
+        let device = self.rope.device.clone();
+        let (b, t) = self.window_shape(inputs)?;
         let ids: Vec<u32> = inputs
             .iter()
             .flat_map(|w| w.iter().map(|&x| u32::from(x)))
@@ -100,41 +132,53 @@ impl Dormouse {
             .detach()
             .index_select(&ids, 0)?
             .reshape((b, t, self.cfg.d_model))?;
-        let (memory_rows, table_reads) = match host_memory {
-            Some(rows) => (Some(rows.as_tensor().detach()), None),
-            None if self.tables.is_empty() => (None, None),
+        let (memory_rows, memory) = match host_memory {
+            Some(rows) => (Some(rows.as_tensor().detach()), MemorySource::Host(rows)),
+            None if self.tables.is_empty() => (None, MemorySource::Absent),
             None => {
                 let read = self.memory_rows(inputs.iter().map(|w| (&[][..], *w)));
                 let tables: Vec<Tensor> = self.tables.iter().map(Tensor::detach).collect();
-                (Some(self.gather(&read, &tables, &device)?), Some(read))
+                let rows = self.gather(&read, &tables, &device)?;
+                (Some(rows), MemorySource::Tables(read))
             }
         };
         let mut h = embedded;
-        let mut tapes = Vec::with_capacity(self.blocks.len());
+        let mut blocks = Vec::with_capacity(self.blocks.len());
         for block in &self.blocks {
             let (next, tape) = self.block_forward(block, &h, memory_rows.as_ref())?;
             h = next;
-            tapes.push(tape);
+            blocks.push(tape);
         }
-        let norm = Applied2::new(
-            rms_norm_op(self.cfg.norm_eps),
-            &h,
-            &self.norm.weight.detach(),
-        )?;
-        let head = self.head_weight();
-        let logits = Applied2::new(linear_op(), norm.output(), &head.detach())?;
+        let norm_weight = self.norm.weight.detach();
+        let norm = Applied2::new(rms_norm_op(self.cfg.norm_eps), &h, &norm_weight)?;
+        let logits = Applied2::new(linear_op(), norm.output(), &self.head_weight().detach())?;
         let flat = logits.output().reshape((b * t, VOCAB_SIZE))?;
         let loss = Applied1::new(cross_entropy_op(&flat, targets)?, &flat)?;
+        Ok(Kept {
+            ids,
+            rows: b * t,
+            memory,
+            blocks,
+            norm,
+            logits,
+            loss,
+        })
+    }
 
+    /// Every parameter's gradient (and the host rows') from what the forward pass kept.
+    fn backward_kept(&self, kept: Kept<'_>) -> Result<GradStore> {
         let mut grads = GradStore::default();
-        let seed = Tensor::ones((), DType::F32, &device)?;
-        let d_logits = loss.grad(&seed)?.reshape((b, t, VOCAB_SIZE))?;
-        let (d_normed, d_head) = logits.grads(&d_logits)?;
-        grads.insert(head, d_head);
-        let (mut dh, d_norm) = norm.grads(&d_normed)?;
+        let seed = Tensor::ones((), DType::F32, self.device())?;
+        let d_logits = kept
+            .loss
+            .grad(&seed)?
+            .reshape(kept.logits.output().shape())?;
+        let (d_normed, d_head) = kept.logits.grads(&d_logits)?;
+        grads.insert(self.head_weight(), d_head);
+        let (mut dh, d_norm) = kept.norm.grads(&d_normed)?;
         grads.insert(&self.norm.weight, d_norm);
         let mut d_memory: Option<Tensor> = None;
-        for (block, tape) in self.blocks.iter().zip(tapes).rev() {
+        for (block, tape) in self.blocks.iter().zip(kept.blocks).rev() {
             dh = block_backward(block, tape, dh, &mut d_memory, &mut grads)?;
         }
         // The lookup's rows are added into the head's gradient when the two are tied, as
@@ -144,13 +188,13 @@ impl Dormouse {
             Some(d_head) => d_head,
             None => embed.zeros_like()?,
         };
-        let rows = dh.reshape((b * t, self.cfg.d_model))?;
-        grads.insert(embed, base.index_add(&ids, &rows, 0)?);
-        match (d_memory, host_memory, &table_reads) {
-            (Some(d_memory), Some(rows), _) => {
+        let rows = dh.reshape((kept.rows, self.cfg.d_model))?;
+        grads.insert(embed, base.index_add(&kept.ids, &rows, 0)?);
+        match (d_memory, &kept.memory) {
+            (Some(d_memory), MemorySource::Host(rows)) => {
                 grads.insert(rows.as_tensor(), d_memory);
             }
-            (Some(d_memory), None, Some(read)) => {
+            (Some(d_memory), MemorySource::Tables(read)) => {
                 for (order, table) in self.tables.iter().enumerate() {
                     let grad = self.table_grad(read, order, &d_memory)?;
                     grads.insert(table, grad);
@@ -158,10 +202,7 @@ impl Dormouse {
             }
             _ => {}
         }
-        Ok(LossAndGradients {
-            loss: loss.output().clone(),
-            grads,
-        })
+        Ok(grads)
     }
 
     /// `(B, T)` of equally long windows that fit the model.
