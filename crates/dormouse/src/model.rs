@@ -473,20 +473,8 @@ impl Dormouse {
         memory: Option<Tensor>,
     ) -> Result<Tensor> {
         let device = self.rope.device.clone();
-        let (b, t) = (windows.len(), windows.first().map_or(0, |w| w.len()));
-        if b == 0 || t == 0 || windows.iter().any(|w| w.len() != t) {
-            candle_core::bail!(
-                "forward needs at least one window, all of the same non-zero length"
-            );
-        }
         let start = cache.as_ref().map_or(0, |c| c.position);
-        if start + t > self.cfg.max_seq_len {
-            candle_core::bail!(
-                "position {} is past max_seq_len {}",
-                start + t,
-                self.cfg.max_seq_len
-            );
-        }
+        let (b, t) = self.window_shape(windows, start)?;
         let ids: Vec<u32> = windows
             .iter()
             .flat_map(|w| w.iter().map(|&x| u32::from(x)))
@@ -513,6 +501,25 @@ impl Dormouse {
             // instead of copying it per call.
             None => fused_linear::linear(&h, self.embed.embeddings()),
         }
+    }
+
+    /// `(B, T)` of B equally long windows of T bytes continuing from position `start`,
+    /// refusing an empty batch, ragged windows and windows that end past `max_seq_len`.
+    fn window_shape(&self, windows: &[&[u8]], start: usize) -> Result<(usize, usize)> {
+        let (b, t) = (windows.len(), windows.first().map_or(0, |w| w.len()));
+        if b == 0 || t == 0 || windows.iter().any(|w| w.len() != t) {
+            candle_core::bail!(
+                "forward needs at least one window, all of the same non-zero length"
+            );
+        }
+        if start + t > self.cfg.max_seq_len {
+            candle_core::bail!(
+                "position {} is past max_seq_len {}",
+                start + t,
+                self.cfg.max_seq_len
+            );
+        }
+        Ok((b, t))
     }
 
     /// Logits `[B, 256]` for one more byte in each of B sequences, `bytes[i]` continuing

@@ -4,6 +4,7 @@
 //! do not depend on the number of threads, and the in-place AdamW update gives the bits of the
 //! update composed from tensor operations.
 
+use candle_core::backprop::GradStore;
 use candle_core::{D, Device, Result, Tensor, Var};
 use dormouse::fused::attention::causal_attention;
 use dormouse::fused::cross_entropy::cross_entropy;
@@ -337,6 +338,25 @@ fn the_kernels_give_the_same_bits_on_one_and_two_threads() {
     assert_eq!(on(1), on(2));
 }
 
+/// The gradients of `sum over params of (p x readout)^2`, each parameter's readout noise
+/// seeded by `seed(its index)`.
+fn readout_grads(params: &[(String, Var)], seed: impl Fn(usize) -> u64) -> GradStore {
+    let loss = params
+        .iter()
+        .enumerate()
+        .map(|(i, (_, p))| {
+            (p.as_tensor() * noise(p.dims(), seed(i), 1.0))
+                .unwrap()
+                .sqr()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+        })
+        .reduce(|a, b| (a + b).unwrap())
+        .unwrap();
+    loss.backward().unwrap()
+}
+
 /// The update `AdamW::update` documents, composed from tensor operations.
 fn composed_adamw(
     (param, m, v): (&Tensor, &Tensor, &Tensor),
@@ -374,21 +394,7 @@ fn the_in_place_adamw_update_has_the_bits_of_the_composed_update() {
         .collect();
     let (lr, decay, clip) = (3e-3, 0.01, 0.7);
     for step in 1..=3u64 {
-        let loss = params
-            .iter()
-            .enumerate()
-            .map(|(i, (_, p))| {
-                let readout = noise(p.dims(), 30 + step * 2 + i as u64, 1.0);
-                (p.as_tensor() * readout)
-                    .unwrap()
-                    .sqr()
-                    .unwrap()
-                    .sum_all()
-                    .unwrap()
-            })
-            .reduce(|a, b| (a + b).unwrap())
-            .unwrap();
-        let grads = loss.backward().unwrap();
+        let grads = readout_grads(&params, |i| 30 + step * 2 + i as u64);
         for ((_, p), state) in params.iter().zip(expected.iter_mut()) {
             let grad = grads.get(p.as_tensor()).unwrap();
             let decay = if p.rank() > 1 { decay } else { 0.0 };
@@ -440,21 +446,8 @@ fn adamw_with_the_average_in_its_pass_has_the_bits_of_the_two_passes() {
             .collect()
     };
     let (fused_ema, mut plain_ema) = (average(&one_pass), average(&two_passes));
-    let grads_of = |params: &[(String, Var)], step: u64| {
-        let loss = params[..2]
-            .iter()
-            .map(|(_, p)| {
-                (p.as_tensor() * noise(p.dims(), 50 + step, 1.0))
-                    .unwrap()
-                    .sqr()
-                    .unwrap()
-                    .sum_all()
-                    .unwrap()
-            })
-            .reduce(|a, b| (a + b).unwrap())
-            .unwrap();
-        loss.backward().unwrap()
-    };
+    // The third parameter is left out of the loss: it gets no gradient.
+    let grads_of = |params: &[(String, Var)], step: u64| readout_grads(&params[..2], |_| 50 + step);
     for step in 1..=3 {
         let settings = (2e-3, 0.1, 0.9);
         let grads = grads_of(&one_pass, step);

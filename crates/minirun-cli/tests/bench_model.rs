@@ -7,12 +7,15 @@ mod common;
 
 use common::{minirun, packed, stderr};
 
+/// `minirun bench model PATH --unverified ARGS`.
+fn bench_unverified(path: &str, args: &[&str]) -> std::process::Output {
+    minirun(&[&["bench", "model", path, "--unverified"], args].concat())
+}
+
 /// `minirun bench model PATH --unverified ARGS --json`, which must succeed: its JSON, and the
 /// names of its tests.
 fn bench_json(path: &str, args: &[&str]) -> (serde_json::Value, Vec<String>) {
-    let mut all = vec!["bench", "model", path, "--unverified", "--json"];
-    all.extend_from_slice(args);
-    let out = minirun(&all);
+    let out = bench_unverified(path, &[args, &["--json"]].concat());
     assert!(out.status.success(), "{}", stderr(&out));
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let names = doc["tests"]
@@ -53,18 +56,7 @@ fn prompt_and_decode_are_timed_per_pass() {
         }
     }
 
-    let table = minirun(&[
-        "bench",
-        "model",
-        path,
-        "--unverified",
-        "-p",
-        "4",
-        "-n",
-        "0",
-        "-r",
-        "1",
-    ]);
+    let table = bench_unverified(path, &["-p", "4", "-n", "0", "-r", "1"]);
     assert!(table.status.success(), "{}", stderr(&table));
     let text = String::from_utf8_lossy(&table.stdout);
     assert!(text.contains("| pp4 | "), "{text}");
@@ -97,21 +89,12 @@ fn an_artifact_without_evidence_or_a_run_with_nothing_to_time_is_refused() {
     assert!(stderr(&out).contains("minirun verify"), "{}", stderr(&out));
     assert!(out.stdout.is_empty());
 
-    let out = minirun(&["bench", "model", path, "--unverified", "-p", "0", "-n", "0"]);
+    let out = bench_unverified(path, &["-p", "0", "-n", "0"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("nothing to time"), "{}", stderr(&out));
 
     // Past the fixture's max_position_embeddings (256): refused before any pass runs.
-    let out = minirun(&[
-        "bench",
-        "model",
-        path,
-        "--unverified",
-        "-p",
-        "4",
-        "-n",
-        "257",
-    ]);
+    let out = bench_unverified(path, &["-p", "4", "-n", "257"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
         stderr(&out).contains("max_position_embeddings (256)"),

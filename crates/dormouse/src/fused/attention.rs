@@ -22,7 +22,7 @@ use rayon::prelude::*;
 use super::lanes;
 use super::tile::{KEY_PADDING, row_sums, row_sums_of, transpose_into};
 use super::vector_exp::exp_in_place;
-use super::{contiguous_f32, output, zeros};
+use super::{contiguous_f32, output, with_f32s, zeros};
 
 /// Attention of `q [B, H, T, Dh]` (positions `start..start + T`) over `k`, `v` `[B, H, S, Dh]`,
 /// returned with the heads merged: `[B, T, H x Dh]`.
@@ -194,9 +194,7 @@ impl CustomOp3 for CausalAttention {
             candle_core::bail!("the attention's backward pass ran before its forward pass");
         };
         let dims = Dims::of(q.shape(), k.shape(), v.shape())?;
-        let [q, k, v, out, grad] = [q, k, v, out, grad].map(|t| t.contiguous());
-        let (q, k, v, out, grad) = (q?, k?, v?, out?, grad?);
-        let grads = self.backward(dims, log_sums, [&q, &k, &v, &out, &grad])?;
+        let grads = self.backward(dims, log_sums, [q, k, v, out, grad])?;
         let [dq, dk, dv] = grads.map(Some);
         Ok((dq, dk, dv))
     }
@@ -332,34 +330,28 @@ impl CausalAttention {
 
     /// `(dq, dk, dv)` from `q`, `k`, `v`, the output and its gradient.
     fn backward(&self, dims: Dims, log_sums: &[f32], inputs: [&Tensor; 5]) -> Result<[Tensor; 3]> {
-        let storages = inputs.map(|t| t.storage_and_layout());
-        let mut slices = Vec::with_capacity(5);
-        for (storage, layout) in &storages {
-            let candle_core::Storage::Cpu(cpu) = &**storage else {
-                candle_core::bail!("the attention op runs on the CPU");
-            };
-            slices.push(contiguous_f32(self.name(), cpu, layout)?);
-        }
-        let [q, k, v, out, grad] = [slices[0], slices[1], slices[2], slices[3], slices[4]];
-        let (q_len, k_len) = dims.per_sequence();
-        let (mut dq, mut dk, mut dv) = (zeros(q.len()), zeros(k.len()), zeros(v.len()));
-        dq.par_chunks_mut(q_len)
-            .zip(dk.par_chunks_mut(k_len).zip(dv.par_chunks_mut(k_len)))
-            .zip(
-                q.par_chunks(q_len)
-                    .zip(k.par_chunks(k_len).zip(v.par_chunks(k_len))),
-            )
-            .zip(out.par_chunks(q_len).zip(grad.par_chunks(q_len)))
-            .zip(log_sums.par_chunks(dims.heads * dims.queries))
-            .for_each(|((((dq, (dk, dv)), (q, (k, v))), (out, grad)), log_sums)| {
-                pulp::Arch::new().dispatch(SequenceTask::Backward {
-                    op: self,
-                    dims,
-                    grads: [dq, dk, dv],
-                    inputs: [q, k, v, out, grad],
-                    log_sums,
-                })
-            });
+        let (dq, dk, dv) = with_f32s(self.name(), inputs, |[q, k, v, out, grad]| {
+            let (q_len, k_len) = dims.per_sequence();
+            let (mut dq, mut dk, mut dv) = (zeros(q.len()), zeros(k.len()), zeros(v.len()));
+            dq.par_chunks_mut(q_len)
+                .zip(dk.par_chunks_mut(k_len).zip(dv.par_chunks_mut(k_len)))
+                .zip(
+                    q.par_chunks(q_len)
+                        .zip(k.par_chunks(k_len).zip(v.par_chunks(k_len))),
+                )
+                .zip(out.par_chunks(q_len).zip(grad.par_chunks(q_len)))
+                .zip(log_sums.par_chunks(dims.heads * dims.queries))
+                .for_each(|((((dq, (dk, dv)), (q, (k, v))), (out, grad)), log_sums)| {
+                    pulp::Arch::new().dispatch(SequenceTask::Backward {
+                        op: self,
+                        dims,
+                        grads: [dq, dk, dv],
+                        inputs: [q, k, v, out, grad],
+                        log_sums,
+                    })
+                });
+            Ok((dq, dk, dv))
+        })?;
         let device = inputs[0].device();
         Ok([
             Tensor::from_vec(dq, inputs[0].shape(), device)?,

@@ -10,7 +10,7 @@
 use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 use fresh_gemm::{Matrix, product};
 
-use super::{contiguous_f32, output, with_f32};
+use super::{contiguous_f32, output, with_f32s};
 
 /// `x [.., in]` times the transpose of `weight [out, in]`: `[.., out]`.
 pub fn linear(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
@@ -66,15 +66,9 @@ impl CustomOp2 for Linear {
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let (rows, inputs, outputs) = sizes(x.shape(), weight.shape())?;
-        let (x_t, grad) = (x.contiguous()?, grad.contiguous()?);
-        let (dx, dw) = with_f32(self.name(), &grad, |g| {
-            let dx = with_f32(self.name(), &weight.contiguous()?, |w| {
-                times(g, rows, outputs, w, inputs)
-            })?;
-            let dw = with_f32(self.name(), &x_t, |x| {
-                transposed_times(g, rows, outputs, x, inputs)
-            })?;
-            Ok((dx, dw))
+        let (dx, dw) = with_f32s(self.name(), [grad, weight, x], |[g, w, x]| {
+            let dx = times(g, rows, outputs, w, inputs)?;
+            Ok((dx, transposed_times(g, rows, outputs, x, inputs)?))
         })?;
         let device = x.device();
         Ok((
@@ -89,6 +83,10 @@ fn matrix(values: &[f32], rows: usize, cols: usize) -> Result<Matrix<'_>> {
     Matrix::row_major(values, rows, cols).map_err(candle_core::Error::wrap)
 }
 
+fn product_of(lhs: Matrix<'_>, rhs: Matrix<'_>) -> Result<Vec<f32>> {
+    product(lhs, rhs).map_err(candle_core::Error::wrap)
+}
+
 /// `x [rows, inputs]` times the transpose of `weight [outputs, inputs]`: `[rows, outputs]`.
 pub(crate) fn times_transposed(
     x: &[f32],
@@ -97,8 +95,10 @@ pub(crate) fn times_transposed(
     weight: &[f32],
     outputs: usize,
 ) -> Result<Vec<f32>> {
-    let (x, weight) = (matrix(x, rows, inputs)?, matrix(weight, outputs, inputs)?);
-    product(x, weight.t()).map_err(candle_core::Error::wrap)
+    product_of(
+        matrix(x, rows, inputs)?,
+        matrix(weight, outputs, inputs)?.t(),
+    )
 }
 
 /// `grad [rows, outputs]` times `weight [outputs, inputs]`: `[rows, inputs]`.
@@ -109,11 +109,10 @@ pub(crate) fn times(
     weight: &[f32],
     inputs: usize,
 ) -> Result<Vec<f32>> {
-    let (grad, weight) = (
+    product_of(
         matrix(grad, rows, outputs)?,
         matrix(weight, outputs, inputs)?,
-    );
-    product(grad, weight).map_err(candle_core::Error::wrap)
+    )
 }
 
 /// The transpose of `grad [rows, outputs]` times `x [rows, inputs]`: `[outputs, inputs]`.
@@ -124,6 +123,5 @@ pub(crate) fn transposed_times(
     x: &[f32],
     inputs: usize,
 ) -> Result<Vec<f32>> {
-    let (grad, x) = (matrix(grad, rows, outputs)?, matrix(x, rows, inputs)?);
-    product(grad.t(), x).map_err(candle_core::Error::wrap)
+    product_of(matrix(grad, rows, outputs)?.t(), matrix(x, rows, inputs)?)
 }

@@ -49,6 +49,30 @@ pub(crate) fn with_f32<R>(op: &str, t: &Tensor, f: impl FnOnce(&[f32]) -> Result
     f(contiguous_f32(op, cpu, layout)?)
 }
 
+/// Runs `f` on the f32 elements of several CPU tensors at once, each made contiguous first.
+pub(crate) fn with_f32s<const N: usize, R>(
+    op: &str,
+    tensors: [&Tensor; N],
+    f: impl FnOnce([&[f32]; N]) -> Result<R>,
+) -> Result<R> {
+    let contiguous = tensors
+        .iter()
+        .map(|t| t.contiguous())
+        .collect::<Result<Vec<_>>>()?;
+    let guards: Vec<_> = contiguous.iter().map(|t| t.storage_and_layout()).collect();
+    let mut slices = Vec::with_capacity(N);
+    for (storage, layout) in &guards {
+        let candle_core::Storage::Cpu(cpu) = &**storage else {
+            candle_core::bail!("{op} runs on the CPU");
+        };
+        slices.push(contiguous_f32(op, cpu, layout)?);
+    }
+    let Ok(slices) = <[&[f32]; N]>::try_from(slices) else {
+        candle_core::bail!("{op}: {N} operands expected");
+    };
+    f(slices)
+}
+
 /// Refuses operands of different lengths, naming the op.
 fn same_length(op: &str, a: &[f32], b: &[f32]) -> Result<()> {
     if a.len() != b.len() {
@@ -87,16 +111,13 @@ pub fn sum(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     if a.dims() != b.dims() {
         candle_core::bail!("a sum of shapes {:?} and {:?}", a.dims(), b.dims());
     }
-    let (a, b) = (a.contiguous()?, b.contiguous()?);
     let mut values = Vec::new();
-    with_f32("sum", &a, |a| {
-        with_f32("sum", &b, |b| {
-            a.par_iter()
-                .zip(b)
-                .map(|(a, b)| a + b)
-                .collect_into_vec(&mut values);
-            Ok(())
-        })
+    with_f32s("sum", [a, b], |[a, b]| {
+        a.par_iter()
+            .zip(b)
+            .map(|(a, b)| a + b)
+            .collect_into_vec(&mut values);
+        Ok(())
     })?;
     Tensor::from_vec(values, a.shape(), a.device())
 }

@@ -7,7 +7,7 @@ use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
 use super::lanes;
-use super::{ROWS_PER_CHUNK, contiguous_f32, output, row_length, same_length, with_f32, zeros};
+use super::{ROWS_PER_CHUNK, contiguous_f32, output, row_length, same_length, with_f32s, zeros};
 
 /// `x [.., d]` normalised over its last axis and scaled by `weight [d]`.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
@@ -75,18 +75,13 @@ impl CustomOp2 for RmsNorm {
         _y: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (x, weight, grad) = (x.contiguous()?, weight.contiguous()?, grad.contiguous()?);
         let d = row_length(self.name(), x.shape())?;
-        let (dx, dw) = with_f32(self.name(), &x, |xs| {
-            with_f32(self.name(), &weight, |w| {
-                with_f32(self.name(), &grad, |g| {
-                    if w.len() != d {
-                        candle_core::bail!("rms-norm: a weight of {} for rows of {d}", w.len());
-                    }
-                    same_length(self.name(), xs, g)?;
-                    Ok(grads(xs, w, g, d, self.eps))
-                })
-            })
+        let (dx, dw) = with_f32s(self.name(), [x, weight, grad], |[xs, w, g]| {
+            if w.len() != d {
+                candle_core::bail!("rms-norm: a weight of {} for rows of {d}", w.len());
+            }
+            same_length(self.name(), xs, g)?;
+            Ok(grads(xs, w, g, d, self.eps))
         })?;
         Ok((
             Some(Tensor::from_vec(dx, x.shape(), x.device())?),

@@ -13,7 +13,7 @@ use rayon::prelude::*;
 
 use super::linear::{times, times_transposed, transposed_times};
 use super::vector_exp::exp_all;
-use super::{contiguous_f32, output, same_length, with_f32, zeros};
+use super::{contiguous_f32, output, same_length, with_f32s, zeros};
 
 /// Elements per parallel task.
 const CHUNK: usize = 1 << 14;
@@ -102,15 +102,10 @@ fn add_assign(dst: &mut [f32], src: &[f32]) {
 
 /// Both gradients of a gate, as values.
 fn gate_grad_values(gate: &Tensor, up: &Tensor, grad: &Tensor) -> Result<(Vec<f32>, Vec<f32>)> {
-    let grad = grad.contiguous()?;
-    with_f32("swiglu-grad", gate, |gate| {
-        with_f32("swiglu-grad", up, |up| {
-            with_f32("swiglu-grad", &grad, |grad| {
-                same_length("swiglu-grad", gate, up)?;
-                same_length("swiglu-grad", gate, grad)?;
-                Ok(gated_grads(gate, up, grad))
-            })
-        })
+    with_f32s("swiglu-grad", [gate, up, grad], |[gate, up, grad]| {
+        same_length("swiglu-grad", gate, up)?;
+        same_length("swiglu-grad", gate, grad)?;
+        Ok(gated_grads(gate, up, grad))
     })
 }
 
@@ -225,19 +220,15 @@ impl CustomOp3 for SwiGluProjections {
         };
         let (rows, inputs, hidden) = projection_sizes(x.shape(), w_gate.shape(), w_up.shape())?;
         let (d_gate, d_up) = gate_grad_values(gate, up, &grad.reshape((rows, hidden))?)?;
-        let x_values = x.contiguous()?;
-        let (dx, dw_gate, dw_up) = with_f32(self.name(), &x_values, |x| {
-            with_f32(self.name(), &w_gate.contiguous()?, |w_gate| {
-                with_f32(self.name(), &w_up.contiguous()?, |w_up| {
-                    let mut dx = times(&d_gate, rows, hidden, w_gate, inputs)?;
-                    let from_up = times(&d_up, rows, hidden, w_up, inputs)?;
-                    add_assign(&mut dx, &from_up);
-                    let dw_gate = transposed_times(&d_gate, rows, hidden, x, inputs)?;
-                    let dw_up = transposed_times(&d_up, rows, hidden, x, inputs)?;
-                    Ok((dx, dw_gate, dw_up))
-                })
-            })
-        })?;
+        let (dx, dw_gate, dw_up) =
+            with_f32s(self.name(), [x, w_gate, w_up], |[x, w_gate, w_up]| {
+                let mut dx = times(&d_gate, rows, hidden, w_gate, inputs)?;
+                let from_up = times(&d_up, rows, hidden, w_up, inputs)?;
+                add_assign(&mut dx, &from_up);
+                let dw_gate = transposed_times(&d_gate, rows, hidden, x, inputs)?;
+                let dw_up = transposed_times(&d_up, rows, hidden, x, inputs)?;
+                Ok((dx, dw_gate, dw_up))
+            })?;
         let device = x.device();
         let dx = Tensor::from_vec(dx, x.shape(), device)?;
         let dw_gate = Tensor::from_vec(dw_gate, w_gate.shape(), device)?;

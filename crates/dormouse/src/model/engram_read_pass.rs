@@ -14,12 +14,14 @@ use rayon::prelude::*;
 use super::EngramRead;
 use crate::fused::applied::Applied2;
 use crate::fused::linear::linear_op;
-use crate::fused::{with_f32, zeros};
+use crate::fused::{with_f32, with_f32s, zeros};
 
-/// What the read's backward pass needs: its input, the gate `[B, T, 1]` and the projection.
+/// What the read's backward pass needs: its input, the gate `[B, T, 1]` (and its values, one
+/// per row) and the projection.
 pub(super) struct EngramTape {
     input: Tensor,
     gate: Tensor,
+    gate_values: Vec<f32>,
     proj: Applied2,
 }
 
@@ -42,19 +44,16 @@ fn map_rows(
     f: impl Fn(usize, &[f32], &[f32], &mut [f32]) + Sync,
 ) -> Result<Tensor> {
     let (_, d) = rows_of(like)?;
-    let (a, b) = (a.contiguous()?, b.contiguous()?);
     let mut out = zeros(like.elem_count());
-    with_f32("engram read", &a, |a| {
-        with_f32("engram read", &b, |b| {
-            if a.len() != out.len() || b.len() != out.len() {
-                candle_core::bail!("the Engram read's rows differ in size");
-            }
-            out.par_chunks_mut(d)
-                .zip(a.par_chunks(d).zip(b.par_chunks(d)))
-                .enumerate()
-                .for_each(|(row, (out, (a, b)))| f(row, a, b, out));
-            Ok(())
-        })
+    with_f32s("engram read", [a, b], |[a, b]| {
+        if a.len() != out.len() || b.len() != out.len() {
+            candle_core::bail!("the Engram read's rows differ in size");
+        }
+        out.par_chunks_mut(d)
+            .zip(a.par_chunks(d).zip(b.par_chunks(d)))
+            .enumerate()
+            .for_each(|(row, (out, (a, b)))| f(row, a, b, out));
+        Ok(())
     })?;
     Tensor::from_vec(out, like.shape(), like.device())
 }
@@ -81,6 +80,7 @@ pub(super) fn forward(
     let tape = EngramTape {
         input: h.clone(),
         gate,
+        gate_values: s,
         proj,
     };
     Ok((out, tape))
@@ -94,8 +94,12 @@ pub(super) fn backward(
     dh: &Tensor,
     grads: &mut candle_core::backprop::GradStore,
 ) -> Result<(Tensor, Tensor)> {
-    let EngramTape { input, gate, proj } = tape;
-    let s = values(&gate)?;
+    let EngramTape {
+        input,
+        gate,
+        gate_values: s,
+        proj,
+    } = tape;
     let d_proj = map_rows(dh, [dh, dh], |row, g, _, out| {
         for (o, &g) in out.iter_mut().zip(g) {
             *o = g * s[row];

@@ -120,7 +120,7 @@ impl Dormouse {
         host_memory: Option<&'a Var>,
     ) -> Result<Kept<'a>> {
         let device = self.rope.device.clone();
-        let (b, t) = self.window_shape(inputs)?;
+        let (b, t) = self.window_shape(inputs, 0)?;
         let ids: Vec<u32> = inputs
             .iter()
             .flat_map(|w| w.iter().map(|&x| u32::from(x)))
@@ -203,20 +203,6 @@ impl Dormouse {
             _ => {}
         }
         Ok(grads)
-    }
-
-    /// `(B, T)` of equally long windows that fit the model.
-    fn window_shape(&self, windows: &[&[u8]]) -> Result<(usize, usize)> {
-        let (b, t) = (windows.len(), windows.first().map_or(0, |w| w.len()));
-        if b == 0 || t == 0 || windows.iter().any(|w| w.len() != t) {
-            candle_core::bail!(
-                "a batch needs at least one window, all of the same non-zero length"
-            );
-        }
-        if t > self.cfg.max_seq_len {
-            candle_core::bail!("position {t} is past max_seq_len {}", self.cfg.max_seq_len);
-        }
-        Ok((b, t))
     }
 
     /// The gradient of order `order`'s table: the gradient of each position's memory row
