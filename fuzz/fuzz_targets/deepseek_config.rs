@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use minirun_runtime::config::DeepSeekV3Config;
+use minirun_runtime::models::deepseek_v3::DeepSeekV3Config;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else { return };

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use minirun_runtime::deepseek_v4_config::DeepSeekV4Config;
+use minirun_runtime::models::deepseek_v4::config::DeepSeekV4Config;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else { return };

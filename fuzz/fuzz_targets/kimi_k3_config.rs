@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use minirun_runtime::kimi_k3_config::KimiK3Config;
+use minirun_runtime::models::kimi_k3::config::KimiK3Config;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else { return };

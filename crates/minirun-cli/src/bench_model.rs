@@ -11,7 +11,7 @@ use anyhow::{Result, bail};
 use clap::Args;
 use minirun_format::synthetic::SplitMix64;
 use minirun_runtime::budget::{Budget, human};
-use minirun_runtime::model::Decoder;
+use minirun_runtime::decoder::Decoder;
 use minirun_runtime::model_bench::{Timings, time_decode, time_prompt};
 use minirun_runtime::plan::Mode;
 use minirun_runtime::session::{Session, Trust};
@@ -86,7 +86,7 @@ pub fn run(args: &ModelArgs) -> Result<ExitCode> {
         context,
         minirun_runtime::plan::DEFAULT_READS_IN_FLIGHT as u16,
     )?;
-    let model = session.planned_model(&plan, experts)?;
+    let model = session.planned_model(&plan, &experts)?;
     let most = model.max_positions();
     if context > most {
         bail!(

@@ -8,9 +8,9 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use minirun_runtime::budget::{Budget, human};
+use minirun_runtime::decoder::Decoder;
 use minirun_runtime::generate::{Figures, Sampling, StepRecord, StopReason};
 use minirun_runtime::kernels::Activations;
-use minirun_runtime::model::Decoder;
 use minirun_runtime::plan::{Mode, Plan};
 use minirun_runtime::session::{Session, Trust};
 
@@ -97,7 +97,7 @@ fn plan(
     session: &Session,
     args: &RunArgs,
     prompt_tokens: usize,
-) -> Result<(Plan, minirun_runtime::plan::ExpertMap)> {
+) -> Result<(Plan, minirun_runtime::model_weights::ModelWeights)> {
     let context = prompt_tokens + args.max_tokens;
     planned_within_memory(session, args.budget, context, args.reads_in_flight)
 }
@@ -109,7 +109,7 @@ pub(crate) fn planned_within_memory(
     budget: Option<Budget>,
     context_tokens: usize,
     reads_in_flight: u16,
-) -> Result<(Plan, minirun_runtime::plan::ExpertMap)> {
+) -> Result<(Plan, minirun_runtime::model_weights::ModelWeights)> {
     let (mut plan, experts) = session.plan(budget.unwrap_or(Budget::Generous), context_tokens)?;
     plan.reads_in_flight = usize::from(reads_in_flight);
     if budget.is_none()
@@ -180,7 +180,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         false => session.stop_ids(),
     };
     let (plan, experts) = plan(&session, args, prompt.len())?;
-    let model = session.planned_model(&plan, experts)?;
+    let model = session.planned_model(&plan, &experts)?;
     if !args.json {
         let mark = if args.unverified { "[UNVERIFIED] " } else { "" };
         for line in session.header().into_iter().chain(plan.describe()) {

@@ -195,7 +195,7 @@ fn plan_and_build<'s>(
         context.saturating_mul(max_concurrent),
         reads_in_flight,
     )?;
-    let model = session.planned_model(&plan, experts)?;
+    let model = session.planned_model(&plan, &experts)?;
     let mut lines = session.header();
     lines.extend(plan.describe());
     lines.push(format!(

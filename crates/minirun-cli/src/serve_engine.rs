@@ -11,9 +11,9 @@ use std::sync::mpsc::Receiver;
 use http_serve::{ApiError, Finish, TextStream};
 use minirun_runtime::batch::{Batch, Event, Request};
 use minirun_runtime::generate::StopReason;
-use minirun_runtime::layers::StepStats;
 use minirun_runtime::model::Model;
 use minirun_runtime::session::{IncrementalText, Session};
+use minirun_runtime::step::StepStats;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::serve_requests::{Ask, Prompt};

@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 use minirun_runtime::batch::{Batch, Event, Request};
 use minirun_runtime::budget::Budget;
 use minirun_runtime::generate::{Sampling, generate};
-use minirun_runtime::layers::StepStats;
 use minirun_runtime::model::Model;
 use minirun_runtime::session::{Session, Trust};
+use minirun_runtime::step::StepStats;
 
 struct Args {
     artifact: PathBuf,
@@ -157,7 +157,7 @@ fn measure() {
         std::process::exit(1)
     });
     let model = session
-        .planned_model(&plan, experts)
+        .planned_model(&plan, &experts)
         .expect("the model loads");
     for line in session.header().into_iter().chain(plan.describe()) {
         eprintln!("{line}");

@@ -251,6 +251,31 @@ impl PartLayout {
         self.read_bytes() + reads * minirun_store::SLOT_ALIGN as u64
     }
 
+    /// Bytes of its packed elements, its scales and its biases, as a matrix computes from
+    /// them (a banded part's joined).
+    pub fn byte_lengths(&self) -> [usize; 3] {
+        let len = |r: &Range<u64>| (r.end - r.start) as usize;
+        let piece = |p: &Option<Piece>| p.as_ref().map_or(0, |p| p.len as usize);
+        match self {
+            PartLayout::Tile {
+                packed,
+                scales,
+                biases,
+                ..
+            } => [len(packed), len(scales), biases.as_ref().map_or(0, len)],
+            PartLayout::Pieces {
+                packed,
+                scales,
+                biases,
+            } => [packed.len as usize, piece(scales), piece(biases)],
+            PartLayout::Bands { packed, scales, .. } => [
+                packed.iter().map(len).sum(),
+                scales.iter().map(len).sum(),
+                0,
+            ],
+        }
+    }
+
     /// Bytes a read of this part moves from storage.
     pub fn read_bytes(&self) -> u64 {
         match self {
@@ -735,6 +760,81 @@ impl Artifact {
             ));
         }
         Ok((0..len).map(|i| dtype.read(bytes, i)).collect())
+    }
+
+    /// Checks, without reading it, what [`Artifact::vector`] checks of `name`: a plain float
+    /// tensor of `len` elements.
+    pub fn check_vector(&self, name: &str, len: usize) -> Result<(), ArtifactError> {
+        let member = match self.tensors.get(name) {
+            Some(Location::Member { member, .. })
+            | Some(Location::Banded {
+                member: Some(member),
+                ..
+            }) => member,
+            other => return Err(not_a_member(name, other)),
+        };
+        let dtype = float_type(&member.source.dtype).ok_or_else(|| {
+            tensor_err(
+                name,
+                format!("is {}, not a float tensor", member.source.dtype),
+            )
+        })?;
+        let shape_len = member
+            .source
+            .shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d));
+        if shape_len != Some(len)
+            || member.source.bytes != (len * dtype.size()) as u64
+            || member.quantization.is_some()
+        {
+            return Err(tensor_err(
+                name,
+                format!(
+                    "has shape {:?} in {} bytes; the config needs {len} floats",
+                    member.source.shape, member.source.bytes
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The stack `layout` describes over `zeros` instead of its stored bytes: what a dry build
+    /// of a layer hands the model, so that its builder runs (and says what it asks for) without
+    /// a payload byte read. `zeros` must hold the longest of each part's byte lengths.
+    pub fn unread_stack<'z>(
+        &self,
+        layout: &StackLayout,
+        zeros: &'z [u8],
+    ) -> Result<Stack<'z>, ArtifactError> {
+        let matrices = layout
+            .parts
+            .iter()
+            .map(|part| {
+                let [packed, scales, biases] = part.byte_lengths();
+                let slice = |n: usize| {
+                    zeros
+                        .get(..n)
+                        .ok_or_else(|| tensor_err(&layout.name, format!("needs {n} zero bytes")))
+                };
+                QMatrix::new(
+                    layout.format,
+                    layout.rows,
+                    layout.cols,
+                    slice(packed)?,
+                    slice(scales)?,
+                    slice(biases)?,
+                )
+                .map(|m| m.with_activations(self.activations))
+                .map_err(|e| tensor_err(&layout.name, e.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Stack::new(
+            layout.format,
+            layout.rows,
+            layout.cols,
+            matrices,
+        ))
     }
 
     /// A plain integer tensor of `len` elements (I64 or I32, little-endian), widened to i64:

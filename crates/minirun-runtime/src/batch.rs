@@ -4,9 +4,9 @@
 //! and stop rule, and gets exactly the tokens [`generate`](crate::generate::generate) gives it
 //! alone: the same prompt pass, the same sampler draws, the same ends.
 
+use crate::decoder::Decoder;
 use crate::generate::{Sampler, Sampling, StopReason};
-use crate::layers::{ModelError, StepStats};
-use crate::model::Decoder;
+use crate::step::{ModelError, StepStats};
 
 /// One generation to run.
 #[derive(Debug, Clone)]

@@ -304,8 +304,8 @@ pub fn with_fetched<R>(
     chosen: &[usize],
     reads_in_flight: usize,
     meanwhile: impl FnOnce() -> R,
-    mut each: impl FnMut(usize, &LoadedExpert, Fetch) -> Result<(), crate::layers::ModelError>,
-) -> Result<(R, Duration), crate::layers::ModelError> {
+    mut each: impl FnMut(usize, &LoadedExpert, Fetch) -> Result<(), crate::step::ModelError>,
+) -> Result<(R, Duration), crate::step::ModelError> {
     let parts: Vec<&ExpertParts> = chosen
         .iter()
         .map(|&e| {
@@ -373,8 +373,8 @@ fn receive_reads(
     misses: &[usize],
     keep: &[bool],
     layer: usize,
-    each: &mut impl FnMut(usize, &LoadedExpert, Fetch) -> Result<(), crate::layers::ModelError>,
-) -> Result<(Vec<KeptExpert>, Duration), crate::layers::ModelError> {
+    each: &mut impl FnMut(usize, &LoadedExpert, Fetch) -> Result<(), crate::step::ModelError>,
+) -> Result<(Vec<KeptExpert>, Duration), crate::step::ModelError> {
     let mut loaded: Vec<Option<Arc<LoadedExpert>>> = vec![None; misses.len()];
     let mut waited = Duration::ZERO;
     for _ in misses {

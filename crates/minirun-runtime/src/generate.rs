@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use minirun_format::synthetic::SplitMix64;
 
-use crate::layers::{ModelError, StepStats};
-use crate::model::Decoder;
+use crate::decoder::Decoder;
+use crate::step::{ModelError, StepStats};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sampling {
@@ -140,19 +140,6 @@ impl Figures {
     }
 }
 
-/// Adds `step`'s storage figures to `total`.
-pub fn accumulate(total: &mut StepStats, step: &StepStats) {
-    total.weight_bytes += step.weight_bytes;
-    total.expert_read_bytes += step.expert_read_bytes;
-    total.layer_read_bytes += step.layer_read_bytes;
-    total.expert_cache_hits += step.expert_cache_hits;
-    total.expert_cache_misses += step.expert_cache_misses;
-    total.direct_reads += step.direct_reads;
-    total.buffered_reads += step.buffered_reads;
-    total.io_time += step.io_time;
-    total.read_busy += step.read_busy;
-}
-
 /// Why generation stopped.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -212,7 +199,7 @@ pub fn generate<D: Decoder>(
         figures.decode_time += seconds;
         figures.decode_weight_bytes += stats.weight_bytes;
         figures.decode_steps += 1;
-        accumulate(&mut figures.decode_io, &stats);
+        StepStats::add(&mut figures.decode_io, &stats);
         figures.steps.push(StepRecord {
             position,
             seconds: seconds.as_secs_f64(),

@@ -8,88 +8,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use crate::artifact::{Artifact, ArtifactError, LoadedPart, PartLayout, Stack, StackLayout};
-use crate::config::DeepSeekV3Config;
-use crate::layers::{ModelError, StepStats};
-
-/// Every deterministic matrix of layer `layer`, as stored, without reading it. The model's
-/// builder asks for exactly these (a streamed layer that missed one would be refused by
-/// [`LoadedLayer::stack`], and the streaming tests compare every logit bit with a resident run).
-pub fn layer_matrices(
-    artifact: &Artifact,
-    c: &DeepSeekV3Config,
-    layer: usize,
-) -> Result<Vec<StackLayout>, ArtifactError> {
-    let (hidden, heads) = (c.hidden_size, c.num_attention_heads);
-    let attn = format!("model.layers.{layer}.self_attn");
-    let mut wanted: Vec<(String, usize, usize)> = Vec::new();
-    match c.q_lora_rank {
-        Some(rank) => {
-            wanted.push((format!("{attn}.q_a_proj"), rank, hidden));
-            wanted.push((format!("{attn}.q_b_proj"), heads * c.q_head_dim(), rank));
-        }
-        None => wanted.push((format!("{attn}.q_proj"), heads * c.q_head_dim(), hidden)),
-    }
-    if artifact.has(&format!("{attn}.kv_b_proj.weight")) {
-        let rows = heads * (c.qk_nope_head_dim + c.v_head_dim);
-        wanted.push((format!("{attn}.kv_b_proj"), rows, c.kv_lora_rank));
-    } else {
-        wanted.push((
-            format!("{attn}.embed_q"),
-            c.kv_lora_rank,
-            c.qk_nope_head_dim,
-        ));
-        wanted.push((format!("{attn}.unembed_out"), c.v_head_dim, c.kv_lora_rank));
-    }
-    wanted.push((
-        format!("{attn}.kv_a_proj_with_mqa"),
-        c.kv_lora_rank + c.qk_rope_head_dim,
-        hidden,
-    ));
-    wanted.push((format!("{attn}.o_proj"), hidden, heads * c.v_head_dim));
-    let mlp = format!("model.layers.{layer}.mlp");
-    let mut push_mlp = |prefix: String, inner: usize| {
-        wanted.push((format!("{prefix}.gate_proj"), inner, hidden));
-        wanted.push((format!("{prefix}.up_proj"), inner, hidden));
-        wanted.push((format!("{prefix}.down_proj"), hidden, inner));
-    };
-    if c.is_moe(layer) {
-        if c.n_shared_experts > 0 {
-            push_mlp(
-                format!("{mlp}.shared_experts"),
-                c.moe_intermediate_size * c.n_shared_experts,
-            );
-        }
-        wanted.push((format!("{mlp}.gate"), c.n_routed_experts, hidden));
-    } else {
-        push_mlp(mlp, c.intermediate_size);
-    }
-    wanted
-        .iter()
-        .map(|(module, rows, cols)| artifact.stack_layout(module, *rows, *cols))
-        .collect()
-}
-
-/// Where a layer's matrices come from: the artifact's resident bytes, or a streamed layer's
-/// bytes read for this step.
-#[derive(Clone, Copy)]
-pub enum Source<'a> {
-    Resident(&'a Artifact),
-    Streamed(&'a LoadedLayer),
-}
-
-impl<'a> Source<'a> {
-    pub fn matrix(
-        &self,
-        module: &str,
-        rows: usize,
-        cols: usize,
-    ) -> Result<Stack<'a>, ArtifactError> {
-        match self {
-            Source::Resident(artifact) => artifact.matrix(module, rows, cols),
-            Source::Streamed(layer) => layer.stack(module, rows, cols),
-        }
-    }
-}
+use crate::step::{ModelError, StepStats};
 
 /// Bytes one read of these matrices moves from storage.
 pub fn read_bytes(matrices: &[StackLayout]) -> u64 {
@@ -239,40 +158,11 @@ pub struct LayerStream {
     kept: std::sync::Mutex<Option<(usize, LoadedLayer)>>,
 }
 
-/// Each layer's weights held for the run, or `None` where they stream.
-pub(crate) type HeldLayers<L> = Vec<Option<Box<L>>>;
-
-/// Every layer's weights as `streamed_layers` says: held for the run (built by `hold`), or
-/// streamed (`None`, its deterministic matrices listed by `shape` for the returned streamer).
-pub(crate) fn held_or_streamed<L>(
-    artifact: &Artifact,
-    shape: &impl crate::plan::Shape,
-    streamed_layers: &[usize],
-    mut hold: impl FnMut(usize) -> Result<L, ArtifactError>,
-) -> Result<(HeldLayers<L>, LayerStream), ArtifactError> {
-    let count = shape.layer_count();
-    let mut held = Vec::with_capacity(count);
-    let mut streamed = Vec::with_capacity(count);
-    for i in 0..count {
-        match streamed_layers.contains(&i) {
-            true => {
-                streamed.push(Some(shape.streamable_matrices(artifact, i)?));
-                held.push(None);
-            }
-            false => {
-                streamed.push(None);
-                held.push(Some(Box::new(hold(i)?)));
-            }
-        }
-    }
-    Ok((held, LayerStream::new(streamed)))
-}
-
 impl LayerStream {
-    pub fn new(streamed: Vec<Option<Vec<StackLayout>>>) -> LayerStream {
+    pub fn new(streamed: Vec<Option<Vec<StackLayout>>>, read_ahead: bool) -> LayerStream {
         LayerStream {
             streamed,
-            read_ahead: true,
+            read_ahead,
             kept: std::sync::Mutex::new(None),
         }
     }

@@ -1,26 +1,33 @@
 //! minirun's runtime: kernels that compute straight from an artifact's stored bytes, and the
 //! models that run on them.
+//!
+//! From the bottom up: [`artifact`] opens an artifact and hands out its tensors; [`weights`]
+//! is the handle a model asks for them through, placed by the [`plan`]; [`blocks`] are the
+//! pieces the architectures share; [`layered_model`] runs any architecture's layers, held or
+//! streamed, under one decode policy ([`decode_policy`]); [`models`] holds one folder per
+//! architecture and [`registry`] one row each; [`session`] and [`generate`] run them.
 
 pub mod artifact;
 pub mod batch;
+pub mod blocks;
 pub mod budget;
 pub mod config;
-pub mod deepseek;
-pub mod deepseek_v4;
-pub mod deepseek_v4_config;
+pub mod decode_policy;
+pub mod decoder;
 pub mod experts;
 pub mod generate;
 pub mod kernels;
-pub mod kimi_k3;
-pub mod kimi_k3_config;
 pub mod kimi_text;
 pub mod layer_stream;
-pub mod layers;
+pub mod layered_model;
 pub mod model;
 pub mod model_bench;
+pub mod model_weights;
+pub mod models;
 pub mod plan;
 pub mod read_clock;
-pub mod rope;
+pub mod registry;
 pub mod session;
-mod shared_rows;
+pub mod step;
 pub mod text;
+pub mod weights;

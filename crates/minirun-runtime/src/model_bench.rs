@@ -18,9 +18,9 @@
 
 use std::time::Instant;
 
+use crate::decoder::Decoder;
 use crate::generate::argmax;
-use crate::layers::{ModelError, StepStats};
-use crate::model::Decoder;
+use crate::step::{ModelError, StepStats};
 
 /// Why a measurement was refused.
 #[derive(Debug, thiserror::Error)]

@@ -27,10 +27,11 @@
 //! activations, the tokenizer and the runtime). A budget below the floor is refused before a
 //! payload byte is read, naming every term.
 
-use crate::artifact::{Artifact, ArtifactError, PartLayout, StackLayout};
+use crate::artifact::{Artifact, ArtifactError, PartLayout};
 use crate::budget::{Budget, human};
 use crate::experts::{ExpertCache, ExpertParts};
 use crate::layer_stream;
+use crate::model_weights::ModelWeights;
 
 /// Activations, the tokenizer and the runtime's own heap, beside the KV cache.
 pub const FIXED_RESERVE: u64 = 16 << 20;
@@ -146,35 +147,13 @@ pub struct Plan {
     pub uncached_read_per_token: u64,
 }
 
-/// Every MoE layer's routed experts, by layer (`None` for a dense layer).
-pub type ExpertMap = Vec<Option<Vec<ExpertParts>>>;
-
-/// What the planner needs to know of an architecture (implemented by each model's config).
+/// What the planner needs to know of an architecture beside what its layers ask for
+/// (implemented by each model's config).
 pub trait Shape {
     fn layer_count(&self) -> usize;
     fn experts_per_token(&self) -> usize;
     /// What the model's cache holds for a context of `context_tokens` positions.
     fn cache_bytes(&self, context_tokens: usize) -> u64;
-    /// Where layer `layer`'s routed experts are stored; `None` for a dense layer.
-    fn routed_experts(
-        &self,
-        artifact: &Artifact,
-        layer: usize,
-    ) -> Option<Result<Vec<ExpertParts>, ArtifactError>>;
-    /// The deterministic matrices of layer `layer`, if the model can stream them (read for
-    /// each step); empty for a model that holds every layer's.
-    fn streamable_matrices(
-        &self,
-        artifact: &Artifact,
-        layer: usize,
-    ) -> Result<Vec<StackLayout>, ArtifactError>;
-}
-
-/// Where every routed expert of the model is.
-pub fn expert_map(artifact: &Artifact, c: &impl Shape) -> Result<ExpertMap, ArtifactError> {
-    (0..c.layer_count())
-        .map(|layer| c.routed_experts(artifact, layer).transpose())
-        .collect()
 }
 
 /// One MoE layer's routed experts: what a token reads there uncached, what holding them
@@ -204,13 +183,15 @@ struct Sizes {
     total: u64,
 }
 
-fn sizes(artifact: &Artifact, c: &impl Shape, experts: &ExpertMap) -> Result<Sizes, ArtifactError> {
+fn sizes(artifact: &Artifact, weights: &ModelWeights, experts_per_token: usize) -> Sizes {
     let mut container_files = std::collections::BTreeSet::new();
     let mut pieces = 0u64;
     let (mut routed_bytes, mut read_max, mut alloc_max) = (0u64, 0, 0);
     let mut expert_layers = Vec::new();
-    for (index, layer) in experts.iter().enumerate() {
-        let Some(layer) = layer else { continue };
+    for (index, layer) in weights.layers.iter().enumerate() {
+        let Some(layer) = &layer.experts else {
+            continue;
+        };
         let largest = layer.iter().map(ExpertParts::read_bytes).max().unwrap_or(0);
         read_max = read_max.max(largest);
         alloc_max = alloc_max.max(
@@ -225,7 +206,7 @@ fn sizes(artifact: &Artifact, c: &impl Shape, experts: &ExpertMap) -> Result<Siz
             .flat_map(|e| [&e.gate.part, &e.up.part, &e.down.part]);
         expert_layers.push(ExpertLayer {
             index,
-            per_token: largest * c.experts_per_token() as u64,
+            per_token: largest * experts_per_token as u64,
             hold: layer_stream::resident_bytes(artifact, parts),
         });
         for expert in layer {
@@ -247,17 +228,19 @@ fn sizes(artifact: &Artifact, c: &impl Shape, experts: &ExpertMap) -> Result<Siz
         .map(|&f| artifact.payload_file_bytes(f))
         .sum();
     let total = artifact.total_payload_bytes();
-    let layers = (0..c.layer_count())
-        .map(|i| {
-            let m: Vec<StackLayout> = c.streamable_matrices(artifact, i)?;
-            Ok(DeterministicLayer {
-                resident: layer_stream::resident_bytes(artifact, layer_stream::parts(&m)),
-                read: layer_stream::read_bytes(&m),
-                allocated: layer_stream::allocated_bytes(&m),
-            })
+    let layers = weights
+        .layers
+        .iter()
+        .map(|layer| {
+            let m = &layer.matrices;
+            DeterministicLayer {
+                resident: layer_stream::resident_bytes(artifact, layer_stream::parts(m)),
+                read: layer_stream::read_bytes(m),
+                allocated: layer_stream::allocated_bytes(m),
+            }
         })
-        .collect::<Result<Vec<_>, ArtifactError>>()?;
-    Ok(Sizes {
+        .collect();
+    Sizes {
         routed_bytes,
         expert_read_max: read_max,
         expert_alloc_max: alloc_max,
@@ -265,19 +248,19 @@ fn sizes(artifact: &Artifact, c: &impl Shape, experts: &ExpertMap) -> Result<Siz
         resident_all: total.saturating_sub(streamed_files + pieces),
         layers,
         total,
-    })
+    }
 }
 
 impl Plan {
     /// Plans a run of at most `context_tokens` positions under `budget`.
     pub fn new(
         artifact: &Artifact,
-        c: &impl Shape,
-        experts: &ExpertMap,
+        c: &(impl Shape + ?Sized),
+        weights: &ModelWeights,
         budget: Budget,
         context_tokens: usize,
     ) -> Result<Plan, PlanError> {
-        let s = sizes(artifact, c, experts)?;
+        let s = sizes(artifact, weights, c.experts_per_token());
         // Payload sizes are bounded by Artifact::open; the config's counts are not, so the
         // products saturate (a saturated floor is refused like any other too-large one).
         let reserve_bytes = FIXED_RESERVE.saturating_add(c.cache_bytes(context_tokens));
@@ -398,17 +381,6 @@ impl Plan {
     pub(crate) fn start_streaming(&self, artifact: &Artifact) -> ExpertCache {
         artifact.keep_read_buffers(self.slot_pool_bytes + self.layer_pool_bytes);
         ExpertCache::new(self.cache_bytes, self.moe_layers - self.held_layers.len())
-    }
-
-    /// The experts a streamed run reads from storage: `experts` without the held layers'
-    /// (whose experts the model reads once and holds, as a resident run does).
-    pub fn streamed_experts(&self, mut experts: ExpertMap) -> ExpertMap {
-        for &layer in &self.held_layers {
-            if let Some(entry) = experts.get_mut(layer) {
-                *entry = None;
-            }
-        }
-        experts
     }
 
     /// The plan in lines, for the run's header.

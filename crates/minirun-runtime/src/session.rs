@@ -10,9 +10,11 @@ use crate::artifact::{Access, Artifact, ArtifactError};
 use crate::budget::Budget;
 use crate::config::ConfigError;
 use crate::generate::{Figures, Sampling, StepRecord, generate};
-use crate::layers::ModelError;
-use crate::model::{Architecture, Model};
-use crate::plan::{ExpertMap, Plan, PlanError};
+use crate::model::Model;
+use crate::model_weights::ModelWeights;
+use crate::plan::{Plan, PlanError};
+use crate::registry::{Architecture, DefaultChat};
+use crate::step::ModelError;
 use crate::text::{Text, TextError};
 
 /// Why a session could not be opened or could not generate.
@@ -115,7 +117,7 @@ impl Session {
             artifact.tokenizer_config_json.as_deref(),
             artifact.tiktoken_model.as_deref(),
         )?;
-        if matches!(architecture, Architecture::DeepSeekV4(_)) {
+        if architecture.default_chat() == DefaultChat::DeepSeekV4 {
             text = text.with_v4_template()?;
         }
         let vocab = architecture.vocab_size();
@@ -176,31 +178,33 @@ impl Session {
     }
 
     /// The memory plan for `budget` and a context of `context_tokens`, made before any payload
-    /// byte is read (a budget below the floor is refused here), with where the experts are.
+    /// byte is read (a budget below the floor is refused here), with what the model's layers
+    /// ask for (the plan's input).
     pub fn plan(
         &self,
         budget: Budget,
         context_tokens: usize,
-    ) -> Result<(Plan, ExpertMap), SessionError> {
-        let experts = self
+    ) -> Result<(Plan, ModelWeights), SessionError> {
+        let weights = self
             .architecture
-            .expert_map(&self.artifact)
+            .weights(&self.artifact)
             .map_err(ModelError::from)?;
         let plan = self
             .architecture
-            .plan(&self.artifact, &experts, budget, context_tokens)?;
-        Ok((plan, experts))
+            .plan(&self.artifact, &weights, budget, context_tokens)?;
+        Ok((plan, weights))
     }
 
-    /// The model as `plan` says: resident, or with its routed experts streamed.
+    /// The model as `plan` (made from `weights`) says: resident, or with its routed experts
+    /// streamed.
     pub fn planned_model(
         &self,
         plan: &Plan,
-        experts: ExpertMap,
+        weights: &ModelWeights,
     ) -> Result<Model<'_>, SessionError> {
         Ok(self
             .architecture
-            .load_planned(&self.artifact, plan, experts)?)
+            .load_planned(&self.artifact, plan, weights)?)
     }
 
     /// Generates from `prompt_ids`; `on_token` hears, after each token, the text that became

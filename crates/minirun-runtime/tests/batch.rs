@@ -14,10 +14,11 @@ use common::{STREAMED_SHAPE, greedy_bits, on_threads, packed, packed_synthetic};
 use minirun_pack::{PackOptions, pack};
 use minirun_runtime::batch::{Batch, Event, Request};
 use minirun_runtime::budget::Budget;
+use minirun_runtime::decoder::Decoder;
 use minirun_runtime::generate::{Sampling, StopReason, argmax, generate};
-use minirun_runtime::layers::{ModelError, StepStats};
-use minirun_runtime::model::{Decoder, Model};
+use minirun_runtime::model::Model;
 use minirun_runtime::session::{Session, Trust};
+use minirun_runtime::step::{ModelError, StepStats};
 
 const STEPS: usize = 6;
 
@@ -105,7 +106,7 @@ fn a_batch_step_gives_every_sequence_the_bits_of_stepping_it_alone() {
         assert_batch_is(&model, &prompts, &alone, label);
         // At the floor the routed experts stream: the same bits again.
         let (plan, experts) = session.plan(Budget::Floor, 64).unwrap();
-        let streamed = session.planned_model(&plan, experts).unwrap();
+        let streamed = session.planned_model(&plan, &experts).unwrap();
         assert_batch_is(
             &streamed,
             &prompts,
@@ -173,7 +174,7 @@ fn prompts_prefilled_together_have_the_bits_each_has_alone() {
             ("resident", session.model().unwrap()),
             (
                 "at the floor",
-                session.planned_model(&plan, experts.clone()).unwrap(),
+                session.planned_model(&plan, &experts).unwrap(),
             ),
         ] {
             let alone = prefilled_bits(&model, &prompts, false);
@@ -202,7 +203,7 @@ fn a_streamed_batch_step_reads_each_streamed_layer_once_for_all_its_sequences() 
     let (plan, experts) = session.plan(Budget::Floor, 64).unwrap();
     assert!(!plan.streamed_layers.is_empty());
     let prompts = prompts(session.architecture.vocab_size());
-    let model = session.planned_model(&plan, experts.clone()).unwrap();
+    let model = session.planned_model(&plan, &experts).unwrap();
     let alone = alone_bits(&model, &prompts);
     for threads in [1, 2] {
         let label = format!("floor, {threads} threads");

@@ -6,7 +6,7 @@
 //! each refused by name.
 
 use minirun_runtime::config::ConfigError;
-use minirun_runtime::deepseek_v4_config::{Attention, DeepSeekV4Config};
+use minirun_runtime::models::deepseek_v4::config::{Attention, DeepSeekV4Config};
 use serde_json::{Value, json};
 
 fn upstream() -> Value {

@@ -107,7 +107,7 @@ fn the_published_layout_runs_with_the_bits_of_minirun_s_own() {
 
     let (floor, experts) = session.plan(Budget::Floor, 64).unwrap();
     assert_eq!(floor.mode, Mode::Streamed);
-    let streamed = session.planned_model(&floor, experts).unwrap();
+    let streamed = session.planned_model(&floor, &experts).unwrap();
     let (bits, decode) = greedy_bits(&streamed, &prompt, STEPS);
     assert!(bits == want, "streamed: other logits");
     assert_eq!(

@@ -4,7 +4,7 @@
 //! are set aside by name and reported.
 
 use minirun_runtime::config::ConfigError;
-use minirun_runtime::kimi_k3_config::KimiK3Config;
+use minirun_runtime::models::kimi_k3::config::KimiK3Config;
 use serde_json::Value;
 
 fn published() -> Value {

@@ -303,7 +303,7 @@ fn the_published_layout_runs_with_the_bits_of_minirun_s_own() {
     assert_eq!(plan.mode, Mode::Streamed);
     assert_eq!(plan.streamed_layers.len(), 6);
     for threads in [1, 2] {
-        let model = session.planned_model(&plan, experts.clone()).unwrap();
+        let model = session.planned_model(&plan, &experts).unwrap();
         let (bits, decode) = on_threads(threads, || greedy_bits(&model, &prompt, STEPS));
         assert!(bits == want, "{threads} threads: other logits");
         let steps = STEPS as u64;

@@ -3,9 +3,9 @@
 
 use std::cell::Cell;
 
-use minirun_runtime::layers::{ModelError, StepStats};
-use minirun_runtime::model::Decoder;
+use minirun_runtime::decoder::Decoder;
 use minirun_runtime::model_bench::{BenchError, time_decode, time_prompt};
+use minirun_runtime::step::{ModelError, StepStats};
 
 /// Logits that depend on the tokens seen and, once `drift_after` passes have started, on how
 /// many passes came before: a model that is deterministic for a while and then is not.

@@ -22,11 +22,12 @@ use std::path::{Path, PathBuf};
 use common::{ids, max_abs_delta, read_logits};
 use minirun_pack::{PackOptions, pack};
 use minirun_runtime::artifact::{Access, Artifact};
-use minirun_runtime::config::DeepSeekV3Config;
-use minirun_runtime::deepseek::{DeepSeekV3, StepStats};
+use minirun_runtime::decoder::Decoder;
 use minirun_runtime::generate::argmax;
 use minirun_runtime::kernels::Activations;
-use minirun_runtime::model::Decoder;
+use minirun_runtime::models::deepseek_v3::DeepSeekV3;
+use minirun_runtime::models::deepseek_v3::DeepSeekV3Config;
+use minirun_runtime::step::StepStats;
 use minirun_runtime::text::Text;
 use serde_json::Value;
 

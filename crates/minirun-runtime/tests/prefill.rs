@@ -8,12 +8,15 @@ mod common;
 use common::{STREAMED_SHAPE, on_threads, packed, packed_synthetic};
 use minirun_runtime::artifact::{Access, Artifact};
 use minirun_runtime::budget::Budget;
-use minirun_runtime::config::DeepSeekV3Config;
-use minirun_runtime::deepseek::{DeepSeekV3, ModelError, PREFILL_CHUNK, StepStats};
+use minirun_runtime::decode_policy::PREFILL_CHUNK;
+use minirun_runtime::decoder::Decoder;
 use minirun_runtime::generate::argmax;
 use minirun_runtime::kernels::Activations;
-use minirun_runtime::model::Decoder;
-use minirun_runtime::plan::{Plan, expert_map};
+use minirun_runtime::models::deepseek_v3::DeepSeekV3;
+use minirun_runtime::models::deepseek_v3::DeepSeekV3Config;
+use minirun_runtime::plan::Plan;
+use minirun_runtime::step::ModelError;
+use minirun_runtime::step::StepStats;
 
 const FIXTURES: [&str; 3] = ["mlx-affine4-g64", "mlx-mxfp4", "hf-fp8-e8m0"];
 
@@ -61,9 +64,9 @@ fn assert_prefill_matches_stepping(artifact: &Artifact, what: &str) -> Vec<Vec<u
     let resident = DeepSeekV3::load(artifact, config.clone()).unwrap();
     let stepped = decode(&resident, &prompt, false);
 
-    let experts = expert_map(artifact, &config).unwrap();
+    let experts = DeepSeekV3::weights(artifact, &config).unwrap();
     let floor = Plan::new(artifact, &config, &experts, Budget::Floor, 128).unwrap();
-    let streamed = DeepSeekV3::load_planned(artifact, config, &floor, experts).unwrap();
+    let streamed = DeepSeekV3::load_planned(artifact, config, &floor, &experts).unwrap();
     for threads in [1, 2] {
         for (how, model) in [("resident", &resident), ("streamed", &streamed)] {
             let batched = on_threads(threads, || decode(model, &prompt, true));
@@ -111,10 +114,10 @@ fn a_prefill_with_every_layer_streamed_reads_each_layer_once_and_keeps_the_bits(
     let dir = packed_synthetic(&STREAMED_SHAPE);
     let artifact = Artifact::open(dir.path(), Access::Unverified).unwrap();
     let config = DeepSeekV3Config::parse(&artifact.config_json).unwrap();
-    let experts = expert_map(&artifact, &config).unwrap();
+    let experts = DeepSeekV3::weights(&artifact, &config).unwrap();
     let floor = Plan::new(&artifact, &config, &experts, Budget::Floor, 64).unwrap();
     assert_eq!(floor.streamed_layers.len(), config.num_hidden_layers);
-    let model = DeepSeekV3::load_planned(&artifact, config.clone(), &floor, experts).unwrap();
+    let model = DeepSeekV3::load_planned(&artifact, config.clone(), &floor, &experts).unwrap();
     let prompt: Vec<u32> = (0..12).map(|i| (i * 41 + 3) % 512).collect();
     let batched = decode(&model, &prompt, true);
     assert!(
@@ -142,7 +145,7 @@ fn read_ahead_reads_the_first_streamed_layer_for_the_next_step_during_this_one()
     let dir = packed_synthetic(&STREAMED_SHAPE);
     let artifact = Artifact::open(dir.path(), Access::Unverified).unwrap();
     let config = DeepSeekV3Config::parse(&artifact.config_json).unwrap();
-    let experts = expert_map(&artifact, &config).unwrap();
+    let experts = DeepSeekV3::weights(&artifact, &config).unwrap();
     let floor = Plan::new(&artifact, &config, &experts, Budget::Floor, 64).unwrap();
     let mut per_step = Vec::new();
     for read_ahead in [true, false] {
@@ -150,8 +153,7 @@ fn read_ahead_reads_the_first_streamed_layer_for_the_next_step_during_this_one()
             read_ahead,
             ..floor.clone()
         };
-        let model =
-            DeepSeekV3::load_planned(&artifact, config.clone(), &plan, experts.clone()).unwrap();
+        let model = DeepSeekV3::load_planned(&artifact, config.clone(), &plan, &experts).unwrap();
         let mut cache = model.new_cache();
         let mut bytes = Vec::new();
         for token in [5, 9, 11] {

@@ -5,9 +5,10 @@ use std::path::Path;
 
 use minirun_pack::{PackOptions, pack};
 use minirun_runtime::artifact::{Access, Artifact};
-use minirun_runtime::config::DeepSeekV3Config;
-use minirun_runtime::deepseek::{DeepSeekV3, ModelError};
 use minirun_runtime::generate::{Sampling, StopReason, generate};
+use minirun_runtime::models::deepseek_v3::DeepSeekV3;
+use minirun_runtime::models::deepseek_v3::DeepSeekV3Config;
+use minirun_runtime::step::ModelError;
 
 fn with_model(f: impl FnOnce(&DeepSeekV3)) {
     let out = tempfile::tempdir().unwrap();

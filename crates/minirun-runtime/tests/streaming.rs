@@ -8,12 +8,13 @@ mod common;
 use common::{STREAMED_SHAPE, on_threads, packed, packed_synthetic};
 use minirun_runtime::artifact::{Access, Artifact};
 use minirun_runtime::budget::Budget;
-use minirun_runtime::config::DeepSeekV3Config;
-use minirun_runtime::deepseek::{DeepSeekV3, StepStats};
+use minirun_runtime::decoder::Decoder;
 use minirun_runtime::generate::argmax;
 use minirun_runtime::kernels::Activations;
-use minirun_runtime::model::Decoder;
-use minirun_runtime::plan::{Mode, Plan, PlanError, expert_map};
+use minirun_runtime::models::deepseek_v3::DeepSeekV3;
+use minirun_runtime::models::deepseek_v3::DeepSeekV3Config;
+use minirun_runtime::plan::{Mode, Plan, PlanError};
+use minirun_runtime::step::StepStats;
 
 /// Stacked MLX containers, per-expert FP8 containers, per-expert bf16 blob members.
 const FIXTURES: [&str; 3] = ["mlx-mxfp4", "hf-fp8-e8m0", "hf-bf16"];
@@ -60,7 +61,7 @@ fn a_budget_below_the_floor_is_refused_before_any_payload_is_read() {
     let dir = packed("mlx-mxfp4");
     let artifact = Artifact::open(dir.path(), Access::Unverified).unwrap();
     let config = DeepSeekV3Config::parse(&artifact.config_json).unwrap();
-    let experts = expert_map(&artifact, &config).unwrap();
+    let experts = DeepSeekV3::weights(&artifact, &config).unwrap();
     let floor = Plan::new(&artifact, &config, &experts, Budget::Floor, 64)
         .unwrap()
         .floor;
@@ -89,7 +90,7 @@ fn streamed_runs_at_every_budget_and_thread_count_have_the_resident_bits() {
         let (reference, ids, resident_decode) = run(&resident);
         assert_eq!(resident_decode.read_busy, std::time::Duration::ZERO);
 
-        let experts = expert_map(&artifact, &config).unwrap();
+        let experts = DeepSeekV3::weights(&artifact, &config).unwrap();
         let floor = Plan::new(&artifact, &config, &experts, Budget::Floor, 64).unwrap();
         assert_eq!(floor.mode, Mode::Streamed, "{fixture}");
         // A middle budget: room for six experts in the cache. (These experts are tiny next to
@@ -108,8 +109,7 @@ fn streamed_runs_at_every_budget_and_thread_count_have_the_resident_bits() {
             }
             for threads in [1, 2] {
                 let model =
-                    DeepSeekV3::load_planned(&artifact, config.clone(), &plan, experts.clone())
-                        .unwrap();
+                    DeepSeekV3::load_planned(&artifact, config.clone(), &plan, &experts).unwrap();
                 let (bits, got, decode) = on_threads(threads, || run(&model));
                 assert_eq!(got, ids, "{fixture} {budget} {threads} threads: tokens");
                 assert!(
@@ -150,13 +150,9 @@ fn streamed_runs_at_every_budget_and_thread_count_have_the_resident_bits() {
                         reads_in_flight: 8,
                         ..plan.clone()
                     };
-                    let model = DeepSeekV3::load_planned(
-                        &artifact,
-                        config.clone(),
-                        &eight,
-                        experts.clone(),
-                    )
-                    .unwrap();
+                    let model =
+                        DeepSeekV3::load_planned(&artifact, config.clone(), &eight, &experts)
+                            .unwrap();
                     let (_, _, wide) = on_threads(threads, || run(&model));
                     assert_eq!(
                         (wide.expert_cache_hits, wide.expert_read_bytes),
@@ -182,7 +178,7 @@ fn an_artifact_several_times_its_budget_streams_with_the_resident_bits() {
     let dir = packed_synthetic(&STREAMED_SHAPE);
     let artifact = Artifact::open(dir.path(), Access::Unverified).unwrap();
     let config = DeepSeekV3Config::parse(&artifact.config_json).unwrap();
-    let experts = expert_map(&artifact, &config).unwrap();
+    let experts = DeepSeekV3::weights(&artifact, &config).unwrap();
     let plan = Plan::new(&artifact, &config, &experts, Budget::Floor, 64).unwrap();
     assert!(
         artifact.total_payload_bytes() > 3 * plan.floor,
@@ -204,7 +200,7 @@ fn an_artifact_several_times_its_budget_streams_with_the_resident_bits() {
             ..plan.clone()
         };
         let streamed =
-            DeepSeekV3::load_planned(&artifact, config.clone(), &plan, experts.clone()).unwrap();
+            DeepSeekV3::load_planned(&artifact, config.clone(), &plan, &experts).unwrap();
         let (bits, ids, decode) = on_threads(threads, || run(&streamed));
         assert!(artifact.payload_bytes() <= plan.resident_bytes);
         assert_eq!(
@@ -242,8 +238,7 @@ fn an_artifact_several_times_its_budget_streams_with_the_resident_bits() {
         partial.streamed_layers,
         serde_json::to_string(&partial).unwrap()
     );
-    let model =
-        DeepSeekV3::load_planned(&artifact, config.clone(), &partial, experts.clone()).unwrap();
+    let model = DeepSeekV3::load_planned(&artifact, config.clone(), &partial, &experts).unwrap();
     let (partial_bits, _, partial_decode) = run(&model);
     assert!(
         partial_bits == bits,
@@ -257,11 +252,12 @@ fn an_artifact_several_times_its_budget_streams_with_the_resident_bits() {
 
     // Room for exactly the first two MoE layers beyond the floor: those are held whole, read
     // once at load, and a token reads only the chosen experts of the others.
-    let moe: Vec<usize> = (0..experts.len())
-        .filter(|&l| experts[l].is_some())
+    let moe: Vec<usize> = (0..experts.layers.len())
+        .filter(|&l| experts.layers[l].experts.is_some())
         .collect();
     let layer_bytes = |l: usize| -> u64 {
-        let parts = experts[l]
+        let parts = experts.layers[l]
+            .experts
             .iter()
             .flatten()
             .flat_map(|e| [&e.gate.part, &e.up.part, &e.down.part]);
@@ -280,7 +276,7 @@ fn an_artifact_several_times_its_budget_streams_with_the_resident_bits() {
     );
     // A fresh artifact, so that what it holds after loading is this model's alone.
     let fresh = Artifact::open(dir.path(), Access::Unverified).unwrap();
-    let model = DeepSeekV3::load_planned(&fresh, config.clone(), &held, experts).unwrap();
+    let model = DeepSeekV3::load_planned(&fresh, config.clone(), &held, &experts).unwrap();
     assert_eq!(
         fresh.payload_bytes(),
         held.resident_bytes + two_layers,
@@ -321,12 +317,11 @@ fn eight_bit_activations_stream_with_their_resident_bits() {
     let (reference, ids, _) = run(&DeepSeekV3::load(&artifact, config.clone()).unwrap());
     let (exact_bits, _, _) = run(&DeepSeekV3::load(&exact, config.clone()).unwrap());
     assert!(exact_bits != reference, "int8 gave the f32 path's bits");
-    let experts = expert_map(&artifact, &config).unwrap();
+    let experts = DeepSeekV3::weights(&artifact, &config).unwrap();
     let plan = Plan::new(&artifact, &config, &experts, Budget::Floor, 64).unwrap();
     assert_eq!(plan.mode, Mode::Streamed);
     for threads in [1, 2] {
-        let model =
-            DeepSeekV3::load_planned(&artifact, config.clone(), &plan, experts.clone()).unwrap();
+        let model = DeepSeekV3::load_planned(&artifact, config.clone(), &plan, &experts).unwrap();
         let (bits, got, decode) = on_threads(threads, || run(&model));
         assert_eq!(got, ids, "{threads} threads: tokens");
         assert!(bits == reference, "{threads} threads: logit bits differ");

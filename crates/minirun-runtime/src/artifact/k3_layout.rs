@@ -13,7 +13,7 @@ use minirun_format::tile::{HEADER_BYTES, QuantMode, RawHeader, TileContainer};
 
 use super::{Artifact, ArtifactError, Location, PartLayout, PayloadEntry, invalid, read_metadata};
 use crate::kernels::{FloatType, Format};
-use crate::kimi_k3_config::KimiK3Config;
+use crate::models::kimi_k3::config::KimiK3Config;
 
 /// Whether `layer00/manifest.json` is a published K3 layer manifest (it has `nonexpert`).
 pub(super) fn is_k3_published(files: &minirun_store::ArtifactFiles) -> Result<bool, ArtifactError> {

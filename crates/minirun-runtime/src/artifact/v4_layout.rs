@@ -12,7 +12,7 @@ use minirun_format::index::ArtifactIndex;
 use minirun_format::tile::{HEADER_BYTES, QuantMode, TileContainer};
 
 use super::{Artifact, ArtifactError, Location, invalid, read_metadata};
-use crate::deepseek_v4_config::DeepSeekV4Config;
+use crate::models::deepseek_v4::config::DeepSeekV4Config;
 
 /// Whether the artifact is in the published V4 layout (it has `global00/manifest.json`).
 pub(super) fn is_v4_published(files: &minirun_store::ArtifactFiles) -> Result<bool, ArtifactError> {

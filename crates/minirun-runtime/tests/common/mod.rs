@@ -96,9 +96,9 @@ pub fn greedy_bits(
     model: &minirun_runtime::model::Model,
     prompt: &[u32],
     steps: usize,
-) -> (Vec<u32>, minirun_runtime::layers::StepStats) {
-    use minirun_runtime::layers::StepStats;
-    use minirun_runtime::model::Decoder;
+) -> (Vec<u32>, minirun_runtime::step::StepStats) {
+    use minirun_runtime::decoder::Decoder;
+    use minirun_runtime::step::StepStats;
     let mut cache = model.new_cache();
     let mut logits = model
         .prefill(prompt, &mut cache, &mut StepStats::default())
@@ -109,7 +109,7 @@ pub fn greedy_bits(
         let mut stats = StepStats::default();
         let token = minirun_runtime::generate::argmax(&logits);
         logits = model.step(token, &mut cache, &mut stats).unwrap();
-        minirun_runtime::generate::accumulate(&mut decode, &stats);
+        decode.add(&stats);
         bits.extend(logits.iter().map(|l| l.to_bits()));
     }
     (bits, decode)
@@ -121,18 +121,18 @@ pub fn greedy_bits(
 pub fn assert_streams_as_planned(
     session: &minirun_runtime::session::Session,
     plan: &minirun_runtime::plan::Plan,
-    experts: &minirun_runtime::plan::ExpertMap,
+    experts: &minirun_runtime::model_weights::ModelWeights,
     (read_ahead, threads): (bool, usize),
     (prompt, steps): (&[u32], usize),
     resident: &[u32],
     label: &str,
 ) {
-    use minirun_runtime::model::Decoder;
+    use minirun_runtime::decoder::Decoder;
     let plan = minirun_runtime::plan::Plan {
         read_ahead,
         ..plan.clone()
     };
-    let streamed = session.planned_model(&plan, experts.clone()).unwrap();
+    let streamed = session.planned_model(&plan, experts).unwrap();
     let (bits, decode) = on_threads(threads, || greedy_bits(&streamed, prompt, steps));
     let case = format!(
         "{label}: {} layers streamed, read-ahead {read_ahead}, {threads} threads",
@@ -160,7 +160,7 @@ pub fn assert_streams_as_planned(
 /// `margin`. Then the prompt prefilled at once must give the last position the stepped bits,
 /// and 32 greedy tokens from both caches the same bits each step. Returns the greedy tokens and
 /// the worst |delta|.
-pub fn follow_oracle<D: minirun_runtime::model::Decoder>(
+pub fn follow_oracle<D: minirun_runtime::decoder::Decoder>(
     model: &D,
     prompt: &[u32],
     expected: &[Vec<f32>],
@@ -169,7 +169,7 @@ pub fn follow_oracle<D: minirun_runtime::model::Decoder>(
     label: &str,
 ) -> (Vec<u32>, f32) {
     use minirun_runtime::generate::argmax;
-    use minirun_runtime::layers::StepStats;
+    use minirun_runtime::step::StepStats;
     assert_eq!(
         expected.len(),
         prompt.len(),

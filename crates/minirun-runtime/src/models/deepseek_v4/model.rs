@@ -23,22 +23,20 @@
 //! by position, so a chunk gives every position the bits a step gives it. Ties in a top-k go to
 //! the lower index.
 
-use crate::artifact::{Artifact, ArtifactError, StackLayout};
-use crate::deepseek_v4_config::{Attention, DeepSeekV4Config};
-use crate::experts::{ExpertCache, routed_experts};
+use crate::artifact::ArtifactError;
+use crate::blocks::mlp::{Activation, Mlp};
+use crate::blocks::moe::{RoutedExperts, run_routed, weighted_sum};
+use crate::blocks::norm::{rms_norm, sigmoid};
+use crate::blocks::products::{add_rows, apply_batch, top_k};
+use crate::blocks::rope::Rope;
+use crate::config::ModelConfig;
+use crate::decode_policy::{Place, SequenceCache};
 use crate::kernels::{KernelError, QMatrix};
-use crate::layer_stream::{self, LayerStream, LoadedLayer, Source};
-use crate::layers::{
-    Activation, LayeredCache, Logits, Mlp, ModelError, Place, RoutedExperts, Rows, StepStats,
-    Streaming, add_rows, apply_batch, prefill_each, rms_norm, run_routed, sigmoid, step_each,
-    top_k, weighted_sum,
-};
-use crate::model::Decoder;
-use crate::plan::{DEFAULT_READS_IN_FLIGHT, ExpertMap, Mode, Plan, Shape};
-use crate::rope::Rope;
-
-/// Prompt positions run through the layers together.
-pub const PREFILL_CHUNK: usize = 64;
+use crate::layered_model::{Layered, LayeredModel};
+use crate::models::deepseek_v4::config::{Attention, DeepSeekV4Config};
+use crate::plan::Shape;
+use crate::step::{ModelError, StepStats};
+use crate::weights::Weights;
 
 /// The per-expert projections' names in DeepSeek's checkpoints: gate, up, down.
 pub const EXPERT_PROJECTIONS: [&str; 3] = ["w1", "w3", "w2"];
@@ -94,7 +92,8 @@ struct Moe<'a> {
     shared: Mlp<'a>,
 }
 
-struct Layer<'a> {
+/// One layer's weights.
+pub struct Layer<'a> {
     attn_hc: HyperConnection,
     ffn_hc: HyperConnection,
     attn_norm: Vec<f32>,
@@ -122,7 +121,7 @@ impl CompressorState {
 }
 
 #[derive(Clone, Default)]
-pub(crate) struct LayerCache {
+pub struct LayerCache {
     /// The last `sliding_window - 1` K=V rows, oldest first, `[rows, head_dim]`.
     window: Vec<f32>,
     compressor: CompressorState,
@@ -138,13 +137,10 @@ pub struct Cache {
     broken: bool,
 }
 
-pub struct DeepSeekV4<'a> {
-    pub config: DeepSeekV4Config,
-    artifact: &'a Artifact,
+/// The weights outside the layers, and what every layer's pass needs beside its own.
+pub struct DeepSeekV4Model<'a> {
+    config: DeepSeekV4Config,
     embed: QMatrix<'a>,
-    layers: Vec<Option<Box<Layer<'a>>>>,
-    stream: LayerStream,
-    experts: Option<ExpertMap>,
     /// Per layer, the token's hash-routed experts (`[vocab, k]`), on hash layers.
     hash_tables: Vec<Option<Vec<i64>>>,
     head_hc: (Vec<f32>, Vec<f32>, f32),
@@ -152,9 +148,10 @@ pub struct DeepSeekV4<'a> {
     lm_head: QMatrix<'a>,
     main_rope: Rope,
     compress_rope: Rope,
-    cache: Option<ExpertCache>,
-    reads_in_flight: usize,
 }
+
+/// DeepSeek V4 as a run holds it (see [`LayeredModel`]).
+pub type DeepSeekV4<'a> = LayeredModel<'a, DeepSeekV4Model<'a>>;
 
 fn tensor_err(name: &str, reason: impl Into<String>) -> ArtifactError {
     ArtifactError::Tensor {
@@ -163,22 +160,19 @@ fn tensor_err(name: &str, reason: impl Into<String>) -> ArtifactError {
     }
 }
 
+/// A layer's weights, asked for by their full names.
 struct Loader<'a, 'm> {
-    artifact: &'a Artifact,
-    source: Source<'a>,
+    w: &'m Weights<'a>,
     c: &'m DeepSeekV4Config,
-    streamed: Option<&'m ExpertMap>,
 }
 
 impl<'a> Loader<'a, '_> {
     fn one(&self, module: &str, rows: usize, cols: usize) -> Result<QMatrix<'a>, ArtifactError> {
-        self.source
-            .matrix(module, rows, cols)?
-            .single(&format!("{module}.weight"))
+        self.w.matrix(module, rows, cols)
     }
 
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ArtifactError> {
-        self.artifact.vector(name, len)
+        self.w.vector(name, len)
     }
 
     fn hyper_connection(
@@ -282,35 +276,13 @@ impl<'a> Loader<'a, '_> {
         })
     }
 
-    fn experts(&self, prefix: &str) -> Result<Vec<Mlp<'a>>, ArtifactError> {
-        let c = self.c;
-        let (hidden, inner) = (c.hidden_size, c.moe_intermediate_size);
-        let [gate, up, down] = EXPERT_PROJECTIONS;
-        let one = |e: usize, name: &str, rows, cols| -> Result<QMatrix<'a>, ArtifactError> {
-            let module = format!("{prefix}.experts.{e}.{name}");
-            self.artifact
-                .matrix(&module, rows, cols)?
-                .single(&format!("{module}.weight"))
-        };
-        (0..c.n_routed_experts)
-            .map(|e| {
-                Ok(Mlp {
-                    gate: one(e, gate, inner, hidden)?,
-                    up: one(e, up, inner, hidden)?,
-                    down: one(e, down, hidden, inner)?,
-                    activation: self.activation(),
-                })
-            })
-            .collect()
-    }
-
     fn moe(&self, prefix: &str, layer: usize) -> Result<Moe<'a>, ArtifactError> {
         let c = self.c;
         let ffn = format!("{prefix}.ffn");
-        let experts = match self.streamed.and_then(|m| m.get(layer)?.clone()) {
-            Some(parts) => RoutedExperts::Streamed { layer, parts },
-            None => RoutedExperts::Resident(self.experts(&ffn)?),
-        };
+        let sizes = (c.hidden_size, c.moe_intermediate_size, c.n_routed_experts);
+        let experts = self
+            .w
+            .routed_experts(&ffn, EXPERT_PROJECTIONS, sizes, self.activation())?;
         Ok(Moe {
             router: self.one(&format!("{ffn}.gate"), c.n_routed_experts, c.hidden_size)?,
             correction_bias: match c.is_hash(layer) {
@@ -336,53 +308,6 @@ impl<'a> Loader<'a, '_> {
     }
 }
 
-/// Every deterministic matrix of layer `i`, `(module, rows, cols)`: what a streamed layer reads
-/// each step.
-fn layer_matrices(c: &DeepSeekV4Config, i: usize) -> Vec<(String, usize, usize)> {
-    let (hidden, heads, d) = (c.hidden_size, c.num_attention_heads, c.head_dim);
-    let attn = format!("layers.{i}.attn");
-    let ffn = format!("layers.{i}.ffn");
-    let inner = c.moe_intermediate_size;
-    let mut m = vec![
-        (format!("{attn}.wq_a"), c.q_lora_rank, hidden),
-        (format!("{attn}.wq_b"), heads * d, c.q_lora_rank),
-        (format!("{attn}.wkv"), d, hidden),
-        (
-            format!("{attn}.wo_a"),
-            c.o_groups * c.o_lora_rank,
-            heads * d / c.o_groups,
-        ),
-        (format!("{attn}.wo_b"), hidden, c.o_groups * c.o_lora_rank),
-        (format!("{ffn}.gate"), c.n_routed_experts, hidden),
-        (format!("{ffn}.shared_experts.w1"), inner, hidden),
-        (format!("{ffn}.shared_experts.w3"), inner, hidden),
-        (format!("{ffn}.shared_experts.w2"), hidden, inner),
-    ];
-    let mut compressor = |prefix: String, width: usize| {
-        m.push((format!("{prefix}.wkv"), width, hidden));
-        m.push((format!("{prefix}.wgate"), width, hidden));
-    };
-    match c.attention[i] {
-        Attention::Sliding => {}
-        Attention::HeavilyCompressed { .. } => compressor(format!("{attn}.compressor"), d),
-        Attention::CompressedSparse { .. } => {
-            compressor(format!("{attn}.compressor"), 2 * d);
-            compressor(format!("{attn}.indexer.compressor"), 2 * c.index_head_dim);
-            m.push((
-                format!("{attn}.indexer.wq_b"),
-                c.index_n_heads * c.index_head_dim,
-                c.q_lora_rank,
-            ));
-            m.push((
-                format!("{attn}.indexer.weights_proj"),
-                c.index_n_heads,
-                hidden,
-            ));
-        }
-    }
-    m
-}
-
 impl Shape for DeepSeekV4Config {
     fn layer_count(&self) -> usize {
         self.num_hidden_layers
@@ -395,141 +320,57 @@ impl Shape for DeepSeekV4Config {
     fn cache_bytes(&self, context_tokens: usize) -> u64 {
         DeepSeekV4Config::cache_bytes(self, context_tokens)
     }
-
-    fn routed_experts(
-        &self,
-        artifact: &Artifact,
-        layer: usize,
-    ) -> Option<Result<Vec<crate::experts::ExpertParts>, ArtifactError>> {
-        let sizes = (
-            self.hidden_size,
-            self.moe_intermediate_size,
-            self.n_routed_experts,
-        );
-        Some(routed_experts(
-            artifact,
-            &format!("layers.{layer}.ffn"),
-            sizes,
-            EXPERT_PROJECTIONS,
-        ))
-    }
-
-    fn streamable_matrices(
-        &self,
-        artifact: &Artifact,
-        layer: usize,
-    ) -> Result<Vec<StackLayout>, ArtifactError> {
-        layer_matrices(self, layer)
-            .iter()
-            .map(|(module, rows, cols)| artifact.stack_layout(module, *rows, *cols))
-            .collect()
-    }
 }
 
-impl Decoder for DeepSeekV4<'_> {
-    type Cache = Cache;
-
-    fn new_cache(&self) -> Cache {
-        Cache {
-            layers: vec![LayerCache::default(); self.config.num_hidden_layers],
-            len: 0,
-            broken: false,
-        }
+impl ModelConfig for DeepSeekV4Config {
+    fn model_type(&self) -> &'static str {
+        "deepseek_v4"
     }
 
-    fn cached(&self, cache: &Cache) -> usize {
-        cache.len
+    fn vocab_size(&self) -> usize {
+        self.vocab_size
     }
 
     fn max_positions(&self) -> usize {
-        self.config.max_position_embeddings
+        self.max_position_embeddings
     }
 
-    /// Every sequence's token as one row of one batch through every layer: each matrix, and
-    /// each streamed layer and expert, read once for all the rows; each row gets the bits `step`
-    /// gives it alone (the projections compute rows independently; the window, the compressors
-    /// and the indexer are the row's own cache). A bad token or a full context is refused
-    /// before any cache changes; an error after that leaves every cache of the batch broken.
-    fn step_batch(
-        &self,
-        tokens: &[u32],
-        caches: &mut [&mut Cache],
-        stats: &mut StepStats,
-    ) -> Result<Vec<Vec<f32>>, ModelError> {
-        let limits = (self.config.vocab_size, self.config.max_position_embeddings);
-        step_each(tokens, caches, limits, |rows, caches| {
-            self.forward_rows(tokens, rows, caches, Logits::Every, stats)
-        })
+    fn eos_token_ids(&self) -> &[u32] {
+        &self.eos_token_ids
     }
 
-    /// Every prompt's positions as the rows of shared passes of [`PREFILL_CHUNK`] rows, each
-    /// row with the bits its own prefill gives it. Refused before any cache changes as
-    /// `prefill` refuses; an error after that leaves every cache broken.
-    fn prefill_batch(
-        &self,
-        prompts: &[&[u32]],
-        caches: &mut [&mut Cache],
-        stats: &mut StepStats,
-    ) -> Result<Vec<Vec<f32>>, ModelError> {
-        let c = &self.config;
-        let limits = (c.vocab_size, c.max_position_embeddings, PREFILL_CHUNK);
-        prefill_each(prompts, caches, limits, |tokens, rows, caches, logits| {
-            self.forward_rows(tokens, rows, caches, logits, stats)
-        })
-    }
-
-    fn expert_memory(&self) -> Option<(u64, u64)> {
-        self.cache.as_ref().map(ExpertCache::usage)
+    fn describe(&self) -> String {
+        let count = |f: fn(&Attention) -> bool| self.attention.iter().filter(|a| f(a)).count();
+        format!(
+            "deepseek_v4: {} layers ({} sliding-window, {} compressed sparse, {} heavily compressed; {} hash-routed), {} routed experts ({} per token), {} hyper-connection streams, vocab {}; its {} multi-token-prediction layers are not run",
+            self.num_hidden_layers,
+            count(|a| matches!(a, Attention::Sliding)),
+            count(|a| matches!(a, Attention::CompressedSparse { .. })),
+            count(|a| matches!(a, Attention::HeavilyCompressed { .. })),
+            self.hash_layers,
+            self.n_routed_experts,
+            self.num_experts_per_tok,
+            self.hc_mult,
+            self.vocab_size,
+            self.num_nextn_predict_layers
+        )
     }
 }
 
-impl<'a> DeepSeekV4<'a> {
-    /// The model with every weight resident.
-    pub fn load(
-        artifact: &'a Artifact,
-        config: DeepSeekV4Config,
-    ) -> Result<DeepSeekV4<'a>, ModelError> {
-        DeepSeekV4::build(artifact, config, None, &[])
-    }
+impl<'a> Layered<'a> for DeepSeekV4Model<'a> {
+    type Config = DeepSeekV4Config;
+    type Layer<'w> = Layer<'w>;
+    type Cache = Cache;
+    /// Per row, its `hc_mult` residual streams.
+    type Hidden = Vec<Vec<f32>>;
 
-    /// The model as `plan` says (see `KimiK3::load_planned`).
-    pub fn load_planned(
-        artifact: &'a Artifact,
-        config: DeepSeekV4Config,
-        plan: &Plan,
-        experts: ExpertMap,
-    ) -> Result<DeepSeekV4<'a>, ModelError> {
-        if plan.mode == Mode::Resident {
-            return DeepSeekV4::build(artifact, config, None, &[]);
-        }
-        let experts = plan.streamed_experts(experts);
-        let mut model = DeepSeekV4::build(artifact, config, Some(experts), &plan.streamed_layers)?;
-        model.cache = Some(plan.start_streaming(artifact));
-        model.stream.read_ahead = plan.read_ahead;
-        model.reads_in_flight = plan.reads_in_flight;
-        Ok(model)
-    }
-
-    fn build(
-        artifact: &'a Artifact,
-        config: DeepSeekV4Config,
-        experts: Option<ExpertMap>,
-        streamed_layers: &[usize],
-    ) -> Result<DeepSeekV4<'a>, ModelError> {
+    fn new(config: DeepSeekV4Config, w: &Weights<'a>) -> Result<Self, ArtifactError> {
         let c = &config;
-        let loader = Loader {
-            artifact,
-            source: Source::Resident(artifact),
-            c,
-            streamed: experts.as_ref(),
-        };
-        let (layers, stream) =
-            layer_stream::held_or_streamed(artifact, c, streamed_layers, |i| loader.layer(i))?;
         let hash_tables = (0..c.num_hidden_layers)
-            .map(|i| c.is_hash(i).then(|| hash_table(artifact, c, i)).transpose())
+            .map(|i| c.is_hash(i).then(|| hash_table(w, c, i)).transpose())
             .collect::<Result<Vec<_>, _>>()?;
         let n = c.hc_mult;
-        let head_scale = artifact.vector("hc_head_scale", 1)?;
+        let head_scale = w.vector("hc_head_scale", 1)?;
         let rd = c.qk_rope_head_dim;
         let mut compress_rope = Rope::new(
             rd,
@@ -548,40 +389,44 @@ impl<'a> DeepSeekV4<'a> {
         );
         // V4 fixes YaRN's attention factor at 1.
         compress_rope.mscale = 1.0;
-        Ok(DeepSeekV4 {
-            embed: loader.one("embed", c.vocab_size, c.hidden_size)?,
-            lm_head: loader.one("head", c.vocab_size, c.hidden_size)?,
+        Ok(DeepSeekV4Model {
+            embed: w.matrix("embed", c.vocab_size, c.hidden_size)?,
+            lm_head: w.matrix("head", c.vocab_size, c.hidden_size)?,
             head_hc: (
-                artifact.vector("hc_head_fn", n * n * c.hidden_size)?,
-                artifact.vector("hc_head_base", n)?,
+                w.vector("hc_head_fn", n * n * c.hidden_size)?,
+                w.vector("hc_head_base", n)?,
                 head_scale[0],
             ),
-            norm: artifact.vector("norm.weight", c.hidden_size)?,
+            norm: w.vector("norm.weight", c.hidden_size)?,
             main_rope: Rope::new(rd, c.rope_theta, None),
             compress_rope,
             hash_tables,
-            layers,
-            stream,
-            experts,
-            artifact,
-            cache: None,
-            reads_in_flight: DEFAULT_READS_IN_FLIGHT,
             config,
         })
     }
 
-    /// `tokens` through every layer, row `r` at `rows.position[r]` of `caches[rows.cache[r]]`;
-    /// the logits `logits` asks for.
-    fn forward_rows(
-        &self,
-        tokens: &[u32],
-        rows: &Rows,
-        caches: &mut [&mut Cache],
-        logits: Logits,
-        stats: &mut StepStats,
-    ) -> Result<Vec<Vec<f32>>, ModelError> {
-        let c = &self.config;
-        let (n, hidden) = (c.hc_mult, c.hidden_size);
+    fn config(&self) -> &DeepSeekV4Config {
+        &self.config
+    }
+
+    fn layer<'w>(
+        config: &DeepSeekV4Config,
+        w: &Weights<'w>,
+        i: usize,
+    ) -> Result<Layer<'w>, ArtifactError> {
+        Loader { w, c: config }.layer(i)
+    }
+
+    fn new_cache(&self) -> Cache {
+        Cache {
+            layers: vec![LayerCache::default(); self.config.num_hidden_layers],
+            len: 0,
+            broken: false,
+        }
+    }
+
+    fn embed(&self, tokens: &[u32], stats: &mut StepStats) -> Result<Vec<Vec<f32>>, ModelError> {
+        let (n, hidden) = (self.config.hc_mult, self.config.hidden_size);
         let mut streams = Vec::with_capacity(tokens.len());
         for &token in tokens {
             let mut h = vec![0f32; hidden];
@@ -589,64 +434,41 @@ impl<'a> DeepSeekV4<'a> {
             stats.weight_bytes += (self.embed.stored_bytes() / self.embed.rows) as u64;
             streams.push(h.repeat(n));
         }
-        let mut state = (streams, caches);
-        self.stream.run(
-            self.artifact,
-            &mut state,
-            stats,
-            |(streams, caches), i, loaded, stats| {
-                let built;
-                let layer = match (loaded, &self.layers[i]) {
-                    (Some(loaded), _) => {
-                        built = self.streamed_layer(i, loaded)?;
-                        &built
-                    }
-                    (None, Some(layer)) => layer,
-                    (None, None) => {
-                        return Err(ModelError::Artifact(tensor_err(
-                            &format!("layers.{i}"),
-                            "is neither held nor streamed",
-                        )));
-                    }
-                };
-                let at = Place { layer: i, rows };
-                self.run_layer(at, layer, tokens, streams, caches, stats)
-            },
-            |(streams, caches), stats| {
-                for &seq in &rows.cache {
-                    caches[seq].len += 1;
-                }
-                let wanted = logits.rows(streams.len());
-                if wanted.is_empty() {
-                    return Ok(Vec::new());
-                }
-                let (weights, base, scale) = &self.head_hc;
-                let xs: Vec<Vec<f32>> = wanted
-                    .into_iter()
-                    .map(|r| {
-                        let h = head_collapse(&streams[r], weights, base, *scale, c);
-                        rms_norm(&h, &self.norm, c.rms_norm_eps)
-                    })
-                    .collect();
-                Ok(apply_batch(&self.lm_head, &xs, stats)?)
-            },
-        )
+        Ok(streams)
     }
 
-    fn streamed_layer<'l>(
-        &'l self,
-        i: usize,
-        loaded: &'l LoadedLayer,
-    ) -> Result<Layer<'l>, ModelError> {
-        let loader = Loader {
-            artifact: self.artifact,
-            source: Source::Streamed(loaded),
-            c: &self.config,
-            streamed: self.experts.as_ref(),
-        };
-        Ok(loader.layer(i)?)
+    fn run_layer(
+        &self,
+        layer: &Layer<'_>,
+        at: Place,
+        tokens: &[u32],
+        streams: &mut Vec<Vec<f32>>,
+        caches: &mut [&mut Cache],
+        stats: &mut StepStats,
+    ) -> Result<(), ModelError> {
+        self.run_layer(at, layer, tokens, streams, caches, stats)
     }
 
+    fn logits(
+        &self,
+        streams: &Vec<Vec<f32>>,
+        wanted: &[usize],
+        stats: &mut StepStats,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let c = &self.config;
+        let (weights, base, scale) = &self.head_hc;
+        let xs: Vec<Vec<f32>> = wanted
+            .iter()
+            .map(|&r| {
+                let h = head_collapse(&streams[r], weights, base, *scale, c);
+                rms_norm(&h, &self.norm, c.rms_norm_eps)
+            })
+            .collect();
+        Ok(apply_batch(&self.lm_head, &xs, stats)?)
+    }
+}
+
+impl DeepSeekV4Model<'_> {
     /// One layer for a batch of rows: attention, then the mixture of experts, each inside its
     /// hyper-connection.
     fn run_layer(
@@ -854,25 +676,10 @@ impl<'a> DeepSeekV4<'a> {
             .zip(tokens)
             .map(|(l, &t)| self.route(l, layer, t, moe.correction_bias.as_deref()))
             .collect::<Result<_, _>>()?;
-        let streaming: Option<Streaming> = self
-            .cache
-            .as_ref()
-            .map(|cache| (self.artifact, cache, self.reads_in_flight));
         let shared = |stats: &mut StepStats| -> Result<Vec<Vec<f32>>, ModelError> {
             Ok(moe.shared.forward(xs, stats)?)
         };
-        let (outputs, shared) = run_routed(
-            &moe.experts,
-            Activation::ClampedSilu {
-                limit: c.swiglu_limit,
-            },
-            &routes,
-            xs,
-            streaming,
-            c.num_experts_per_tok,
-            shared,
-            stats,
-        )?;
+        let (outputs, shared) = run_routed(&moe.experts, &routes, xs, shared, stats)?;
         let mut ys = weighted_sum(&routes, &outputs, c.hidden_size);
         add_rows(&mut ys, &shared);
         Ok(ys)
@@ -919,13 +726,9 @@ impl<'a> DeepSeekV4<'a> {
 }
 
 /// A hash layer's `tid2eid` table, every entry checked to name an expert.
-fn hash_table(
-    artifact: &Artifact,
-    c: &DeepSeekV4Config,
-    layer: usize,
-) -> Result<Vec<i64>, ArtifactError> {
+fn hash_table(w: &Weights, c: &DeepSeekV4Config, layer: usize) -> Result<Vec<i64>, ArtifactError> {
     let name = format!("layers.{layer}.ffn.gate.tid2eid");
-    let table = artifact.integers(&name, c.vocab_size * c.num_experts_per_tok)?;
+    let table = w.integers(&name, c.vocab_size * c.num_experts_per_tok)?;
     if let Some(bad) = table
         .iter()
         .find(|&&e| e < 0 || e as usize >= c.n_routed_experts)
@@ -1155,7 +958,7 @@ fn head_collapse(
     h
 }
 
-impl LayeredCache for Cache {
+impl SequenceCache for Cache {
     type Layer = LayerCache;
 
     fn layers_mut(&mut self) -> &mut [LayerCache] {
@@ -1166,11 +969,17 @@ impl LayeredCache for Cache {
         self.len
     }
 
+    fn advance(&mut self) {
+        self.len += 1;
+    }
+
     fn broken(&self) -> bool {
         self.broken
     }
 
-    fn set_broken(&mut self) {
+    /// The window and the compressors' open entries are overwritten by a pass, so a failed
+    /// one leaves the cache broken.
+    fn rewind(&mut self, _len: usize) {
         self.broken = true;
     }
 }

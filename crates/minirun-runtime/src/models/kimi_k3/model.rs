@@ -12,21 +12,23 @@
 //! MLA uses the absorbed path (queries projected into the latent space, values read out of
 //! it) at every position, mlx-lm's decode path.
 
-use crate::artifact::{Artifact, ArtifactError, Stack, StackLayout};
-use crate::experts::{ExpertCache, ExpertParts, STACKED, routed_experts};
+use crate::artifact::{ArtifactError, Stack};
+use crate::blocks::latent_attention::{LatentDims, LatentProjections, attend_latent};
+use crate::blocks::mlp::{Activation, Mlp};
+use crate::blocks::moe::{RoutedExperts, Routing, run_routed, weighted_sum};
+use crate::blocks::norm::{rms_norm, sigmoid, silu};
+use crate::blocks::products::{add_rows, apply_batch};
+use crate::config::ModelConfig;
+use crate::decode_policy::{Place, SequenceCache};
 use crate::kernels::{Format, KernelError, QMatrix};
-use crate::kimi_k3_config::KimiK3Config;
-use crate::layer_stream::{self, LayerStream, LoadedLayer, Source};
-use crate::layers::{
-    Activation, LatentDims, LatentProjections, LayeredCache, Logits, Mlp, ModelError, Place,
-    RoutedExperts, Routing, Rows, StepStats, Streaming, add_rows, apply_batch, attend_latent,
-    prefill_each, rms_norm, run_routed, sigmoid, silu, stacked_experts, step_each, weighted_sum,
-};
-use crate::model::Decoder;
-use crate::plan::{DEFAULT_READS_IN_FLIGHT, ExpertMap, Mode, Plan, Shape};
+use crate::layered_model::{Layered, LayeredModel};
+use crate::models::kimi_k3::config::KimiK3Config;
+use crate::plan::Shape;
+use crate::step::{ModelError, StepStats};
+use crate::weights::Weights;
 
-/// Prompt positions run through the layers together (as for DeepSeek-V3).
-pub const PREFILL_CHUNK: usize = 64;
+/// The routed experts' gate, up and down projections in mlx-lm's stacks.
+const STACKED: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
 
 /// mlx-lm's hard-coded epsilons: the l2 norm of KDA's queries and keys adds it to Σx², and
 /// MLA's `q_a_layernorm` / `kv_a_layernorm` use it whatever `rms_norm_eps` says.
@@ -83,7 +85,8 @@ enum FeedForward<'a> {
     Moe(Box<LatentMoe<'a>>),
 }
 
-struct Layer<'a> {
+/// One layer's weights.
+pub struct Layer<'a> {
     input_norm: Vec<f32>,
     post_norm: Vec<f32>,
     /// The attention residuals' query vectors (`res_norm.weight ⊙ res_proj.weight`) for the
@@ -98,7 +101,7 @@ struct Layer<'a> {
 
 /// One layer's cached state.
 #[derive(Clone)]
-pub(crate) enum LayerCache {
+pub enum LayerCache {
     /// The convolution's last `kernel - 1` inputs (`[kernel - 1, channels]`, oldest first) and
     /// the delta rule's state (`[heads, v, k]`).
     Kda { conv: Vec<f32>, state: Vec<f32> },
@@ -114,31 +117,26 @@ pub struct Cache {
     broken: bool,
 }
 
-pub struct KimiK3<'a> {
-    pub config: KimiK3Config,
-    artifact: &'a Artifact,
+/// The weights outside the layers, and what every layer's pass needs beside its own.
+pub struct KimiK3Model<'a> {
+    config: KimiK3Config,
     embed: QMatrix<'a>,
-    /// Each layer held for the run, or `None` where its deterministic matrices stream (read
-    /// for each step by `stream`).
-    layers: Vec<Option<Box<Layer<'a>>>>,
-    stream: LayerStream,
-    root: &'static str,
-    naming: Naming,
-    /// Where the routed experts are, for streamed runs (streamed layers are rebuilt each step).
-    experts: Option<ExpertMap>,
     output_mix: Vec<f32>,
     norm: Vec<f32>,
     lm_head: QMatrix<'a>,
-    /// Streamed runs' loaded experts.
-    cache: Option<ExpertCache>,
-    reads_in_flight: usize,
 }
+
+/// Kimi K3 as a run holds it (see [`LayeredModel`]).
+pub type KimiK3<'a> = LayeredModel<'a, KimiK3Model<'a>>;
+
+/// Per row, the partial sum of the current block, and the closed blocks.
+pub type Hidden = (Vec<Vec<f32>>, Vec<Blocks>);
 
 /// The stored names: mlx-lm saves the text model under `language_model.`, a text-only
 /// checkpoint has no such prefix.
-fn name_root(artifact: &Artifact) -> Result<&'static str, ArtifactError> {
-    let wrapped = artifact.has("language_model.model.embed_tokens.weight");
-    let bare = artifact.has("model.embed_tokens.weight");
+fn name_root(w: &Weights) -> Result<&'static str, ArtifactError> {
+    let wrapped = w.has("language_model.model.embed_tokens.weight");
+    let bare = w.has("model.embed_tokens.weight");
     match (wrapped, bare) {
         (true, false) => Ok("language_model."),
         (false, true) => Ok(""),
@@ -167,14 +165,14 @@ enum Naming {
 impl Naming {
     /// Which one the artifact uses, from layer 0's attention; a checkpoint with both or
     /// neither is refused.
-    fn of(artifact: &Artifact, c: &KimiK3Config, root: &str) -> Result<Naming, ArtifactError> {
+    fn of(w: &Weights, c: &KimiK3Config, root: &str) -> Result<Naming, ArtifactError> {
         let attn = format!("{root}model.layers.0.self_attn");
         let (mlx, hf) = match c.is_kda(0) {
             true => ("qkv_proj.weight", "q_proj.weight"),
             false => ("embed_q.weight", "kv_b_proj.weight"),
         };
         let (mlx, hf) = (format!("{attn}.{mlx}"), format!("{attn}.{hf}"));
-        match (artifact.has(&mlx), artifact.has(&hf)) {
+        match (w.has(&mlx), w.has(&hf)) {
             (true, false) => Ok(Naming::Mlx),
             (false, true) => Ok(Naming::HuggingFace),
             (both, _) => Err(ArtifactError::Tensor {
@@ -225,28 +223,33 @@ impl Naming {
     const EXPERT_PROJECTIONS: [&str; 3] = ["w1", "w3", "w2"];
 }
 
+/// A layer's weights, asked for by their full names.
 struct Loader<'a, 'm> {
-    /// Names, vectors and held routed experts come from the artifact; the deterministic
-    /// matrices from `source`.
-    artifact: &'a Artifact,
-    source: Source<'a>,
+    w: &'m Weights<'a>,
     c: &'m KimiK3Config,
     root: &'static str,
     naming: Naming,
-    /// Where each MoE layer's routed experts are, for a streamed run.
-    streamed: Option<&'m ExpertMap>,
 }
 
-impl<'a> Loader<'a, '_> {
+impl<'a, 'm> Loader<'a, 'm> {
+    /// The loader of `w`, the naming its artifact uses found from its tensors' names.
+    fn new(w: &'m Weights<'a>, c: &'m KimiK3Config) -> Result<Self, ArtifactError> {
+        let root = name_root(w)?;
+        Ok(Loader {
+            w,
+            c,
+            root,
+            naming: Naming::of(w, c, root)?,
+        })
+    }
+
     fn one(&self, module: &str, rows: usize, cols: usize) -> Result<QMatrix<'a>, ArtifactError> {
-        self.source
-            .matrix(module, rows, cols)?
-            .single(&format!("{module}.weight"))
+        self.w.matrix(module, rows, cols)
     }
 
     fn heads(&self, module: &str, rows: usize, cols: usize) -> Result<Stack<'a>, ArtifactError> {
         let heads = self.c.num_attention_heads;
-        let s = self.source.matrix(module, rows, cols)?;
+        let s = self.w.stack(module, rows, cols)?;
         if s.len() != heads {
             return Err(ArtifactError::Tensor {
                 name: format!("{module}.weight"),
@@ -257,7 +260,7 @@ impl<'a> Loader<'a, '_> {
     }
 
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ArtifactError> {
-        self.artifact.vector(name, len)
+        self.w.vector(name, len)
     }
 
     fn situ(&self) -> Activation {
@@ -402,47 +405,15 @@ impl<'a> Loader<'a, '_> {
         })
     }
 
-    fn experts(&self, prefix: &str) -> Result<Vec<Mlp<'a>>, ArtifactError> {
-        let c = self.c;
-        let (latent, inner, n) = (
-            c.routed_expert_hidden_size,
-            c.moe_intermediate_size,
-            c.num_experts,
-        );
-        if self.naming == Naming::Mlx {
-            return stacked_experts(
-                self.artifact,
-                &format!("{prefix}.switch_mlp"),
-                (latent, inner, n),
-                self.situ(),
-            );
-        }
-        let [gate, up, down] = Naming::EXPERT_PROJECTIONS;
-        let one = |e: usize, name: &str, rows, cols| -> Result<QMatrix<'a>, ArtifactError> {
-            let module = format!("{prefix}.experts.{e}.{name}");
-            self.artifact
-                .matrix(&module, rows, cols)?
-                .single(&format!("{module}.weight"))
-        };
-        (0..n)
-            .map(|e| {
-                Ok(Mlp {
-                    gate: one(e, gate, inner, latent)?,
-                    up: one(e, up, inner, latent)?,
-                    down: one(e, down, latent, inner)?,
-                    activation: self.situ(),
-                })
-            })
-            .collect()
-    }
-
-    fn moe(&self, prefix: &str, layer: usize) -> Result<LatentMoe<'a>, ArtifactError> {
+    fn moe(&self, prefix: &str) -> Result<LatentMoe<'a>, ArtifactError> {
         let c = self.c;
         let (hidden, latent) = (c.hidden_size, c.routed_expert_hidden_size);
-        let experts = match self.streamed.and_then(|m| m.get(layer)?.clone()) {
-            Some(parts) => RoutedExperts::Streamed { layer, parts },
-            None => RoutedExperts::Resident(self.experts(prefix)?),
+        let names = match self.naming {
+            Naming::Mlx => STACKED,
+            Naming::HuggingFace => Naming::EXPERT_PROJECTIONS,
         };
+        let sizes = (latent, c.moe_intermediate_size, c.num_experts);
+        let experts = self.w.routed_experts(prefix, names, sizes, self.situ())?;
         Ok(LatentMoe {
             router: self.one(&format!("{prefix}.gate"), c.num_experts, hidden)?,
             correction_bias: self.vector(&self.naming.correction_bias(prefix), c.num_experts)?,
@@ -474,7 +445,7 @@ impl<'a> Loader<'a, '_> {
         };
         let mlp = format!("{prefix}.mlp");
         let ffn = match c.is_moe(i) {
-            true => FeedForward::Moe(Box::new(self.moe(&self.naming.moe(&prefix), i)?)),
+            true => FeedForward::Moe(Box::new(self.moe(&self.naming.moe(&prefix))?)),
             false => FeedForward::Dense(Box::new(self.mlp(
                 &mlp,
                 c.hidden_size,
@@ -498,7 +469,7 @@ impl<'a> Loader<'a, '_> {
 
 /// The attention residuals of one position: the closed blocks' outputs, each with the inverse
 /// of its root mean square (taken when it was closed).
-struct Blocks {
+pub struct Blocks {
     closed: Vec<(Vec<f32>, f32)>,
     eps: f32,
 }
@@ -537,90 +508,6 @@ impl Blocks {
     }
 }
 
-/// Every deterministic matrix of layer `i`, `(module, rows, cols)`: what the loader asks the
-/// layer's source for, so what a streamed layer reads each step.
-fn layer_matrices(
-    c: &KimiK3Config,
-    root: &str,
-    naming: Naming,
-    i: usize,
-) -> Vec<(String, usize, usize)> {
-    let hidden = c.hidden_size;
-    let attn = format!("{root}model.layers.{i}.self_attn");
-    let mlp = match c.is_moe(i) {
-        true => naming.moe(&format!("{root}model.layers.{i}")),
-        false => format!("{root}model.layers.{i}.mlp"),
-    };
-    let mut wanted = Vec::new();
-    let mut add = |module: &str, name: &str, rows: usize, cols: usize| {
-        wanted.push((format!("{module}.{name}"), rows, cols));
-    };
-    if c.is_kda(i) {
-        let (heads, dim) = (c.kda.num_heads, c.kda.head_dim);
-        let projection = heads * dim;
-        match naming {
-            Naming::Mlx => add(&attn, "qkv_proj", 3 * projection, hidden),
-            Naming::HuggingFace => {
-                for p in ["q_proj", "k_proj", "v_proj"] {
-                    add(&attn, p, projection, hidden);
-                }
-            }
-        }
-        add(&attn, "f_a_proj", dim, hidden);
-        add(&attn, "f_b_proj", projection, dim);
-        add(&attn, "b_proj", heads, hidden);
-        add(&attn, "g_proj", projection, hidden);
-        add(&attn, "o_proj", hidden, projection);
-    } else {
-        let heads = c.num_attention_heads;
-        let q_head = c.qk_nope_head_dim + c.qk_rope_head_dim;
-        add(&attn, "q_a_proj", c.q_lora_rank, hidden);
-        add(&attn, "q_b_proj", heads * q_head, c.q_lora_rank);
-        add(
-            &attn,
-            "kv_a_proj_with_mqa",
-            c.kv_lora_rank + c.qk_rope_head_dim,
-            hidden,
-        );
-        match naming {
-            Naming::Mlx => {
-                add(&attn, "embed_q", c.kv_lora_rank, c.qk_nope_head_dim);
-                add(&attn, "unembed_out", c.v_head_dim, c.kv_lora_rank);
-            }
-            Naming::HuggingFace => add(
-                &attn,
-                "kv_b_proj",
-                heads * (c.qk_nope_head_dim + c.v_head_dim),
-                c.kv_lora_rank,
-            ),
-        }
-        if c.mla_use_output_gate {
-            add(&attn, "g_proj", heads * c.v_head_dim, hidden);
-        }
-        add(&attn, "o_proj", hidden, heads * c.v_head_dim);
-    }
-    let mut add_mlp = |prefix: String, inner: usize| {
-        wanted.push((format!("{prefix}.gate_proj"), inner, hidden));
-        wanted.push((format!("{prefix}.up_proj"), inner, hidden));
-        wanted.push((format!("{prefix}.down_proj"), hidden, inner));
-    };
-    if c.is_moe(i) {
-        if c.num_shared_experts > 0 {
-            add_mlp(
-                format!("{mlp}.shared_experts"),
-                c.moe_intermediate_size * c.num_shared_experts,
-            );
-        }
-        let latent = c.routed_expert_hidden_size;
-        wanted.push((format!("{mlp}.gate"), c.num_experts, hidden));
-        wanted.push((format!("{mlp}.routed_expert_down_proj"), latent, hidden));
-        wanted.push((format!("{mlp}.routed_expert_up_proj"), hidden, latent));
-    } else {
-        add_mlp(mlp, c.intermediate_size);
-    }
-    wanted
-}
-
 impl Shape for KimiK3Config {
     fn layer_count(&self) -> usize {
         self.num_hidden_layers
@@ -651,47 +538,79 @@ impl Shape for KimiK3Config {
             .saturating_add(per_position.saturating_mul(context_tokens as u64))
             .saturating_mul(4)
     }
+}
 
-    fn routed_experts(
-        &self,
-        artifact: &Artifact,
-        layer: usize,
-    ) -> Option<Result<Vec<ExpertParts>, ArtifactError>> {
-        let sizes = (
-            self.routed_expert_hidden_size,
-            self.moe_intermediate_size,
-            self.num_experts,
-        );
-        self.is_moe(layer).then(|| {
-            let root = name_root(artifact)?;
-            let lp = format!("{root}model.layers.{layer}");
-            match Naming::of(artifact, self, root)? {
-                Naming::Mlx => routed_experts(artifact, &format!("{lp}.mlp"), sizes, STACKED),
-                Naming::HuggingFace => routed_experts(
-                    artifact,
-                    &format!("{lp}.block_sparse_moe"),
-                    sizes,
-                    Naming::EXPERT_PROJECTIONS,
-                ),
-            }
-        })
+impl ModelConfig for KimiK3Config {
+    fn model_type(&self) -> &'static str {
+        "kimi_k3"
     }
 
-    fn streamable_matrices(
-        &self,
-        artifact: &Artifact,
-        layer: usize,
-    ) -> Result<Vec<StackLayout>, ArtifactError> {
-        let root = name_root(artifact)?;
-        layer_matrices(self, root, Naming::of(artifact, self, root)?, layer)
-            .iter()
-            .map(|(module, rows, cols)| artifact.stack_layout(module, *rows, *cols))
-            .collect()
+    fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    fn max_positions(&self) -> usize {
+        self.max_position_embeddings
+    }
+
+    fn eos_token_ids(&self) -> &[u32] {
+        &self.eos_token_ids
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "kimi_k3: {} layers ({} KDA, {} MLA), {} routed experts ({} per token) in a latent width of {}, vocab {}",
+            self.num_hidden_layers,
+            self.kda.layers.len(),
+            self.num_hidden_layers - self.kda.layers.len(),
+            self.num_experts,
+            self.num_experts_per_token,
+            self.routed_expert_hidden_size,
+            self.vocab_size
+        )
     }
 }
 
-impl Decoder for KimiK3<'_> {
+impl<'a> Layered<'a> for KimiK3Model<'a> {
+    type Config = KimiK3Config;
+    type Layer<'w> = Layer<'w>;
     type Cache = Cache;
+    type Hidden = Hidden;
+
+    fn new(config: KimiK3Config, w: &Weights<'a>) -> Result<Self, ArtifactError> {
+        let loader = Loader::new(w, &config)?;
+        let (root, c) = (loader.root, &config);
+        let embed = w.matrix(
+            &format!("{root}model.embed_tokens"),
+            c.vocab_size,
+            c.hidden_size,
+        )?;
+        let lm_head = match c.tie_word_embeddings {
+            true => embed,
+            false => w.matrix(&format!("{root}lm_head"), c.vocab_size, c.hidden_size)?,
+        };
+        let output_mix = loader.mix_query(&format!("{root}model"), "output_attn_res")?;
+        let norm = w.vector(&format!("{root}model.norm.weight"), c.hidden_size)?;
+        Ok(KimiK3Model {
+            embed,
+            lm_head,
+            output_mix,
+            norm,
+            config,
+        })
+    }
+
+    fn config(&self) -> &KimiK3Config {
+        &self.config
+    }
+
+    fn layer<'w>(
+        config: &KimiK3Config,
+        w: &Weights<'w>,
+        i: usize,
+    ) -> Result<Layer<'w>, ArtifactError> {
+        Loader::new(w, config)?.layer(i)
+    }
 
     fn new_cache(&self) -> Cache {
         let c = &self.config;
@@ -716,134 +635,7 @@ impl Decoder for KimiK3<'_> {
         }
     }
 
-    fn cached(&self, cache: &Cache) -> usize {
-        cache.len
-    }
-
-    fn max_positions(&self) -> usize {
-        self.config.max_position_embeddings
-    }
-
-    /// Every sequence's token as one row of one batch through every layer: each matrix, and
-    /// each streamed layer and expert, read once for all the rows; each row gets the bits `step`
-    /// gives it alone (the projections compute rows independently; the convolution, the delta
-    /// rule and attention read the row's own cache). A bad token or a full context is refused
-    /// before any cache changes; an error after that leaves every cache of the batch broken.
-    fn step_batch(
-        &self,
-        tokens: &[u32],
-        caches: &mut [&mut Cache],
-        stats: &mut StepStats,
-    ) -> Result<Vec<Vec<f32>>, ModelError> {
-        let limits = (self.config.vocab_size, self.config.max_position_embeddings);
-        step_each(tokens, caches, limits, |rows, caches| {
-            self.forward_rows(tokens, rows, caches, Logits::Every, stats)
-        })
-    }
-
-    /// Every prompt's positions as the rows of shared passes of [`PREFILL_CHUNK`] rows, each
-    /// row with the bits its own prefill gives it. Refused before any cache changes as
-    /// `prefill` refuses; an error after that leaves every cache broken.
-    fn prefill_batch(
-        &self,
-        prompts: &[&[u32]],
-        caches: &mut [&mut Cache],
-        stats: &mut StepStats,
-    ) -> Result<Vec<Vec<f32>>, ModelError> {
-        let c = &self.config;
-        let limits = (c.vocab_size, c.max_position_embeddings, PREFILL_CHUNK);
-        prefill_each(prompts, caches, limits, |tokens, rows, caches, logits| {
-            self.forward_rows(tokens, rows, caches, logits, stats)
-        })
-    }
-
-    /// Bytes of routed experts the cache holds now, and the most it held at once; `None` for a
-    /// resident run.
-    fn expert_memory(&self) -> Option<(u64, u64)> {
-        self.cache.as_ref().map(ExpertCache::usage)
-    }
-}
-
-impl<'a> KimiK3<'a> {
-    /// The model with every weight resident.
-    pub fn load(artifact: &'a Artifact, config: KimiK3Config) -> Result<KimiK3<'a>, ModelError> {
-        KimiK3::build(artifact, config, None, &[])
-    }
-
-    /// The model as `plan` says: fully resident, or the routed experts of `plan.held_layers`
-    /// read now and held, the other layers' streamed through a cache of `plan.cache_bytes`.
-    pub fn load_planned(
-        artifact: &'a Artifact,
-        config: KimiK3Config,
-        plan: &Plan,
-        experts: ExpertMap,
-    ) -> Result<KimiK3<'a>, ModelError> {
-        if plan.mode == Mode::Resident {
-            return KimiK3::build(artifact, config, None, &[]);
-        }
-        let experts = plan.streamed_experts(experts);
-        let mut model = KimiK3::build(artifact, config, Some(experts), &plan.streamed_layers)?;
-        model.cache = Some(plan.start_streaming(artifact));
-        model.stream.read_ahead = plan.read_ahead;
-        model.reads_in_flight = plan.reads_in_flight;
-        Ok(model)
-    }
-
-    fn build(
-        artifact: &'a Artifact,
-        config: KimiK3Config,
-        experts: Option<ExpertMap>,
-        streamed_layers: &[usize],
-    ) -> Result<KimiK3<'a>, ModelError> {
-        let root = name_root(artifact)?;
-        let c = &config;
-        let naming = Naming::of(artifact, c, root)?;
-        let loader = Loader {
-            artifact,
-            source: Source::Resident(artifact),
-            c,
-            root,
-            naming,
-            streamed: experts.as_ref(),
-        };
-        let (layers, stream) =
-            layer_stream::held_or_streamed(artifact, c, streamed_layers, |i| loader.layer(i))?;
-        let embed = loader.one(
-            &format!("{root}model.embed_tokens"),
-            c.vocab_size,
-            c.hidden_size,
-        )?;
-        let lm_head = match c.tie_word_embeddings {
-            true => embed,
-            false => loader.one(&format!("{root}lm_head"), c.vocab_size, c.hidden_size)?,
-        };
-        Ok(KimiK3 {
-            embed,
-            lm_head,
-            output_mix: loader.mix_query(&format!("{root}model"), "output_attn_res")?,
-            norm: artifact.vector(&format!("{root}model.norm.weight"), c.hidden_size)?,
-            layers,
-            stream,
-            root,
-            naming,
-            experts,
-            artifact,
-            cache: None,
-            reads_in_flight: DEFAULT_READS_IN_FLIGHT,
-            config,
-        })
-    }
-
-    /// `tokens` through every layer, row `r` at `rows.position[r]` of `caches[rows.cache[r]]`;
-    /// the logits `logits` asks for.
-    fn forward_rows(
-        &self,
-        tokens: &[u32],
-        rows: &Rows,
-        caches: &mut [&mut Cache],
-        logits: Logits,
-        stats: &mut StepStats,
-    ) -> Result<Vec<Vec<f32>>, ModelError> {
+    fn embed(&self, tokens: &[u32], stats: &mut StepStats) -> Result<Hidden, ModelError> {
         let c = &self.config;
         let mut partials = Vec::with_capacity(tokens.len());
         for &token in tokens {
@@ -858,71 +650,40 @@ impl<'a> KimiK3<'a> {
                 eps: c.rms_norm_eps,
             })
             .collect();
-        let mut state = (partials, blocks, caches);
-        self.stream.run(
-            self.artifact,
-            &mut state,
-            stats,
-            |(partials, blocks, caches), i, loaded, stats| {
-                let built;
-                let layer = match (loaded, &self.layers[i]) {
-                    (Some(loaded), _) => {
-                        built = self.streamed_layer(i, loaded)?;
-                        &built
-                    }
-                    (None, Some(layer)) => layer,
-                    (None, None) => {
-                        return Err(ModelError::Artifact(ArtifactError::Tensor {
-                            name: format!("{}model.layers.{i}", self.root),
-                            reason: "is neither held nor streamed".into(),
-                        }));
-                    }
-                };
-                let at = Place { layer: i, rows };
-                self.run_layer(layer, at, partials, blocks, caches, stats)
-            },
-            |(partials, blocks, caches), stats| {
-                for &seq in &rows.cache {
-                    caches[seq].len += 1;
-                }
-                let wanted = logits.rows(partials.len());
-                if wanted.is_empty() {
-                    return Ok(Vec::new());
-                }
-                let xs: Vec<Vec<f32>> = wanted
-                    .into_iter()
-                    .map(|r| {
-                        let h = blocks[r].mix(&partials[r], &self.output_mix);
-                        rms_norm(&h, &self.norm, c.rms_norm_eps)
-                    })
-                    .collect();
-                Ok(apply_batch(&self.lm_head, &xs, stats)?)
-            },
-        )
+        Ok((partials, blocks))
     }
 
-    /// Layer `i` built from its deterministic matrices read for this step.
-    fn streamed_layer<'l>(
-        &'l self,
-        i: usize,
-        loaded: &'l LoadedLayer,
-    ) -> Result<Layer<'l>, ModelError> {
-        let loader = Loader {
-            artifact: self.artifact,
-            source: Source::Streamed(loaded),
-            c: &self.config,
-            root: self.root,
-            naming: self.naming,
-            streamed: self.experts.as_ref(),
-        };
-        Ok(loader.layer(i)?)
+    fn run_layer(
+        &self,
+        layer: &Layer<'_>,
+        at: Place,
+        _tokens: &[u32],
+        (partials, blocks): &mut Hidden,
+        caches: &mut [&mut Cache],
+        stats: &mut StepStats,
+    ) -> Result<(), ModelError> {
+        self.run_layer(layer, at, partials, blocks, caches, stats)
     }
 
-    /// The streamed layer already read for the next step, if any.
-    pub fn layer_read_for_next_step(&self) -> Option<usize> {
-        self.stream.read_for_next_step()
+    fn logits(
+        &self,
+        (partials, blocks): &Hidden,
+        wanted: &[usize],
+        stats: &mut StepStats,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let c = &self.config;
+        let xs: Vec<Vec<f32>> = wanted
+            .iter()
+            .map(|&r| {
+                let h = blocks[r].mix(&partials[r], &self.output_mix);
+                rms_norm(&h, &self.norm, c.rms_norm_eps)
+            })
+            .collect();
+        Ok(apply_batch(&self.lm_head, &xs, stats)?)
     }
+}
 
+impl KimiK3Model<'_> {
     /// One layer for a batch of rows: `partials` holds each row's partial sum of the current
     /// block and `blocks` its closed blocks.
     fn run_layer(
@@ -1122,14 +883,6 @@ impl<'a> KimiK3<'a> {
             .map(|logits| routing.route(logits))
             .collect();
         let latent_xs = apply_batch(&moe.down, xs, stats)?;
-        let streaming: Option<Streaming> = self
-            .cache
-            .as_ref()
-            .map(|cache| (self.artifact, cache, self.reads_in_flight));
-        let activation = Activation::Situ {
-            beta: c.situ_beta,
-            linear_beta: c.situ_linear_beta,
-        };
         let shared = |stats: &mut StepStats| -> Result<Option<Vec<Vec<f32>>>, ModelError> {
             Ok(moe
                 .shared
@@ -1137,16 +890,7 @@ impl<'a> KimiK3<'a> {
                 .map(|s| s.forward(xs, stats))
                 .transpose()?)
         };
-        let (outputs, shared) = run_routed(
-            &moe.experts,
-            activation,
-            &routes,
-            &latent_xs,
-            streaming,
-            c.num_experts_per_token,
-            shared,
-            stats,
-        )?;
+        let (outputs, shared) = run_routed(&moe.experts, &routes, &latent_xs, shared, stats)?;
         let mut sums = weighted_sum(&routes, &outputs, c.routed_expert_hidden_size);
         if let Some(norm) = &moe.norm {
             for sum in &mut sums {
@@ -1190,7 +934,7 @@ fn delta_rule(
     out
 }
 
-impl LayeredCache for Cache {
+impl SequenceCache for Cache {
     type Layer = LayerCache;
 
     fn layers_mut(&mut self) -> &mut [LayerCache] {
@@ -1201,11 +945,17 @@ impl LayeredCache for Cache {
         self.len
     }
 
+    fn advance(&mut self) {
+        self.len += 1;
+    }
+
     fn broken(&self) -> bool {
         self.broken
     }
 
-    fn set_broken(&mut self) {
+    /// A KDA layer's recurrent state is overwritten by a pass, so a failed one leaves the
+    /// cache broken.
+    fn rewind(&mut self, _len: usize) {
         self.broken = true;
     }
 }

@@ -1,0 +1,206 @@
+//! The architectures this build runs, one row each: the `model_type` a `config.json` names,
+//! its config reader, its model, and the chat template it uses where the artifact's tokenizer
+//! config has none. An unknown `model_type` is refused, naming the known ones.
+
+use crate::artifact::{Artifact, ArtifactError};
+use crate::budget::Budget;
+use crate::config::{ConfigError, ModelConfig};
+use crate::layered_model::{Layered, LayeredModel};
+use crate::model::Model;
+use crate::model_weights::ModelWeights;
+use crate::models;
+use crate::plan::{Plan, PlanError, Shape};
+use crate::step::ModelError;
+
+/// A chat template an architecture brings where the tokenizer config has none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DefaultChat {
+    /// The tokenizer config's own template (or none).
+    FromTokenizer,
+    /// DeepSeek V4's no-thinking template (its checkpoints ship `encoding_dsv4.py`, not a
+    /// Jinja template).
+    DeepSeekV4,
+}
+
+/// One architecture this build runs.
+pub struct ArchitectureRow {
+    pub model_type: &'static str,
+    /// What it runs, in a few words (`minirun run --help` lists them).
+    pub summary: &'static str,
+    pub parse: fn(&str) -> Result<Box<dyn AnyArchitecture>, ConfigError>,
+    pub chat: DefaultChat,
+}
+
+/// Every architecture this build runs.
+pub static ARCHITECTURES: &[&ArchitectureRow] = &[
+    &models::deepseek_v3::ROW,
+    &models::deepseek_v4::ROW,
+    &models::kimi_k3::ROW,
+];
+
+/// The config of an architecture with a model: how its type, parsed from `config.json`, builds
+/// that model.
+pub trait Family: ModelConfig + Shape + Clone + Send + Sync + 'static {
+    type Model<'a>: Layered<'a, Config = Self>;
+}
+
+/// [`Family`]'s work behind one reference, whichever architecture it is.
+pub trait AnyArchitecture: Send + Sync {
+    fn config(&self) -> &dyn ModelConfig;
+    fn shape(&self) -> &dyn Shape;
+    fn record(&self, artifact: &Artifact) -> Result<ModelWeights, ArtifactError>;
+    fn load<'a>(&self, artifact: &'a Artifact) -> Result<Model<'a>, ModelError>;
+    fn load_planned<'a>(
+        &self,
+        artifact: &'a Artifact,
+        plan: &Plan,
+        weights: &ModelWeights,
+    ) -> Result<Model<'a>, ModelError>;
+}
+
+impl<F: Family> AnyArchitecture for F {
+    fn config(&self) -> &dyn ModelConfig {
+        self
+    }
+
+    fn shape(&self) -> &dyn Shape {
+        self
+    }
+
+    fn record(&self, artifact: &Artifact) -> Result<ModelWeights, ArtifactError> {
+        F::Model::record(self, artifact)
+    }
+
+    fn load<'a>(&self, artifact: &'a Artifact) -> Result<Model<'a>, ModelError> {
+        let model = LayeredModel::<F::Model<'a>>::load(artifact, self.clone())?;
+        Ok(Model::new(model))
+    }
+
+    fn load_planned<'a>(
+        &self,
+        artifact: &'a Artifact,
+        plan: &Plan,
+        weights: &ModelWeights,
+    ) -> Result<Model<'a>, ModelError> {
+        let model =
+            LayeredModel::<F::Model<'a>>::load_planned(artifact, self.clone(), plan, weights)?;
+        Ok(Model::new(model))
+    }
+}
+
+/// Reads config `json` with the reader of the one architecture `parse` returns.
+pub(crate) fn parsed<F: Family>(
+    parse: fn(&str) -> Result<F, ConfigError>,
+    json: &str,
+) -> Result<Box<dyn AnyArchitecture>, ConfigError> {
+    Ok(Box::new(parse(json)?))
+}
+
+/// The architecture an artifact's `config.json` names, read fail-closed.
+pub struct Architecture {
+    row: &'static ArchitectureRow,
+    model: Box<dyn AnyArchitecture>,
+}
+
+impl Architecture {
+    /// `model_type` picks the row; a config without one, or naming one this build does not run,
+    /// is refused with the names it runs.
+    pub fn parse(config_json: &str) -> Result<Architecture, ConfigError> {
+        let value: serde_json::Value =
+            serde_json::from_str(config_json).map_err(|e| ConfigError::NotJson(e.to_string()))?;
+        let model_type = match value.get("model_type") {
+            Some(serde_json::Value::String(t)) => t.as_str(),
+            Some(_) => {
+                return Err(ConfigError::Type {
+                    key: "model_type".into(),
+                    expected: "a string",
+                });
+            }
+            None => return Err(ConfigError::Missing("model_type".into())),
+        };
+        let row = ARCHITECTURES
+            .iter()
+            .find(|row| row.model_type == model_type)
+            .ok_or_else(|| ConfigError::UnknownModelType {
+                model_type: model_type.to_string(),
+                known: known_model_types(),
+            })?;
+        Ok(Architecture {
+            row,
+            model: (row.parse)(config_json)?,
+        })
+    }
+
+    pub fn model_type(&self) -> &'static str {
+        self.row.model_type
+    }
+
+    /// The chat template this architecture brings where the tokenizer config has none.
+    pub fn default_chat(&self) -> DefaultChat {
+        self.row.chat
+    }
+
+    pub fn eos_token_ids(&self) -> &[u32] {
+        self.model.config().eos_token_ids()
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.model.config().vocab_size()
+    }
+
+    /// The most positions a sequence may have (`max_position_embeddings`).
+    pub fn max_positions(&self) -> usize {
+        self.model.config().max_positions()
+    }
+
+    /// One line saying what the model is.
+    pub fn describe(&self) -> String {
+        self.model.config().describe()
+    }
+
+    /// What every layer of the model asks for, recorded without a payload byte read.
+    pub fn weights(&self, artifact: &Artifact) -> Result<ModelWeights, ArtifactError> {
+        self.model.record(artifact)
+    }
+
+    /// The memory plan (see [`Plan::new`]).
+    pub fn plan(
+        &self,
+        artifact: &Artifact,
+        weights: &ModelWeights,
+        budget: Budget,
+        context_tokens: usize,
+    ) -> Result<Plan, PlanError> {
+        Plan::new(
+            artifact,
+            self.model.shape(),
+            weights,
+            budget,
+            context_tokens,
+        )
+    }
+
+    /// The model, every weight resident.
+    pub fn load<'a>(&self, artifact: &'a Artifact) -> Result<Model<'a>, ModelError> {
+        self.model.load(artifact)
+    }
+
+    /// The model as `plan` (made from `weights`) says.
+    pub fn load_planned<'a>(
+        &self,
+        artifact: &'a Artifact,
+        plan: &Plan,
+        weights: &ModelWeights,
+    ) -> Result<Model<'a>, ModelError> {
+        self.model.load_planned(artifact, plan, weights)
+    }
+}
+
+/// The `model_type`s this build runs, for messages: `deepseek_v3 (DeepSeek-V3/R1), ...`.
+pub fn known_model_types() -> String {
+    ARCHITECTURES
+        .iter()
+        .map(|row| format!("{} ({})", row.model_type, row.summary))
+        .collect::<Vec<_>>()
+        .join(", ")
+}

@@ -1,0 +1,64 @@
+//! What a step reports: why it failed ([`ModelError`]) and what it read ([`StepStats`]).
+
+use std::time::Duration;
+
+use crate::artifact::ArtifactError;
+use crate::kernels::KernelError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Artifact(#[from] ArtifactError),
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    #[error("token id {0} is outside the vocabulary of {1}")]
+    Token(u32, usize),
+    #[error("position {0} is past max_position_embeddings {1}")]
+    Position(usize, usize),
+    #[error("the prompt is empty: give at least one token")]
+    EmptyPrompt,
+    #[error(
+        "this cache was left part-way through a step by an earlier error (its recurrent state is not that of any prefix); start a new generation"
+    )]
+    BrokenCache,
+    #[error("this cache was made by a model of another architecture")]
+    ForeignCache,
+    #[error("a batch step was given {tokens} tokens for {caches} caches: one token per cache")]
+    BatchShape { tokens: usize, caches: usize },
+}
+
+/// What one step read, for the run's figures.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct StepStats {
+    /// Stored weight bytes the step's products read (an embedding row counts its row).
+    pub weight_bytes: u64,
+    /// Routed-expert bytes read from storage (cache misses).
+    pub expert_read_bytes: u64,
+    pub expert_cache_hits: u64,
+    pub expert_cache_misses: u64,
+    /// Deterministic weights of streamed layers read from storage.
+    pub layer_read_bytes: u64,
+    /// Reads that bypassed the page cache (`O_DIRECT`) and reads that went through it.
+    pub direct_reads: u64,
+    pub buffered_reads: u64,
+    /// Wall time the step waited for expert reads.
+    pub io_time: Duration,
+    /// Wall time during which at least one of the step's reads was in flight (overlapping
+    /// reads count once): the I/O the step needed, whether or not compute hid it.
+    pub read_busy: Duration,
+}
+
+impl StepStats {
+    /// Adds what `other` read.
+    pub fn add(&mut self, other: &StepStats) {
+        self.weight_bytes += other.weight_bytes;
+        self.expert_read_bytes += other.expert_read_bytes;
+        self.layer_read_bytes += other.layer_read_bytes;
+        self.expert_cache_hits += other.expert_cache_hits;
+        self.expert_cache_misses += other.expert_cache_misses;
+        self.direct_reads += other.direct_reads;
+        self.buffered_reads += other.buffered_reads;
+        self.io_time += other.io_time;
+        self.read_busy += other.read_busy;
+    }
+}

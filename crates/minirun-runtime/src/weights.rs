@@ -1,0 +1,369 @@
+//! The weights handle: how a model asks for its tensors, by name, once. Where the bytes come
+//! from is the handle's business, decided by the plan: the artifact's resident bytes, a streamed
+//! layer's bytes read for this step, or nothing at all (a dry build, which records what the
+//! model asked for). Routed experts are held or read on demand as the plan says.
+//!
+//! A model's builder is one function per layer run against a handle; the planner learns each
+//! layer's deterministic matrices and routed experts by running that same builder dry
+//! ([`ModelWeights::record`]), so there is no second, hand-written list to drift from it.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use crate::artifact::{Artifact, ArtifactError, Stack, StackLayout};
+use crate::blocks::mlp::{Activation, Mlp};
+use crate::blocks::moe::RoutedExperts;
+use crate::experts::{ExpertCache, ExpertParts, routed_experts};
+use crate::kernels::QMatrix;
+use crate::layer_stream::LoadedLayer;
+use crate::model_weights::{ExpertMap, LayerWeights, ModelWeights};
+use crate::plan::{Mode, Plan};
+
+/// Where a handle's matrices come from.
+#[derive(Clone, Copy)]
+enum Matrices<'w> {
+    /// Read now and held for the run.
+    Resident,
+    /// A streamed layer's, read for this step.
+    Streamed(&'w LoadedLayer),
+    /// Nothing read: the layouts are recorded, the matrices are zeros of the right size.
+    Recording(&'w Recorder),
+}
+
+/// The routed experts a streamed run reads from storage when the router picks them.
+pub struct ExpertStream<'a> {
+    pub(crate) artifact: &'a Artifact,
+    pub(crate) cache: ExpertCache,
+    /// Threads reading a layer's chosen experts.
+    pub(crate) reads_in_flight: usize,
+    /// Experts loaded at once: one token's of a layer (the plan's slot pool).
+    pub(crate) slots: usize,
+    /// Where every streamed layer's experts are (`None` for a layer that holds them).
+    pub(crate) map: ExpertMap,
+}
+
+impl ExpertStream<'_> {
+    /// Bytes of routed experts the cache holds now, and the most it held at once.
+    pub fn usage(&self) -> (u64, u64) {
+        self.cache.usage()
+    }
+}
+
+/// A model's request for its tensors, at a prefix (`model.layers.3`), for one layer or for the
+/// weights outside the layers.
+#[derive(Clone)]
+pub struct Weights<'w> {
+    artifact: &'w Artifact,
+    matrices: Matrices<'w>,
+    layer: Option<usize>,
+    prefix: String,
+    experts: Option<Arc<ExpertStream<'w>>>,
+}
+
+impl<'w> Weights<'w> {
+    /// Every weight read now and held.
+    pub(crate) fn resident(
+        artifact: &'w Artifact,
+        layer: Option<usize>,
+        experts: Option<Arc<ExpertStream<'w>>>,
+    ) -> Weights<'w> {
+        Weights {
+            artifact,
+            matrices: Matrices::Resident,
+            layer,
+            prefix: String::new(),
+            experts,
+        }
+    }
+
+    /// Layer `layer`'s deterministic matrices from `loaded` (read for this step).
+    pub(crate) fn streamed(
+        artifact: &'w Artifact,
+        loaded: &'w LoadedLayer,
+        layer: usize,
+        experts: Option<Arc<ExpertStream<'w>>>,
+    ) -> Weights<'w> {
+        Weights {
+            artifact,
+            matrices: Matrices::Streamed(loaded),
+            layer: Some(layer),
+            prefix: String::new(),
+            experts,
+        }
+    }
+
+    fn recording(artifact: &'w Artifact, recorder: &'w Recorder, layer: usize) -> Weights<'w> {
+        Weights {
+            artifact,
+            matrices: Matrices::Recording(recorder),
+            layer: Some(layer),
+            prefix: String::new(),
+            experts: None,
+        }
+    }
+
+    /// The same handle, its names under `prefix` (joined with a dot).
+    pub fn at(&self, prefix: &str) -> Weights<'w> {
+        Weights {
+            prefix: self.name(prefix),
+            ..self.clone()
+        }
+    }
+
+    /// `name` under this handle's prefix.
+    pub fn name(&self, name: &str) -> String {
+        match self.prefix.is_empty() {
+            true => name.to_string(),
+            false => format!("{}.{name}", self.prefix),
+        }
+    }
+
+    /// Whether the artifact stores tensor `name` (metadata only).
+    pub fn has(&self, name: &str) -> bool {
+        self.artifact.has(&self.name(name))
+    }
+
+    /// The stack of matrices of module `module` (`{module}.weight` with its scales), `[..,
+    /// rows, cols]`.
+    pub fn stack(
+        &self,
+        module: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Stack<'w>, ArtifactError> {
+        let module = self.name(module);
+        match self.matrices {
+            Matrices::Resident => self.artifact.matrix(&module, rows, cols),
+            Matrices::Streamed(loaded) => loaded.stack(&module, rows, cols),
+            Matrices::Recording(recorder) => {
+                let layout = self.artifact.stack_layout(&module, rows, cols)?;
+                recorder.matrix(self.artifact, layout)
+            }
+        }
+    }
+
+    /// The one matrix of module `module`, `[rows, cols]`.
+    pub fn matrix(
+        &self,
+        module: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<QMatrix<'w>, ArtifactError> {
+        self.stack(module, rows, cols)?
+            .single(&format!("{}.weight", self.name(module)))
+    }
+
+    /// A float tensor (a norm's weights, a bias) of `len` elements, as f32. Always resident:
+    /// a dry build checks it without reading it (and computes from zeros).
+    pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ArtifactError> {
+        let name = self.name(name);
+        match self.matrices {
+            Matrices::Recording(_) => {
+                self.artifact.check_vector(&name, len)?;
+                Ok(vec![0.0; len])
+            }
+            _ => self.artifact.vector(&name, len),
+        }
+    }
+
+    /// A plain integer tensor of `len` elements, widened to i64.
+    pub fn integers(&self, name: &str, len: usize) -> Result<Vec<i64>, ArtifactError> {
+        self.artifact.integers(&self.name(name), len)
+    }
+
+    /// The `n` routed experts of this layer under `module` (its `mlp`), each a gated MLP from
+    /// `hidden` to `inner` with `activation`: stacked (`switch_mlp.{gate,up,down}_proj`) or per
+    /// expert (`experts.E.{names}`). Held when the plan holds this layer's experts, else read
+    /// when the router picks them.
+    pub fn routed_experts(
+        &self,
+        module: &str,
+        names: [&str; 3],
+        (hidden, inner, n): (usize, usize, usize),
+        activation: Activation,
+    ) -> Result<RoutedExperts<'w>, ArtifactError> {
+        let module = self.name(module);
+        let layer = self.layer.ok_or_else(|| ArtifactError::Tensor {
+            name: module.clone(),
+            reason: "routed experts outside a layer".into(),
+        })?;
+        if let Matrices::Recording(recorder) = self.matrices {
+            let parts = routed_experts(self.artifact, &module, (hidden, inner, n), names)?;
+            recorder.experts.replace(Some(parts));
+            return Ok(RoutedExperts::Unread);
+        }
+        if let Some(stream) = &self.experts
+            && let Some(Some(_)) = stream.map.get(layer)
+        {
+            return Ok(RoutedExperts::Streamed {
+                layer,
+                stream: Arc::clone(stream),
+                activation,
+            });
+        }
+        let held = Weights::resident(self.artifact, self.layer, None).at(&module);
+        let experts = match held.has("switch_mlp.gate_proj.weight") {
+            true => stacked_experts(&held.at("switch_mlp"), (hidden, inner, n), activation)?,
+            false => (0..n)
+                .map(|e| {
+                    let one = held.at(&format!("experts.{e}"));
+                    Ok(Mlp {
+                        gate: one.matrix(names[0], inner, hidden)?,
+                        up: one.matrix(names[1], inner, hidden)?,
+                        down: one.matrix(names[2], hidden, inner)?,
+                        activation,
+                    })
+                })
+                .collect::<Result<_, ArtifactError>>()?,
+        };
+        Ok(RoutedExperts::Resident(experts))
+    }
+}
+
+/// The MLX layout's stacked experts (`gate_proj`, `up_proj`, `down_proj` under `w`'s prefix,
+/// each `[n, rows, cols]`), held, one gated MLP per expert.
+fn stacked_experts<'w>(
+    w: &Weights<'w>,
+    (hidden, inner, n): (usize, usize, usize),
+    activation: Activation,
+) -> Result<Vec<Mlp<'w>>, ArtifactError> {
+    let gate = w.stack("gate_proj", inner, hidden)?;
+    let up = w.stack("up_proj", inner, hidden)?;
+    let down = w.stack("down_proj", hidden, inner)?;
+    for (s, name) in [(&gate, "gate_proj"), (&up, "up_proj"), (&down, "down_proj")] {
+        if s.len() != n {
+            return Err(ArtifactError::Tensor {
+                name: w.name(&format!("{name}.weight")),
+                reason: format!("stacks {} experts; the config has {n}", s.len()),
+            });
+        }
+    }
+    (0..n)
+        .map(|e| {
+            let pick = |s: &Stack<'w>| {
+                s.get(e).ok_or_else(|| ArtifactError::Tensor {
+                    name: w.name("gate_proj.weight"),
+                    reason: format!("has no expert {e}"),
+                })
+            };
+            Ok(Mlp {
+                gate: pick(&gate)?,
+                up: pick(&up)?,
+                down: pick(&down)?,
+                activation,
+            })
+        })
+        .collect()
+}
+
+/// What a dry build of one layer asked for: its deterministic matrices, in the order it asked
+/// for them, and its routed experts.
+struct Recorder {
+    /// The zeros each matrix is built over, one buffer per matrix (untouched allocations: the
+    /// kernel's checks read them, nothing computes with them).
+    zeros: typed_arena::Arena<Vec<u8>>,
+    matrices: RefCell<Vec<StackLayout>>,
+    experts: RefCell<Option<Vec<ExpertParts>>>,
+}
+
+impl Recorder {
+    fn matrix<'r>(
+        &'r self,
+        artifact: &Artifact,
+        layout: StackLayout,
+    ) -> Result<Stack<'r>, ArtifactError> {
+        let longest = layout
+            .parts
+            .iter()
+            .flat_map(|p| p.byte_lengths())
+            .max()
+            .unwrap_or(0);
+        let zeros = self.zeros.alloc(vec![0u8; longest]);
+        let stack = artifact.unread_stack(&layout, zeros)?;
+        let mut matrices = self.matrices.borrow_mut();
+        if !matrices.iter().any(|m| m.name == layout.name) {
+            matrices.push(layout);
+        }
+        Ok(stack)
+    }
+}
+
+impl ModelWeights {
+    /// Runs `build` for each of `layers` layers against a handle that reads nothing.
+    pub(crate) fn record(
+        artifact: &Artifact,
+        layers: usize,
+        mut build: impl for<'r> FnMut(&Weights<'r>, usize) -> Result<(), ArtifactError>,
+    ) -> Result<ModelWeights, ArtifactError> {
+        let layers = (0..layers)
+            .map(|i| {
+                let recorder = Recorder {
+                    zeros: typed_arena::Arena::new(),
+                    matrices: RefCell::new(Vec::new()),
+                    experts: RefCell::new(None),
+                };
+                build(&Weights::recording(artifact, &recorder, i), i)?;
+                Ok(LayerWeights {
+                    matrices: recorder.matrices.into_inner(),
+                    experts: recorder.experts.into_inner(),
+                })
+            })
+            .collect::<Result<_, ArtifactError>>()?;
+        Ok(ModelWeights { layers })
+    }
+}
+
+/// How a model holds its weights, as a plan says: which layers stream their deterministic
+/// matrices (with read-ahead or not), and the routed experts it reads on demand.
+pub(crate) struct Placement<'a> {
+    /// Per layer, the matrices read for each step; `None` for a layer held for the run.
+    pub streamed_layers: Vec<Option<Vec<StackLayout>>>,
+    pub read_ahead: bool,
+    pub experts: Option<Arc<ExpertStream<'a>>>,
+}
+
+impl<'a> Placement<'a> {
+    /// Every weight held.
+    pub fn resident(layers: usize) -> Placement<'a> {
+        Placement {
+            streamed_layers: vec![None; layers],
+            read_ahead: true,
+            experts: None,
+        }
+    }
+
+    /// The placement `plan` decides: the one place a plan is read. The routed experts of
+    /// `plan.held_layers` are read at load and held, the others' streamed through a cache of
+    /// `plan.cache_bytes`; the deterministic matrices of `plan.streamed_layers` are read for
+    /// each step.
+    pub fn of(artifact: &'a Artifact, plan: &Plan, weights: &ModelWeights) -> Placement<'a> {
+        let layers = weights.layers.len();
+        if plan.mode == Mode::Resident {
+            return Placement::resident(layers);
+        }
+        let mut map = weights.expert_map();
+        for &layer in &plan.held_layers {
+            if let Some(entry) = map.get_mut(layer) {
+                *entry = None;
+            }
+        }
+        let streamed_layers = (0..layers)
+            .map(|i| {
+                plan.streamed_layers
+                    .contains(&i)
+                    .then(|| weights.matrices(i).to_vec())
+            })
+            .collect();
+        Placement {
+            streamed_layers,
+            read_ahead: plan.read_ahead,
+            experts: Some(Arc::new(ExpertStream {
+                artifact,
+                cache: plan.start_streaming(artifact),
+                reads_in_flight: plan.reads_in_flight,
+                slots: plan.experts_per_token,
+                map,
+            })),
+        }
+    }
+}
