@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use minirun_runtime::kimi_text::KimiText;
+use minirun_text::tiktoken::KimiText;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(text) = KimiText::parse(data) {

@@ -12,11 +12,12 @@ use crate::decode_policy::{
     Logits, PREFILL_CHUNK, Place, Rows, SequenceCache, prefill_each, step_each,
 };
 use crate::decoder::Decoder;
+use crate::expert_stream::ExpertStream;
 use crate::layer_stream::LayerStream;
 use crate::model_weights::ModelWeights;
 use crate::plan::{Plan, Shape};
 use crate::step::{ModelError, StepStats};
-use crate::weights::{ExpertStream, Placement, Weights};
+use crate::weights::{Placement, Weights};
 
 /// One architecture: its weights outside the layers and what its passes need beside them
 /// (`Self`), its layers, its cache.

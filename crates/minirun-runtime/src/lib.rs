@@ -7,6 +7,7 @@
 //! streamed, under one decode policy ([`decode_policy`]); [`models`] holds one folder per
 //! architecture and [`registry`] one row each; [`session`] and [`generate`] run them.
 
+pub mod architecture;
 pub mod artifact;
 pub mod batch;
 pub mod blocks;
@@ -14,10 +15,10 @@ pub mod budget;
 pub mod config;
 pub mod decode_policy;
 pub mod decoder;
+pub mod expert_stream;
 pub mod experts;
 pub mod generate;
 pub mod kernels;
-pub mod kimi_text;
 pub mod layer_stream;
 pub mod layered_model;
 pub mod model;
@@ -29,5 +30,4 @@ pub mod read_clock;
 pub mod registry;
 pub mod session;
 pub mod step;
-pub mod text;
 pub mod weights;

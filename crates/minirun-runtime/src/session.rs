@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use minirun_store::{HeldEvidence, SealKey, StoreError};
 
+use crate::architecture::DefaultChat;
 use crate::artifact::{Access, Artifact, ArtifactError};
 use crate::budget::Budget;
 use crate::config::ConfigError;
@@ -13,9 +14,9 @@ use crate::generate::{Figures, Sampling, StepRecord, generate};
 use crate::model::Model;
 use crate::model_weights::ModelWeights;
 use crate::plan::{Plan, PlanError};
-use crate::registry::{Architecture, DefaultChat};
+use crate::registry::Architecture;
 use crate::step::ModelError;
-use crate::text::{Text, TextError};
+use minirun_text::{Text, TextError};
 
 /// Why a session could not be opened or could not generate.
 #[derive(Debug, thiserror::Error)]

@@ -11,12 +11,11 @@ use std::cell::RefCell;
 use std::sync::Arc;
 
 use crate::artifact::{Artifact, ArtifactError, Stack, StackLayout};
-use crate::blocks::mlp::{Activation, Mlp};
-use crate::blocks::moe::RoutedExperts;
-use crate::experts::{ExpertCache, ExpertParts, routed_experts};
+use crate::expert_stream::ExpertStream;
+use crate::experts::{ExpertParts, routed_experts};
 use crate::kernels::QMatrix;
 use crate::layer_stream::LoadedLayer;
-use crate::model_weights::{ExpertMap, LayerWeights, ModelWeights};
+use crate::model_weights::{LayerWeights, ModelWeights};
 use crate::plan::{Mode, Plan};
 
 /// Where a handle's matrices come from.
@@ -28,25 +27,6 @@ enum Matrices<'w> {
     Streamed(&'w LoadedLayer),
     /// Nothing read: the layouts are recorded, the matrices are zeros of the right size.
     Recording(&'w Recorder),
-}
-
-/// The routed experts a streamed run reads from storage when the router picks them.
-pub struct ExpertStream<'a> {
-    pub(crate) artifact: &'a Artifact,
-    pub(crate) cache: ExpertCache,
-    /// Threads reading a layer's chosen experts.
-    pub(crate) reads_in_flight: usize,
-    /// Experts loaded at once: one token's of a layer (the plan's slot pool).
-    pub(crate) slots: usize,
-    /// Where every streamed layer's experts are (`None` for a layer that holds them).
-    pub(crate) map: ExpertMap,
-}
-
-impl ExpertStream<'_> {
-    /// Bytes of routed experts the cache holds now, and the most it held at once.
-    pub fn usage(&self) -> (u64, u64) {
-        self.cache.usage()
-    }
 }
 
 /// A model's request for its tensors, at a prefix (`model.layers.3`), for one layer or for the
@@ -171,89 +151,51 @@ impl<'w> Weights<'w> {
         self.artifact.integers(&self.name(name), len)
     }
 
-    /// The `n` routed experts of this layer under `module` (its `mlp`), each a gated MLP from
-    /// `hidden` to `inner` with `activation`: stacked (`switch_mlp.{gate,up,down}_proj`) or per
-    /// expert (`experts.E.{names}`). Held when the plan holds this layer's experts, else read
-    /// when the router picks them.
+    /// Where the `n` routed experts of this layer under `module` (its `mlp`) come from, gate
+    /// and up `[inner, hidden]`, down `[hidden, inner]`, stacked (`switch_mlp.*`) or per expert
+    /// (`experts.E.{names}`): held when the plan holds this layer's experts, else read when the
+    /// router picks them; a dry build records where they are stored.
     pub fn routed_experts(
         &self,
         module: &str,
         names: [&str; 3],
-        (hidden, inner, n): (usize, usize, usize),
-        activation: Activation,
-    ) -> Result<RoutedExperts<'w>, ArtifactError> {
+        sizes: (usize, usize, usize),
+    ) -> Result<ExpertsFrom<'w>, ArtifactError> {
         let module = self.name(module);
         let layer = self.layer.ok_or_else(|| ArtifactError::Tensor {
             name: module.clone(),
             reason: "routed experts outside a layer".into(),
         })?;
         if let Matrices::Recording(recorder) = self.matrices {
-            let parts = routed_experts(self.artifact, &module, (hidden, inner, n), names)?;
+            let parts = routed_experts(self.artifact, &module, sizes, names)?;
             recorder.experts.replace(Some(parts));
-            return Ok(RoutedExperts::Unread);
+            return Ok(ExpertsFrom::Recorded);
         }
         if let Some(stream) = &self.experts
             && let Some(Some(_)) = stream.map.get(layer)
         {
-            return Ok(RoutedExperts::Streamed {
+            return Ok(ExpertsFrom::Storage {
                 layer,
                 stream: Arc::clone(stream),
-                activation,
             });
         }
-        let held = Weights::resident(self.artifact, self.layer, None).at(&module);
-        let experts = match held.has("switch_mlp.gate_proj.weight") {
-            true => stacked_experts(&held.at("switch_mlp"), (hidden, inner, n), activation)?,
-            false => (0..n)
-                .map(|e| {
-                    let one = held.at(&format!("experts.{e}"));
-                    Ok(Mlp {
-                        gate: one.matrix(names[0], inner, hidden)?,
-                        up: one.matrix(names[1], inner, hidden)?,
-                        down: one.matrix(names[2], hidden, inner)?,
-                        activation,
-                    })
-                })
-                .collect::<Result<_, ArtifactError>>()?,
-        };
-        Ok(RoutedExperts::Resident(experts))
+        Ok(ExpertsFrom::Held(
+            Weights::resident(self.artifact, self.layer, None).at(&module),
+        ))
     }
 }
 
-/// The MLX layout's stacked experts (`gate_proj`, `up_proj`, `down_proj` under `w`'s prefix,
-/// each `[n, rows, cols]`), held, one gated MLP per expert.
-fn stacked_experts<'w>(
-    w: &Weights<'w>,
-    (hidden, inner, n): (usize, usize, usize),
-    activation: Activation,
-) -> Result<Vec<Mlp<'w>>, ArtifactError> {
-    let gate = w.stack("gate_proj", inner, hidden)?;
-    let up = w.stack("up_proj", inner, hidden)?;
-    let down = w.stack("down_proj", hidden, inner)?;
-    for (s, name) in [(&gate, "gate_proj"), (&up, "up_proj"), (&down, "down_proj")] {
-        if s.len() != n {
-            return Err(ArtifactError::Tensor {
-                name: w.name(&format!("{name}.weight")),
-                reason: format!("stacks {} experts; the config has {n}", s.len()),
-            });
-        }
-    }
-    (0..n)
-        .map(|e| {
-            let pick = |s: &Stack<'w>| {
-                s.get(e).ok_or_else(|| ArtifactError::Tensor {
-                    name: w.name("gate_proj.weight"),
-                    reason: format!("has no expert {e}"),
-                })
-            };
-            Ok(Mlp {
-                gate: pick(&gate)?,
-                up: pick(&up)?,
-                down: pick(&down)?,
-                activation,
-            })
-        })
-        .collect()
+/// Where a layer's routed experts come from.
+pub enum ExpertsFrom<'w> {
+    /// Held for the run: built from this handle (at the experts' module).
+    Held(Weights<'w>),
+    /// Read from storage when the router picks them.
+    Storage {
+        layer: usize,
+        stream: Arc<ExpertStream<'w>>,
+    },
+    /// A dry build's: recorded, never read.
+    Recorded,
 }
 
 /// What a dry build of one layer asked for: its deterministic matrices, in the order it asked

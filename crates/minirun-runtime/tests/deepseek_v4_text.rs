@@ -3,7 +3,7 @@
 //! and `</think>` before the reply, an earlier reply closed by the EOS; generation stops at any
 //! of the five controls. A tokenizer without them is refused when this template is needed.
 
-use minirun_runtime::text::{Text, V4_ASSISTANT, V4_BOS, V4_END_THINK, V4_EOS, V4_USER, v4_chat};
+use minirun_text::{Text, V4_ASSISTANT, V4_BOS, V4_END_THINK, V4_EOS, V4_USER, v4_chat};
 
 fn fixture_tokenizer() -> String {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

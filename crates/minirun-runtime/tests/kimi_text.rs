@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use minirun_runtime::kimi_text::{K3_PATTERN, KimiText};
+use minirun_text::tiktoken::{K3_PATTERN, KimiText};
 use serde_json::Value;
 
 fn fixture() -> (KimiText, Value) {

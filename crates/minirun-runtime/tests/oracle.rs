@@ -28,7 +28,7 @@ use minirun_runtime::kernels::Activations;
 use minirun_runtime::models::deepseek_v3::DeepSeekV3;
 use minirun_runtime::models::deepseek_v3::DeepSeekV3Config;
 use minirun_runtime::step::StepStats;
-use minirun_runtime::text::Text;
+use minirun_text::Text;
 use serde_json::Value;
 
 const TOLERANCE: f32 = 2e-4;

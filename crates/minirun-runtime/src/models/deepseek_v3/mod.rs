@@ -7,7 +7,7 @@ pub mod model;
 pub use config::DeepSeekV3Config;
 pub use model::{DeepSeekV3, DeepSeekV3Model};
 
-use crate::registry::{ArchitectureRow, DefaultChat, Family, parsed};
+use crate::architecture::{ArchitectureRow, DefaultChat, Family, parsed};
 
 impl Family for DeepSeekV3Config {
     type Model<'a> = DeepSeekV3Model<'a>;

@@ -168,7 +168,8 @@ fn layer<'w>(w: &Weights<'w>, c: &DeepSeekV3Config, i: usize) -> Result<Layer<'w
         true => FeedForward::Moe(Moe {
             router: mlp_w.matrix("gate", c.n_routed_experts, hidden)?,
             correction_bias: mlp_w.vector("gate.e_score_correction_bias", c.n_routed_experts)?,
-            experts: w.routed_experts(
+            experts: RoutedExperts::new(
+                &w,
                 "mlp",
                 EXPERT_PROJECTIONS,
                 (hidden, inner, c.n_routed_experts),

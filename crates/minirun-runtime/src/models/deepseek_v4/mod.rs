@@ -7,7 +7,7 @@ pub mod model;
 pub use config::DeepSeekV4Config;
 pub use model::{DeepSeekV4, DeepSeekV4Model};
 
-use crate::registry::{ArchitectureRow, DefaultChat, Family, parsed};
+use crate::architecture::{ArchitectureRow, DefaultChat, Family, parsed};
 
 impl Family for DeepSeekV4Config {
     type Model<'a> = DeepSeekV4Model<'a>;

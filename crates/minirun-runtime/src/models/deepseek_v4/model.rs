@@ -280,9 +280,8 @@ impl<'a> Loader<'a, '_> {
         let c = self.c;
         let ffn = format!("{prefix}.ffn");
         let sizes = (c.hidden_size, c.moe_intermediate_size, c.n_routed_experts);
-        let experts = self
-            .w
-            .routed_experts(&ffn, EXPERT_PROJECTIONS, sizes, self.activation())?;
+        let experts =
+            RoutedExperts::new(self.w, &ffn, EXPERT_PROJECTIONS, sizes, self.activation())?;
         Ok(Moe {
             router: self.one(&format!("{ffn}.gate"), c.n_routed_experts, c.hidden_size)?,
             correction_bias: match c.is_hash(layer) {

@@ -7,7 +7,7 @@ pub mod model;
 pub use config::KimiK3Config;
 pub use model::{KimiK3, KimiK3Model};
 
-use crate::registry::{ArchitectureRow, DefaultChat, Family, parsed};
+use crate::architecture::{ArchitectureRow, DefaultChat, Family, parsed};
 
 impl Family for KimiK3Config {
     type Model<'a> = KimiK3Model<'a>;

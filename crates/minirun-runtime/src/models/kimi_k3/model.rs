@@ -413,7 +413,7 @@ impl<'a, 'm> Loader<'a, 'm> {
             Naming::HuggingFace => Naming::EXPERT_PROJECTIONS,
         };
         let sizes = (latent, c.moe_intermediate_size, c.num_experts);
-        let experts = self.w.routed_experts(prefix, names, sizes, self.situ())?;
+        let experts = RoutedExperts::new(self.w, prefix, names, sizes, self.situ())?;
         Ok(LatentMoe {
             router: self.one(&format!("{prefix}.gate"), c.num_experts, hidden)?,
             correction_bias: self.vector(&self.naming.correction_bias(prefix), c.num_experts)?,

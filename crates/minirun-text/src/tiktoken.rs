@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use base64::Engine;
 
-use crate::text::TextError;
+use crate::error::TextError;
 
 /// K3's split pattern: Han runs; two case-shaped letter runs (Han subtracted) with optional
 /// English contractions; up to three digits; punctuation runs; newline runs; trailing spaces;

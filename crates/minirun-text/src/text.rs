@@ -5,25 +5,8 @@
 
 use serde_json::Value;
 
-use crate::kimi_text::KimiText;
-
-#[derive(Debug, thiserror::Error)]
-pub enum TextError {
-    #[error(
-        "the artifact has neither a tokenizer.json (Hugging Face) nor a tiktoken.model (Kimi K3): this runtime reads those two only"
-    )]
-    NoTokenizer,
-    #[error("tokenizer.json: {0}")]
-    Tokenizer(String),
-    #[error(
-        "--chat needs a chat_template in tokenizer_config.json, and this artifact has none; run without --chat"
-    )]
-    NoTemplate,
-    #[error("tokenizer_config.json: {0}")]
-    Config(String),
-    #[error("the chat template failed: {0}")]
-    Template(String),
-}
+use crate::error::TextError;
+use crate::tiktoken::KimiText;
 
 pub struct Text {
     inner: Inner,

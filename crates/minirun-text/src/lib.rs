@@ -1,0 +1,9 @@
+//! minirun's text: an artifact's tokenizer (Hugging Face `tokenizer.json`, or Kimi K3's
+//! `tiktoken.model`) and its chat template, turning prompts into ids and ids into text.
+
+mod error;
+mod text;
+pub mod tiktoken;
+
+pub use error::TextError;
+pub use text::*;
