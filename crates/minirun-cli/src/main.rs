@@ -99,8 +99,8 @@ The token, if any, comes from $HF_TOKEN and is sent to the endpoint only.")]
 
 Exit status: 0 verified (evidence written); 1 a mismatch or an error (evidence erased).")]
     Verify(verify_cmd::VerifyArgs),
-    /// Generate text from an artifact's model (DeepSeek-V3 family or Kimi K3) under a memory
-    /// budget, computing straight from the stored quantized bytes: resident, or with its routed
+    /// Generate text from an artifact's model (model_type deepseek_v3: DeepSeek V3/R1;
+    /// deepseek_v4: DeepSeek V4; kimi_k3: Kimi K3) under a memory budget, computing straight from the stored quantized bytes: resident, or with its routed
     /// experts (and, below the deterministic floor, its layers) streamed from storage, with the
     /// same output bits at every budget.
     #[command(

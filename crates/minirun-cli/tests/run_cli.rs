@@ -332,3 +332,16 @@ fn a_deepseek_v4_artifact_runs_verified_and_streams_at_the_floor() {
         floor["plan"]["uncached_read_per_token"]
     );
 }
+
+#[test]
+fn run_help_names_every_architecture_the_registry_runs() {
+    let out = minirun(&["run", "--help"]);
+    let help = String::from_utf8_lossy(&out.stdout);
+    for row in minirun_runtime::registry::ARCHITECTURES {
+        assert!(
+            help.contains(row.model_type),
+            "`minirun run --help` does not name {}",
+            row.model_type
+        );
+    }
+}

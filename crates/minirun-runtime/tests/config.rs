@@ -150,3 +150,23 @@ fn rope_scaling_other_than_yarn_and_inconsistent_routing_are_refused() {
         "null q_lora_rank is DeepSeek-V2-Lite's plain q_proj"
     );
 }
+
+#[test]
+fn an_unknown_or_missing_model_type_is_refused_naming_every_known_one() {
+    use minirun_runtime::registry::{ARCHITECTURES, Architecture};
+    let mut v = fixture();
+    v["model_type"] = json!("qwen9_moe");
+    let err = Architecture::parse(&v.to_string()).err().unwrap();
+    assert!(matches!(err, ConfigError::UnknownModelType { .. }), "{err}");
+    let message = err.to_string();
+    assert!(message.contains("qwen9_moe"), "{message}");
+    for row in ARCHITECTURES {
+        assert!(message.contains(row.model_type), "{message}");
+    }
+    v.as_object_mut().unwrap().remove("model_type");
+    let err = Architecture::parse(&v.to_string()).err().unwrap();
+    assert_eq!(err, ConfigError::Missing("model_type".into()));
+    v["model_type"] = json!("deepseek_v3");
+    let known = Architecture::parse(&v.to_string()).unwrap();
+    assert_eq!(known.model_type(), "deepseek_v3");
+}
