@@ -23,7 +23,7 @@ pub enum DefaultChat {
 /// One architecture this build runs.
 pub struct ArchitectureRow {
     pub model_type: &'static str,
-    /// What it runs, in a few words (`minirun run --help` lists them).
+    /// What it runs, in a few words (the refusal of an unknown `model_type` lists them).
     pub summary: &'static str,
     pub parse: fn(&str) -> Result<Box<dyn AnyArchitecture>, ConfigError>,
     pub chat: DefaultChat,

@@ -357,6 +357,8 @@ impl LoadedPart {
 /// One matrix of a stack: its format and shape, and where it is stored.
 #[derive(Debug, Clone)]
 pub struct MatrixPart {
+    /// The stored tensor it is part of (shared by every matrix of a stack).
+    pub tensor: std::sync::Arc<str>,
     pub format: Format,
     pub rows: usize,
     pub cols: usize,
@@ -367,11 +369,27 @@ impl StackLayout {
     /// Matrix `i` of the stack, as a part that can be read on its own.
     pub fn matrix_part(&self, i: usize) -> Option<MatrixPart> {
         Some(MatrixPart {
+            tensor: self.name.as_str().into(),
             format: self.format,
             rows: self.rows,
             cols: self.cols,
             part: self.parts.get(i)?.clone(),
         })
+    }
+
+    /// Every matrix of the stack, as parts that can be read on their own.
+    pub fn matrix_parts(&self) -> Vec<MatrixPart> {
+        let tensor: std::sync::Arc<str> = self.name.as_str().into();
+        self.parts
+            .iter()
+            .map(|part| MatrixPart {
+                tensor: std::sync::Arc::clone(&tensor),
+                format: self.format,
+                rows: self.rows,
+                cols: self.cols,
+                part: part.clone(),
+            })
+            .collect()
     }
 }
 
@@ -732,39 +750,23 @@ impl Artifact {
         self.tensors.contains_key(name)
     }
 
-    /// A float tensor (norm weights, biases) as f32, checked against `len` elements.
+    /// A float tensor (norm weights, biases) as f32, checked against `len` elements before it
+    /// is read.
     pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ArtifactError> {
-        let (bytes, member) = self.member(name)?;
-        let dtype = float_type(&member.source.dtype).ok_or_else(|| {
-            tensor_err(
-                name,
-                format!("is {}, not a float tensor", member.source.dtype),
-            )
-        })?;
-        let shape_len = member
-            .source
-            .shape
-            .iter()
-            .try_fold(1usize, |n, &d| n.checked_mul(d));
-        if shape_len != Some(len)
-            || bytes.len() != len * dtype.size()
-            || member.quantization.is_some()
-        {
+        let dtype = self.check_vector(name, len)?;
+        let (bytes, _) = self.member(name)?;
+        if Some(bytes.len()) != len.checked_mul(dtype.size()) {
             return Err(tensor_err(
                 name,
-                format!(
-                    "has shape {:?} in {} bytes; the config needs {len} floats",
-                    member.source.shape,
-                    bytes.len()
-                ),
+                format!("read {} bytes; the config needs {len} floats", bytes.len()),
             ));
         }
         Ok((0..len).map(|i| dtype.read(bytes, i)).collect())
     }
 
-    /// Checks, without reading it, what [`Artifact::vector`] checks of `name`: a plain float
-    /// tensor of `len` elements.
-    pub fn check_vector(&self, name: &str, len: usize) -> Result<(), ArtifactError> {
+    /// Checks, without reading it, that `name` is a plain float tensor of `len` elements;
+    /// returns its element type.
+    pub fn check_vector(&self, name: &str, len: usize) -> Result<FloatType, ArtifactError> {
         let member = match self.tensors.get(name) {
             Some(Location::Member { member, .. })
             | Some(Location::Banded {
@@ -784,8 +786,9 @@ impl Artifact {
             .shape
             .iter()
             .try_fold(1usize, |n, &d| n.checked_mul(d));
+        let bytes = len.checked_mul(dtype.size()).map(|b| b as u64);
         if shape_len != Some(len)
-            || member.source.bytes != (len * dtype.size()) as u64
+            || bytes != Some(member.source.bytes)
             || member.quantization.is_some()
         {
             return Err(tensor_err(
@@ -796,7 +799,7 @@ impl Artifact {
                 ),
             ));
         }
-        Ok(())
+        Ok(dtype)
     }
 
     /// The stack `layout` describes over `zeros` instead of its stored bytes: what a dry build
@@ -945,6 +948,18 @@ impl Artifact {
             cols: layout.cols,
             matrices,
         })
+    }
+
+    /// One matrix of a stack, read now and held resident as [`Artifact::matrix`] holds it.
+    pub fn resident_part(&self, part: &MatrixPart) -> Result<QMatrix<'_>, ArtifactError> {
+        let layout = StackLayout {
+            name: part.tensor.to_string(),
+            format: part.format,
+            rows: part.rows,
+            cols: part.cols,
+            parts: Vec::new(),
+        };
+        self.resident_matrix(&layout, &part.part)
     }
 
     fn resident_matrix(

@@ -176,8 +176,6 @@ pub(crate) fn eos_ids(v: Option<&Value>, key: &str) -> Result<Vec<u32>, ConfigEr
 
 /// What a run needs to know of any architecture's config.
 pub trait ModelConfig {
-    /// The `model_type` it was read from.
-    fn model_type(&self) -> &'static str;
     fn vocab_size(&self) -> usize;
     /// The most positions a sequence may have (`max_position_embeddings`).
     fn max_positions(&self) -> usize;

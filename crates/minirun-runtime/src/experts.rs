@@ -36,8 +36,13 @@ impl ExpertParts {
     }
 }
 
-/// The per-expert projections' names DeepSeek's Hugging Face layout and MLX's stacks use.
+/// A gated MLP's gate, up and down projections as Hugging Face's DeepSeek-V3 and MLX's stacks
+/// name them.
 pub const STACKED: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
+
+/// A gated MLP's gate, up and down projections as DeepSeek's own checkpoints (V4, and Kimi K3's
+/// upstream) name them.
+pub const W1_W3_W2: [&str; 3] = ["w1", "w3", "w2"];
 
 /// The `n` routed experts under `prefix` (a layer's `mlp`), in expert order, without reading
 /// them: the MLX layout's stacked `switch_mlp` containers or the Hugging Face layout's
@@ -50,12 +55,6 @@ pub fn routed_experts(
     names: [&str; 3],
 ) -> Result<Vec<ExpertParts>, ArtifactError> {
     let stacked = format!("{prefix}.switch_mlp");
-    let one = |layout: StackLayout, i: usize| {
-        layout.matrix_part(i).ok_or_else(|| ArtifactError::Tensor {
-            name: layout.name.clone(),
-            reason: format!("stacks {} experts; the config has {n}", layout.parts.len()),
-        })
-    };
     if !artifact.has(&format!("{stacked}.gate_proj.weight")) {
         return (0..n)
             .map(|e| {
@@ -63,9 +62,9 @@ pub fn routed_experts(
                     artifact.stack_layout(&format!("{prefix}.experts.{e}.{name}"), rows, cols)
                 };
                 Ok(ExpertParts {
-                    gate: one(single(m(names[0], inner, hidden)?)?, 0)?,
-                    up: one(single(m(names[1], inner, hidden)?)?, 0)?,
-                    down: one(single(m(names[2], hidden, inner)?)?, 0)?,
+                    gate: single(m(names[0], inner, hidden)?)?,
+                    up: single(m(names[1], inner, hidden)?)?,
+                    down: single(m(names[2], hidden, inner)?)?,
                 })
             })
             .collect();
@@ -81,25 +80,23 @@ pub fn routed_experts(
         Ok(s)
     };
     let (gate, up, down) = (
-        stack("gate_proj", inner, hidden)?,
-        stack("up_proj", inner, hidden)?,
-        stack("down_proj", hidden, inner)?,
+        stack("gate_proj", inner, hidden)?.matrix_parts(),
+        stack("up_proj", inner, hidden)?.matrix_parts(),
+        stack("down_proj", hidden, inner)?.matrix_parts(),
     );
-    (0..n)
-        .map(|e| {
-            Ok(ExpertParts {
-                gate: one(gate.clone(), e)?,
-                up: one(up.clone(), e)?,
-                down: one(down.clone(), e)?,
-            })
-        })
-        .collect()
+    Ok(gate
+        .into_iter()
+        .zip(up)
+        .zip(down)
+        .map(|((gate, up), down)| ExpertParts { gate, up, down })
+        .collect())
 }
 
-fn single(layout: StackLayout) -> Result<StackLayout, ArtifactError> {
-    match layout.parts.len() {
-        1 => Ok(layout),
-        n => Err(ArtifactError::Tensor {
+/// The one matrix of a stack of one.
+fn single(layout: StackLayout) -> Result<MatrixPart, ArtifactError> {
+    match (layout.parts.len(), layout.matrix_part(0)) {
+        (1, Some(part)) => Ok(part),
+        (n, _) => Err(ArtifactError::Tensor {
             name: layout.name,
             reason: format!("is a stack of {n} matrices where the model needs one"),
         }),

@@ -199,7 +199,7 @@ pub fn generate<D: Decoder>(
         figures.decode_time += seconds;
         figures.decode_weight_bytes += stats.weight_bytes;
         figures.decode_steps += 1;
-        StepStats::add(&mut figures.decode_io, &stats);
+        figures.decode_io.add(&stats);
         figures.steps.push(StepRecord {
             position,
             seconds: seconds.as_secs_f64(),

@@ -153,7 +153,7 @@ fn joined(i: usize, handle: LayerHandle<'_>) -> Result<LoadedLayer, ArtifactErro
 pub struct LayerStream {
     /// Per layer, the matrices read for each step; `None` for a held layer.
     streamed: Vec<Option<Vec<StackLayout>>>,
-    pub read_ahead: bool,
+    read_ahead: bool,
     /// The first streamed layer, read during the previous step.
     kept: std::sync::Mutex<Option<(usize, LoadedLayer)>>,
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::artifact::{Artifact, ArtifactError};
 use crate::config::ModelConfig;
 use crate::decode_policy::{
-    Logits, PREFILL_CHUNK, Place, Rows, SequenceCache, prefill_each, step_each,
+    LayerState, Logits, PREFILL_CHUNK, Place, Rows, SequenceCache, prefill_each, step_each,
 };
 use crate::decoder::Decoder;
 use crate::expert_stream::ExpertStream;
@@ -25,7 +25,8 @@ pub trait Layered<'a>: Sized + Send + Sync {
     type Config: ModelConfig + Shape + Clone + Send + Sync + 'static;
     /// One layer's weights, built from a handle (held for the run, or for one step).
     type Layer<'w>: Send + Sync;
-    type Cache: SequenceCache + Send + 'static;
+    /// One layer's part of a sequence's cache.
+    type LayerCache: LayerState + Send + 'static;
     /// The rows' state between layers (the residual stream, and whatever else a layer hands
     /// the next).
     type Hidden;
@@ -43,7 +44,7 @@ pub trait Layered<'a>: Sized + Send + Sync {
         i: usize,
     ) -> Result<Self::Layer<'w>, ArtifactError>;
 
-    fn new_cache(&self) -> Self::Cache;
+    fn new_cache(&self) -> SequenceCache<Self::LayerCache>;
 
     /// The rows' state before the first layer.
     fn embed(&self, tokens: &[u32], stats: &mut StepStats) -> Result<Self::Hidden, ModelError>;
@@ -57,7 +58,7 @@ pub trait Layered<'a>: Sized + Send + Sync {
         at: Place,
         tokens: &[u32],
         hidden: &mut Self::Hidden,
-        caches: &mut [&mut Self::Cache],
+        caches: &mut [&mut SequenceCache<Self::LayerCache>],
         stats: &mut StepStats,
     ) -> Result<(), ModelError>;
 
@@ -113,6 +114,16 @@ impl<'a, A: Layered<'a>> LayeredModel<'a, A> {
         config: A::Config,
         placement: Placement<'a>,
     ) -> Result<Self, ModelError> {
+        let count = config.layer_count();
+        if placement.streamed_layers.len() != count {
+            return Err(ModelError::Artifact(ArtifactError::Tensor {
+                name: "the plan's layers".into(),
+                reason: format!(
+                    "number {}, the config's {count}: plan the model with its own config",
+                    placement.streamed_layers.len()
+                ),
+            }));
+        }
         let experts = placement.experts;
         let layers = placement
             .streamed_layers
@@ -163,7 +174,7 @@ impl<'a, A: Layered<'a>> LayeredModel<'a, A> {
         &self,
         tokens: &[u32],
         rows: &Rows,
-        caches: &mut [&mut A::Cache],
+        caches: &mut [&mut SequenceCache<A::LayerCache>],
         logits: Logits,
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
@@ -194,7 +205,7 @@ impl<'a, A: Layered<'a>> LayeredModel<'a, A> {
             },
             |(hidden, caches), stats| {
                 for &seq in &rows.cache {
-                    caches[seq].advance();
+                    caches[seq].len += 1;
                 }
                 let wanted = logits.rows(tokens.len());
                 if wanted.is_empty() {
@@ -207,14 +218,14 @@ impl<'a, A: Layered<'a>> LayeredModel<'a, A> {
 }
 
 impl<'a, A: Layered<'a>> Decoder for LayeredModel<'a, A> {
-    type Cache = A::Cache;
+    type Cache = SequenceCache<A::LayerCache>;
 
-    fn new_cache(&self) -> A::Cache {
+    fn new_cache(&self) -> SequenceCache<A::LayerCache> {
         self.arch.new_cache()
     }
 
-    fn cached(&self, cache: &A::Cache) -> usize {
-        cache.len()
+    fn cached(&self, cache: &SequenceCache<A::LayerCache>) -> usize {
+        cache.len
     }
 
     fn max_positions(&self) -> usize {
@@ -227,7 +238,7 @@ impl<'a, A: Layered<'a>> Decoder for LayeredModel<'a, A> {
     fn step_batch(
         &self,
         tokens: &[u32],
-        caches: &mut [&mut A::Cache],
+        caches: &mut [&mut SequenceCache<A::LayerCache>],
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         step_each(tokens, caches, self.limits(), |rows, caches| {
@@ -240,7 +251,7 @@ impl<'a, A: Layered<'a>> Decoder for LayeredModel<'a, A> {
     fn prefill_batch(
         &self,
         prompts: &[&[u32]],
-        caches: &mut [&mut A::Cache],
+        caches: &mut [&mut SequenceCache<A::LayerCache>],
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         let (vocab, max_positions) = self.limits();

@@ -154,7 +154,8 @@ impl<'w> Weights<'w> {
     /// Where the `n` routed experts of this layer under `module` (its `mlp`) come from, gate
     /// and up `[inner, hidden]`, down `[hidden, inner]`, stacked (`switch_mlp.*`) or per expert
     /// (`experts.E.{names}`): held when the plan holds this layer's experts, else read when the
-    /// router picks them; a dry build records where they are stored.
+    /// router picks them; a dry build records where they are stored. All three find them with
+    /// [`routed_experts`], so what is held is what a streamed run would read.
     pub fn routed_experts(
         &self,
         module: &str,
@@ -179,16 +180,21 @@ impl<'w> Weights<'w> {
                 stream: Arc::clone(stream),
             });
         }
-        Ok(ExpertsFrom::Held(
-            Weights::resident(self.artifact, self.layer, None).at(&module),
-        ))
+        let held = routed_experts(self.artifact, &module, sizes, names)?
+            .iter()
+            .map(|e| {
+                let resident = |part| self.artifact.resident_part(part);
+                Ok([resident(&e.gate)?, resident(&e.up)?, resident(&e.down)?])
+            })
+            .collect::<Result<_, ArtifactError>>()?;
+        Ok(ExpertsFrom::Held(held))
     }
 }
 
 /// Where a layer's routed experts come from.
 pub enum ExpertsFrom<'w> {
-    /// Held for the run: built from this handle (at the experts' module).
-    Held(Weights<'w>),
+    /// Held for the run: each expert's gate, up and down projections, read now.
+    Held(Vec<[QMatrix<'w>; 3]>),
     /// Read from storage when the router picks them.
     Storage {
         layer: usize,

@@ -110,6 +110,13 @@ fn streamed_layers_of_a_wider_v4_have_the_resident_bits() {
 }
 
 fn streams_with_the_resident_bits(dir: &Path, prompt: &[u32], steps: usize, layers_stream: bool) {
+    let fresh = Session::open(dir, Trust::Unverified).unwrap();
+    fresh.plan(Budget::Floor, 128).unwrap();
+    assert_eq!(
+        fresh.artifact.payload_bytes(),
+        0,
+        "planning read no payload"
+    );
     let session = Session::open(dir, Trust::Unverified).unwrap();
     let resident = session.model().unwrap();
     let (resident_bits, _) = greedy_bits(&resident, prompt, steps);

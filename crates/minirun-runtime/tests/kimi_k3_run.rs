@@ -78,6 +78,13 @@ fn streamed_kimi_k3_has_the_resident_bits_and_reads_the_planned_bytes() {
 
 fn streams_with_the_resident_bits(variant: &str) {
     let dir = packed(variant);
+    let fresh = Session::open(dir.path(), Trust::Unverified).unwrap();
+    fresh.plan(Budget::Floor, 64).unwrap();
+    assert_eq!(
+        fresh.artifact.payload_bytes(),
+        0,
+        "planning read no payload"
+    );
     let session = Session::open(dir.path(), Trust::Unverified).unwrap();
     let prompt = oracle_ids(variant, "prompt_token_ids");
     let resident = session.model().unwrap();

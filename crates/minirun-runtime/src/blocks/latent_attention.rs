@@ -2,7 +2,8 @@
 
 use crate::artifact::{ArtifactError, Stack};
 use crate::blocks::products::apply_batch;
-use crate::kernels::{KernelError, QMatrix};
+use crate::decode_policy::LayerState;
+use crate::kernels::{Format, KernelError, QMatrix};
 use crate::step::StepStats;
 use crate::weights::Weights;
 
@@ -206,11 +207,15 @@ impl<'w> LatentProjections<'w> {
     /// under `w`'s prefix.
     pub fn split(
         w: &Weights<'w>,
-        heads: usize,
-        lora: usize,
-        nope: usize,
-        v: usize,
+        dims: LatentDims,
     ) -> Result<LatentProjections<'w>, ArtifactError> {
+        let LatentDims {
+            heads,
+            nope,
+            v,
+            lora,
+            ..
+        } = dims;
         let embed_q = w.stack("embed_q", lora, nope)?;
         let unembed_out = w.stack("unembed_out", v, lora)?;
         for (s, name) in [(&embed_q, "embed_q"), (&unembed_out, "unembed_out")] {
@@ -225,6 +230,24 @@ impl<'w> LatentProjections<'w> {
             embed_q,
             unembed_out,
         })
+    }
+
+    /// The Hugging Face layout's whole `kv_b_proj` (`[heads * (nope + v), lora]`) under `w`'s
+    /// prefix. An MLX-quantized one is refused: mlx-lm splits it and quantizes the halves again
+    /// along other axes, so it would compute with other weights than these.
+    pub fn whole(
+        w: &Weights<'w>,
+        dims: LatentDims,
+    ) -> Result<LatentProjections<'w>, ArtifactError> {
+        let rows = dims.heads * (dims.nope + dims.v);
+        let m = w.matrix("kv_b_proj", rows, dims.lora)?;
+        if matches!(m.format(), Format::Affine { .. } | Format::Mxfp4) {
+            return Err(ArtifactError::Tensor {
+                name: w.name("kv_b_proj.weight"),
+                reason: "is MLX-quantized in the Hugging Face layout; mlx-lm would re-quantize it as embed_q/unembed_out, so its result is not defined by the checkpoint. Convert with mlx-lm (which writes embed_q/unembed_out) and pack that, or store kv_b_proj unquantized".into(),
+            });
+        }
+        Ok(LatentProjections::Whole(m))
     }
 }
 
@@ -243,16 +266,20 @@ impl LatentCache {
         self.key.extend_from_slice(key);
         self.positions += 1;
     }
+}
 
-    /// Back to the first `len` positions (none are added).
-    pub fn truncate(&mut self, len: usize) {
+impl LayerState for LatentCache {
+    /// Back to the first `len` positions: a latent cache only appends, so it can always be
+    /// cut back.
+    fn cut_back(&mut self, len: usize) -> bool {
         if len >= self.positions {
-            return;
+            return true;
         }
         let latent_width = self.latent.len() / self.positions;
         let key_width = self.key.len() / self.positions;
         self.latent.truncate(len * latent_width);
         self.key.truncate(len * key_width);
         self.positions = len;
+        true
     }
 }

@@ -1,10 +1,12 @@
 //! The gated MLP and its activations.
 
+use crate::artifact::ArtifactError;
 use crate::blocks::norm::{sigmoid, silu};
 use crate::blocks::products::{apply_batch, apply_shared};
 use crate::blocks::shared_rows::SharedRows;
 use crate::kernels::{KernelError, QMatrix};
 use crate::step::StepStats;
+use crate::weights::Weights;
 
 /// How a gated MLP combines its gate and up projections.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -35,6 +37,24 @@ pub struct Mlp<'a> {
     pub up: QMatrix<'a>,
     pub down: QMatrix<'a>,
     pub activation: Activation,
+}
+
+impl<'w> Mlp<'w> {
+    /// The gated MLP under `w`'s prefix: `names` are its gate, up and down projections, gate
+    /// and up `[inner, hidden]`, down `[hidden, inner]`.
+    pub fn new(
+        w: &Weights<'w>,
+        [gate, up, down]: [&str; 3],
+        (hidden, inner): (usize, usize),
+        activation: Activation,
+    ) -> Result<Mlp<'w>, ArtifactError> {
+        Ok(Mlp {
+            gate: w.matrix(gate, inner, hidden)?,
+            up: w.matrix(up, inner, hidden)?,
+            down: w.matrix(down, hidden, inner)?,
+            activation,
+        })
+    }
 }
 
 impl Mlp<'_> {

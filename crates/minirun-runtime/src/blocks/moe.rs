@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::artifact::ArtifactError;
-use crate::artifact::Stack;
 use crate::blocks::mlp::{Activation, Mlp};
 use crate::blocks::norm::sigmoid;
 use crate::blocks::products::top_k;
@@ -166,78 +165,34 @@ pub enum RoutedExperts<'a> {
 }
 
 impl<'w> RoutedExperts<'w> {
-    /// The `n` routed experts of `w`'s layer under `module`, each a gated MLP from `hidden` to
-    /// `inner` with `activation` (see [`Weights::routed_experts`]).
+    /// The routed experts of `w`'s layer under `module`, each a gated MLP with `activation`
+    /// (`names` and `sizes` as [`Weights::routed_experts`] takes them).
     pub fn new(
         w: &Weights<'w>,
         module: &str,
         names: [&str; 3],
-        (hidden, inner, n): (usize, usize, usize),
+        sizes: (usize, usize, usize),
         activation: Activation,
     ) -> Result<RoutedExperts<'w>, ArtifactError> {
-        Ok(match w.routed_experts(module, names, (hidden, inner, n))? {
+        Ok(match w.routed_experts(module, names, sizes)? {
             ExpertsFrom::Recorded => RoutedExperts::Unread,
             ExpertsFrom::Storage { layer, stream } => RoutedExperts::Streamed {
                 layer,
                 stream,
                 activation,
             },
-            ExpertsFrom::Held(held) => {
-                RoutedExperts::Resident(match held.has("switch_mlp.gate_proj.weight") {
-                    true => {
-                        stacked_experts(&held.at("switch_mlp"), (hidden, inner, n), activation)?
-                    }
-                    false => (0..n)
-                        .map(|e| {
-                            let one = held.at(&format!("experts.{e}"));
-                            Ok(Mlp {
-                                gate: one.matrix(names[0], inner, hidden)?,
-                                up: one.matrix(names[1], inner, hidden)?,
-                                down: one.matrix(names[2], hidden, inner)?,
-                                activation,
-                            })
-                        })
-                        .collect::<Result<_, ArtifactError>>()?,
-                })
-            }
+            ExpertsFrom::Held(held) => RoutedExperts::Resident(
+                held.into_iter()
+                    .map(|[gate, up, down]| Mlp {
+                        gate,
+                        up,
+                        down,
+                        activation,
+                    })
+                    .collect(),
+            ),
         })
     }
-}
-
-/// The MLX layout's stacked experts (`gate_proj`, `up_proj`, `down_proj` under `w`'s prefix,
-/// each `[n, rows, cols]`), held, one gated MLP per expert.
-fn stacked_experts<'w>(
-    w: &Weights<'w>,
-    (hidden, inner, n): (usize, usize, usize),
-    activation: Activation,
-) -> Result<Vec<Mlp<'w>>, ArtifactError> {
-    let gate = w.stack("gate_proj", inner, hidden)?;
-    let up = w.stack("up_proj", inner, hidden)?;
-    let down = w.stack("down_proj", hidden, inner)?;
-    for (s, name) in [(&gate, "gate_proj"), (&up, "up_proj"), (&down, "down_proj")] {
-        if s.len() != n {
-            return Err(ArtifactError::Tensor {
-                name: w.name(&format!("{name}.weight")),
-                reason: format!("stacks {} experts; the config has {n}", s.len()),
-            });
-        }
-    }
-    (0..n)
-        .map(|e| {
-            let pick = |s: &Stack<'w>| {
-                s.get(e).ok_or_else(|| ArtifactError::Tensor {
-                    name: w.name("gate_proj.weight"),
-                    reason: format!("has no expert {e}"),
-                })
-            };
-            Ok(Mlp {
-                gate: pick(&gate)?,
-                up: pick(&up)?,
-                down: pick(&down)?,
-                activation,
-            })
-        })
-        .collect()
 }
 
 /// Every row of `xs` through the experts its route chose: per row, one output per route, in

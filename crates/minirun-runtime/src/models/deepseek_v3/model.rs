@@ -17,16 +17,13 @@ use crate::blocks::products::{add_rows, apply_batch};
 use crate::blocks::rope::{Rope, attention_scale};
 use crate::config::ModelConfig;
 use crate::decode_policy::{Place, Rows, SequenceCache};
-use crate::kernels::{Format, QMatrix};
+use crate::experts::STACKED;
+use crate::kernels::QMatrix;
 use crate::layered_model::{Layered, LayeredModel};
 use crate::models::deepseek_v3::config::DeepSeekV3Config;
 use crate::plan::Shape;
 use crate::step::{ModelError, StepStats};
 use crate::weights::Weights;
-
-/// The latent names mlx-lm's conversion and Hugging Face's both use for a routed expert's
-/// projections.
-pub const EXPERT_PROJECTIONS: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
 
 struct Attention<'a> {
     q_a: Option<(QMatrix<'a>, Vec<f32>)>,
@@ -71,46 +68,16 @@ pub struct DeepSeekV3Model<'a> {
 pub type DeepSeekV3<'a> = LayeredModel<'a, DeepSeekV3Model<'a>>;
 
 /// The latent KV cache: per layer, per position, the normalised latent and the rotated key.
-pub struct Cache {
-    layers: Vec<LatentCache>,
-    pub len: usize,
-}
+pub type Cache = SequenceCache<LatentCache>;
 
-impl SequenceCache for Cache {
-    type Layer = LatentCache;
-
-    fn layers_mut(&mut self) -> &mut [LatentCache] {
-        &mut self.layers
+fn latent_dims(c: &DeepSeekV3Config) -> LatentDims {
+    LatentDims {
+        heads: c.num_attention_heads,
+        nope: c.qk_nope_head_dim,
+        rope: c.qk_rope_head_dim,
+        v: c.v_head_dim,
+        lora: c.kv_lora_rank,
     }
-
-    fn len(&self) -> usize {
-        self.len
-    }
-
-    fn advance(&mut self) {
-        self.len += 1;
-    }
-
-    fn broken(&self) -> bool {
-        false
-    }
-
-    /// Every layer only appends, so a failed pass is undone by cutting each back.
-    fn rewind(&mut self, len: usize) {
-        for layer in &mut self.layers {
-            layer.truncate(len);
-        }
-        self.len = len;
-    }
-}
-
-fn mlp<'w>(w: &Weights<'w>, hidden: usize, inner: usize) -> Result<Mlp<'w>, ArtifactError> {
-    Ok(Mlp {
-        gate: w.matrix("gate_proj", inner, hidden)?,
-        up: w.matrix("up_proj", inner, hidden)?,
-        down: w.matrix("down_proj", hidden, inner)?,
-        activation: Activation::Silu,
-    })
 }
 
 fn attention<'w>(w: &Weights<'w>, c: &DeepSeekV3Config) -> Result<Attention<'w>, ArtifactError> {
@@ -126,10 +93,8 @@ fn attention<'w>(w: &Weights<'w>, c: &DeepSeekV3Config) -> Result<Attention<'w>,
         None => (None, w.matrix("q_proj", heads * c.q_head_dim(), hidden)?),
     };
     let latent = match w.has("kv_b_proj.weight") {
-        true => LatentProjections::Whole(kv_b_proj(w, c)?),
-        false => {
-            LatentProjections::split(w, heads, c.kv_lora_rank, c.qk_nope_head_dim, c.v_head_dim)?
-        }
+        true => LatentProjections::whole(w, latent_dims(c))?,
+        false => LatentProjections::split(w, latent_dims(c))?,
     };
     Ok(Attention {
         q_a,
@@ -145,21 +110,6 @@ fn attention<'w>(w: &Weights<'w>, c: &DeepSeekV3Config) -> Result<Attention<'w>,
     })
 }
 
-/// The Hugging Face layout's whole `kv_b_proj`. An MLX-quantized one is refused: mlx-lm
-/// splits it and quantizes the halves again along other axes, so it computes with other
-/// weights than these.
-fn kv_b_proj<'w>(w: &Weights<'w>, c: &DeepSeekV3Config) -> Result<QMatrix<'w>, ArtifactError> {
-    let rows = c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim);
-    let m = w.matrix("kv_b_proj", rows, c.kv_lora_rank)?;
-    if matches!(m.format(), Format::Affine { .. } | Format::Mxfp4) {
-        return Err(ArtifactError::Tensor {
-            name: w.name("kv_b_proj.weight"),
-            reason: "is MLX-quantized in the Hugging Face layout; mlx-lm would re-quantize it as embed_q/unembed_out, so its result is not defined by the checkpoint. Convert with mlx-lm (which writes embed_q/unembed_out) and pack that".into(),
-        });
-    }
-    Ok(m)
-}
-
 fn layer<'w>(w: &Weights<'w>, c: &DeepSeekV3Config, i: usize) -> Result<Layer<'w>, ArtifactError> {
     let w = w.at(&format!("model.layers.{i}"));
     let (hidden, inner) = (c.hidden_size, c.moe_intermediate_size);
@@ -171,16 +121,26 @@ fn layer<'w>(w: &Weights<'w>, c: &DeepSeekV3Config, i: usize) -> Result<Layer<'w
             experts: RoutedExperts::new(
                 &w,
                 "mlp",
-                EXPERT_PROJECTIONS,
+                STACKED,
                 (hidden, inner, c.n_routed_experts),
                 Activation::Silu,
             )?,
             shared: match c.n_shared_experts {
                 0 => None,
-                n => Some(mlp(&mlp_w.at("shared_experts"), hidden, inner * n)?),
+                n => Some(Mlp::new(
+                    &mlp_w.at("shared_experts"),
+                    STACKED,
+                    (hidden, inner * n),
+                    Activation::Silu,
+                )?),
             },
         }),
-        false => FeedForward::Dense(mlp(&mlp_w, hidden, c.intermediate_size)?),
+        false => FeedForward::Dense(Mlp::new(
+            &mlp_w,
+            STACKED,
+            (hidden, c.intermediate_size),
+            Activation::Silu,
+        )?),
     };
     Ok(Layer {
         input_norm: w.vector("input_layernorm.weight", hidden)?,
@@ -252,10 +212,6 @@ impl Shape for DeepSeekV3Config {
 }
 
 impl ModelConfig for DeepSeekV3Config {
-    fn model_type(&self) -> &'static str {
-        "deepseek_v3"
-    }
-
     fn vocab_size(&self) -> usize {
         self.vocab_size
     }
@@ -282,7 +238,7 @@ impl ModelConfig for DeepSeekV3Config {
 impl<'a> Layered<'a> for DeepSeekV3Model<'a> {
     type Config = DeepSeekV3Config;
     type Layer<'w> = Layer<'w>;
-    type Cache = Cache;
+    type LayerCache = LatentCache;
     type Hidden = Vec<Vec<f32>>;
 
     fn new(config: DeepSeekV3Config, w: &Weights<'a>) -> Result<Self, ArtifactError> {
@@ -310,10 +266,7 @@ impl<'a> Layered<'a> for DeepSeekV3Model<'a> {
     }
 
     fn new_cache(&self) -> Cache {
-        Cache {
-            layers: vec![LatentCache::default(); self.config.num_hidden_layers],
-            len: 0,
-        }
+        SequenceCache::new(vec![LatentCache::default(); self.config.num_hidden_layers])
     }
 
     fn embed(&self, tokens: &[u32], stats: &mut StepStats) -> Result<Vec<Vec<f32>>, ModelError> {
@@ -426,14 +379,7 @@ impl DeepSeekV3Model<'_> {
     }
 
     fn latent_dims(&self) -> LatentDims {
-        let c = &self.config;
-        LatentDims {
-            heads: c.num_attention_heads,
-            nope: c.qk_nope_head_dim,
-            rope: c.qk_rope_head_dim,
-            v: c.v_head_dim,
-            lora: c.kv_lora_rank,
-        }
+        latent_dims(&self.config)
     }
 
     /// Every row's heads ([`Self::mix_head`]), each (row, head) on whichever worker takes it:

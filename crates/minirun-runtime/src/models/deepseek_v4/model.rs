@@ -30,16 +30,14 @@ use crate::blocks::norm::{rms_norm, sigmoid};
 use crate::blocks::products::{add_rows, apply_batch, top_k};
 use crate::blocks::rope::Rope;
 use crate::config::ModelConfig;
-use crate::decode_policy::{Place, SequenceCache};
+use crate::decode_policy::{LayerState, Place, SequenceCache};
+use crate::experts::W1_W3_W2;
 use crate::kernels::{KernelError, QMatrix};
 use crate::layered_model::{Layered, LayeredModel};
 use crate::models::deepseek_v4::config::{Attention, DeepSeekV4Config};
 use crate::plan::Shape;
 use crate::step::{ModelError, StepStats};
 use crate::weights::Weights;
-
-/// The per-expert projections' names in DeepSeek's checkpoints: gate, up, down.
-pub const EXPERT_PROJECTIONS: [&str; 3] = ["w1", "w3", "w2"];
 
 /// Added to the chosen experts' weight sum before dividing (transformers' router).
 const RENORMALIZE_EPS: f32 = 1e-20;
@@ -128,14 +126,8 @@ pub struct LayerCache {
     indexer: CompressorState,
 }
 
-/// The cache: per layer the window, the compressors' states; and the token ids seen (hash
-/// routing reads the current one).
-pub struct Cache {
-    layers: Vec<LayerCache>,
-    pub len: usize,
-    /// Set when a step failed after changing a layer's state, which no truncation undoes.
-    broken: bool,
-}
+/// The cache: per layer the window and the compressors' states.
+pub type Cache = SequenceCache<LayerCache>;
 
 /// The weights outside the layers, and what every layer's pass needs beside its own.
 pub struct DeepSeekV4Model<'a> {
@@ -266,22 +258,15 @@ impl<'a> Loader<'a, '_> {
     }
 
     fn mlp(&self, prefix: &str) -> Result<Mlp<'a>, ArtifactError> {
-        let (hidden, inner) = (self.c.hidden_size, self.c.moe_intermediate_size);
-        let [gate, up, down] = EXPERT_PROJECTIONS;
-        Ok(Mlp {
-            gate: self.one(&format!("{prefix}.{gate}"), inner, hidden)?,
-            up: self.one(&format!("{prefix}.{up}"), inner, hidden)?,
-            down: self.one(&format!("{prefix}.{down}"), hidden, inner)?,
-            activation: self.activation(),
-        })
+        let sizes = (self.c.hidden_size, self.c.moe_intermediate_size);
+        Mlp::new(&self.w.at(prefix), W1_W3_W2, sizes, self.activation())
     }
 
     fn moe(&self, prefix: &str, layer: usize) -> Result<Moe<'a>, ArtifactError> {
         let c = self.c;
         let ffn = format!("{prefix}.ffn");
         let sizes = (c.hidden_size, c.moe_intermediate_size, c.n_routed_experts);
-        let experts =
-            RoutedExperts::new(self.w, &ffn, EXPERT_PROJECTIONS, sizes, self.activation())?;
+        let experts = RoutedExperts::new(self.w, &ffn, W1_W3_W2, sizes, self.activation())?;
         Ok(Moe {
             router: self.one(&format!("{ffn}.gate"), c.n_routed_experts, c.hidden_size)?,
             correction_bias: match c.is_hash(layer) {
@@ -322,10 +307,6 @@ impl Shape for DeepSeekV4Config {
 }
 
 impl ModelConfig for DeepSeekV4Config {
-    fn model_type(&self) -> &'static str {
-        "deepseek_v4"
-    }
-
     fn vocab_size(&self) -> usize {
         self.vocab_size
     }
@@ -359,7 +340,7 @@ impl ModelConfig for DeepSeekV4Config {
 impl<'a> Layered<'a> for DeepSeekV4Model<'a> {
     type Config = DeepSeekV4Config;
     type Layer<'w> = Layer<'w>;
-    type Cache = Cache;
+    type LayerCache = LayerCache;
     /// Per row, its `hc_mult` residual streams.
     type Hidden = Vec<Vec<f32>>;
 
@@ -417,11 +398,7 @@ impl<'a> Layered<'a> for DeepSeekV4Model<'a> {
     }
 
     fn new_cache(&self) -> Cache {
-        Cache {
-            layers: vec![LayerCache::default(); self.config.num_hidden_layers],
-            len: 0,
-            broken: false,
-        }
+        SequenceCache::new(vec![LayerCache::default(); self.config.num_hidden_layers])
     }
 
     fn embed(&self, tokens: &[u32], stats: &mut StepStats) -> Result<Vec<Vec<f32>>, ModelError> {
@@ -957,28 +934,10 @@ fn head_collapse(
     h
 }
 
-impl SequenceCache for Cache {
-    type Layer = LayerCache;
-
-    fn layers_mut(&mut self) -> &mut [LayerCache] {
-        &mut self.layers
-    }
-
-    fn len(&self) -> usize {
-        self.len
-    }
-
-    fn advance(&mut self) {
-        self.len += 1;
-    }
-
-    fn broken(&self) -> bool {
-        self.broken
-    }
-
+impl LayerState for LayerCache {
     /// The window and the compressors' open entries are overwritten by a pass, so a failed
     /// one leaves the cache broken.
-    fn rewind(&mut self, _len: usize) {
-        self.broken = true;
+    fn cut_back(&mut self, _len: usize) -> bool {
+        false
     }
 }

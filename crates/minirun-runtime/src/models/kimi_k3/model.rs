@@ -12,23 +12,21 @@
 //! MLA uses the absorbed path (queries projected into the latent space, values read out of
 //! it) at every position, mlx-lm's decode path.
 
-use crate::artifact::{ArtifactError, Stack};
-use crate::blocks::latent_attention::{LatentDims, LatentProjections, attend_latent};
+use crate::artifact::ArtifactError;
+use crate::blocks::latent_attention::{LatentCache, LatentDims, LatentProjections, attend_latent};
 use crate::blocks::mlp::{Activation, Mlp};
 use crate::blocks::moe::{RoutedExperts, Routing, run_routed, weighted_sum};
 use crate::blocks::norm::{rms_norm, sigmoid, silu};
 use crate::blocks::products::{add_rows, apply_batch};
 use crate::config::ModelConfig;
-use crate::decode_policy::{Place, SequenceCache};
-use crate::kernels::{Format, KernelError, QMatrix};
+use crate::decode_policy::{LayerState, Place, SequenceCache};
+use crate::experts::{STACKED, W1_W3_W2};
+use crate::kernels::{KernelError, QMatrix};
 use crate::layered_model::{Layered, LayeredModel};
 use crate::models::kimi_k3::config::KimiK3Config;
 use crate::plan::Shape;
 use crate::step::{ModelError, StepStats};
 use crate::weights::Weights;
-
-/// The routed experts' gate, up and down projections in mlx-lm's stacks.
-const STACKED: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
 
 /// mlx-lm's hard-coded epsilons: the l2 norm of KDA's queries and keys adds it to Σx², and
 /// MLA's `q_a_layernorm` / `kv_a_layernorm` use it whatever `rms_norm_eps` says.
@@ -106,16 +104,11 @@ pub enum LayerCache {
     /// the delta rule's state (`[heads, v, k]`).
     Kda { conv: Vec<f32>, state: Vec<f32> },
     /// Per position, the normalised latent and the (unrotated) positional key.
-    Mla { latent: Vec<f32>, key: Vec<f32> },
+    Mla(LatentCache),
 }
 
 /// The cache: per layer, the KDA recurrent state or the MLA latents.
-pub struct Cache {
-    layers: Vec<LayerCache>,
-    pub len: usize,
-    /// Set when a step failed after changing the recurrent state, which no truncation undoes.
-    broken: bool,
-}
+pub type Cache = SequenceCache<LayerCache>;
 
 /// The weights outside the layers, and what every layer's pass needs beside its own.
 pub struct KimiK3Model<'a> {
@@ -218,9 +211,6 @@ impl Naming {
             ),
         }
     }
-
-    /// The routed experts' gate, up and down projections, per expert (Hugging Face).
-    const EXPERT_PROJECTIONS: [&str; 3] = ["w1", "w3", "w2"];
 }
 
 /// A layer's weights, asked for by their full names.
@@ -247,18 +237,6 @@ impl<'a, 'm> Loader<'a, 'm> {
         self.w.matrix(module, rows, cols)
     }
 
-    fn heads(&self, module: &str, rows: usize, cols: usize) -> Result<Stack<'a>, ArtifactError> {
-        let heads = self.c.num_attention_heads;
-        let s = self.w.stack(module, rows, cols)?;
-        if s.len() != heads {
-            return Err(ArtifactError::Tensor {
-                name: format!("{module}.weight"),
-                reason: format!("holds {} heads; num_attention_heads is {heads}", s.len()),
-            });
-        }
-        Ok(s)
-    }
-
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ArtifactError> {
         self.w.vector(name, len)
     }
@@ -271,12 +249,7 @@ impl<'a, 'm> Loader<'a, 'm> {
     }
 
     fn mlp(&self, prefix: &str, hidden: usize, inner: usize) -> Result<Mlp<'a>, ArtifactError> {
-        Ok(Mlp {
-            gate: self.one(&format!("{prefix}.gate_proj"), inner, hidden)?,
-            up: self.one(&format!("{prefix}.up_proj"), inner, hidden)?,
-            down: self.one(&format!("{prefix}.down_proj"), hidden, inner)?,
-            activation: self.situ(),
-        })
+        Mlp::new(&self.w.at(prefix), STACKED, (hidden, inner), self.situ())
     }
 
     /// `res_norm.weight ⊙ res_proj.weight`, mlx-lm's effective mixing query.
@@ -377,32 +350,18 @@ impl<'a, 'm> Loader<'a, 'm> {
 
     fn latent_projections(&self, prefix: &str) -> Result<LatentProjections<'a>, ArtifactError> {
         let c = self.c;
-        Ok(match self.naming {
-            Naming::Mlx => LatentProjections::Split {
-                embed_q: self.heads(
-                    &format!("{prefix}.embed_q"),
-                    c.kv_lora_rank,
-                    c.qk_nope_head_dim,
-                )?,
-                unembed_out: self.heads(
-                    &format!("{prefix}.unembed_out"),
-                    c.v_head_dim,
-                    c.kv_lora_rank,
-                )?,
-            },
-            Naming::HuggingFace => {
-                let name = format!("{prefix}.kv_b_proj");
-                let rows = c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim);
-                let m = self.one(&name, rows, c.kv_lora_rank)?;
-                if matches!(m.format(), Format::Affine { .. } | Format::Mxfp4) {
-                    return Err(ArtifactError::Tensor {
-                        name: format!("{name}.weight"),
-                        reason: "is MLX-quantized; mlx-lm would re-quantize it as embed_q/unembed_out, so its result is not defined by the checkpoint. Store it unquantized".into(),
-                    });
-                }
-                LatentProjections::Whole(m)
-            }
-        })
+        let dims = LatentDims {
+            heads: c.num_attention_heads,
+            nope: c.qk_nope_head_dim,
+            rope: c.qk_rope_head_dim,
+            v: c.v_head_dim,
+            lora: c.kv_lora_rank,
+        };
+        let w = self.w.at(prefix);
+        match self.naming {
+            Naming::Mlx => LatentProjections::split(&w, dims),
+            Naming::HuggingFace => LatentProjections::whole(&w, dims),
+        }
     }
 
     fn moe(&self, prefix: &str) -> Result<LatentMoe<'a>, ArtifactError> {
@@ -410,7 +369,7 @@ impl<'a, 'm> Loader<'a, 'm> {
         let (hidden, latent) = (c.hidden_size, c.routed_expert_hidden_size);
         let names = match self.naming {
             Naming::Mlx => STACKED,
-            Naming::HuggingFace => Naming::EXPERT_PROJECTIONS,
+            Naming::HuggingFace => W1_W3_W2,
         };
         let sizes = (latent, c.moe_intermediate_size, c.num_experts);
         let experts = RoutedExperts::new(self.w, prefix, names, sizes, self.situ())?;
@@ -541,10 +500,6 @@ impl Shape for KimiK3Config {
 }
 
 impl ModelConfig for KimiK3Config {
-    fn model_type(&self) -> &'static str {
-        "kimi_k3"
-    }
-
     fn vocab_size(&self) -> usize {
         self.vocab_size
     }
@@ -574,7 +529,7 @@ impl ModelConfig for KimiK3Config {
 impl<'a> Layered<'a> for KimiK3Model<'a> {
     type Config = KimiK3Config;
     type Layer<'w> = Layer<'w>;
-    type Cache = Cache;
+    type LayerCache = LayerCache;
     type Hidden = Hidden;
 
     fn new(config: KimiK3Config, w: &Weights<'a>) -> Result<Self, ArtifactError> {
@@ -622,17 +577,10 @@ impl<'a> Layered<'a> for KimiK3Model<'a> {
                     conv: vec![0f32; (k.short_conv_kernel_size - 1) * channels],
                     state: vec![0f32; k.num_heads * k.head_dim * k.head_dim],
                 },
-                false => LayerCache::Mla {
-                    latent: Vec::new(),
-                    key: Vec::new(),
-                },
+                false => LayerCache::Mla(LatentCache::default()),
             })
             .collect();
-        Cache {
-            layers,
-            len: 0,
-            broken: false,
-        }
+        SequenceCache::new(layers)
     }
 
     fn embed(&self, tokens: &[u32], stats: &mut StepStats) -> Result<Hidden, ModelError> {
@@ -824,9 +772,8 @@ impl KimiK3Model<'_> {
             .collect();
         let qs = apply_batch(&w.q_b, &latent_q, stats)?;
         for (t, kv) in apply_batch(&w.kv_a, xs, stats)?.iter().enumerate() {
-            let (latents, keys) = mla_state(at, caches, t)?;
-            latents.extend(rms_norm(&kv[..lora], &w.kv_a_norm, LATENT_NORM_EPS));
-            keys.extend_from_slice(&kv[lora..]);
+            let latent = rms_norm(&kv[..lora], &w.kv_a_norm, LATENT_NORM_EPS);
+            mla_state(at, caches, t)?.push(&latent, &kv[lora..]);
         }
         let dims = LatentDims {
             heads,
@@ -838,7 +785,8 @@ impl KimiK3Model<'_> {
         let q_latents = w.latent.queries(&qs, dims, stats)?;
         let mut mixed: Vec<Vec<Vec<f32>>> = Vec::with_capacity(qs.len());
         for (t, (per_head, q)) in q_latents.iter().zip(&qs).enumerate() {
-            let (latents, keys) = mla_state(at, caches, t)?;
+            let cached = mla_state(at, caches, t)?;
+            let (latents, keys) = (&cached.latent, &cached.key);
             let steps = at.rows.position[t] + 1;
             mixed.push(
                 per_head
@@ -934,29 +882,12 @@ fn delta_rule(
     out
 }
 
-impl SequenceCache for Cache {
-    type Layer = LayerCache;
-
-    fn layers_mut(&mut self) -> &mut [LayerCache] {
-        &mut self.layers
-    }
-
-    fn len(&self) -> usize {
-        self.len
-    }
-
-    fn advance(&mut self) {
-        self.len += 1;
-    }
-
-    fn broken(&self) -> bool {
-        self.broken
-    }
-
+impl LayerState for LayerCache {
     /// A KDA layer's recurrent state is overwritten by a pass, so a failed one leaves the
-    /// cache broken.
-    fn rewind(&mut self, _len: usize) {
-        self.broken = true;
+    /// cache broken; MLA layers follow (a K3 cache is cut back whole or not at all, as it
+    /// always has been).
+    fn cut_back(&mut self, _len: usize) -> bool {
+        false
     }
 }
 
@@ -977,9 +908,9 @@ fn mla_state<'c>(
     at: Place,
     caches: &'c mut [&mut Cache],
     row: usize,
-) -> Result<(&'c mut Vec<f32>, &'c mut Vec<f32>), ModelError> {
+) -> Result<&'c mut LatentCache, ModelError> {
     match at.layer_cache(caches, row)? {
-        LayerCache::Mla { latent, key } => Ok((latent, key)),
+        LayerCache::Mla(cached) => Ok(cached),
         LayerCache::Kda { .. } => Err(wrong_kind()),
     }
 }
