@@ -1,13 +1,14 @@
 //! The HTTP layer dormouse and minirun serve through: a listener loop with the limits a
 //! server facing untrusted clients needs ([`server`]), OpenAI-shaped errors ([`api_error`]),
 //! generated text released around stop sequences ([`text_stream`]), and the pieces every
-//! generating server needs: its listening flags, request seeds, and shutting down on a signal
-//! ([`lifecycle`]). What is served (models, requests, sampling) stays with each program.
+//! generating server needs: its listening flags and request seeds ([`lifecycle`]), and shutting
+//! down on a signal ([`signal`]). What is served (models, requests, sampling) stays with each program.
 
 pub mod api_error;
 pub mod lifecycle;
 pub mod requests;
 pub mod server;
+pub mod signal;
 pub mod text_stream;
 
 pub use api_error::ApiError;

@@ -1,6 +1,5 @@
-//! What a generating server needs around its work: a shutdown on SIGTERM or Ctrl-C, the
-//! `created` clock and request seeds, and the flags that say where it listens and how long it
-//! waits on clients ([`ListenArgs`]).
+//! What a generating server needs around its work: the `created` clock and request seeds, and
+//! the flags that say where it listens and how long it waits on clients ([`ListenArgs`]).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -41,27 +40,6 @@ impl ListenArgs {
             refuse: body_refused,
         }
     }
-}
-
-/// Completes on SIGTERM or Ctrl-C, saying so on stderr (`program: shutting down ...`).
-pub async fn shutdown_signal(program: &'static str) {
-    let interrupt = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        _ = interrupt => {},
-        () = terminate => {},
-    }
-    eprintln!("{program}: shutting down (finishing requests in flight)");
 }
 
 /// Seconds since the Unix epoch (OpenAI's `created`).

@@ -114,7 +114,7 @@ pub async fn serve_until_signal(
     limits: Limits,
     program: &'static str,
 ) {
-    let shutdown = crate::lifecycle::shutdown_signal(program);
+    let shutdown = crate::signal::shutdown_signal(program);
     match serve(listener, app, limits, shutdown).await {
         0 => eprintln!("{program}: stopped"),
         n => eprintln!(

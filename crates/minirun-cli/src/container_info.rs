@@ -14,22 +14,28 @@ use rayon::prelude::*;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::info::InfoArgs;
 use crate::shown;
 
-pub fn run(path: &Path, args: &InfoArgs) -> Result<ExitCode> {
+/// What `minirun info` was asked to do with a tile container.
+pub struct ContainerRequest {
+    pub as_json: bool,
+    /// Check every tile against its digest (exit 1 on a failure).
+    pub verify_tiles: bool,
+}
+
+pub fn run(path: &Path, asked: ContainerRequest) -> Result<ExitCode> {
     let file = regular_file::open(path).with_context(|| format!("cannot open {}", shown(path)))?;
     let file_len = file.metadata()?.len();
     let mut header = vec![0u8; HEADER_BYTES.min(file_len) as usize];
     file.read_exact_at(&mut header, 0)?;
     let container = TileContainer::parse(&header, file_len)
         .with_context(|| format!("{} is not a valid tile container", shown(path)))?;
-    let report = if args.verify_tiles {
+    let report = if asked.verify_tiles {
         Some(verify_tiles(&file, &container)?)
     } else {
         None
     };
-    if args.json {
+    if asked.as_json {
         let doc = json!({ "kind": "tile-container", "path": shown(path), "file_bytes": file_len,
                           "container": container, "verification": report });
         println!("{}", serde_json::to_string_pretty(&doc)?);

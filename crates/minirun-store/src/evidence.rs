@@ -154,8 +154,11 @@ where
     }
     let unreadable = |e: &dyn std::fmt::Display| SealedReadError::Unreadable(e.to_string());
     let (file, _) = root.open_file(relative).map_err(|e| unreadable(&e))?;
-    let bytes = crate::artifact_files::read_bounded(file, relative, MAX_EVIDENCE_BYTES)
-        .map_err(|e| unreadable(&e))?;
+    let bytes = regular_file::read_at_most(file, MAX_EVIDENCE_BYTES)
+        .map_err(|e| unreadable(&e))?
+        .ok_or_else(|| {
+            SealedReadError::Unreadable(format!("it is larger than {MAX_EVIDENCE_BYTES} bytes"))
+        })?;
     let stored: Stored<T> = serde_json::from_slice(&bytes).map_err(|e| {
         // Evidence of an older minirun is a bare record with its schema at the top level.
         let older = serde_json::from_slice::<serde_json::Value>(&bytes)
