@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use minirun_runtime::kernels::{BlockScale, FloatType, Format, QMatrix};
+use minirun_kernels::{BlockScale, FloatType, Format, QMatrix};
 
 fuzz_target!(|data: &[u8]| {
     if data.len() < 6 {

@@ -1,18 +1,18 @@
 //! `minirun bench model ARTIFACT`: prompt processing and decoding tokens/s of an artifact, timed
 //! as llama.cpp's `llama-bench` times them (a warm-up, then the mean and standard deviation of
-//! `--repeats` passes, each from an empty cache; `minirun_runtime::model_bench`), so that the
+//! `--repeats` passes, each from an empty cache; `timed_passes.rs`), so that the
 //! two programs compare like for like. The prompt is pseudo-random token ids from `--seed`
 //! (after the tokenizer's BOS, where it adds one), as llama-bench's are random.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use crate::timed_passes::{Timings, time_decode, time_prompt};
 use anyhow::{Result, bail};
 use clap::Args;
 use minirun_format::synthetic::SplitMix64;
 use minirun_runtime::budget::{Budget, human};
 use minirun_runtime::decoder::Decoder;
-use minirun_runtime::model_bench::{Timings, time_decode, time_prompt};
 use minirun_runtime::plan::Mode;
 use minirun_runtime::session::{Session, Trust};
 

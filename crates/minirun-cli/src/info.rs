@@ -7,14 +7,14 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use minirun_format::artifact::MAX_MANIFEST_BYTES;
 use minirun_format::artifact::k3_published::K3LayerManifest;
 use minirun_format::artifact::v4_published::{UnitKind, V4File, V4UnitManifest};
+use minirun_format::artifact::{Layout, MAX_MANIFEST_BYTES, ManifestKind};
 use minirun_format::index::{ArtifactIndex, MAX_INDEX_BYTES};
 use minirun_format::tile::{HEADER_BYTES, MAGIC};
 use serde_json::json;
 
-use crate::container_info;
+use crate::container_info::{self, ContainerRequest};
 use crate::shown;
 
 #[derive(Args)]
@@ -46,11 +46,16 @@ pub fn run(args: &InfoArgs) -> Result<ExitCode> {
                 shown(path)
             );
         }
-        return index_info(&index, args.json);
+        let layout = minirun_store::ArtifactFiles::unverified(path)?.layout()?;
+        return index_info(&index, Some(layout), args.json);
     }
     let first = read_prefix(path, HEADER_BYTES as usize)?;
     if first.starts_with(MAGIC) {
-        return container_info::run(path, args);
+        let asked = ContainerRequest {
+            as_json: args.json,
+            verify_tiles: args.verify_tiles,
+        };
+        return container_info::run(path, asked);
     }
     if args.verify_tiles {
         bail!(
@@ -65,7 +70,7 @@ pub fn run(args: &InfoArgs) -> Result<ExitCode> {
         if let Some((unit, bytes)) = v4_unit_manifest(path)? {
             return v4_manifest_info(path, &unit, &bytes, args.json);
         }
-        return index_info(path, args.json);
+        return index_info(path, None, args.json);
     }
     other_file(path, &first, args.json)
 }
@@ -90,10 +95,7 @@ fn looks_like_json(first: &[u8]) -> bool {
 /// `nonexpert`): which layer its directory (`layerNN`) says it is, and its bytes.
 fn k3_layer_manifest(path: &Path) -> Result<Option<(usize, Vec<u8>)>> {
     let bytes = read_prefix(path, MAX_MANIFEST_BYTES as usize + 1)?;
-    let Ok(doc) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
-        return Ok(None);
-    };
-    if doc.get("nonexpert").is_none() || doc.get("layer").is_none() {
+    if ManifestKind::of(&bytes) != ManifestKind::K3Layer {
         return Ok(None);
     }
     let dir = path
@@ -115,16 +117,7 @@ fn k3_layer_manifest(path: &Path) -> Result<Option<(usize, Vec<u8>)>> {
 /// bytes.
 fn v4_unit_manifest(path: &Path) -> Result<Option<(String, Vec<u8>)>> {
     let bytes = read_prefix(path, MAX_MANIFEST_BYTES as usize + 1)?;
-    let Ok(doc) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
-        return Ok(None);
-    };
-    let is_v4 = doc.get("files").is_some()
-        && doc.get("source_revision").is_some()
-        && doc
-            .get("unit")
-            .and_then(|u| u.as_str())
-            .is_some_and(|u| UnitKind::of(u).is_some());
-    if !is_v4 {
+    if ManifestKind::of(&bytes) != ManifestKind::V4Unit {
         return Ok(None);
     }
     let dir = path
@@ -261,18 +254,24 @@ fn k3_manifest_info(path: &Path, layer: usize, bytes: &[u8], as_json: bool) -> R
     Ok(ExitCode::SUCCESS)
 }
 
-fn index_info(path: &Path, as_json: bool) -> Result<ExitCode> {
+/// An `index.json`, and the layout of the artifact directory it was found in (when `minirun
+/// info` was given the directory).
+fn index_info(path: &Path, layout: Option<Layout>, as_json: bool) -> Result<ExitCode> {
     let len = std::fs::metadata(path)?.len();
     // ArtifactIndex::parse bounds the document itself; reading is bounded here too so a
     // huge file is not read whole only to be refused.
     let bytes = read_prefix(path, MAX_INDEX_BYTES + 1)?;
     let index = ArtifactIndex::parse(&bytes);
     if as_json {
-        let doc =
-            json!({ "kind": "artifact-index", "path": shown(path), "bytes": len, "index": index });
+        let layout = layout.map(Layout::describe);
+        let doc = json!({ "kind": "artifact-index", "path": shown(path), "bytes": len,
+                          "layout": layout, "index": index });
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         println!("index       {} ({len} bytes)", shown(path));
+        if let Some(layout) = layout {
+            println!("layout      {}", layout.describe());
+        }
         println!("{}", printable_lines(&index.describe()));
     }
     Ok(ExitCode::SUCCESS)

@@ -12,6 +12,7 @@ mod serve_engine;
 mod serve_requests;
 mod synth;
 mod threads;
+mod timed_passes;
 mod upstream_config;
 mod verify_cmd;
 

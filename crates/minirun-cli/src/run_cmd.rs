@@ -7,10 +7,10 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use minirun_kernels::Activations;
 use minirun_runtime::budget::{Budget, human};
 use minirun_runtime::decoder::Decoder;
 use minirun_runtime::generate::{Figures, Sampling, StepRecord, StopReason};
-use minirun_runtime::kernels::Activations;
 use minirun_runtime::plan::{Mode, Plan};
 use minirun_runtime::session::{Session, Trust};
 

@@ -193,6 +193,18 @@ fn an_artifact_directory_or_index_is_described() {
     let out = minirun(&["info", ".", "--json"], dir.path());
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["kind"], "artifact-index");
+    assert_eq!(doc["layout"], "minirun's own layout");
+    // A layer manifest of the published K3 layout makes the directory that layout's.
+    let k3_manifest = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../minirun-format/tests/data/k3-published/layer01.manifest.json");
+    fs::create_dir(dir.path().join("layer00")).unwrap();
+    fs::copy(&k3_manifest, dir.path().join("layer00/manifest.json")).unwrap();
+    let out = minirun(&["info", "."], dir.path());
+    assert!(
+        stdout(&out).contains("layout      the published Kimi K3 layout"),
+        "{}",
+        stdout(&out)
+    );
     let empty = tempfile::tempdir().unwrap();
     let out = minirun(&["info", "."], empty.path());
     assert_eq!(out.status.code(), Some(1));

@@ -13,14 +13,14 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use minirun_format::artifact::{FileEntry, Member, Quantization};
+use minirun_format::artifact::{FileEntry, Layout, Member, Quantization};
 use minirun_format::tile::{HEADER_BYTES, QuantMode, ScaleDtype, TileContainer};
 use minirun_store::{
     AlignedBuf, ArtifactFiles, BufferPool, HeldEvidence, LayoutError, PayloadFile, ReadPath,
 };
 
-use crate::kernels::{Activations, BlockScale, FloatType, Format, QMatrix};
 use crate::read_clock::ReadClock;
+use minirun_kernels::{Activations, BlockScale, FloatType, Format, QMatrix};
 
 mod k3_layout;
 mod v4_layout;
@@ -336,7 +336,7 @@ impl LoadedPart {
     }
 
     /// The matrix, computing from the loaded bytes.
-    pub fn matrix(&self, part: &MatrixPart) -> Result<QMatrix<'_>, crate::kernels::KernelError> {
+    pub fn matrix(&self, part: &MatrixPart) -> Result<QMatrix<'_>, minirun_kernels::KernelError> {
         let slice = |r: &Option<(usize, Range<usize>)>| match r {
             Some((i, range)) => &self.reads[*i].as_slice()[range.clone()],
             None => &[][..],
@@ -488,11 +488,10 @@ impl Artifact {
             .map(|b| text("tokenizer_config.json", b))
             .transpose()?;
         let tiktoken_model = read_metadata(&files, "tiktoken.model")?;
-        let published_k3 = k3_layout::is_k3_published(&files)?;
-        let published_v4 = v4_layout::is_v4_published(&files)?;
-        let manifests = match published_k3 || published_v4 {
-            true => Vec::new(),
-            false => files.unit_manifests()?,
+        let layout = files.layout()?;
+        let manifests = match layout {
+            Layout::Own => files.unit_manifests()?,
+            Layout::K3Published | Layout::V4Published => Vec::new(),
         };
         let mut artifact = Artifact {
             root: root.to_path_buf(),
@@ -515,11 +514,10 @@ impl Artifact {
                 artifact.add_file(&manifest.unit, entry)?;
             }
         }
-        if published_k3 {
-            artifact.add_k3_published()?;
-        }
-        if published_v4 {
-            artifact.add_v4_published()?;
+        match layout {
+            Layout::Own => {}
+            Layout::K3Published => artifact.add_k3_published()?,
+            Layout::V4Published => artifact.add_v4_published()?,
         }
         if artifact.payload.is_empty() {
             return Err(ArtifactError::Incomplete(shown, "it has no unit manifests"));

@@ -2,8 +2,8 @@
 //! before any cache changes, how prompts are cut into passes of rows, and what a failed pass
 //! does to the caches.
 
-use crate::kernels::KernelError;
 use crate::step::ModelError;
+use minirun_kernels::KernelError;
 
 /// Prompt positions run through the layers together: each matrix's bytes are read once for
 /// all of them. The activations of a chunk (a few vectors of the widest projection per

@@ -1,5 +1,5 @@
-//! minirun's runtime: kernels that compute straight from an artifact's stored bytes, and the
-//! models that run on them.
+//! minirun's runtime: the models that run on the kernels (`minirun-kernels`), straight from an
+//! artifact's stored bytes.
 //!
 //! From the bottom up: [`artifact`] opens an artifact and hands out its tensors; [`weights`]
 //! is the handle a model asks for them through, placed by the [`plan`]; [`blocks`] are the
@@ -18,11 +18,9 @@ pub mod decoder;
 pub mod expert_stream;
 pub mod experts;
 pub mod generate;
-pub mod kernels;
 pub mod layer_stream;
 pub mod layered_model;
 pub mod model;
-pub mod model_bench;
 pub mod model_weights;
 pub mod models;
 pub mod plan;

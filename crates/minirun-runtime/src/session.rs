@@ -148,7 +148,7 @@ impl Session {
             ),
             self.artifact.provenance.clone(),
         ];
-        if self.artifact.activations() == crate::kernels::Activations::Int8 {
+        if self.artifact.activations() == minirun_kernels::Activations::Int8 {
             lines.push(
                 "products: 8-bit activations for affine 4- and 8-bit and MXFP4 matrices (not the f32 path's bits; --activations f32 is exact)"
                     .to_string(),

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::artifact::ArtifactError;
-use crate::kernels::KernelError;
+use minirun_kernels::KernelError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {

@@ -13,10 +13,10 @@ use std::sync::Arc;
 use crate::artifact::{Artifact, ArtifactError, Stack, StackLayout};
 use crate::expert_stream::ExpertStream;
 use crate::experts::{ExpertParts, routed_experts};
-use crate::kernels::QMatrix;
 use crate::layer_stream::LoadedLayer;
 use crate::model_weights::{LayerWeights, ModelWeights};
 use crate::plan::{Mode, Plan};
+use minirun_kernels::QMatrix;
 
 /// Where a handle's matrices come from.
 #[derive(Clone, Copy)]

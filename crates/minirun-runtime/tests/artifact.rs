@@ -4,9 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
+use minirun_kernels::{FloatType, Format, QMatrix};
 use minirun_pack::{PackOptions, pack};
 use minirun_runtime::artifact::{Access, Artifact, ArtifactError};
-use minirun_runtime::kernels::{FloatType, Format, QMatrix};
 use safetensors::SafeTensors;
 
 fn source(name: &str) -> PathBuf {

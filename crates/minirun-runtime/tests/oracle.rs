@@ -20,11 +20,11 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{ids, max_abs_delta, read_logits};
+use minirun_kernels::Activations;
 use minirun_pack::{PackOptions, pack};
 use minirun_runtime::artifact::{Access, Artifact};
 use minirun_runtime::decoder::Decoder;
 use minirun_runtime::generate::argmax;
-use minirun_runtime::kernels::Activations;
 use minirun_runtime::models::deepseek_v3::DeepSeekV3;
 use minirun_runtime::models::deepseek_v3::DeepSeekV3Config;
 use minirun_runtime::step::StepStats;

@@ -6,11 +6,11 @@
 mod common;
 
 use common::{STREAMED_SHAPE, on_threads, packed, packed_synthetic};
+use minirun_kernels::Activations;
 use minirun_runtime::artifact::{Access, Artifact};
 use minirun_runtime::budget::Budget;
 use minirun_runtime::decoder::Decoder;
 use minirun_runtime::generate::argmax;
-use minirun_runtime::kernels::Activations;
 use minirun_runtime::models::deepseek_v3::DeepSeekV3;
 use minirun_runtime::models::deepseek_v3::DeepSeekV3Config;
 use minirun_runtime::plan::{Mode, Plan, PlanError};

@@ -7,7 +7,7 @@ use std::fs::File;
 use std::path::Path;
 
 use minirun_format::artifact::{
-    self, INCOMPLETE_MARKER, INDEX_FILE, MAX_MANIFEST_BYTES, ManifestError, UnitManifest,
+    self, INCOMPLETE_MARKER, INDEX_FILE, Layout, MAX_MANIFEST_BYTES, ManifestError, UnitManifest,
 };
 use minirun_format::tree::{FileDigest, RepoFile, Tree};
 use sha2::{Digest as _, Sha256};
@@ -142,6 +142,16 @@ impl ArtifactFiles {
         }
     }
 
+    /// Which layout the artifact is in (`minirun_format::artifact::Layout`), from its probe
+    /// manifests read like any other metadata.
+    pub fn layout(&self) -> Result<Layout, LayoutError> {
+        Layout::detect(|path| {
+            Ok(self
+                .read_metadata(path, MAX_MANIFEST_BYTES)?
+                .map(|m| m.bytes))
+        })
+    }
+
     /// Every unit's manifest, by unit name: a unit is a directory of the root (never a link)
     /// with a visible plain name that holds a `manifest.json`. Each manifest is read bounded
     /// (through the evidence when held) and checked ([`artifact::parse_manifest`]).
@@ -173,6 +183,10 @@ pub fn own_manifest_tree(path: &Path) -> Result<Tree, LayoutError> {
         path: path.display().to_string(),
         reason,
     };
+    let layout = files.layout()?;
+    if !layout.has_own_digests() {
+        return Err(no_digests(format!("it is in {}", layout.describe())));
+    }
     let manifests = files.unit_manifests().map_err(|e| match e {
         LayoutError::Manifest(m) => no_digests(m.to_string()),
         other => other,

@@ -106,3 +106,24 @@ fn manifests_without_digests_send_the_user_to_the_publisher() {
     assert!(matches!(err, LayoutError::NoOwnDigests { .. }), "{err}");
     assert!(err.to_string().contains("--repo"), "{err}");
 }
+
+#[test]
+fn a_published_layout_is_named_when_it_has_no_digests() {
+    let dir = artifact();
+    fs::write(
+        dir.path().join("layer00/manifest.json"),
+        br#"{"layer": 0, "nonexpert": {}}"#,
+    )
+    .unwrap();
+    let files = minirun_store::ArtifactFiles::unverified(dir.path()).unwrap();
+    assert_eq!(
+        files.layout().unwrap(),
+        minirun_format::artifact::Layout::K3Published
+    );
+    let err = minirun_store::own_manifest_tree(dir.path()).unwrap_err();
+    assert!(matches!(err, LayoutError::NoOwnDigests { .. }), "{err}");
+    assert!(
+        err.to_string().contains("published Kimi K3 layout"),
+        "{err}"
+    );
+}

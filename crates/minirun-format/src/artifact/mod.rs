@@ -16,10 +16,12 @@
 
 pub mod index_writer;
 pub mod k3_published;
+pub mod layout;
 pub mod manifest;
 mod units;
 pub mod v4_published;
 
+pub use layout::{Layout, ManifestKind};
 pub use manifest::{FileEntry, Member, QuantRole, Quantization, SourceRef, UnitManifest};
 pub use units::{
     INCOMPLETE_MARKER, INDEX_FILE, MANIFEST_FILE, MAX_MANIFEST_BYTES, ManifestError,

@@ -12,17 +12,8 @@ use minirun_format::artifact::{Member, SourceRef};
 use minirun_format::tile::{HEADER_BYTES, QuantMode, RawHeader, TileContainer};
 
 use super::{Artifact, ArtifactError, Location, PartLayout, PayloadEntry, invalid, read_metadata};
-use crate::kernels::{FloatType, Format};
 use crate::models::kimi_k3::config::KimiK3Config;
-
-/// Whether `layer00/manifest.json` is a published K3 layer manifest (it has `nonexpert`).
-pub(super) fn is_k3_published(files: &minirun_store::ArtifactFiles) -> Result<bool, ArtifactError> {
-    let Some(bytes) = read_metadata(files, "layer00/manifest.json")? else {
-        return Ok(false);
-    };
-    Ok(serde_json::from_slice::<serde_json::Value>(&bytes)
-        .is_ok_and(|v| v.get("nonexpert").is_some() && v.get("layer").is_some()))
-}
+use minirun_kernels::{FloatType, Format};
 
 fn member(
     name: &str,

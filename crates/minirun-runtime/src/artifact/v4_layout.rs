@@ -14,11 +14,6 @@ use minirun_format::tile::{HEADER_BYTES, QuantMode, TileContainer};
 use super::{Artifact, ArtifactError, Location, invalid, read_metadata};
 use crate::models::deepseek_v4::config::DeepSeekV4Config;
 
-/// Whether the artifact is in the published V4 layout (it has `global00/manifest.json`).
-pub(super) fn is_v4_published(files: &minirun_store::ArtifactFiles) -> Result<bool, ArtifactError> {
-    Ok(read_metadata(files, "global00/manifest.json")?.is_some())
-}
-
 impl Artifact {
     /// Registers every tensor the run reads, after checking each unit's manifest against the
     /// index and each container's header against its manifest entry.

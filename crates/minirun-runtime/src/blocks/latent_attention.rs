@@ -3,9 +3,9 @@
 use crate::artifact::{ArtifactError, Stack};
 use crate::blocks::products::apply_batch;
 use crate::decode_policy::LayerState;
-use crate::kernels::{Format, KernelError, QMatrix};
 use crate::step::StepStats;
 use crate::weights::Weights;
+use minirun_kernels::{Format, KernelError, QMatrix};
 
 /// One head of one position in multi-head latent attention, over the first `steps` cached
 /// positions: content scores against the cached latents (`[steps, lora]`), positional scores

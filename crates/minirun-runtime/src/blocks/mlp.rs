@@ -4,9 +4,9 @@ use crate::artifact::ArtifactError;
 use crate::blocks::norm::{sigmoid, silu};
 use crate::blocks::products::{apply_batch, apply_shared};
 use crate::blocks::shared_rows::SharedRows;
-use crate::kernels::{KernelError, QMatrix};
 use crate::step::StepStats;
 use crate::weights::Weights;
+use minirun_kernels::{KernelError, QMatrix};
 
 /// How a gated MLP combines its gate and up projections.
 #[derive(Debug, Clone, Copy, PartialEq)]

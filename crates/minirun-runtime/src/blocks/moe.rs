@@ -12,9 +12,9 @@ use crate::blocks::products::top_k;
 use crate::blocks::shared_rows::SharedRows;
 use crate::expert_stream::ExpertStream;
 use crate::experts::with_fetched;
-use crate::kernels::KernelError;
 use crate::step::{ModelError, StepStats};
 use crate::weights::{ExpertsFrom, Weights};
+use minirun_kernels::KernelError;
 
 /// How a router turns its logits into routes.
 pub(crate) struct Routing<'b> {

@@ -1,8 +1,8 @@
 //! The products every layer runs, each counted in the step's figures.
 
 use crate::blocks::shared_rows::SharedRows;
-use crate::kernels::{KernelError, QMatrix};
 use crate::step::StepStats;
+use minirun_kernels::{KernelError, QMatrix};
 
 /// `y = W x` into a new vector, counting the bytes read.
 pub(crate) fn apply(
@@ -10,7 +10,7 @@ pub(crate) fn apply(
     x: &[f32],
     stats: &mut StepStats,
 ) -> Result<Vec<f32>, KernelError> {
-    let mut y = vec![0f32; m.rows];
+    let mut y = vec![0f32; m.rows()];
     m.matvec(x, &mut y)?;
     stats.weight_bytes += m.stored_bytes() as u64;
     Ok(y)
@@ -30,10 +30,10 @@ pub(crate) fn apply_batch<X: AsRef<[f32]>>(
     for x in xs {
         flat.extend_from_slice(x.as_ref());
     }
-    let mut ys = vec![0f32; xs.len() * m.rows];
+    let mut ys = vec![0f32; xs.len() * m.rows()];
     m.matmul(&flat, xs.len(), &mut ys)?;
     stats.weight_bytes += m.stored_bytes() as u64;
-    Ok(ys.chunks_exact(m.rows).map(<[f32]>::to_vec).collect())
+    Ok(ys.chunks_exact(m.rows()).map(<[f32]>::to_vec).collect())
 }
 
 /// [`apply_batch`] on rows `which` of a shared input: with 8-bit activations the rows are

@@ -7,7 +7,7 @@
 use std::borrow::Cow;
 use std::sync::OnceLock;
 
-use crate::kernels::{Int8Vector, KernelError};
+use minirun_kernels::{Int8Vector, KernelError};
 
 /// Rows of f32 values and, once asked for, their 8-bit form for one group.
 pub(crate) struct SharedRows<'x> {

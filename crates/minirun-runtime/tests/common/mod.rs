@@ -2,7 +2,6 @@
 //! artifacts, and work on a thread pool of a given size.
 #![allow(dead_code)]
 
-pub mod matrices;
 pub mod wide_v4;
 
 /// The largest absolute difference between two logit rows.

@@ -18,12 +18,12 @@ use crate::blocks::rope::{Rope, attention_scale};
 use crate::config::ModelConfig;
 use crate::decode_policy::{Place, Rows, SequenceCache};
 use crate::experts::STACKED;
-use crate::kernels::QMatrix;
 use crate::layered_model::{Layered, LayeredModel};
 use crate::models::deepseek_v3::config::DeepSeekV3Config;
 use crate::plan::Shape;
 use crate::step::{ModelError, StepStats};
 use crate::weights::Weights;
+use minirun_kernels::QMatrix;
 
 struct Attention<'a> {
     q_a: Option<(QMatrix<'a>, Vec<f32>)>,
@@ -274,7 +274,7 @@ impl<'a> Layered<'a> for DeepSeekV3Model<'a> {
         for &token in tokens {
             let mut h = vec![0f32; self.config.hidden_size];
             self.embed.dequantize_row(token as usize, &mut h)?;
-            stats.weight_bytes += (self.embed.stored_bytes() / self.embed.rows) as u64;
+            stats.weight_bytes += (self.embed.stored_bytes() / self.embed.rows()) as u64;
             hs.push(h);
         }
         Ok(hs)

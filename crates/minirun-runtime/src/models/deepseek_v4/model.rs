@@ -32,12 +32,12 @@ use crate::blocks::rope::Rope;
 use crate::config::ModelConfig;
 use crate::decode_policy::{LayerState, Place, SequenceCache};
 use crate::experts::W1_W3_W2;
-use crate::kernels::{KernelError, QMatrix};
 use crate::layered_model::{Layered, LayeredModel};
 use crate::models::deepseek_v4::config::{Attention, DeepSeekV4Config};
 use crate::plan::Shape;
 use crate::step::{ModelError, StepStats};
 use crate::weights::Weights;
+use minirun_kernels::{KernelError, QMatrix};
 
 /// Added to the chosen experts' weight sum before dividing (transformers' router).
 const RENORMALIZE_EPS: f32 = 1e-20;
@@ -407,7 +407,7 @@ impl<'a> Layered<'a> for DeepSeekV4Model<'a> {
         for &token in tokens {
             let mut h = vec![0f32; hidden];
             self.embed.dequantize_row(token as usize, &mut h)?;
-            stats.weight_bytes += (self.embed.stored_bytes() / self.embed.rows) as u64;
+            stats.weight_bytes += (self.embed.stored_bytes() / self.embed.rows()) as u64;
             streams.push(h.repeat(n));
         }
         Ok(streams)

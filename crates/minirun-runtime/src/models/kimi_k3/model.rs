@@ -21,12 +21,12 @@ use crate::blocks::products::{add_rows, apply_batch};
 use crate::config::ModelConfig;
 use crate::decode_policy::{LayerState, Place, SequenceCache};
 use crate::experts::{STACKED, W1_W3_W2};
-use crate::kernels::{KernelError, QMatrix};
 use crate::layered_model::{Layered, LayeredModel};
 use crate::models::kimi_k3::config::KimiK3Config;
 use crate::plan::Shape;
 use crate::step::{ModelError, StepStats};
 use crate::weights::Weights;
+use minirun_kernels::{KernelError, QMatrix};
 
 /// mlx-lm's hard-coded epsilons: the l2 norm of KDA's queries and keys adds it to Σx², and
 /// MLA's `q_a_layernorm` / `kv_a_layernorm` use it whatever `rms_norm_eps` says.
@@ -589,7 +589,7 @@ impl<'a> Layered<'a> for KimiK3Model<'a> {
         for &token in tokens {
             let mut h = vec![0f32; c.hidden_size];
             self.embed.dequantize_row(token as usize, &mut h)?;
-            stats.weight_bytes += (self.embed.stored_bytes() / self.embed.rows) as u64;
+            stats.weight_bytes += (self.embed.stored_bytes() / self.embed.rows()) as u64;
             partials.push(h);
         }
         let blocks: Vec<Blocks> = (0..tokens.len())

@@ -31,6 +31,8 @@ mod avx2_int8;
 pub mod decode;
 mod format;
 mod int8;
+mod int8_fold;
+mod int8_vector;
 pub mod reference;
 mod row;
 
@@ -39,7 +41,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 pub use format::{BlockScale, FloatType, Format, QMatrix};
-pub use int8::Int8Vector;
+pub use int8_vector::Int8Vector;
 
 /// The arithmetic of a product's activations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]

@@ -42,163 +42,9 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use super::format::{Format, QMatrix};
+use super::int8_fold::{E2M1_DOUBLED, MXFP4_GROUP, combine, fold};
+use super::int8_vector::Int8Vector;
 use super::{KernelError, ROWS_PER_TASK, SERIAL_CELLS, check_len, unweave};
-
-/// Columns of one block of quantized codes: the SIMD path reads two blocks (one 32-byte
-/// register of 4-bit codes) at a time.
-pub(crate) const BLOCK: usize = 32;
-
-/// An input vector quantized to 8 bits for groups of `group` columns.
-#[derive(Debug, Clone)]
-pub struct Int8Vector {
-    group: usize,
-    /// The codes of each pair of 32-column blocks as `[even columns of both, odd columns of
-    /// both]`, 64 bytes a pair, the last pair zero-padded: the order in which the low and high
-    /// nibbles of 32 packed bytes line up with them.
-    pub(crate) paired: Vec<i8>,
-    /// The codes in column order (the portable path reads these).
-    pub(crate) codes: Vec<i8>,
-    /// `d_g` per group.
-    pub(crate) steps: Vec<f32>,
-    /// `sum_g` per group.
-    pub(crate) sums: Vec<f32>,
-}
-
-impl Int8Vector {
-    /// Quantizes `x` for groups of `group` columns (32, 64 or 128, dividing `x.len()`).
-    pub fn quantize(x: &[f32], group: usize) -> Result<Int8Vector, KernelError> {
-        if !matches!(group, 32 | 64 | 128) || !x.len().is_multiple_of(group) || x.is_empty() {
-            return Err(KernelError::Shape {
-                rows: 1,
-                cols: x.len(),
-                what: format!("8-bit activations in groups of {group}"),
-            });
-        }
-        let mut codes = vec![0i8; x.len()];
-        let mut steps = Vec::with_capacity(x.len() / group);
-        let mut sums = Vec::with_capacity(x.len() / group);
-        pulp::Arch::new().dispatch(QuantizeGroups {
-            x,
-            group,
-            codes: &mut codes,
-            steps: &mut steps,
-            sums: &mut sums,
-        });
-        let paired = pair_blocks(&codes);
-        Ok(Int8Vector {
-            group,
-            paired,
-            codes,
-            steps,
-            sums,
-        })
-    }
-
-    pub fn len(&self) -> usize {
-        self.codes.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.codes.is_empty()
-    }
-
-    pub fn group(&self) -> usize {
-        self.group
-    }
-}
-
-/// Steps 1 to 4 for every group, compiled for the widest instructions the machine has (each
-/// step is element-wise or a fixed-order sum, so every width gives the same bits).
-struct QuantizeGroups<'a> {
-    x: &'a [f32],
-    group: usize,
-    codes: &'a mut [i8],
-    steps: &'a mut Vec<f32>,
-    sums: &'a mut Vec<f32>,
-}
-
-impl pulp::WithSimd for QuantizeGroups<'_> {
-    type Output = ();
-
-    #[inline(always)]
-    fn with_simd<S: pulp::Simd>(self, _simd: S) {
-        let groups = self.x.chunks_exact(self.group);
-        for (g, codes) in groups.zip(self.codes.chunks_exact_mut(self.group)) {
-            let amax = in_lanes(g, 0f32, |m, v| {
-                let a = v.abs();
-                if a > m || a.is_nan() { a } else { m }
-            });
-            let d = amax / 127.0;
-            for (code, &v) in codes.iter_mut().zip(g) {
-                let q = if amax == 0.0 {
-                    0.0
-                } else {
-                    round_half_away(v / d)
-                };
-                *code = q.clamp(-127.0, 127.0) as i8;
-            }
-            self.steps.push(d);
-            self.sums.push(in_lanes(g, 0f32, |s, v| s + v));
-        }
-    }
-}
-
-/// `op` folded over `values` in 8 lanes (lane `j` takes elements `8c + j`, `c` ascending, from
-/// `init`), the lanes then combined as `((l0 op l4) op (l2 op l6)) op ((l1 op l5) op (l3 op
-/// l7))`; `values.len()` is a multiple of 8.
-#[inline(always)]
-fn in_lanes(values: &[f32], init: f32, op: impl Fn(f32, f32) -> f32) -> f32 {
-    let mut lanes = [init; 8];
-    for chunk in values.as_chunks::<8>().0 {
-        for (lane, &v) in lanes.iter_mut().zip(chunk) {
-            *lane = op(*lane, v);
-        }
-    }
-    let [l0, l1, l2, l3, l4, l5, l6, l7] = lanes;
-    op(op(op(l0, l4), op(l2, l6)), op(op(l1, l5), op(l3, l7)))
-}
-
-/// `v.round()` (half away from zero) in operations that vectorize: `v - trunc(v)` is exact.
-#[inline(always)]
-fn round_half_away(v: f32) -> f32 {
-    let t = v.trunc();
-    if (v - t).abs() >= 0.5 {
-        t + 1f32.copysign(v)
-    } else {
-        t
-    }
-}
-
-fn pair_blocks(codes: &[i8]) -> Vec<i8> {
-    let pairs = codes.len().div_ceil(2 * BLOCK);
-    let mut paired = vec![0i8; pairs * 2 * BLOCK];
-    for (p, out) in paired.chunks_exact_mut(2 * BLOCK).enumerate() {
-        let (even, odd) = out.split_at_mut(BLOCK);
-        for half in 0..2 {
-            let start = (2 * p + half) * BLOCK;
-            let Some(block) = codes.get(start..start + BLOCK) else {
-                break;
-            };
-            for j in 0..BLOCK / 2 {
-                even[half * BLOCK / 2 + j] = block[2 * j];
-                odd[half * BLOCK / 2 + j] = block[2 * j + 1];
-            }
-        }
-    }
-    paired
-}
-
-/// The group of columns an MXFP4 scale covers, and so the group its 8-bit inputs take.
-pub(crate) const MXFP4_GROUP: usize = 32;
-
-/// Twice the e2m1 value of each 4-bit code: integers, so that MXFP4 group sums are exact.
-pub(crate) const E2M1_DOUBLED: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
-
-/// Half the value of an e8m0 scale byte, `h_g` of the MXFP4 fold.
-#[inline(always)]
-pub(crate) fn mxfp4_half_scale(byte: u8) -> f32 {
-    super::decode::e8m0(u32::from(byte)) * 0.5
-}
 
 /// The group a matrix's 8-bit inputs are quantized for, or why 8-bit activations cannot run
 /// on it.
@@ -268,37 +114,6 @@ pub(crate) fn dot_portable(m: &QMatrix, r: usize, x: &Int8Vector) -> f32 {
         fold(m, r * groups + g, &mut acc, i, x, g);
     }
     combine(acc)
-}
-
-/// Step 2 of the row arithmetic: group `g`'s term (the matrix's group `index`) added to its
-/// accumulator.
-#[inline(always)]
-pub(crate) fn fold(
-    m: &QMatrix,
-    index: usize,
-    acc: &mut [f32; 8],
-    i: i32,
-    x: &Int8Vector,
-    g: usize,
-) {
-    match m.format {
-        Format::Affine { scale, .. } => {
-            let s = scale.read(m.scales, index);
-            let b = scale.read(m.biases, index);
-            acc[g % 8] += (s * x.steps[g]) * i as f32 + b * x.sums[g];
-        }
-        Format::Mxfp4 => {
-            let h = mxfp4_half_scale(m.scales[index]);
-            acc[g % 8] += (h * x.steps[g]) * i as f32;
-        }
-        _ => acc[g % 8] = f32::NAN,
-    }
-}
-
-/// Step 3: the accumulators added pairwise.
-#[inline(always)]
-pub(crate) fn combine(a: [f32; 8]) -> f32 {
-    ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
 }
 
 type RowsBatchInt8 = fn(&QMatrix, usize, &[&Int8Vector], &mut [f32]);
@@ -424,10 +239,7 @@ impl QMatrix<'_> {
     /// `W x` for every vector of `xs`, each already quantized for this matrix's group (so that
     /// products sharing an input quantize it once), one output vector each: every output has
     /// the bits of its own product, and each row of the matrix is read once for the batch.
-    pub(crate) fn matmul_quantized(
-        &self,
-        xs: &[&Int8Vector],
-    ) -> Result<Vec<Vec<f32>>, KernelError> {
+    pub fn matmul_quantized(&self, xs: &[&Int8Vector]) -> Result<Vec<Vec<f32>>, KernelError> {
         for x in xs {
             check_input(self, x)?;
         }
@@ -457,7 +269,7 @@ impl QMatrix<'_> {
 
     /// The group 8-bit inputs of this matrix are quantized for, when its products take 8-bit
     /// activations.
-    pub(crate) fn int8_group(&self) -> Option<usize> {
+    pub fn int8_group(&self) -> Option<usize> {
         match self.activations() {
             super::Activations::Int8 => input_group(self).ok(),
             super::Activations::F32 => None,
@@ -487,45 +299,6 @@ impl QMatrix<'_> {
             out.par_chunks_mut(ROWS_PER_TASK * batch)
                 .enumerate()
                 .for_each(|(task, band)| kernel(self, rows.start + task * ROWS_PER_TASK, xs, band));
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::round_half_away;
-
-    /// The vectorizable rounding is `f32::round` on every value class: halves both ways,
-    /// values past 2^23 (already integers), infinities, NaN, and a stride through all bits.
-    #[test]
-    fn round_half_away_is_f32_round() {
-        let special = [
-            0.5,
-            -0.5,
-            1.5,
-            -1.5,
-            2.5,
-            -2.5,
-            126.5,
-            -126.5,
-            0.49999997,
-            -0.49999997,
-            0.0,
-            -0.0,
-            8388607.5,
-            8388608.0,
-            1e30,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            f32::MIN_POSITIVE,
-        ];
-        let stride = (0..u32::MAX).step_by(4099).map(f32::from_bits);
-        for v in special.into_iter().chain(stride) {
-            let (got, want) = (round_half_away(v), v.round());
-            assert!(
-                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
-                "{v:e}: {got:e}, f32::round gives {want:e}"
-            );
         }
     }
 }

@@ -1,6 +1,6 @@
 //! What a stored matrix is: its encoding, its shape, and the byte slices that hold it.
 
-use crate::kernels::KernelError;
+use crate::KernelError;
 
 /// A float type a dense matrix, a scale or a bias is stored in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,7 +20,7 @@ impl FloatType {
 
     /// The value at element `index` of `bytes` (little-endian).
     #[inline(always)]
-    pub(crate) fn read(self, bytes: &[u8], index: usize) -> f32 {
+    pub fn read(self, bytes: &[u8], index: usize) -> f32 {
         match self {
             FloatType::F32 => {
                 let at = index * 4;

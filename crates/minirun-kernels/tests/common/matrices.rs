@@ -1,7 +1,7 @@
 //! Random stored matrices for the kernel tests: codes and finite scales of each float type
 //! from a small deterministic generator, so that one proptest seed gives a whole matrix.
 
-use minirun_runtime::kernels::{FloatType, Format, QMatrix};
+use minirun_kernels::{FloatType, Format, QMatrix};
 
 /// Bytes for a matrix: random codes, and scales/biases drawn as finite floats of the right type.
 pub struct Stored {

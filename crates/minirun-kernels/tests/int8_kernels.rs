@@ -8,7 +8,7 @@ mod common;
 
 use common::matrices::{Rng, Stored, float_bytes};
 use common::on_threads;
-use minirun_runtime::kernels::{Activations, FloatType, Format, Int8Vector, QMatrix, reference};
+use minirun_kernels::{Activations, FloatType, Format, Int8Vector, QMatrix, reference};
 use proptest::prelude::*;
 
 const FLOATS: [FloatType; 3] = [FloatType::BF16, FloatType::F16, FloatType::F32];
@@ -281,7 +281,7 @@ fn other_formats_groups_and_lengths_are_refused() {
         Format::Fp8Block {
             block_rows: 128,
             block_cols: 128,
-            scale: minirun_runtime::kernels::BlockScale::E8m0,
+            scale: minirun_kernels::BlockScale::E8m0,
         },
         4,
         128,

@@ -4,7 +4,7 @@
 //! `vpmaddubsw` (unsigned nibble times signed code, pairs added: at most 2 x 15 x 127, no
 //! saturation), the two added, then
 //! widened to i32 pairs by `vpmaddwd`. The integer sums are exact, so the lanes' order does
-//! not matter; the f32 fold is `int8::fold`, the same operations as the portable path. With
+//! not matter; the f32 fold is `int8_fold::fold`, the same operations as the portable path. With
 //! AVX-512 VNNI (`x86_vnni::Vnni`), `vpdpbusd` replaces the two widening steps: the same
 //! integer sums, so the same bits.
 //!
@@ -29,7 +29,8 @@ use pulp::x86::V3;
 use std::arch::x86_64::{__m256, __m256i};
 
 use super::format::{FloatType, Format, QMatrix};
-use super::int8::{BLOCK, E2M1_DOUBLED, Int8Vector, MXFP4_GROUP, combine, fold, mxfp4_half_scale};
+use super::int8_fold::{E2M1_DOUBLED, MXFP4_GROUP, combine, fold, mxfp4_half_scale};
+use super::int8_vector::{BLOCK, Int8Vector};
 use x86_vnni::Vnni;
 
 /// Bytes of packed 4-bit codes in one register: two blocks.
@@ -268,7 +269,7 @@ fn eight_at(values: &[f32], first: usize) -> __m256 {
 }
 
 /// Groups `first..first + 8` of row `r` added to its eight accumulators `acc` (group
-/// `first + j` to lane `j`, as `int8::fold` does it): their integer sums `lanes` gathered into
+/// `first + j` to lane `j`, as `int8_fold::fold` does it): their integer sums `lanes` gathered into
 /// one register, so that the fold runs on eight lanes.
 #[inline(always)]
 fn fold_block(
@@ -313,7 +314,7 @@ fn prefetch_ahead<E: PairProducts>(engine: E, packed: &[u8], from: usize, len: u
 
 /// Row `r` against `x` for groups of `2 * BLOCK * PPG` columns (64 or 128): eight groups at a
 /// time, each pair of packed bytes split into nibbles and multiplied into its group's lanes,
-/// then `fold_block`; the last `groups % 8` one at a time through `int8::fold`.
+/// then `fold_block`; the last `groups % 8` one at a time through `int8_fold::fold`.
 #[inline(always)]
 // Constant indices into slices of known length: the loops unroll without bounds checks.
 #[allow(clippy::needless_range_loop)]
@@ -675,7 +676,7 @@ fn store_octet(v3: V3, accs: &[[__m256; 8]], out: &mut [f32]) {
 /// columns, into `out[r * batch + b]`: the module's arithmetic with one row per lane. Each
 /// chunk of packed codes is transposed once for the whole batch, so that a group's integer
 /// sum lands in its row's lane without a horizontal reduction; step 2's multiplies and adds
-/// are then the same f32 operations per lane as [`fold_block`] and `int8::fold` do per row,
+/// are then the same f32 operations per lane as [`fold_block`] and `int8_fold::fold` do per row,
 /// so each (row, vector) has the bits of [`dot_blocks`].
 #[inline(always)]
 #[allow(clippy::needless_range_loop)]
@@ -743,7 +744,7 @@ fn octet_rows<E: PairProducts, const PPG: usize>(
 /// Affine 8-bit row `r` against `x` for groups of `32 * RPG` columns: each register of 32
 /// stored bytes multiplied with the 32 codes of the same columns into its group's lanes, eight
 /// groups at a time gathered and folded by `fold_block`; the last `groups % 8` one at a time
-/// through `int8::fold`.
+/// through `int8_fold::fold`.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)]
 fn dot_bytes<E: PairProducts, const RPG: usize>(
@@ -838,7 +839,7 @@ fn add_signed_pair<E: PairProducts>(
     )
 }
 
-/// `int8::mxfp4_half_scale` of eight scale bytes from `first` (zero-padded past the end, which
+/// `int8_fold::mxfp4_half_scale` of eight scale bytes from `first` (zero-padded past the end, which
 /// the callers never reach): `2^(e - 127)` built from the exponent bits, halved, with the two
 /// codes that formula misses, 0 (`2^-128` once halved) and 0xFF (NaN), put in by compare.
 #[inline(always)]
@@ -864,7 +865,7 @@ const MXFP4_PAIRS_AT_ONCE: usize = GROUPS_AT_ONCE / 2;
 
 /// MXFP4 row `r` against `x`: eight groups at a time (four registers of packed codes, each
 /// holding two groups in its low and high four lanes), their sums gathered in group order and
-/// folded on eight lanes; the last `groups % 8` one at a time through `int8::fold`.
+/// folded on eight lanes; the last `groups % 8` one at a time through `int8_fold::fold`.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)]
 fn dot_mxfp4<E: PairProducts>(engine: E, m: &QMatrix, r: usize, x: &Int8Vector) -> f32 {

@@ -5,9 +5,7 @@ mod common;
 
 use common::matrices::{Rng, Stored, float_bytes};
 use common::on_threads;
-use minirun_runtime::kernels::{
-    BlockScale, FloatType, Format, QMatrix, SERIAL_CELLS, decode, reference,
-};
+use minirun_kernels::{BlockScale, FloatType, Format, QMatrix, SERIAL_CELLS, decode, reference};
 use proptest::prelude::*;
 
 const FLOATS: [FloatType; 3] = [FloatType::F32, FloatType::F16, FloatType::BF16];

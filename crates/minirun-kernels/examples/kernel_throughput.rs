@@ -10,12 +10,12 @@
 //! batch pays). For affine 4- and 8-bit and MXFP4, the 8-bit-activation columns give the same
 //! two figures with the input quantized for every product (`--activations int8`).
 //!
-//!     cargo run --release -p minirun-runtime --example kernel_throughput [-- --mib 1024 --threads 2 --batch 4]
+//!     cargo run --release -p minirun-kernels --example kernel_throughput [-- --mib 1024 --threads 2 --batch 4]
 //!         [--only FORMAT-SUBSTRING] [--shape ROWSxCOLS]
 
 use std::time::Instant;
 
-use minirun_runtime::kernels::{Activations, BlockScale, FloatType, Format, Int8Vector, QMatrix};
+use minirun_kernels::{Activations, BlockScale, FloatType, Format, Int8Vector, QMatrix};
 use rayon::prelude::*;
 
 struct Args {

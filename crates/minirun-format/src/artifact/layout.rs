@@ -1,0 +1,142 @@
+//! Which layout an artifact directory is in, and what a manifest file is: the one place these
+//! are recognised, so the runtime, offline verification and `minirun info` cannot disagree about
+//! an artifact (each used to look for the same keys on its own).
+//!
+//! Three layouts exist: minirun's own (`minirun pack`'s unit manifests, `docs/formats/artifact.md`),
+//! the published Kimi K3 layout (`docs/formats/k3-published.md`) and the published DeepSeek V4
+//! layout (`docs/formats/v4-published.md`). A directory is recognised by the manifest its layout
+//! always has: K3's `layer00/manifest.json` (a layer manifest), V4's `global00/manifest.json`.
+
+use super::v4_published::UnitKind;
+
+/// Where the published Kimi K3 layout always has a layer manifest.
+pub const K3_PROBE: &str = "layer00/manifest.json";
+
+/// Where the published DeepSeek V4 layout always has a unit manifest.
+pub const V4_PROBE: &str = "global00/manifest.json";
+
+/// An artifact directory's layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// `minirun pack`'s: unit manifests with per-file SHA-256s.
+    Own,
+    /// Kimi K3 as its publisher released it: row-band layer manifests, banded expert containers.
+    K3Published,
+    /// DeepSeek V4 as its publisher released it: `layersNN` / `global00` / `mtpNN` units.
+    V4Published,
+}
+
+impl Layout {
+    /// The layout of the directory whose metadata `read` returns (`None` for a file that does
+    /// not exist). Reads at most the two probe manifests.
+    pub fn detect<E>(
+        mut read: impl FnMut(&str) -> Result<Option<Vec<u8>>, E>,
+    ) -> Result<Layout, E> {
+        if let Some(bytes) = read(K3_PROBE)?
+            && ManifestKind::of(&bytes) == ManifestKind::K3Layer
+        {
+            return Ok(Layout::K3Published);
+        }
+        if read(V4_PROBE)?.is_some() {
+            return Ok(Layout::V4Published);
+        }
+        Ok(Layout::Own)
+    }
+
+    /// The layout's name as people say it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Layout::Own => "minirun's own layout",
+            Layout::K3Published => "the published Kimi K3 layout",
+            Layout::V4Published => "the published DeepSeek V4 layout",
+        }
+    }
+
+    /// Whether its manifests carry per-file SHA-256s (only `minirun pack`'s do).
+    pub fn has_own_digests(self) -> bool {
+        self == Layout::Own
+    }
+}
+
+/// What a manifest file is, from its bytes alone (its directory is the caller's to check).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ManifestKind {
+    /// A published Kimi K3 layer manifest: a JSON object with `layer` and `nonexpert`.
+    K3Layer,
+    /// A published DeepSeek V4 unit manifest: a JSON object with `files`, `source_revision` and
+    /// a `unit` named `layersNN`, `global00` or `mtpNN`.
+    V4Unit,
+    /// Anything else (minirun's own unit manifests included; `parse_manifest` judges those).
+    Other,
+}
+
+impl ManifestKind {
+    pub fn of(bytes: &[u8]) -> ManifestKind {
+        let Ok(serde_json::Value::Object(doc)) = serde_json::from_slice(bytes) else {
+            return ManifestKind::Other;
+        };
+        if doc.contains_key("nonexpert") && doc.contains_key("layer") {
+            return ManifestKind::K3Layer;
+        }
+        let v4_unit = doc
+            .get("unit")
+            .and_then(|u| u.as_str())
+            .is_some_and(|u| UnitKind::of(u).is_some());
+        if v4_unit && doc.contains_key("files") && doc.contains_key("source_revision") {
+            return ManifestKind::V4Unit;
+        }
+        ManifestKind::Other
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn detect(files: &[(&str, &str)]) -> Layout {
+        let files: BTreeMap<&str, &str> = files.iter().copied().collect();
+        let read = |path: &str| Ok::<_, ()>(files.get(path).map(|s| s.as_bytes().to_vec()));
+        Layout::detect(read).unwrap()
+    }
+
+    #[test]
+    fn manifests_are_told_apart_by_their_keys() {
+        let k3 = r#"{"layer": 0, "nonexpert": {}}"#;
+        let v4 = r#"{"unit": "layers03", "files": [], "source_revision": "abc"}"#;
+        assert_eq!(ManifestKind::of(k3.as_bytes()), ManifestKind::K3Layer);
+        assert_eq!(ManifestKind::of(v4.as_bytes()), ManifestKind::V4Unit);
+        for other in [
+            r#"{"unit": "layer00", "files": [], "source_revision": "abc"}"#,
+            r#"{"unit": "global00", "files": []}"#,
+            r#"{"layer": 0}"#,
+            r#"[{"layer": 0, "nonexpert": {}}]"#,
+            "not json",
+        ] {
+            assert_eq!(
+                ManifestKind::of(other.as_bytes()),
+                ManifestKind::Other,
+                "{other}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_directory_is_recognised_by_its_probe_manifest() {
+        let k3 = r#"{"layer": 0, "nonexpert": {}}"#;
+        assert_eq!(detect(&[(K3_PROBE, k3)]), Layout::K3Published);
+        assert_eq!(detect(&[(V4_PROBE, "{}")]), Layout::V4Published);
+        // minirun's own layer00 manifest is not a K3 layer manifest.
+        assert_eq!(detect(&[(K3_PROBE, r#"{"unit": "layer00"}"#)]), Layout::Own);
+        assert_eq!(detect(&[]), Layout::Own);
+        assert!(!Layout::K3Published.has_own_digests());
+        assert!(Layout::Own.has_own_digests());
+    }
+
+    #[test]
+    fn a_read_error_is_the_callers() {
+        let failing = |_: &str| Err::<Option<Vec<u8>>, _>("unreadable");
+        assert_eq!(Layout::detect(failing), Err("unreadable"));
+    }
+}
