@@ -119,6 +119,41 @@ where
     Ok((temp, value))
 }
 
+/// What [`write_new_with`] found at the target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placed {
+    /// The new file is there, durable.
+    Written,
+    /// Another writer's file was already there and is kept; the new content was dropped.
+    AlreadyThere,
+}
+
+/// [`write_with`] for a file that must be created only once: the rename never replaces a file
+/// already at `path` (`renameat2(RENAME_NOREPLACE)` where the kernel has it). Two writers racing
+/// to make the same file both succeed and both end up reading the one that landed first.
+pub fn write_new_with<E>(
+    path: &Path,
+    options: Options,
+    fill: impl FnOnce(&File) -> Result<(), E>,
+) -> Result<Placed, E>
+where
+    E: From<AtomicWriteError>,
+{
+    let (temp, ()) = filled_temp(path, options, fill)?;
+    temp.as_file()
+        .sync_all()
+        .map_err(AtomicWriteError::at(temp.path()))?;
+    match temp.persist_noclobber(path) {
+        Ok(_) => {}
+        Err(e) if e.error.kind() == io::ErrorKind::AlreadyExists => {
+            return Ok(Placed::AlreadyThere);
+        }
+        Err(e) => return Err(AtomicWriteError::at(path)(e.error).into()),
+    }
+    sync_dir(&parent_dir(path))?;
+    Ok(Placed::Written)
+}
+
 /// [`write_with`] without the fsyncs: the content goes to a temporary file renamed over `path`,
 /// so no reader ever sees it half-written, but it is not durable yet. For the files of a folder
 /// whose completion a later mark commits (a pack's output, refused while it holds its
@@ -345,6 +380,24 @@ mod tests {
             write_bytes(&missing, b"").map_err(Mine::from),
             Err(Mine::Io)
         ));
+    }
+
+    #[test]
+    fn a_new_file_never_replaces_one_already_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("key");
+        let write = |bytes: &'static [u8]| {
+            write_new_with(&path, Options::private(), |mut f| {
+                io::Write::write_all(&mut f, bytes).map_err(AtomicWriteError::at(&path))
+            })
+            .unwrap()
+        };
+        assert_eq!(write(b"first"), Placed::Written);
+        assert_eq!(write(b"second"), Placed::AlreadyThere);
+        assert_eq!(std::fs::read(&path).unwrap(), b"first");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert_eq!(names(dir.path()), ["key"], "no temporary file is left");
     }
 
     #[test]

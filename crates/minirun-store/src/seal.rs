@@ -3,7 +3,6 @@
 //! every artifact folder, owned by the user, mode 0600) can write one that a reader accepts.
 //! Specified in `docs/formats/evidence.md` ("The seal").
 
-use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -169,8 +168,8 @@ fn load(path: &Path) -> Result<SealKey, KeyError> {
     })
 }
 
-/// Writes a new random key beside `path` and moves it into place only if no key is there: two
-/// processes making the first key at once end up sharing one of them.
+/// Writes a new random key and moves it into place only if no key is there: two processes (or
+/// threads) making the first key at once end up sharing one of them.
 fn create(path: &Path) -> Result<(), KeyError> {
     let dir = atomic_file::parent_dir(path);
     std::fs::DirBuilder::new()
@@ -178,49 +177,24 @@ fn create(path: &Path) -> Result<(), KeyError> {
         .mode(0o700)
         .create(&dir)
         .map_err(io_error(&dir))?;
-    // Threads of one process share its id, so the temp name also carries a random nonce: a
-    // second maker must neither collide with the first's temp file nor remove it.
-    let mut random = [0u8; KEY_BYTES + 8];
-    getrandom::fill(&mut random).map_err(|e| KeyError::Io {
+    let mut key = [0u8; KEY_BYTES];
+    getrandom::fill(&mut key).map_err(|e| KeyError::Io {
         path: path.display().to_string(),
         error: std::io::Error::other(format!("no randomness for a key: {e}")),
     })?;
-    let (key, nonce) = random.split_at(KEY_BYTES);
-    let temp = dir.join(format!(
-        ".{KEY_FILE}.{}.{}.tmp",
-        std::process::id(),
-        minirun_format::tile::hex(nonce)
-    ));
-    write_key(&temp, key).map_err(|e| {
-        let _ = std::fs::remove_file(&temp);
-        io_error(&temp)(e)
-    })?;
-    let written = rustix::fs::renameat_with(
-        rustix::fs::CWD,
-        &temp,
-        rustix::fs::CWD,
-        path,
-        rustix::fs::RenameFlags::NOREPLACE,
-    )
-    .map_err(std::io::Error::from);
-    let _ = std::fs::remove_file(&temp);
-    match written {
-        Ok(()) => File::open(&dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io_error(&dir)),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(io_error(path)(e)),
-    }
-}
-
-fn write_key(temp: &Path, key: &[u8]) -> std::io::Result<()> {
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(temp)?;
-    writeln!(file, "{}", minirun_format::tile::hex(key))?;
-    file.sync_all()
+    let written = atomic_file::write_new_with(path, atomic_file::Options::private(), |mut file| {
+        writeln!(file, "{}", minirun_format::tile::hex(&key)).map_err(|source| {
+            atomic_file::AtomicWriteError {
+                path: path.to_path_buf(),
+                source,
+            }
+        })
+    });
+    // Placed::AlreadyThere: another maker's key landed first, and is the one every maker loads.
+    written.map(|_| ()).map_err(|e| KeyError::Io {
+        path: e.path.display().to_string(),
+        error: e.source,
+    })
 }
 
 fn unhex(hex: &str) -> Option<Vec<u8>> {
