@@ -2,7 +2,7 @@
 //! type builds its model ([`Family`]), reachable through one reference whichever it is
 //! ([`AnyArchitecture`]).
 
-use crate::artifact::{Artifact, ArtifactError};
+use crate::artifact::{Artifact, ArtifactError, PublishedReader};
 use crate::config::{ConfigError, ModelConfig};
 use crate::layered_model::{Layered, LayeredModel};
 use crate::model::Model;
@@ -27,6 +27,8 @@ pub struct ArchitectureRow {
     pub summary: &'static str,
     pub parse: fn(&str) -> Result<Box<dyn AnyArchitecture>, ConfigError>,
     pub chat: DefaultChat,
+    /// The reader of the layout its publisher released, where minirun reads one.
+    pub published: Option<&'static PublishedReader>,
 }
 
 /// The config of an architecture with a model: how its type, parsed from `config.json`, builds

@@ -22,8 +22,7 @@ use minirun_store::{
 use crate::read_clock::ReadClock;
 use minirun_kernels::{Activations, BlockScale, FloatType, Format, QMatrix};
 
-mod k3_layout;
-mod v4_layout;
+mod registration;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ArtifactError {
@@ -92,7 +91,7 @@ pub type FileMapper =
 
 /// Where one tensor's bytes are: a whole blob member, or the packed tensor of a tile container
 /// (one tile per leading-dimension slice).
-enum Location {
+pub(crate) enum Location {
     Member {
         file: usize,
         member: Box<Member>,
@@ -393,7 +392,7 @@ impl StackLayout {
     }
 }
 
-fn invalid(path: &str, reason: impl Into<String>) -> ArtifactError {
+pub(crate) fn invalid(path: &str, reason: impl Into<String>) -> ArtifactError {
     ArtifactError::Invalid {
         path: path.to_string(),
         reason: reason.into(),
@@ -466,10 +465,28 @@ fn once<T>(
     Ok(cell.get_or_init(|| value))
 }
 
+/// How an architecture reads a layout its publisher released (`models/<arch>/published_layout.rs`):
+/// it registers every tensor of an artifact in that layout, checked against its own config. The
+/// registry hands every architecture's reader to [`Artifact::open_with`].
+pub struct PublishedReader {
+    pub layout: Layout,
+    pub register: fn(&mut Artifact) -> Result<(), ArtifactError>,
+}
+
 impl Artifact {
-    /// Opens the artifact at `root`: metadata, manifests and every container header are read
-    /// and checked; payload is read when first used.
+    /// Opens an artifact in minirun's own layout at `root`: metadata, manifests and every
+    /// container header are read and checked; payload is read when first used. An artifact in
+    /// a published layout is refused: its architecture reads it ([`Artifact::open_with`]).
     pub fn open(root: &Path, access: Access) -> Result<Artifact, ArtifactError> {
+        Artifact::open_with(root, access, &[])
+    }
+
+    /// [`Artifact::open`], with `readers` for the published layouts.
+    pub fn open_with(
+        root: &Path,
+        access: Access,
+        readers: &[&PublishedReader],
+    ) -> Result<Artifact, ArtifactError> {
         let shown = root.display().to_string();
         let provenance = access.provenance();
         let check_tile_digests = match &access {
@@ -514,10 +531,17 @@ impl Artifact {
                 artifact.add_file(&manifest.unit, entry)?;
             }
         }
-        match layout {
-            Layout::Own => {}
-            Layout::K3Published => artifact.add_k3_published()?,
-            Layout::V4Published => artifact.add_v4_published()?,
+        if layout != Layout::Own {
+            let reader = readers.iter().find(|r| r.layout == layout).ok_or_else(|| {
+                invalid(
+                    &shown,
+                    format!(
+                        "is in {}, which only its architecture reads: open it through the registry (registry::open_artifact)",
+                        layout.describe()
+                    ),
+                )
+            })?;
+            (reader.register)(&mut artifact)?;
         }
         if artifact.payload.is_empty() {
             return Err(ArtifactError::Incomplete(shown, "it has no unit manifests"));
@@ -560,7 +584,12 @@ impl Artifact {
     }
 
     /// `len` bytes at `offset` of payload file `file`, read now.
-    fn read_vec(&self, file: usize, offset: u64, len: u64) -> Result<Vec<u8>, ArtifactError> {
+    pub(crate) fn read_vec(
+        &self,
+        file: usize,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, ArtifactError> {
         Ok(self.read_aligned(file, offset, len)?.as_slice().to_vec())
     }
 
@@ -652,7 +681,12 @@ impl Artifact {
         Ok(())
     }
 
-    fn insert(&mut self, path: &str, name: &str, location: Location) -> Result<(), ArtifactError> {
+    pub(crate) fn insert(
+        &mut self,
+        path: &str,
+        name: &str,
+        location: Location,
+    ) -> Result<(), ArtifactError> {
         if self.tensors.insert(name.to_string(), location).is_some() {
             return Err(invalid(path, format!("holds {name} a second time")));
         }

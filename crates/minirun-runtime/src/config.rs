@@ -184,3 +184,23 @@ pub trait ModelConfig {
     /// One line saying what the model is.
     fn describe(&self) -> String;
 }
+
+/// [`ModelConfig`]'s three limits for a config that keeps them under their `config.json` names
+/// (`vocab_size`, `max_position_embeddings`, `eos_token_ids`): written once here, used inside
+/// each architecture's `impl ModelConfig`.
+macro_rules! limits_from_fields {
+    () => {
+        fn vocab_size(&self) -> usize {
+            self.vocab_size
+        }
+
+        fn max_positions(&self) -> usize {
+            self.max_position_embeddings
+        }
+
+        fn eos_token_ids(&self) -> &[u32] {
+            &self.eos_token_ids
+        }
+    };
+}
+pub(crate) use limits_from_fields;

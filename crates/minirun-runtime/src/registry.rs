@@ -4,7 +4,9 @@
 //! ones.
 
 use crate::architecture::{AnyArchitecture, ArchitectureRow, DefaultChat};
-use crate::artifact::{Artifact, ArtifactError};
+use std::path::Path;
+
+use crate::artifact::{Access, Artifact, ArtifactError, PublishedReader};
 use crate::budget::Budget;
 use crate::config::ConfigError;
 use crate::model::Model;
@@ -19,6 +21,16 @@ pub static ARCHITECTURES: &[&ArchitectureRow] = &[
     &models::deepseek_v4::ROW,
     &models::kimi_k3::ROW,
 ];
+
+/// Opens the artifact at `root` in minirun's own layout or in any published layout an
+/// architecture of this build reads.
+pub fn open_artifact(root: &Path, access: Access) -> Result<Artifact, ArtifactError> {
+    let readers: Vec<&PublishedReader> = ARCHITECTURES
+        .iter()
+        .filter_map(|row| row.published)
+        .collect();
+    Artifact::open_with(root, access, &readers)
+}
 
 /// The architecture an artifact's `config.json` names, read fail-closed.
 pub struct Architecture {

@@ -14,7 +14,7 @@ use crate::generate::{Figures, Sampling, StepRecord, generate};
 use crate::model::Model;
 use crate::model_weights::ModelWeights;
 use crate::plan::{Plan, PlanError};
-use crate::registry::Architecture;
+use crate::registry::{self, Architecture};
 use crate::step::ModelError;
 use minirun_text::{Text, TextError};
 
@@ -111,7 +111,7 @@ impl Session {
                 Err(e) => return Err(SessionError::Evidence(e)),
             },
         };
-        let artifact = Artifact::open(path, access)?;
+        let artifact = registry::open_artifact(path, access)?;
         let architecture = Architecture::parse(&artifact.config_json)?;
         let mut text = Text::open(
             artifact.tokenizer_json.as_deref(),

@@ -320,6 +320,7 @@ fn the_published_layout_runs_with_the_bits_of_minirun_s_own() {
 #[test]
 fn bands_stored_out_of_row_order_read_the_same_tensor() {
     use minirun_runtime::artifact::{Access, Artifact};
+    use minirun_runtime::registry::open_artifact;
     let checkpoint = source();
     let out = tempfile::tempdir().unwrap();
     pack_k3_published(
@@ -332,10 +333,19 @@ fn bands_stored_out_of_row_order_read_the_same_tensor() {
     .unwrap();
     let name = "language_model.model.layers.0.self_attn.q_proj.weight";
     let read = |dir: &Path| {
-        let artifact = Artifact::open(dir, Access::Unverified).unwrap();
+        let artifact = open_artifact(dir, Access::Unverified).unwrap();
         artifact.vector(name, 256 * 128).unwrap()
     };
     let want = read(out.path());
+    // Only the architecture reads its published layout: a plain open says where to go.
+    let refused = Artifact::open(out.path(), Access::Unverified)
+        .err()
+        .unwrap();
+    assert!(
+        refused.to_string().contains("published Kimi K3 layout")
+            && refused.to_string().contains("registry::open_artifact"),
+        "{refused}"
+    );
 
     let manifest_path = out.path().join("layer00/manifest.json");
     let mut manifest: serde_json::Value =

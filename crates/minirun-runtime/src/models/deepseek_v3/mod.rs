@@ -18,4 +18,5 @@ pub static ROW: ArchitectureRow = ArchitectureRow {
     summary: "DeepSeek V3/R1",
     parse: |json| parsed(DeepSeekV3Config::parse, json),
     chat: DefaultChat::FromTokenizer,
+    published: None,
 };

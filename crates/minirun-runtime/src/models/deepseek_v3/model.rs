@@ -9,13 +9,14 @@
 //! Hugging Face / DeepSeek (`kv_b_proj` whole, per-expert tensors).
 
 use crate::artifact::ArtifactError;
+use crate::blocks::embedding::embed_tokens;
 use crate::blocks::latent_attention::{LatentCache, LatentDims, LatentProjections, attend_latent};
 use crate::blocks::mlp::{Activation, Mlp};
 use crate::blocks::moe::{RoutedExperts, Routing, run_routed, weighted_sum};
 use crate::blocks::norm::rms_norm;
 use crate::blocks::products::{add_rows, apply_batch};
 use crate::blocks::rope::{Rope, attention_scale};
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, limits_from_fields};
 use crate::decode_policy::{Place, Rows, SequenceCache};
 use crate::experts::STACKED;
 use crate::layered_model::{Layered, LayeredModel};
@@ -212,17 +213,7 @@ impl Shape for DeepSeekV3Config {
 }
 
 impl ModelConfig for DeepSeekV3Config {
-    fn vocab_size(&self) -> usize {
-        self.vocab_size
-    }
-
-    fn max_positions(&self) -> usize {
-        self.max_position_embeddings
-    }
-
-    fn eos_token_ids(&self) -> &[u32] {
-        &self.eos_token_ids
-    }
+    limits_from_fields!();
 
     fn describe(&self) -> String {
         format!(
@@ -270,14 +261,7 @@ impl<'a> Layered<'a> for DeepSeekV3Model<'a> {
     }
 
     fn embed(&self, tokens: &[u32], stats: &mut StepStats) -> Result<Vec<Vec<f32>>, ModelError> {
-        let mut hs = Vec::with_capacity(tokens.len());
-        for &token in tokens {
-            let mut h = vec![0f32; self.config.hidden_size];
-            self.embed.dequantize_row(token as usize, &mut h)?;
-            stats.weight_bytes += (self.embed.stored_bytes() / self.embed.rows()) as u64;
-            hs.push(h);
-        }
-        Ok(hs)
+        Ok(embed_tokens(&self.embed, tokens, stats)?)
     }
 
     fn run_layer(

@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod model;
+pub mod published_layout;
 
 pub use config::DeepSeekV4Config;
 pub use model::{DeepSeekV4, DeepSeekV4Model};
@@ -18,4 +19,5 @@ pub static ROW: ArchitectureRow = ArchitectureRow {
     summary: "DeepSeek V4",
     parse: |json| parsed(DeepSeekV4Config::parse, json),
     chat: DefaultChat::DeepSeekV4,
+    published: Some(&published_layout::READER),
 };

@@ -24,12 +24,13 @@
 //! the lower index.
 
 use crate::artifact::ArtifactError;
+use crate::blocks::embedding::embed_tokens;
 use crate::blocks::mlp::{Activation, Mlp};
 use crate::blocks::moe::{RoutedExperts, run_routed, weighted_sum};
 use crate::blocks::norm::{rms_norm, sigmoid};
 use crate::blocks::products::{add_rows, apply_batch, top_k};
 use crate::blocks::rope::Rope;
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, limits_from_fields};
 use crate::decode_policy::{LayerState, Place, SequenceCache};
 use crate::experts::W1_W3_W2;
 use crate::layered_model::{Layered, LayeredModel};
@@ -307,17 +308,7 @@ impl Shape for DeepSeekV4Config {
 }
 
 impl ModelConfig for DeepSeekV4Config {
-    fn vocab_size(&self) -> usize {
-        self.vocab_size
-    }
-
-    fn max_positions(&self) -> usize {
-        self.max_position_embeddings
-    }
-
-    fn eos_token_ids(&self) -> &[u32] {
-        &self.eos_token_ids
-    }
+    limits_from_fields!();
 
     fn describe(&self) -> String {
         let count = |f: fn(&Attention) -> bool| self.attention.iter().filter(|a| f(a)).count();
@@ -402,15 +393,9 @@ impl<'a> Layered<'a> for DeepSeekV4Model<'a> {
     }
 
     fn embed(&self, tokens: &[u32], stats: &mut StepStats) -> Result<Vec<Vec<f32>>, ModelError> {
-        let (n, hidden) = (self.config.hc_mult, self.config.hidden_size);
-        let mut streams = Vec::with_capacity(tokens.len());
-        for &token in tokens {
-            let mut h = vec![0f32; hidden];
-            self.embed.dequantize_row(token as usize, &mut h)?;
-            stats.weight_bytes += (self.embed.stored_bytes() / self.embed.rows()) as u64;
-            streams.push(h.repeat(n));
-        }
-        Ok(streams)
+        let n = self.config.hc_mult;
+        let rows = embed_tokens(&self.embed, tokens, stats)?;
+        Ok(rows.into_iter().map(|h| h.repeat(n)).collect())
     }
 
     fn run_layer(

@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod model;
+pub mod published_layout;
 
 pub use config::KimiK3Config;
 pub use model::{KimiK3, KimiK3Model};
@@ -18,4 +19,5 @@ pub static ROW: ArchitectureRow = ArchitectureRow {
     summary: "Kimi K3",
     parse: |json| parsed(KimiK3Config::parse, json),
     chat: DefaultChat::FromTokenizer,
+    published: Some(&published_layout::READER),
 };

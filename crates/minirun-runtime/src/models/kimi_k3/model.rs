@@ -13,12 +13,13 @@
 //! it) at every position, mlx-lm's decode path.
 
 use crate::artifact::ArtifactError;
+use crate::blocks::embedding::embed_tokens;
 use crate::blocks::latent_attention::{LatentCache, LatentDims, LatentProjections, attend_latent};
 use crate::blocks::mlp::{Activation, Mlp};
 use crate::blocks::moe::{RoutedExperts, Routing, run_routed, weighted_sum};
 use crate::blocks::norm::{rms_norm, sigmoid, silu};
 use crate::blocks::products::{add_rows, apply_batch};
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, limits_from_fields};
 use crate::decode_policy::{LayerState, Place, SequenceCache};
 use crate::experts::{STACKED, W1_W3_W2};
 use crate::layered_model::{Layered, LayeredModel};
@@ -500,17 +501,7 @@ impl Shape for KimiK3Config {
 }
 
 impl ModelConfig for KimiK3Config {
-    fn vocab_size(&self) -> usize {
-        self.vocab_size
-    }
-
-    fn max_positions(&self) -> usize {
-        self.max_position_embeddings
-    }
-
-    fn eos_token_ids(&self) -> &[u32] {
-        &self.eos_token_ids
-    }
+    limits_from_fields!();
 
     fn describe(&self) -> String {
         format!(
@@ -585,13 +576,7 @@ impl<'a> Layered<'a> for KimiK3Model<'a> {
 
     fn embed(&self, tokens: &[u32], stats: &mut StepStats) -> Result<Hidden, ModelError> {
         let c = &self.config;
-        let mut partials = Vec::with_capacity(tokens.len());
-        for &token in tokens {
-            let mut h = vec![0f32; c.hidden_size];
-            self.embed.dequantize_row(token as usize, &mut h)?;
-            stats.weight_bytes += (self.embed.stored_bytes() / self.embed.rows()) as u64;
-            partials.push(h);
-        }
+        let partials = embed_tokens(&self.embed, tokens, stats)?;
         let blocks: Vec<Blocks> = (0..tokens.len())
             .map(|_| Blocks {
                 closed: Vec::new(),

@@ -8,12 +8,13 @@ use std::sync::OnceLock;
 use minirun_format::artifact::k3_published::{
     BandDtype, EXPERT_PROJECTIONS, K3Experts, K3LayerManifest, check_globals,
 };
-use minirun_format::artifact::{Member, SourceRef};
+use minirun_format::artifact::{Layout, Member, SourceRef};
 use minirun_format::tile::{HEADER_BYTES, QuantMode, RawHeader, TileContainer};
 
-use super::{Artifact, ArtifactError, Location, PartLayout, PayloadEntry, invalid, read_metadata};
-use crate::models::kimi_k3::config::KimiK3Config;
 use minirun_kernels::{FloatType, Format};
+
+use super::config::KimiK3Config;
+use crate::artifact::{Artifact, ArtifactError, Location, PartLayout, PublishedReader, invalid};
 
 fn member(
     name: &str,
@@ -38,52 +39,20 @@ fn member(
     }
 }
 
+/// How the registry opens an artifact in this layout.
+pub static READER: PublishedReader = PublishedReader {
+    layout: Layout::K3Published,
+    register: Artifact::add_k3_published,
+};
+
 impl Artifact {
-    /// A payload file the artifact's manifests do not list with a length: opened now, its
-    /// length taken from the open file.
-    fn add_unlisted_file(&mut self, path: &str) -> Result<usize, ArtifactError> {
-        let handle = self.files.open_streamed(path)?;
-        let file = self.payload.len();
-        self.payload.push(PayloadEntry {
-            path: path.to_string(),
-            bytes: handle.len(),
-            container: None,
-            handle: OnceLock::new(),
-            resident: OnceLock::new(),
-        });
-        let _ = self.payload[file].handle.set(handle);
-        Ok(file)
-    }
-
-    pub(super) fn add_listed_file(&mut self, path: &str, bytes: u64) -> usize {
-        self.payload.push(PayloadEntry {
-            path: path.to_string(),
-            bytes,
-            container: None,
-            handle: OnceLock::new(),
-            resident: OnceLock::new(),
-        });
-        self.payload.len() - 1
-    }
-
-    pub(super) fn add_member(&mut self, file: usize, m: Member) -> Result<(), ArtifactError> {
-        let path = self.payload[file].path.clone();
-        let name = m.source.source_tensor.clone();
-        let location = Location::Member {
-            file,
-            member: Box::new(m),
-            resident: OnceLock::new(),
-        };
-        self.insert(&path, &name, location)
-    }
-
     /// Registers every tensor of the published layout. The configuration is read first: the
     /// globals are checked against its sizes and the expert containers against its expert
     /// count and widths.
-    pub(super) fn add_k3_published(&mut self) -> Result<(), ArtifactError> {
+    fn add_k3_published(&mut self) -> Result<(), ArtifactError> {
         let c = KimiK3Config::parse(&self.config_json)
             .map_err(|e| invalid("config.json", e.to_string()))?;
-        let first = read_metadata(&self.files, "layer00/manifest.json")?.unwrap_or_default();
+        let first = self.metadata("layer00/manifest.json")?.unwrap_or_default();
         let layer0 = K3LayerManifest::parse(&first, "layer00/manifest.json", 0)
             .map_err(|e| invalid("layer00/manifest.json", e.to_string()))?;
         let root = match layer0.nonexpert.units.first() {
@@ -107,7 +76,7 @@ impl Artifact {
         ] {
             files.push(self.add_unlisted_file(name)?);
         }
-        let len = |f: usize| self.payload[f].bytes;
+        let len = |f: usize| self.file_bytes(f);
         let offsets = check_globals(vocab, hidden, len(files[0]), len(files[1]), len(files[2]))
             .map_err(|e| invalid("global", e.to_string()))?;
         let dense = vec![vocab as usize, hidden as usize];
@@ -160,7 +129,7 @@ impl Artifact {
     ) -> Result<(), ArtifactError> {
         let unit = format!("layer{layer:02}");
         let manifest_path = format!("{unit}/manifest.json");
-        let bytes = read_metadata(&self.files, &manifest_path)?.ok_or_else(|| {
+        let bytes = self.metadata(&manifest_path)?.ok_or_else(|| {
             invalid(
                 &manifest_path,
                 "is missing: the published layout has one per layer",
@@ -228,7 +197,7 @@ impl Artifact {
         for projection in EXPERT_PROJECTIONS {
             let path = format!("{unit}/{unit}-{projection}.mxfp4tile");
             let file = self.add_unlisted_file(&path)?;
-            let len = self.payload[file].bytes;
+            let len = self.file_bytes(file);
             if len < HEADER_BYTES {
                 return Err(invalid(&path, "is shorter than a header"));
             }
@@ -272,7 +241,7 @@ impl Artifact {
                 "w2" => (experts.latent, experts.intermediate),
                 _ => (experts.intermediate, experts.latent),
             };
-            self.payload[file].container = Some(Box::new(container));
+            self.set_container(file, container);
             for e in 0..experts.experts {
                 let range = experts
                     .byte_range(projection, e, l.tile_stride)

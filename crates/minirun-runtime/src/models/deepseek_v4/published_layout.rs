@@ -7,20 +7,26 @@
 use minirun_format::artifact::v4_published::{
     ContainerEntry, EXPERT_PROJECTIONS, UnitKind, V4File, V4UnitManifest,
 };
-use minirun_format::artifact::{Member, SourceRef};
+use minirun_format::artifact::{Layout, Member, SourceRef};
 use minirun_format::index::ArtifactIndex;
 use minirun_format::tile::{HEADER_BYTES, QuantMode, TileContainer};
 
-use super::{Artifact, ArtifactError, Location, invalid, read_metadata};
-use crate::models::deepseek_v4::config::DeepSeekV4Config;
+use super::config::DeepSeekV4Config;
+use crate::artifact::{Artifact, ArtifactError, Location, PublishedReader, invalid};
+
+/// How the registry opens an artifact in this layout.
+pub static READER: PublishedReader = PublishedReader {
+    layout: Layout::V4Published,
+    register: Artifact::add_v4_published,
+};
 
 impl Artifact {
     /// Registers every tensor the run reads, after checking each unit's manifest against the
     /// index and each container's header against its manifest entry.
-    pub(super) fn add_v4_published(&mut self) -> Result<(), ArtifactError> {
+    fn add_v4_published(&mut self) -> Result<(), ArtifactError> {
         let c = DeepSeekV4Config::parse(&self.config_json)
             .map_err(|e| invalid("config.json", e.to_string()))?;
-        let bytes = read_metadata(&self.files, "index.json")?.ok_or_else(|| {
+        let bytes = self.metadata("index.json")?.ok_or_else(|| {
             invalid(
                 "index.json",
                 "is missing: the published V4 layout lists its units there",
@@ -55,7 +61,8 @@ impl Artifact {
                 }
             }
             let path = format!("{unit}/manifest.json");
-            let bytes = read_metadata(&self.files, &path)?
+            let bytes = self
+                .metadata(&path)?
                 .ok_or_else(|| invalid(&path, "is missing: index.json lists the unit"))?;
             let manifest =
                 V4UnitManifest::parse(&bytes, &unit).map_err(|e| invalid(&path, e.to_string()))?;
@@ -146,7 +153,7 @@ impl Artifact {
                     self.open_v4_container(file, &path, c)?;
                     match (&c.source_tensor, layer) {
                         (Some(name), _) => {
-                            let g = self.payload[file].container.as_ref().map(|c| c.geometry);
+                            let g = self.container(file).map(|c| c.geometry);
                             if g.is_none_or(|g| (g.scale_block_rows, g.group_size) != (128, 128)) {
                                 return Err(invalid(
                                     &path,
@@ -204,7 +211,7 @@ impl Artifact {
                 ),
             ));
         }
-        self.payload[file].container = Some(Box::new(container));
+        self.set_container(file, container);
         Ok(())
     }
 
