@@ -101,7 +101,7 @@ fn storage(args: &StorageArgs) -> Result<ExitCode> {
     }
     let buffers = args.buffers as usize;
     let memory = (8 * u64::from(args.buffers)).saturating_mul(read_size);
-    if let Some(available) = crate::run_cmd::available_memory()
+    if let Some(available) = minirun_runtime::budget::available_memory()
         && memory > available / 2
     {
         bail!(

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use minirun_kernels::Activations;
-use minirun_runtime::budget::{Budget, human};
+use minirun_runtime::budget::{Budget, available_memory, human};
 use minirun_runtime::decoder::Decoder;
 use minirun_runtime::generate::{Figures, Sampling, StepRecord, StopReason};
 use minirun_runtime::plan::{Mode, Plan};
@@ -84,14 +84,6 @@ pub struct RunArgs {
     json: bool,
 }
 
-/// `MemAvailable` from /proc/meminfo, in bytes; `None` where the system does not say.
-pub(crate) fn available_memory() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
-}
-
 /// The plan, refusing a default (generous) plan larger than the available memory.
 fn plan(
     session: &Session,
@@ -103,29 +95,16 @@ fn plan(
 }
 
 /// The plan for `budget` (generous when not given, refused if that is more than the memory
-/// available) and a cache of `context_tokens`.
+/// available: `Session::plan_within`) and a cache of `context_tokens`.
 pub(crate) fn planned_within_memory(
     session: &Session,
     budget: Option<Budget>,
     context_tokens: usize,
     reads_in_flight: u16,
 ) -> Result<(Plan, minirun_runtime::model_weights::ModelWeights)> {
-    let (mut plan, experts) = session.plan(budget.unwrap_or(Budget::Generous), context_tokens)?;
+    let (mut plan, weights) = session.plan_within(budget, context_tokens, available_memory())?;
     plan.reads_in_flight = usize::from(reads_in_flight);
-    if budget.is_none()
-        && let Some(available) = available_memory()
-        && plan.budget > available
-    {
-        bail!(
-            "holding {} resident needs {} and {} is available: give --budget (e.g. --budget {} or --budget floor, at least {}) to stream what does not fit",
-            session.path.display(),
-            human(plan.budget),
-            human(available),
-            human(available / 2),
-            human(plan.floor)
-        );
-    }
-    Ok((plan, experts))
+    Ok((plan, weights))
 }
 
 /// One line, rewritten in place, while a streamed run decodes on a terminal.

@@ -8,7 +8,7 @@ use minirun_store::{HeldEvidence, SealKey, StoreError};
 
 use crate::architecture::DefaultChat;
 use crate::artifact::{Access, Artifact, ArtifactError};
-use crate::budget::Budget;
+use crate::budget::{Budget, human};
 use crate::config::ConfigError;
 use crate::generate::{Figures, Sampling, StepRecord, generate};
 use crate::model::Model;
@@ -45,6 +45,16 @@ pub enum SessionError {
     Model(#[from] ModelError),
     #[error(transparent)]
     Plan(#[from] PlanError),
+    #[error(
+        "holding {path} resident needs {} and {} is available: give --budget (e.g. --budget {} or --budget floor, at least {}) to stream what does not fit",
+        human(*needs), human(*available), human(available / 2), human(*floor)
+    )]
+    ExceedsMemory {
+        path: String,
+        needs: u64,
+        available: u64,
+        floor: u64,
+    },
 }
 
 /// The evidence mode of a spot check (`minirun verify --spot-check`), which never authorizes a
@@ -193,6 +203,30 @@ impl Session {
         let plan = self
             .architecture
             .plan(&self.artifact, &weights, budget, context_tokens)?;
+        Ok((plan, weights))
+    }
+
+    /// The plan for the budget the user gave, or, when they gave none, for everything
+    /// resident: refused when that needs more than `available` bytes (the memory free now,
+    /// [`crate::budget::available_memory`]; `None` where the system does not say), rather than
+    /// left to swap or to the kernel's out-of-memory killer. A budget the user gave is theirs.
+    pub fn plan_within(
+        &self,
+        budget: Option<Budget>,
+        context_tokens: usize,
+        available: Option<u64>,
+    ) -> Result<(Plan, ModelWeights), SessionError> {
+        let (plan, weights) = self.plan(budget.unwrap_or(Budget::Generous), context_tokens)?;
+        if let (None, Some(available)) = (budget, available)
+            && plan.budget > available
+        {
+            return Err(SessionError::ExceedsMemory {
+                path: self.path.display().to_string(),
+                needs: plan.budget,
+                available,
+                floor: plan.floor,
+            });
+        }
         Ok((plan, weights))
     }
 

@@ -79,6 +79,33 @@ fn a_session_without_evidence_is_refused_unless_unverified() {
     assert!(session.header().iter().any(|l| l.contains("--unverified")));
 }
 
+/// With no --budget, a plan holding everything is refused when it needs more than the memory
+/// available, naming the floor; a budget the user gave, or a system that does not say, is not.
+#[test]
+fn a_default_plan_larger_than_the_memory_available_is_refused() {
+    use minirun_runtime::budget::Budget;
+    let dir = packed();
+    let session = Session::open(dir.path(), Trust::Unverified).unwrap();
+    let (everything, _) = session.plan(Budget::Generous, 16).unwrap();
+    let short = everything.budget - 1;
+    let err = session.plan_within(None, 16, Some(short)).unwrap_err();
+    assert!(
+        matches!(err, SessionError::ExceedsMemory { needs, available, floor, .. }
+            if needs == everything.budget && available == short && floor == everything.floor),
+        "{err}"
+    );
+    assert!(err.to_string().contains("--budget floor"), "{err}");
+    let (fits, _) = session
+        .plan_within(None, 16, Some(everything.budget))
+        .unwrap();
+    assert_eq!(fits.budget, everything.budget);
+    assert!(session.plan_within(None, 16, None).is_ok());
+    let (floor, _) = session
+        .plan_within(Some(Budget::Floor), 16, Some(1))
+        .unwrap();
+    assert_eq!(floor.budget, everything.floor);
+}
+
 #[test]
 fn a_verified_session_generates_mlx_lms_greedy_continuation_and_streams_its_text() {
     let dir = packed();
