@@ -108,6 +108,15 @@ pub fn peak_rss() -> Option<u64> {
     kib.checked_mul(1024)
 }
 
+/// The memory the system says a new allocation can have without swapping (`MemAvailable` of
+/// `/proc/meminfo`), in bytes; `None` where the system does not say.
+pub fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,13 +147,4 @@ mod tests {
         assert_eq!(human(512), "512 B");
         assert_eq!(human(3 << 29), "1.50 GiB");
     }
-}
-
-/// The memory the system says a new allocation can have without swapping (`MemAvailable` of
-/// `/proc/meminfo`), in bytes; `None` where the system does not say.
-pub fn available_memory() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
 }
