@@ -13,7 +13,6 @@ mod serve_requests;
 mod synth;
 mod threads;
 mod timed_passes;
-mod upstream_config;
 mod verify_cmd;
 
 use std::process::ExitCode;

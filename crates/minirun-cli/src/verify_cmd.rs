@@ -10,6 +10,8 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use minirun_format::tree::Tree;
 use minirun_hub::Hub;
+use minirun_hub::upstream::{self, Lookup};
+use minirun_store::SourcedFile;
 use minirun_store::{Authority, Selection};
 
 #[derive(Args)]
@@ -60,15 +62,7 @@ pub fn run(args: &VerifyArgs) -> Result<ExitCode> {
         ),
     };
     let sourced = match authority {
-        Authority::Publication => crate::upstream_config::sourced_config(
-            &args.dir,
-            &tree,
-            crate::upstream_config::Lookup {
-                source_tree: args.source_tree.as_deref(),
-                offline: args.tree.is_some(),
-                endpoint: args.endpoint.as_deref(),
-            },
-        )?,
+        Authority::Publication => from_upstream(args, &tree)?,
         Authority::OwnManifests if args.source_tree.is_some() => bail!(
             "--source-tree verifies a file the publication lacks against its upstream: give it with --repo and --revision"
         ),
@@ -157,10 +151,36 @@ fn published_tree(args: &VerifyArgs, repo: &str, revision: &str) -> Result<Tree>
             if !minirun_format::identity::is_pinned_revision(revision) {
                 bail!("{revision:?} is not a pinned revision (40 lowercase hex digits)");
             }
-            crate::upstream_config::read_listing(path, repo, revision)?
+            upstream::read_listing(path, repo, revision)?
         }
         None => Hub::from_env(args.endpoint.as_deref())?
             .tree(repo, revision)
             .with_context(|| format!("cannot list {repo}@{revision}"))?,
     })
+}
+
+/// The files the publication lacks and a run needs, from the upstream its index.json names
+/// (fetched where missing), saying what was fetched and what the upstream lacks too.
+fn from_upstream(args: &VerifyArgs, tree: &Tree) -> Result<Vec<SourcedFile>> {
+    let lookup = Lookup {
+        source_tree: args.source_tree.as_deref(),
+        offline: args.tree.is_some(),
+        endpoint: args.endpoint.as_deref(),
+    };
+    let sourced = upstream::sourced_files(&args.dir, tree, lookup)?;
+    let Some(origin) = &sourced.origin else {
+        return Ok(sourced.files);
+    };
+    let upstream = format!("{}@{}", origin.repo, origin.revision);
+    for name in &sourced.absent_upstream {
+        eprintln!(
+            "warning: neither the publication nor its upstream {upstream} holds {name}: `minirun run` refuses an artifact without what it needs"
+        );
+    }
+    for name in &sourced.fetched {
+        eprintln!(
+            "fetched {name} from {upstream} (the upstream the publication's index.json names)"
+        );
+    }
+    Ok(sourced.files)
 }

@@ -7,10 +7,14 @@
 //! redirects and pagination links to another origin are refused. File content may come from a
 //! CDN after a redirect (the Hub serves LFS files that way); the token is never sent there, and
 //! the content is trusted only after its digest matches the tree's.
+//!
+//! [`upstream`] takes from a publication's named upstream the root files it lacks and a run
+//! needs (its `config.json`, its tokenizer), verified against the upstream's tree.
 
 mod client;
 mod download;
 mod error;
+pub mod upstream;
 
 pub use client::{CatalogEntry, Hub};
 pub use download::{DownloadOptions, DownloadReport};
