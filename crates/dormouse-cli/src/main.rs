@@ -3,7 +3,6 @@
 //! This file is glue: the process-wide setup (allocator, kernel threads) and the dispatch.
 //! Each subcommand's flags and work live in its own module, `<name>_cmd.rs`.
 
-mod baselines;
 mod completions;
 mod export_cmd;
 mod generate_cmd;

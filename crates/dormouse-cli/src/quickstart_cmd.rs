@@ -88,7 +88,7 @@ fn run(args: Args) -> Result<()> {
         cfg.to_toml().as_bytes(),
     )?;
     let bpb = bits_per_byte(&trainer.model, None, corpus.held_out(), settings.seq)?;
-    let baselines = crate::baselines::measure(corpus.held_out())?;
+    let baselines = dormouse::baselines::measure(corpus.held_out())?;
     println!(
         "    held-out bits per byte {bpb:.3} (an untrained model: 8; on the same bytes gzip -9 {:.3}, xz -9 {:.3})\n    run saved to {} (+ latest.config.toml)",
         baselines.gzip_9,

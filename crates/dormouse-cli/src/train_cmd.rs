@@ -1,7 +1,6 @@
 //! `dormouse train`: train a dormouse model and keep the run in a checkpoint.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -9,14 +8,13 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use candle_core::Device;
 use dormouse::DormouseConfig;
+use dormouse::baselines;
 use dormouse::data::Corpus;
 use dormouse::engram::sidecar;
 use dormouse::run_policy::{self, EngramFlags, SettingsOverrides};
-use dormouse::train::{RunError, Trainer, bits_per_byte};
+use dormouse::train::{RunError, Trainer};
+use dormouse::training_run::{self, RunEvent, Schedule, TrainLog};
 use indicatif::{ProgressBar, ProgressStyle};
-use serde_json::json;
-
-use crate::baselines;
 
 #[derive(clap::Args)]
 #[command(
@@ -160,14 +158,10 @@ fn run(args: Args, started: Instant) -> Result<()> {
     };
     let corpus = Corpus::new(bytes, s.eval_bytes, s.seq).context("cannot train on this corpus")?;
     let mut log = match &args.log {
-        Some(path) => Some(
-            OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .with_context(|| format!("cannot open {}", path.display()))?,
-        ),
-        None => None,
+        Some(path) => {
+            TrainLog::append_to(path).with_context(|| format!("cannot open {}", path.display()))?
+        }
+        None => TrainLog::none(),
     };
     let params: usize = trainer
         .varmap
@@ -199,7 +193,7 @@ fn run(args: Args, started: Instant) -> Result<()> {
     eprintln!(
         "ready to train {ready:.2} s after start (config, model, checkpoint and corpus loaded)"
     );
-    log_line(&mut log, json!({ "startup_s": ready }))?;
+    log.startup(ready)?;
     report_baselines(&corpus, &mut log)?;
     train_loop(&mut trainer, &corpus, &args, &bin, &mut log)
 }
@@ -252,44 +246,13 @@ fn resume(args: &Args, bin: &Path, snapshot: &Path, device: &Device) -> Result<T
     Ok(trainer)
 }
 
-fn log_line(log: &mut Option<File>, value: serde_json::Value) -> Result<()> {
-    if let Some(file) = log {
-        writeln!(file, "{value}")?;
-    }
-    Ok(())
-}
-
-fn report_baselines(corpus: &Corpus, log: &mut Option<File>) -> Result<()> {
+fn report_baselines(corpus: &Corpus, log: &mut TrainLog) -> Result<()> {
     let b = baselines::measure(corpus.held_out())?;
     eprintln!(
         "held-out baselines (bits per byte; a trained model must beat them): gzip -9 {:.3}, xz -9 {:.3}, zstd -19 {:.3}, order-0 entropy {:.3}",
         b.gzip_9, b.xz_9, b.zstd_19, b.order0_entropy
     );
-    log_line(log, json!({ "baselines": b }))
-}
-
-fn evaluate(
-    trainer: &Trainer,
-    corpus: &Corpus,
-    log: &mut Option<File>,
-    bar: &ProgressBar,
-) -> Result<()> {
-    let seq = trainer.settings.seq;
-    // The teacher averages the model's parameters; an --engram-ram run's host rows have no
-    // average of their own, so the teacher reads the current ones.
-    let host = trainer.host.as_ref();
-    let model = bits_per_byte(&trainer.model, host, corpus.held_out(), seq)?;
-    let teacher = bits_per_byte(&trainer.teacher()?, host, corpus.held_out(), seq)?;
-    bar.suspend(|| {
-        eprintln!(
-            "step {}: held-out bits per byte {model:.4} (EMA teacher {teacher:.4})",
-            trainer.step
-        )
-    });
-    log_line(
-        log,
-        json!({ "eval": { "step": trainer.step, "bpb": model, "ema_bpb": teacher } }),
-    )
+    Ok(log.baselines(&b)?)
 }
 
 fn train_loop(
@@ -297,55 +260,48 @@ fn train_loop(
     corpus: &Corpus,
     args: &Args,
     bin: &Path,
-    log: &mut Option<File>,
+    log: &mut TrainLog,
 ) -> Result<()> {
-    let s = trainer.settings.clone();
-    let bar = ProgressBar::new(s.steps).with_style(
+    let bar = ProgressBar::new(trainer.settings.steps).with_style(
         ProgressStyle::with_template("{bar:30} step {pos}/{len} {msg} ETA {eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     bar.set_position(trainer.step);
-    let started = Instant::now();
-    let first = trainer.step;
-    while trainer.step < s.steps {
-        let entry = match trainer.train_step(corpus) {
-            Ok(entry) => entry,
-            Err(RunError::Diverged { step, loss }) => {
-                bar.abandon();
-                bail!(
-                    "the loss became {loss} at step {step}; the last good checkpoint ({}) is kept",
-                    bin.display()
-                );
-            }
-            Err(e) => return Err(e.into()),
-        };
-        let tokens = (trainer.step - first) as f64 * (s.batch * s.seq) as f64;
-        let rate = tokens / started.elapsed().as_secs_f64().max(1e-9);
-        bar.set_message(format!(
-            "loss {:.4} lr {:.2e} {rate:.0} tok/s",
-            entry.loss, entry.lr
-        ));
-        bar.set_position(trainer.step);
-        log_line(
-            log,
-            json!({ "step": entry.step, "loss": entry.loss, "lr": entry.lr, "grad_norm": entry.grad_norm, "tokens_per_s": rate }),
-        )?;
-        if args.eval_every > 0
-            && trainer.step.is_multiple_of(args.eval_every)
-            && trainer.step < s.steps
-        {
-            evaluate(trainer, corpus, log, &bar)?;
+    let schedule = Schedule {
+        eval_every: args.eval_every,
+        save_every: args.save_every,
+    };
+    let ran = training_run::run_to_end(trainer, corpus, schedule, bin, log, |event| match event {
+        RunEvent::Step {
+            entry,
+            done,
+            tokens_per_s,
+        } => {
+            bar.set_message(format!(
+                "loss {:.4} lr {:.2e} {tokens_per_s:.0} tok/s",
+                entry.loss, entry.lr
+            ));
+            bar.set_position(done);
         }
-        if args.save_every > 0
-            && trainer.step.is_multiple_of(args.save_every)
-            && trainer.step < s.steps
-        {
-            trainer.save(bin)?;
+        RunEvent::Evaluated(e) => bar.suspend(|| {
+            eprintln!(
+                "step {}: held-out bits per byte {:.4} (EMA teacher {:.4})",
+                e.step, e.bpb, e.ema_bpb
+            )
+        }),
+        RunEvent::Saved { .. } => {}
+    });
+    match ran {
+        Err(RunError::Diverged { step, loss }) => {
+            bar.abandon();
+            bail!(
+                "the loss became {loss} at step {step}; the last good checkpoint ({}) is kept",
+                bin.display()
+            );
         }
+        other => other?,
     }
     bar.finish_and_clear();
-    evaluate(trainer, corpus, log, &bar)?;
-    trainer.save(bin)?;
     if trainer.host.is_some() {
         eprintln!(
             "saved step {} to {} and its host-RAM memory to {}; resume it with `dormouse train --resume`. \

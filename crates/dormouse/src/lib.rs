@@ -20,11 +20,14 @@
 //! - [`init`]: a model with every parameter drawn from a seed;
 //! - [`optim`]: AdamW, the host memory's sparse Adam, gradient clipping;
 //! - [`train`]: the training loop's parts and a resumable run;
+//! - [`training_run`]: a run to its last step, with its evaluations, saves and JSONL log;
+//! - [`baselines`]: what a trained model must beat (gzip, xz, zstd, order-0 entropy);
 //! - [`run_policy`]: what may start a run and what may change when it resumes;
 //! - [`checkpoint`]: the training checkpoint container (`DMTRAIN`), read section by section;
 //! - [`weights`]: named tensors to and from safetensors, checked against the model's shapes;
 //! - [`export`]: a run to one `.dmexp` file (`dormouse export run`).
 
+pub mod baselines;
 pub mod batch;
 pub mod checkpoint;
 pub mod config;
@@ -43,6 +46,7 @@ pub mod serving;
 mod step_attention;
 pub mod tensor_shapes;
 pub mod train;
+pub mod training_run;
 pub mod weights;
 
 pub use config::{ConfigError, ConfigReadError, DormouseConfig};

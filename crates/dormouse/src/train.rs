@@ -179,6 +179,8 @@ pub enum RunError {
         "the loss became {loss} at step {step}: the run diverged; the last good checkpoint is kept"
     )]
     Diverged { step: u64, loss: f64 },
+    #[error("cannot write the training log: {0}")]
+    Log(std::io::Error),
 }
 
 /// The trainer section of a checkpoint.

@@ -167,3 +167,63 @@ fn a_corpus_too_short_for_a_window_and_the_held_out_tail_is_refused() {
     let ok = Corpus::new(vec![b'a'; 200], 100, 32).unwrap();
     assert_eq!((ok.train().len(), ok.held_out().len()), (100, 100));
 }
+
+/// A run to its end evaluates every `eval_every` steps and once at the end, saves as often and
+/// at the end, and writes one JSONL line per step and per evaluation (the log's documented
+/// keys).
+#[test]
+fn a_run_to_its_end_evaluates_saves_and_logs_as_scheduled() {
+    use dormouse::training_run::{RunEvent, Schedule, TrainLog, run_to_end};
+    let dir = tempfile::tempdir().unwrap();
+    let (bin, log_path) = (dir.path().join("run.bin"), dir.path().join("run.jsonl"));
+    let cfg = DormouseConfig::preset("nano").unwrap();
+    let s = settings(5);
+    let corpus = Corpus::new(corpus_text(), s.eval_bytes, s.seq).unwrap();
+    let mut run = Trainer::new(&cfg, s, &Device::Cpu).unwrap();
+    let mut log = TrainLog::append_to(&log_path).unwrap();
+    let schedule = Schedule {
+        eval_every: 2,
+        save_every: 3,
+    };
+    let mut heard = Vec::new();
+    run_to_end(&mut run, &corpus, schedule, &bin, &mut log, |event| {
+        heard.push(match event {
+            RunEvent::Step { entry, done, .. } => {
+                assert_eq!(done, entry.step + 1);
+                format!("step {}", entry.step)
+            }
+            RunEvent::Evaluated(e) => format!("eval {}", e.step),
+            RunEvent::Saved { step } => format!("saved {step}"),
+        })
+    })
+    .unwrap();
+    assert_eq!(
+        heard,
+        [
+            "step 0", "step 1", "eval 2", "step 2", "saved 3", "step 3", "eval 4", "step 4",
+            "eval 5", "saved 5"
+        ]
+    );
+    assert!(bin.is_file());
+    drop(log);
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log_path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 5 + 3);
+    let steps: Vec<&serde_json::Value> = lines.iter().filter(|l| l.get("step").is_some()).collect();
+    assert_eq!(steps.len(), 5);
+    for key in ["loss", "lr", "grad_norm", "tokens_per_s"] {
+        assert!(steps.iter().all(|l| l[key].is_f64()), "{key}: {steps:?}");
+    }
+    let evals: Vec<u64> = lines
+        .iter()
+        .filter_map(|l| l.get("eval"))
+        .map(|e| {
+            assert!(e["bpb"].as_f64().unwrap() > 0.0 && e["ema_bpb"].as_f64().unwrap() > 0.0);
+            e["step"].as_u64().unwrap()
+        })
+        .collect();
+    assert_eq!(evals, [2, 4, 5]);
+}

@@ -55,7 +55,7 @@ mod tests {
 
     #[test]
     fn baselines_rank_as_expected_on_english() {
-        let text = dormouse::data::EMBEDDED_CORPUS;
+        let text = crate::data::EMBEDDED_CORPUS;
         let b = measure(&text[text.len() - 65_536..]).unwrap();
         assert!(b.order0_entropy > 4.0 && b.order0_entropy < 5.0, "{b:?}");
         assert!(b.xz_9 < b.gzip_9 && b.gzip_9 < b.order0_entropy, "{b:?}");
