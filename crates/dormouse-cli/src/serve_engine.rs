@@ -4,11 +4,12 @@
 //! Each request gets exactly the bytes `dormouse generate` gives it alone; its text goes back
 //! piece by piece as it becomes final.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::mpsc::Receiver;
 
 use dormouse::Dormouse;
 use dormouse::batch::{Batch, Event, Request};
+use http_serve::decode_thread::{self, DecodeBatch};
 use http_serve::{Finish, TextStream};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -44,41 +45,71 @@ struct Live {
     text: TextStream,
 }
 
+/// The batch and the completions it answers, as the decode thread drives them.
+struct Completions<'m> {
+    batch: Batch<'m>,
+    live: HashMap<u64, Live>,
+    generated_bytes: u64,
+}
+
 /// Runs until `jobs` closes and every completion taken has ended; at most `max_concurrent`
-/// decode at once, the others wait in arrival order.
+/// decode at once, the others wait in arrival order (`http_serve::decode_thread`).
 pub fn run(model: &Dormouse, jobs: &Receiver<Queued>, max_concurrent: usize) -> Summary {
-    let mut batch = Batch::new(model);
-    let mut waiting: VecDeque<Queued> = VecDeque::new();
-    let mut live: HashMap<u64, Live> = HashMap::new();
-    let mut summary = Summary::default();
-    let mut open = true;
-    loop {
-        if open && batch.is_empty() && waiting.is_empty() {
-            match jobs.recv() {
-                Ok(queued) => waiting.push_back(queued),
-                Err(_) => open = false,
+    let mut completions = Completions {
+        batch: Batch::new(model),
+        live: HashMap::new(),
+        generated_bytes: 0,
+    };
+    let counts = decode_thread::run(&mut completions, jobs, max_concurrent);
+    Summary {
+        requests: counts.requests,
+        generated_bytes: completions.generated_bytes,
+        steps: counts.steps,
+        step_rows: counts.step_rows,
+    }
+}
+
+impl DecodeBatch for Completions<'_> {
+    type Job = Queued;
+
+    fn len(&self) -> usize {
+        self.batch.len()
+    }
+
+    /// Runs each completion's prompt and joins it to the batch (unless its client has gone).
+    fn admit(&mut self, arriving: Vec<(u64, Queued)>) {
+        for (id, queued) in arriving {
+            if queued.reply.is_closed() {
+                continue;
+            }
+            let Queued { job, reply } = queued;
+            let text = TextStream::new(job.stops);
+            self.live.insert(id, Live { reply, text });
+            let request = Request {
+                prompt: job.prompt,
+                max_new: job.max_tokens,
+                sampling: job.sampling,
+            };
+            let (live, generated) = (&mut self.live, &mut self.generated_bytes);
+            let admitted = self
+                .batch
+                .admit(id, request, |id, event| hear(live, generated, id, event));
+            if let Err(e) = admitted
+                && let Some(refused) = self.live.remove(&id)
+            {
+                let _ = refused.reply.send(Piece::Failed(e.to_string()));
             }
         }
-        while let Ok(queued) = jobs.try_recv() {
-            waiting.push_back(queued);
-        }
-        while batch.len() < max_concurrent.max(1)
-            && let Some(queued) = waiting.pop_front()
-        {
-            admit(&mut batch, &mut live, &mut summary, queued);
-        }
-        if batch.is_empty() {
-            if !open && waiting.is_empty() {
-                return summary;
-            }
-            continue;
-        }
-        summary.steps += 1;
-        summary.step_rows += batch.len() as u64;
-        let stepped = batch.step(|id, event| hear(&mut live, &mut summary, id, event));
+    }
+
+    fn step(&mut self) {
+        let (live, generated) = (&mut self.live, &mut self.generated_bytes);
+        let stepped = self
+            .batch
+            .step(|id, event| hear(live, generated, id, event));
         if let Err(failed) = stepped {
             for id in failed.ids {
-                if let Some(gone) = live.remove(&id) {
+                if let Some(gone) = self.live.remove(&id) {
                     let _ = gone.reply.send(Piece::Failed(failed.error.to_string()));
                 }
             }
@@ -86,42 +117,15 @@ pub fn run(model: &Dormouse, jobs: &Receiver<Queued>, max_concurrent: usize) -> 
     }
 }
 
-/// Runs the completion's prompt and joins it to the batch (unless its client has gone).
-fn admit(batch: &mut Batch, live: &mut HashMap<u64, Live>, summary: &mut Summary, queued: Queued) {
-    if queued.reply.is_closed() {
-        return;
-    }
-    let id = summary.requests;
-    summary.requests += 1;
-    let Queued { job, reply } = queued;
-    live.insert(
-        id,
-        Live {
-            reply,
-            text: TextStream::new(job.stops),
-        },
-    );
-    let request = Request {
-        prompt: job.prompt,
-        max_new: job.max_tokens,
-        sampling: job.sampling,
-    };
-    if let Err(e) = batch.admit(id, request, |id, event| hear(live, summary, id, event))
-        && let Some(refused) = live.remove(&id)
-    {
-        let _ = refused.reply.send(Piece::Failed(e.to_string()));
-    }
-}
-
 /// A sequence's byte or end turned into text for its client; false when the sequence is to
 /// end here (its client went away, or a stop sequence ended it).
-fn hear(live: &mut HashMap<u64, Live>, summary: &mut Summary, id: u64, event: Event) -> bool {
+fn hear(live: &mut HashMap<u64, Live>, generated_bytes: &mut u64, id: u64, event: Event) -> bool {
     let Some(sequence) = live.get_mut(&id) else {
         return false;
     };
     let finish = match event {
         Event::Byte(byte) => {
-            summary.generated_bytes += 1;
+            *generated_bytes += 1;
             let (piece, stopped) = sequence.text.push(byte);
             let sent = piece.is_empty() || sequence.reply.send(Piece::Text(piece)).is_ok();
             if !sent || sequence.reply.is_closed() {

@@ -1,10 +1,12 @@
 //! The HTTP layer dormouse and minirun serve through: a listener loop with the limits a
 //! server facing untrusted clients needs ([`server`]), OpenAI-shaped errors ([`api_error`]),
-//! generated text released around stop sequences ([`text_stream`]), and the pieces every
+//! generated text released around stop sequences ([`text_stream`]), the decode thread's
+//! admission and stepping loop ([`decode_thread`]), and the pieces every
 //! generating server needs: its listening flags and request seeds ([`lifecycle`]), and shutting
 //! down on a signal ([`signal`]). What is served (models, requests, sampling) stays with each program.
 
 pub mod api_error;
+pub mod decode_thread;
 pub mod lifecycle;
 pub mod requests;
 pub mod server;

@@ -5,9 +5,10 @@
 //! however many requests are being answered. Each request gets exactly the
 //! tokens `minirun run` gives it alone; its text goes back piece by piece as it becomes final.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::mpsc::Receiver;
 
+use http_serve::decode_thread::{self, DecodeBatch};
 use http_serve::{ApiError, Finish, TextStream};
 use minirun_runtime::batch::{Batch, Event, Request};
 use minirun_runtime::generate::StopReason;
@@ -66,66 +67,82 @@ struct Live<'t> {
     text: TextStream,
 }
 
-/// Runs until `jobs` closes and every request taken has ended.
+/// The batch and the requests it answers, as the decode thread drives them.
+struct Requests<'s, 'm> {
+    session: &'s Session,
+    batch: Batch<'m, Model<'m>>,
+    live: HashMap<u64, Live<'s>>,
+    stop: Vec<u32>,
+    context: usize,
+    generated_tokens: u64,
+}
+
+/// Runs until `jobs` closes and every request taken has ended; at most
+/// `limits.max_concurrent` decode at once, the others wait in arrival order
+/// (`http_serve::decode_thread`).
 pub fn run(session: &Session, model: &Model, jobs: &Receiver<Job>, limits: Limits) -> Summary {
-    let stop = session.stop_ids();
-    let mut batch = Batch::new(model);
-    let mut waiting: VecDeque<Job> = VecDeque::new();
-    let mut live: HashMap<u64, Live> = HashMap::new();
-    let mut summary = Summary::default();
-    let mut open = true;
-    loop {
-        if open && batch.is_empty() && waiting.is_empty() {
-            match jobs.recv() {
-                Ok(job) => waiting.push_back(job),
-                Err(_) => open = false,
-            }
-        }
-        while let Ok(job) = jobs.try_recv() {
-            waiting.push_back(job);
-        }
-        let mut arriving = Vec::new();
-        while batch.len() + arriving.len() < limits.max_concurrent
-            && let Some(job) = waiting.pop_front()
-        {
-            let id = summary.requests;
-            summary.requests += 1;
-            let Some(request) = admission(session, &job, &stop, limits) else {
+    let mut requests = Requests {
+        session,
+        batch: Batch::new(model),
+        live: HashMap::new(),
+        stop: session.stop_ids(),
+        context: limits.context,
+        generated_tokens: 0,
+    };
+    let counts = decode_thread::run(&mut requests, jobs, limits.max_concurrent);
+    Summary {
+        requests: counts.requests,
+        generated_tokens: requests.generated_tokens,
+        steps: counts.steps,
+        step_rows: counts.step_rows,
+    }
+}
+
+impl DecodeBatch for Requests<'_, '_> {
+    type Job = Job;
+
+    fn len(&self) -> usize {
+        self.batch.len()
+    }
+
+    /// Tokenizes each request within the context (refusing what does not fit) and runs the
+    /// prompts of those admitted as the rows of shared passes.
+    fn admit(&mut self, arriving: Vec<(u64, Job)>) {
+        let session = self.session;
+        let mut admitted = Vec::new();
+        for (id, job) in arriving {
+            let Some(request) = admission(session, &job, &self.stop, self.context) else {
                 continue;
             };
-            live.insert(
-                id,
-                Live {
-                    reply: job.reply,
-                    shown: IncrementalText::new(&session.text),
-                    text: TextStream::new(job.ask.stops),
-                },
-            );
-            arriving.push((id, request));
+            let live = Live {
+                reply: job.reply,
+                shown: IncrementalText::new(&session.text),
+                text: TextStream::new(job.ask.stops),
+            };
+            self.live.insert(id, live);
+            admitted.push((id, request));
         }
-        if !arriving.is_empty() {
-            // Requests that arrived together share their prompts' passes.
-            let mut stats = StepStats::default();
-            let mut heard = |id, event| hear(session, &mut live, &mut summary, id, event);
-            for (id, error) in batch.admit_all(arriving, &mut stats, &mut heard) {
-                if let Some(gone) = live.remove(&id) {
-                    let _ = gone.reply.send(Piece::Failed(error.to_string()));
-                }
-            }
+        if admitted.is_empty() {
+            return;
         }
-        if batch.is_empty() {
-            if !open && waiting.is_empty() {
-                return summary;
-            }
-            continue;
-        }
-        summary.steps += 1;
-        summary.step_rows += batch.len() as u64;
         let mut stats = StepStats::default();
-        let mut heard = |id, event| hear(session, &mut live, &mut summary, id, event);
-        if let Err(failed) = batch.step(&mut stats, &mut heard) {
+        let (live, generated) = (&mut self.live, &mut self.generated_tokens);
+        let mut heard = |id, event| hear(session, live, generated, id, event);
+        for (id, error) in self.batch.admit_all(admitted, &mut stats, &mut heard) {
+            if let Some(gone) = self.live.remove(&id) {
+                let _ = gone.reply.send(Piece::Failed(error.to_string()));
+            }
+        }
+    }
+
+    fn step(&mut self) {
+        let session = self.session;
+        let mut stats = StepStats::default();
+        let (live, generated) = (&mut self.live, &mut self.generated_tokens);
+        let mut heard = |id, event| hear(session, live, generated, id, event);
+        if let Err(failed) = self.batch.step(&mut stats, &mut heard) {
             for id in failed.ids {
-                if let Some(gone) = live.remove(&id) {
+                if let Some(gone) = self.live.remove(&id) {
                     let _ = gone.reply.send(Piece::Failed(failed.error.to_string()));
                 }
             }
@@ -135,7 +152,7 @@ pub fn run(session: &Session, model: &Model, jobs: &Receiver<Job>, limits: Limit
 
 /// The request's prompt as ids within the context, with `Started` sent; `None` when it was
 /// refused (or nobody waits for it any more).
-fn admission(session: &Session, job: &Job, stop: &[u32], limits: Limits) -> Option<Request> {
+fn admission(session: &Session, job: &Job, stop: &[u32], context: usize) -> Option<Request> {
     if job.reply.is_closed() {
         return None;
     }
@@ -157,7 +174,7 @@ fn admission(session: &Session, job: &Job, stop: &[u32], limits: Limits) -> Opti
             ));
         }
     };
-    let room = limits.context.saturating_sub(ids.len());
+    let room = context.saturating_sub(ids.len());
     let max_tokens = job.ask.max_tokens.unwrap_or(room);
     if room == 0 || max_tokens > room {
         return refuse(ApiError::invalid(
@@ -169,7 +186,7 @@ fn admission(session: &Session, job: &Job, stop: &[u32], limits: Limits) -> Opti
                 job.ask
                     .max_tokens
                     .map_or("at least one".to_string(), |m| m.to_string()),
-                limits.context
+                context
             ),
         ));
     }
@@ -201,7 +218,7 @@ enum Outcome {
 fn hear(
     session: &Session,
     live: &mut HashMap<u64, Live>,
-    summary: &mut Summary,
+    generated_tokens: &mut u64,
     id: u64,
     event: Event,
 ) -> bool {
@@ -210,7 +227,7 @@ fn hear(
     };
     let outcome = match event {
         Event::Token(token) => {
-            summary.generated_tokens += 1;
+            *generated_tokens += 1;
             let new = sequence.shown.push(token).unwrap_or_default();
             let (piece, stopped) = sequence.text.push_text(&new);
             let sent = piece.is_empty() || sequence.reply.send(Piece::Text(piece)).is_ok();
