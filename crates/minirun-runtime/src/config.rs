@@ -107,6 +107,52 @@ impl<'a> Fields<'a> {
     }
 }
 
+/// The keys a reader knows at one level of a config: those it reads, those that cannot change
+/// the logits, and those whose only implemented value is the architecture's own.
+pub(crate) struct KnownKeys<'k> {
+    pub read: &'k [&'k str],
+    pub inert: &'k [&'k str],
+    /// `(key, JSON value)`: absent means that value (it is the architecture, not a guess).
+    pub fixed: &'k [(&'k str, &'k str)],
+    /// Why another value of a fixed key is refused (`"only the Qwen3-MoE architecture's value is"`).
+    pub why: &'static str,
+}
+
+impl KnownKeys<'_> {
+    /// Refuses a key none of the lists names, and a fixed key holding another value.
+    pub fn check(&self, map: &Map<String, Value>) -> Result<(), ConfigError> {
+        for key in map.keys() {
+            let key = key.as_str();
+            let known = self.read.contains(&key)
+                || self.inert.contains(&key)
+                || self.fixed.iter().any(|(k, _)| *k == key);
+            if !known {
+                return Err(ConfigError::Unknown(key.to_string()));
+            }
+        }
+        for (key, expected) in self.fixed {
+            if let Some(v) = map.get(*key)
+                && serde_json::from_str::<Value>(expected).ok().as_ref() != Some(v)
+            {
+                return Err(ConfigError::Unsupported {
+                    key: key.to_string(),
+                    value: v.to_string(),
+                    why: self.why,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A config's top-level object.
+pub(crate) fn top_object(json: &str) -> Result<Map<String, Value>, ConfigError> {
+    match serde_json::from_str(json).map_err(|e| ConfigError::NotJson(e.to_string()))? {
+        Value::Object(map) => Ok(map),
+        _ => Err(ConfigError::NotJson("not an object".into())),
+    }
+}
+
 pub(crate) fn rope_scaling(v: &Value) -> Result<Option<Yarn>, ConfigError> {
     let map = match v {
         Value::Null => return Ok(None),

@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use crate::config::{ConfigError, Fields, Yarn, eos_ids, rope_scaling};
+use crate::config::{ConfigError, Fields, KnownKeys, Yarn, eos_ids, rope_scaling, top_object};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeepSeekV3Config {
@@ -101,30 +101,14 @@ const NUMBERS: &[&str] = &[
 
 impl DeepSeekV3Config {
     pub fn parse(json: &str) -> Result<DeepSeekV3Config, ConfigError> {
-        let value: Value =
-            serde_json::from_str(json).map_err(|e| ConfigError::NotJson(e.to_string()))?;
-        let map = value
-            .as_object()
-            .ok_or_else(|| ConfigError::NotJson("not an object".into()))?;
-        for key in map.keys() {
-            let known = INERT.contains(&key.as_str())
-                || NUMBERS.contains(&key.as_str())
-                || FIXED.iter().any(|(k, _)| k == key);
-            if !known {
-                return Err(ConfigError::Unknown(key.clone()));
-            }
+        let map = &top_object(json)?;
+        KnownKeys {
+            read: NUMBERS,
+            inert: INERT,
+            fixed: FIXED,
+            why: "only the DeepSeek-V3 architecture's value is",
         }
-        for (key, expected) in FIXED {
-            if let Some(v) = map.get(*key)
-                && serde_json::from_str::<Value>(expected).ok().as_ref() != Some(v)
-            {
-                return Err(ConfigError::Unsupported {
-                    key: key.to_string(),
-                    value: v.to_string(),
-                    why: "only the DeepSeek-V3 architecture's value is",
-                });
-            }
-        }
+        .check(map)?;
         if map.get("model_type").is_none() {
             return Err(ConfigError::Missing("model_type".into()));
         }
