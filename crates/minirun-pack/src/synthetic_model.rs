@@ -1,6 +1,6 @@
-//! A synthetic DeepSeek-V3 checkpoint in the MLX layout (affine 4-bit, group 64, bf16 scales
-//! and biases, stacked `switch_mlp` experts), of any size: for tests and benchmarks of runs
-//! larger than their memory budget. Packed weights are SplitMix64 bytes; scales, biases and
+//! A synthetic DeepSeek-V3 or Qwen3-MoE checkpoint in the MLX layout (affine 4-bit, group 64,
+//! bf16 scales and biases, stacked `switch_mlp` experts), of any size: for tests and benchmarks
+//! of runs larger than their memory budget. Packed weights are SplitMix64 bytes; scales, biases and
 //! norms are small bf16 values, so activations stay finite. Not a model of anything: its
 //! outputs mean nothing, but they are exactly determined by its bytes, which is what a
 //! streamed-versus-resident comparison needs.
@@ -19,12 +19,24 @@ const ROPE: usize = 16;
 const V_DIM: usize = 32;
 const KV_LORA: usize = 64;
 const Q_LORA: usize = 64;
+/// Qwen3-MoE's key/value heads and head width (its query heads are `HEADS`).
+const KV_HEADS: usize = 2;
+const HEAD_DIM: usize = 32;
+
+/// The architecture a synthetic checkpoint has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyntheticArchitecture {
+    /// Multi-head latent attention; the first layer dense, the rest MoE with a shared expert.
+    DeepSeekV3,
+    /// Grouped-query attention with q/k norms; every layer MoE, no shared expert.
+    Qwen3Moe,
+}
 
 /// The shape of a synthetic checkpoint.
 #[derive(Debug, Clone, Copy)]
 pub struct SyntheticShape {
     pub hidden: usize,
-    /// Layers in all; the first is dense, the rest MoE.
+    /// Layers in all (DeepSeek-V3's first is dense, the rest MoE; Qwen3-MoE's are all MoE).
     pub layers: usize,
     pub experts: usize,
     pub experts_per_token: usize,
@@ -142,9 +154,28 @@ fn attention(w: &mut Writer, p: &str, hidden: usize) -> Vec<Tensor> {
     t
 }
 
-fn layer(w: &mut Writer, s: &SyntheticShape, i: usize) -> Vec<Tensor> {
+fn grouped_attention(w: &mut Writer, p: &str, hidden: usize) -> Vec<Tensor> {
+    let mut t = w.quantized(&format!("{p}.q_proj"), &[], HEADS * HEAD_DIM, hidden);
+    t.extend(w.quantized(&format!("{p}.k_proj"), &[], KV_HEADS * HEAD_DIM, hidden));
+    t.extend(w.quantized(&format!("{p}.v_proj"), &[], KV_HEADS * HEAD_DIM, hidden));
+    t.extend(w.quantized(&format!("{p}.o_proj"), &[], hidden, HEADS * HEAD_DIM));
+    t.push(w.norm(&format!("{p}.q_norm.weight"), HEAD_DIM));
+    t.push(w.norm(&format!("{p}.k_norm.weight"), HEAD_DIM));
+    t
+}
+
+fn layer(
+    w: &mut Writer,
+    s: &SyntheticShape,
+    architecture: SyntheticArchitecture,
+    i: usize,
+) -> Vec<Tensor> {
     let p = format!("model.layers.{i}");
-    let mut t = attention(w, &format!("{p}.self_attn"), s.hidden);
+    let qwen = architecture == SyntheticArchitecture::Qwen3Moe;
+    let mut t = match qwen {
+        true => grouped_attention(w, &format!("{p}.self_attn"), s.hidden),
+        false => attention(w, &format!("{p}.self_attn"), s.hidden),
+    };
     t.push(w.norm(&format!("{p}.input_layernorm.weight"), s.hidden));
     t.push(w.norm(&format!("{p}.post_attention_layernorm.weight"), s.hidden));
     let (h, m) = (s.hidden, s.moe_intermediate);
@@ -154,18 +185,23 @@ fn layer(w: &mut Writer, s: &SyntheticShape, i: usize) -> Vec<Tensor> {
         t.extend(w.quantized(&format!("{prefix}.down_proj"), lead, h, inner));
         t
     };
-    if i == 0 {
+    if i == 0 && !qwen {
         t.extend(mlp(w, &format!("{p}.mlp"), &[], 2 * m));
         return t;
     }
     t.extend(mlp(w, &format!("{p}.mlp.switch_mlp"), &[s.experts], m));
-    t.extend(mlp(w, &format!("{p}.mlp.shared_experts"), &[], m));
+    if !qwen {
+        t.extend(mlp(w, &format!("{p}.mlp.shared_experts"), &[], m));
+    }
     t.push((
         format!("{p}.mlp.gate.weight"),
         Dtype::BF16,
         vec![s.experts, h],
         w.bf16(s.experts * h, -4, true),
     ));
+    if qwen {
+        return t;
+    }
     let bias: Vec<u8> = (0..s.experts)
         .flat_map(|e| ((e % 7) as f32 * 1e-3).to_le_bytes())
         .collect();
@@ -178,8 +214,24 @@ fn layer(w: &mut Writer, s: &SyntheticShape, i: usize) -> Vec<Tensor> {
     t
 }
 
-fn config(s: &SyntheticShape) -> serde_json::Value {
+fn config(s: &SyntheticShape, architecture: SyntheticArchitecture) -> serde_json::Value {
     let quantization = json!({ "group_size": GROUP, "bits": 4, "mode": "affine" });
+    if architecture == SyntheticArchitecture::Qwen3Moe {
+        return json!({
+            "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false,
+            "bos_token_id": 0, "decoder_sparse_step": 1, "eos_token_id": 1, "head_dim": HEAD_DIM,
+            "hidden_act": "silu", "hidden_size": s.hidden,
+            "intermediate_size": 2 * s.moe_intermediate, "max_position_embeddings": 4096,
+            "mlp_only_layers": [], "model_type": "qwen3_moe",
+            "moe_intermediate_size": s.moe_intermediate, "norm_topk_prob": true,
+            "num_attention_heads": HEADS, "num_experts": s.experts,
+            "num_experts_per_tok": s.experts_per_token, "num_hidden_layers": s.layers,
+            "num_key_value_heads": KV_HEADS, "quantization": quantization,
+            "quantization_config": quantization, "rms_norm_eps": 1e-6, "rope_scaling": null,
+            "rope_theta": 1000000.0, "tie_word_embeddings": false, "use_sliding_window": false,
+            "vocab_size": s.vocab
+        });
+    }
     json!({
         "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
         "bos_token_id": 0, "eos_token_id": 1, "first_k_dense_replace": 1, "hidden_act": "silu",
@@ -197,11 +249,26 @@ fn config(s: &SyntheticShape) -> serde_json::Value {
     })
 }
 
-/// Writes the checkpoint into `out` (one shard per layer), with the tokenizer files of
-/// `tokenizer_from` copied beside it (its vocabulary must have `shape.vocab` entries or fewer).
+/// Writes a DeepSeek-V3 checkpoint into `out` ([`write_synthetic`]).
 pub fn write_synthetic_deepseek(
     out: &Path,
     shape: &SyntheticShape,
+    tokenizer_from: &Path,
+) -> std::io::Result<()> {
+    write_synthetic(
+        out,
+        shape,
+        SyntheticArchitecture::DeepSeekV3,
+        tokenizer_from,
+    )
+}
+
+/// Writes the checkpoint into `out` (one shard per layer), with the tokenizer files of
+/// `tokenizer_from` copied beside it (its vocabulary must have `shape.vocab` entries or fewer).
+pub fn write_synthetic(
+    out: &Path,
+    shape: &SyntheticShape,
+    architecture: SyntheticArchitecture,
     tokenizer_from: &Path,
 ) -> std::io::Result<()> {
     let io = std::io::Error::other;
@@ -220,7 +287,7 @@ pub fn write_synthetic_deepseek(
                 t.push(w.norm("model.norm.weight", shape.hidden));
                 t
             }
-            i => layer(&mut w, shape, i - 1),
+            i => layer(&mut w, shape, architecture, i - 1),
         };
         let shard = format!("model-{:05}-of-{shards:05}.safetensors", shard_index + 1);
         let views = tensors
@@ -243,7 +310,7 @@ pub fn write_synthetic_deepseek(
     )?;
     std::fs::write(
         out.join("config.json"),
-        serde_json::to_vec_pretty(&config(shape))?,
+        serde_json::to_vec_pretty(&config(shape, architecture))?,
     )?;
     for file in ["tokenizer.json", "tokenizer_config.json"] {
         std::fs::copy(tokenizer_from.join(file), out.join(file))?;

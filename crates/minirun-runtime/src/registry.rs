@@ -20,6 +20,7 @@ pub static ARCHITECTURES: &[&ArchitectureRow] = &[
     &models::deepseek_v3::ROW,
     &models::deepseek_v4::ROW,
     &models::kimi_k3::ROW,
+    &models::qwen3_moe::ROW,
 ];
 
 /// Opens the artifact at `root` in minirun's own layout or in any published layout an

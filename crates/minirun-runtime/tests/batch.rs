@@ -97,6 +97,10 @@ fn a_batch_step_gives_every_sequence_the_bits_of_stepping_it_alone() {
             packed_from("tests/data/deepseek-v4/tiny-fp8-fp4"),
         ),
         ("kimi_k3", packed_from("tests/data/kimi-k3/mlx-k3mix")),
+        (
+            "qwen3_moe",
+            packed_from("tests/data/qwen3-moe/mlx-affine4-g64"),
+        ),
     ];
     for (label, dir) in &artifacts {
         let session = Session::open(dir.path(), Trust::Unverified).unwrap();
@@ -165,6 +169,10 @@ fn prompts_prefilled_together_have_the_bits_each_has_alone() {
             packed_from("tests/data/deepseek-v4/tiny-fp8-fp4"),
         ),
         ("kimi_k3", packed_from("tests/data/kimi-k3/mlx-k3mix")),
+        (
+            "qwen3_moe",
+            packed_from("tests/data/qwen3-moe/mlx-affine4-g64"),
+        ),
     ];
     for (label, dir) in &artifacts {
         let session = Session::open(dir.path(), Trust::Unverified).unwrap();

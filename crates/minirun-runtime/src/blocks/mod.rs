@@ -1,9 +1,11 @@
 //! The blocks the architectures share, each fixing its operations and their order so that a
 //! model built from them gives the same bits at any batch size and whether its weights were
 //! held or read just now: the token embedding, products counted in a step's figures, norms, the gated MLP, routed
-//! mixture of experts, multi-head latent attention, and rotary position embedding.
+//! mixture of experts, multi-head latent attention, grouped-query attention, and rotary
+//! position embedding.
 
 pub mod embedding;
+pub mod grouped_attention;
 pub mod latent_attention;
 pub mod mlp;
 pub mod moe;

@@ -74,6 +74,24 @@ impl Routing<'_> {
     }
 }
 
+/// Qwen3-MoE's routing: the softmax over every expert's logit, the `k` most probable (ties to
+/// the lower index), their probabilities renormalised to sum to 1 when `renormalize`.
+pub(crate) fn softmax_top_k(logits: &[f32], k: usize, renormalize: bool) -> Vec<(usize, f32)> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let exps: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
+    let total: f32 = exps.iter().sum();
+    let probs: Vec<f32> = exps.iter().map(|e| e / total).collect();
+    let chosen = top_k(&probs, k);
+    let sum: f32 = chosen.iter().map(|&e| probs[e]).sum();
+    chosen
+        .into_iter()
+        .map(|e| match renormalize {
+            true => (e, probs[e] / sum),
+            false => (e, probs[e]),
+        })
+        .collect()
+}
+
 /// An expert's output for the `k`-th route of `row`: `((row, k), output)`.
 type SlotOutput = ((usize, usize), Vec<f32>);
 

@@ -1,12 +1,15 @@
-//! Rotary position embedding as DeepSeek-V3 applies it: interleaved pairs `(x[2i], x[2i+1])`
-//! ("traditional" in mlx), optionally with YaRN frequency scaling. Frequencies are computed in
-//! f32 following mlx-lm's `YarnRoPE` step by step; angles in f64, rounded once to f32.
+//! Rotary position embedding. DeepSeek-V3 rotates interleaved pairs `(x[2i], x[2i+1])`
+//! ("traditional" in mlx), optionally with YaRN frequency scaling; Qwen3 rotates the two halves
+//! against each other, `(x[i], x[i + d/2])`. Frequencies are computed in f32 following mlx-lm's
+//! `YarnRoPE` step by step; angles in f64, rounded once to f32.
 
 use crate::config::Yarn;
 
 pub struct Rope {
     /// Per pair: the wavelength divisor (mlx's `freqs`); angle = position / freq.
     freqs: Vec<f32>,
+    /// Which elements pair up.
+    halves: bool,
     /// YaRN's magnitude correction applied to the rotated dims (1 without YaRN).
     pub mscale: f32,
 }
@@ -28,6 +31,7 @@ impl Rope {
         let Some(y) = yarn else {
             return Rope {
                 freqs: extra,
+                halves: false,
                 mscale: 1.0,
             };
         };
@@ -60,7 +64,20 @@ impl Rope {
             .collect();
         let mscale =
             (yarn_mscale(y.factor, y.mscale) / yarn_mscale(y.factor, y.mscale_all_dim)) as f32;
-        Rope { freqs, mscale }
+        Rope {
+            freqs,
+            halves: false,
+            mscale,
+        }
+    }
+
+    /// Plain RoPE over `dims` whose pairs are `(x[i], x[i + dims/2])` (mlx's non-traditional
+    /// rotation, Hugging Face's `rotate_half`).
+    pub fn halves(dims: usize, base: f64) -> Rope {
+        Rope {
+            halves: true,
+            ..Rope::new(dims, base, None)
+        }
     }
 
     /// The rotary dims this rotation covers.
@@ -80,12 +97,20 @@ impl Rope {
     }
 
     fn rotate(&self, x: &mut [f32], position: usize, direction: f32) {
-        for (pair, &freq) in x.chunks_exact_mut(2).zip(&self.freqs) {
+        let half = self.freqs.len();
+        for (i, &freq) in self.freqs.iter().enumerate() {
             let angle = position as f64 / f64::from(freq);
             let (sin, cos) = (angle.sin() as f32 * direction, angle.cos() as f32);
-            let (a, b) = (pair[0] * self.mscale, pair[1] * self.mscale);
-            pair[0] = a * cos - b * sin;
-            pair[1] = a * sin + b * cos;
+            let (first, second) = match self.halves {
+                true => (i, i + half),
+                false => (2 * i, 2 * i + 1),
+            };
+            if second >= x.len() {
+                break;
+            }
+            let (a, b) = (x[first] * self.mscale, x[second] * self.mscale);
+            x[first] = a * cos - b * sin;
+            x[second] = a * sin + b * cos;
         }
     }
 }

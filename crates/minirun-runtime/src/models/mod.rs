@@ -5,3 +5,4 @@
 pub mod deepseek_v3;
 pub mod deepseek_v4;
 pub mod kimi_k3;
+pub mod qwen3_moe;

@@ -39,7 +39,7 @@ pub fn bits(v: &[f32]) -> Vec<u32> {
 
 use std::path::{Path, PathBuf};
 
-use minirun_pack::synthetic_model::{SyntheticShape, write_synthetic_deepseek};
+use minirun_pack::synthetic_model::{SyntheticArchitecture, SyntheticShape, write_synthetic};
 use minirun_pack::{PackOptions, pack};
 
 /// A fixture checkpoint under `tests/data/deepseek-v3`.
@@ -56,10 +56,19 @@ pub fn packed(name: &str) -> tempfile::TempDir {
     out
 }
 
-/// A generated checkpoint of `shape` (with a fixture's tokenizer), packed.
+/// A generated DeepSeek-V3 checkpoint of `shape` (with a fixture's tokenizer), packed.
 pub fn packed_synthetic(shape: &SyntheticShape) -> tempfile::TempDir {
+    packed_synthetic_of(shape, SyntheticArchitecture::DeepSeekV3)
+}
+
+/// A generated checkpoint of `shape` and `architecture` (with a fixture's tokenizer), packed.
+pub fn packed_synthetic_of(
+    shape: &SyntheticShape,
+    architecture: SyntheticArchitecture,
+) -> tempfile::TempDir {
     let checkpoint = tempfile::tempdir().unwrap();
-    write_synthetic_deepseek(checkpoint.path(), shape, &fixture("mlx-affine4-g64")).unwrap();
+    let tokenizer = fixture("mlx-affine4-g64");
+    write_synthetic(checkpoint.path(), shape, architecture, &tokenizer).unwrap();
     let out = tempfile::tempdir().unwrap();
     pack(
         checkpoint.path(),

@@ -1,0 +1,320 @@
+//! The Qwen3-MoE architecture (Qwen3-30B-A3B, Qwen3-235B-A22B): grouped-query attention with a
+//! per-head RMSNorm of queries and keys and RoPE over each head's two halves, then a softmax
+//! router choosing the top k of its experts (renormalised when `norm_topk_prob`), or a dense
+//! MLP on the layers `mlp_only_layers` and `decoder_sparse_step` leave dense. No shared experts.
+//!
+//! Both stored layouts run: MLX (stacked `switch_mlp` experts, as mlx-community publishes them)
+//! and Hugging Face (per-expert `mlp.experts.E.*`).
+
+use crate::artifact::ArtifactError;
+use crate::blocks::embedding::embed_tokens;
+use crate::blocks::grouped_attention::{GroupedDims, KvCache, attend_head};
+use crate::blocks::mlp::{Activation, Mlp};
+use crate::blocks::moe::{RoutedExperts, run_routed, softmax_top_k, weighted_sum};
+use crate::blocks::norm::rms_norm;
+use crate::blocks::products::{add_rows, apply_batch};
+use crate::blocks::rope::Rope;
+use crate::config::{ModelConfig, limits_from_fields};
+use crate::decode_policy::{Place, Rows, SequenceCache};
+use crate::experts::STACKED;
+use crate::layered_model::{Layered, LayeredModel};
+use crate::models::qwen3_moe::config::Qwen3MoeConfig;
+use crate::plan::Shape;
+use crate::step::{ModelError, StepStats};
+use crate::weights::Weights;
+use minirun_kernels::QMatrix;
+
+struct Attention<'a> {
+    q: QMatrix<'a>,
+    k: QMatrix<'a>,
+    v: QMatrix<'a>,
+    o: QMatrix<'a>,
+    q_norm: Vec<f32>,
+    k_norm: Vec<f32>,
+}
+
+struct SparseMoe<'a> {
+    router: QMatrix<'a>,
+    experts: RoutedExperts<'a>,
+}
+
+enum FeedForward<'a> {
+    Dense(Mlp<'a>),
+    Sparse(SparseMoe<'a>),
+}
+
+/// One layer's weights.
+pub struct Layer<'a> {
+    input_norm: Vec<f32>,
+    attention: Attention<'a>,
+    post_norm: Vec<f32>,
+    ffn: FeedForward<'a>,
+}
+
+/// The weights outside the layers, and what every layer's pass needs beside its own.
+pub struct Qwen3MoeModel<'a> {
+    config: Qwen3MoeConfig,
+    embed: QMatrix<'a>,
+    norm: Vec<f32>,
+    /// The embedding itself where `tie_word_embeddings`.
+    lm_head: QMatrix<'a>,
+    rope: Rope,
+    scale: f32,
+}
+
+/// Qwen3-MoE as a run holds it (see [`LayeredModel`]).
+pub type Qwen3Moe<'a> = LayeredModel<'a, Qwen3MoeModel<'a>>;
+
+/// Per layer, per position, every key/value head's key and value.
+pub type Cache = SequenceCache<KvCache>;
+
+fn dims(c: &Qwen3MoeConfig) -> GroupedDims {
+    GroupedDims {
+        heads: c.num_attention_heads,
+        kv_heads: c.num_key_value_heads,
+        head_dim: c.head_dim,
+    }
+}
+
+fn attention<'w>(w: &Weights<'w>, c: &Qwen3MoeConfig) -> Result<Attention<'w>, ArtifactError> {
+    let (hidden, dim) = (c.hidden_size, c.head_dim);
+    let (q_rows, kv_rows) = (c.num_attention_heads * dim, c.num_key_value_heads * dim);
+    Ok(Attention {
+        q: w.matrix("q_proj", q_rows, hidden)?,
+        k: w.matrix("k_proj", kv_rows, hidden)?,
+        v: w.matrix("v_proj", kv_rows, hidden)?,
+        o: w.matrix("o_proj", hidden, q_rows)?,
+        q_norm: w.vector("q_norm.weight", dim)?,
+        k_norm: w.vector("k_norm.weight", dim)?,
+    })
+}
+
+fn layer<'w>(w: &Weights<'w>, c: &Qwen3MoeConfig, i: usize) -> Result<Layer<'w>, ArtifactError> {
+    let w = w.at(&format!("model.layers.{i}"));
+    let hidden = c.hidden_size;
+    let mlp_w = w.at("mlp");
+    let ffn = match c.is_sparse(i) {
+        true => FeedForward::Sparse(SparseMoe {
+            router: mlp_w.matrix("gate", c.num_experts, hidden)?,
+            experts: RoutedExperts::new(
+                &w,
+                "mlp",
+                STACKED,
+                (hidden, c.moe_intermediate_size, c.num_experts),
+                Activation::Silu,
+            )?,
+        }),
+        false => FeedForward::Dense(Mlp::new(
+            &mlp_w,
+            STACKED,
+            (hidden, c.intermediate_size),
+            Activation::Silu,
+        )?),
+    };
+    Ok(Layer {
+        input_norm: w.vector("input_layernorm.weight", hidden)?,
+        attention: attention(&w.at("self_attn"), c)?,
+        post_norm: w.vector("post_attention_layernorm.weight", hidden)?,
+        ffn,
+    })
+}
+
+impl SparseMoe<'_> {
+    /// Every row through the experts its router chose; an expert runs once for all the rows
+    /// that chose it, and a row's outputs are added in its router's order, whether the expert
+    /// was held or read just now and however many rows the batch has.
+    fn forward(
+        &self,
+        xs: &[Vec<f32>],
+        c: &Qwen3MoeConfig,
+        stats: &mut StepStats,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let routes: Vec<Vec<(usize, f32)>> = apply_batch(&self.router, xs, stats)?
+            .iter()
+            .map(|logits| softmax_top_k(logits, c.num_experts_per_tok, c.norm_topk_prob))
+            .collect();
+        let (outputs, ()) = run_routed(&self.experts, &routes, xs, |_| Ok(()), stats)?;
+        Ok(weighted_sum(&routes, &outputs, c.hidden_size))
+    }
+}
+
+impl Shape for Qwen3MoeConfig {
+    fn layer_count(&self) -> usize {
+        self.num_hidden_layers
+    }
+
+    fn experts_per_token(&self) -> usize {
+        self.num_experts_per_tok
+    }
+
+    /// Per layer and position, every key/value head's key and value, in f32.
+    fn cache_bytes(&self, context_tokens: usize) -> u64 {
+        ((2 * self.num_key_value_heads * self.head_dim) as u64)
+            .saturating_mul(4 * self.num_hidden_layers as u64)
+            .saturating_mul(context_tokens as u64)
+    }
+}
+
+impl ModelConfig for Qwen3MoeConfig {
+    limits_from_fields!();
+
+    fn describe(&self) -> String {
+        let sparse = (0..self.num_hidden_layers)
+            .filter(|&i| self.is_sparse(i))
+            .count();
+        format!(
+            "qwen3_moe: {} layers ({sparse} sparse), {} experts ({} per token), {} query and {} key/value heads of {}, vocab {}",
+            self.num_hidden_layers,
+            self.num_experts,
+            self.num_experts_per_tok,
+            self.num_attention_heads,
+            self.num_key_value_heads,
+            self.head_dim,
+            self.vocab_size
+        )
+    }
+}
+
+impl<'a> Layered<'a> for Qwen3MoeModel<'a> {
+    type Config = Qwen3MoeConfig;
+    type Layer<'w> = Layer<'w>;
+    type LayerCache = KvCache;
+    type Hidden = Vec<Vec<f32>>;
+
+    fn new(config: Qwen3MoeConfig, w: &Weights<'a>) -> Result<Self, ArtifactError> {
+        let c = &config;
+        let embed = w.matrix("model.embed_tokens", c.vocab_size, c.hidden_size)?;
+        let lm_head = match c.tie_word_embeddings {
+            true => embed,
+            false => w.matrix("lm_head", c.vocab_size, c.hidden_size)?,
+        };
+        Ok(Qwen3MoeModel {
+            embed,
+            lm_head,
+            norm: w.vector("model.norm.weight", c.hidden_size)?,
+            rope: Rope::halves(c.head_dim, c.rope_theta),
+            scale: (c.head_dim as f64).powf(-0.5) as f32,
+            config,
+        })
+    }
+
+    fn config(&self) -> &Qwen3MoeConfig {
+        &self.config
+    }
+
+    fn layer<'w>(
+        config: &Qwen3MoeConfig,
+        w: &Weights<'w>,
+        i: usize,
+    ) -> Result<Layer<'w>, ArtifactError> {
+        layer(w, config, i)
+    }
+
+    fn new_cache(&self) -> Cache {
+        SequenceCache::new(vec![KvCache::default(); self.config.num_hidden_layers])
+    }
+
+    fn embed(&self, tokens: &[u32], stats: &mut StepStats) -> Result<Vec<Vec<f32>>, ModelError> {
+        Ok(embed_tokens(&self.embed, tokens, stats)?)
+    }
+
+    fn run_layer(
+        &self,
+        layer: &Layer<'_>,
+        at: Place,
+        _tokens: &[u32],
+        hs: &mut Vec<Vec<f32>>,
+        caches: &mut [&mut Cache],
+        stats: &mut StepStats,
+    ) -> Result<(), ModelError> {
+        let eps = self.config.rms_norm_eps;
+        let norm = |hs: &[Vec<f32>], weight: &[f32]| -> Vec<Vec<f32>> {
+            hs.iter().map(|h| rms_norm(h, weight, eps)).collect()
+        };
+        let xs = norm(hs, &layer.input_norm);
+        let attn = self.attend(&layer.attention, &xs, at.layer, at.rows, caches, stats)?;
+        add_rows(hs, &attn);
+        let xs = norm(hs, &layer.post_norm);
+        let out = match &layer.ffn {
+            FeedForward::Dense(mlp) => mlp.forward(&xs, stats)?,
+            FeedForward::Sparse(moe) => moe.forward(&xs, &self.config, stats)?,
+        };
+        add_rows(hs, &out);
+        Ok(())
+    }
+
+    fn logits(
+        &self,
+        hs: &Vec<Vec<f32>>,
+        wanted: &[usize],
+        stats: &mut StepStats,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let xs: Vec<Vec<f32>> = wanted
+            .iter()
+            .map(|&r| rms_norm(&hs[r], &self.norm, self.config.rms_norm_eps))
+            .collect();
+        Ok(apply_batch(&self.lm_head, &xs, stats)?)
+    }
+}
+
+impl Qwen3MoeModel<'_> {
+    /// Each head's slice of `x` normed by `weight` and rotated for `position`.
+    fn heads_normed_rotated(&self, x: &[f32], weight: &[f32], position: usize) -> Vec<f32> {
+        let dim = self.config.head_dim;
+        let mut out = Vec::with_capacity(x.len());
+        for head in x.chunks_exact(dim) {
+            let mut head = rms_norm(head, weight, self.config.rms_norm_eps);
+            self.rope.apply(&mut head, position);
+            out.extend_from_slice(&head);
+        }
+        out
+    }
+
+    /// Attention for a batch of rows: every row's keys and values go into its cache first, then
+    /// each row's heads attend to its cache up to its own position.
+    fn attend(
+        &self,
+        a: &Attention,
+        xs: &[Vec<f32>],
+        layer: usize,
+        rows: &Rows,
+        caches: &mut [&mut Cache],
+        stats: &mut StepStats,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let qs = apply_batch(&a.q, xs, stats)?;
+        let ks = apply_batch(&a.k, xs, stats)?;
+        let vs = apply_batch(&a.v, xs, stats)?;
+        for (t, (k, v)) in ks.iter().zip(&vs).enumerate() {
+            let k = self.heads_normed_rotated(k, &a.k_norm, rows.position[t]);
+            caches[rows.cache[t]].layers[layer].push(&k, v);
+        }
+        let mixed = self.mix_all_heads(a, &qs, layer, rows, caches);
+        Ok(apply_batch(&a.o, &mixed, stats)?)
+    }
+
+    /// Every row's heads, each row on whichever worker takes it: rows are independent, so each
+    /// has the bits it has alone.
+    fn mix_all_heads(
+        &self,
+        a: &Attention,
+        qs: &[Vec<f32>],
+        layer: usize,
+        rows: &Rows,
+        caches: &[&mut Cache],
+    ) -> Vec<Vec<f32>> {
+        use rayon::prelude::*;
+        let d = dims(&self.config);
+        qs.par_iter()
+            .enumerate()
+            .map(|(t, q)| {
+                let position = rows.position[t];
+                let cache = &caches[rows.cache[t]].layers[layer];
+                let q = self.heads_normed_rotated(q, &a.q_norm, position);
+                q.chunks_exact(d.head_dim)
+                    .enumerate()
+                    .flat_map(|(h, q)| attend_head(q, h, cache, position + 1, d, self.scale))
+                    .collect()
+            })
+            .collect()
+    }
+}

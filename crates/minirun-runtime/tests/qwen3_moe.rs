@@ -1,0 +1,229 @@
+//! Qwen3-MoE against mlx-lm, and as `minirun run` runs it. Each tiny checkpoint under
+//! `tests/data/qwen3-moe/` (made by `tools/make_qwen3_moe_fixtures.py`, which records mlx-lm
+//! 0.32.2's float32 logits) is packed, loaded and stepped one token at a time: every position
+//! within `TOLERANCE` of mlx-lm's with its top-1, the 32-token greedy continuation identical.
+//! Then, through a session: streamed at the floor and at the deterministic floor, on 1 and 2
+//! threads, with read-ahead on and off, with the resident run's logit bits and the plan's bytes.
+//!
+//! `TOLERANCE` is the DeepSeek-V3 oracle's (`tests/oracle.rs` says why 2e-4): both sides compute
+//! in f32 from the same stored bits in different orders, so they differ by rounding only, while
+//! a wrong scale, rotation or expert moves logits by 0.1 or more. The fixtures keep every top-1
+//! margin above 2e-3 and every routing decision's router-logit gap above 1e-4.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{greedy_bits, ids, max_abs_delta, read_logits};
+use minirun_pack::synthetic_model::{SyntheticArchitecture, SyntheticShape};
+use minirun_pack::{PackOptions, pack};
+use minirun_runtime::artifact::{Access, Artifact};
+use minirun_runtime::budget::Budget;
+use minirun_runtime::config::ConfigError;
+use minirun_runtime::decoder::Decoder;
+use minirun_runtime::generate::argmax;
+use minirun_runtime::models::qwen3_moe::{Qwen3Moe, Qwen3MoeConfig};
+use minirun_runtime::plan::Mode;
+use minirun_runtime::session::{Session, Trust};
+use minirun_runtime::step::StepStats;
+use serde_json::Value;
+
+const TOLERANCE: f32 = 2e-4;
+const STEPS: usize = 12;
+
+fn fixture(variant: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/qwen3-moe")
+        .join(variant)
+}
+
+fn packed(variant: &str) -> tempfile::TempDir {
+    let out = tempfile::tempdir().unwrap();
+    pack(
+        &fixture(variant),
+        out.path(),
+        &PackOptions::default(),
+        &|_| {},
+    )
+    .unwrap();
+    out
+}
+
+fn oracle(variant: &str) -> Value {
+    serde_json::from_slice(&std::fs::read(fixture(variant).join("oracle.json")).unwrap()).unwrap()
+}
+
+fn matches_mlx(variant: &str) {
+    let dir = packed(variant);
+    let artifact = Artifact::open(dir.path(), Access::Unverified).unwrap();
+    let config = Qwen3MoeConfig::parse(&artifact.config_json).unwrap();
+    let model = Qwen3Moe::load(&artifact, config).unwrap();
+    let oracle = oracle(variant);
+    assert_eq!(oracle["mlx_lm"], "0.32.2");
+    let mut worst = 0f32;
+    for prompt in oracle["prompts"].as_array().unwrap() {
+        let name = prompt["name"].as_str().unwrap();
+        let tokens = ids(&prompt["token_ids"]);
+        let vocab = prompt["vocab"].as_u64().unwrap() as usize;
+        let expected = read_logits(
+            &fixture(variant).join(prompt["logits_file"].as_str().unwrap()),
+            vocab,
+        );
+        assert_eq!(expected.len(), tokens.len());
+        let mut cache = model.new_cache();
+        let mut logits = Vec::new();
+        for (position, (&token, want)) in tokens.iter().zip(&expected).enumerate() {
+            logits = model
+                .step(token, &mut cache, &mut StepStats::default())
+                .unwrap();
+            let delta = max_abs_delta(&logits, want);
+            worst = worst.max(delta);
+            assert!(
+                delta <= TOLERANCE,
+                "{variant} {name} position {position}: max |logit delta| {delta}"
+            );
+            assert_eq!(
+                argmax(&logits),
+                argmax(want),
+                "{variant} {name} position {position}: top-1 differs"
+            );
+        }
+        let mut greedy = Vec::new();
+        for _ in 0..32 {
+            let token = argmax(&logits);
+            greedy.push(token);
+            logits = model
+                .step(token, &mut cache, &mut StepStats::default())
+                .unwrap();
+        }
+        assert_eq!(greedy, ids(&prompt["greedy_32"]), "{variant} {name}");
+    }
+    eprintln!("{variant}: max |logit delta| vs mlx-lm {worst:.2e}");
+}
+
+#[test]
+fn mlx_affine4_group64_matches_mlx_lm() {
+    matches_mlx("mlx-affine4-g64");
+}
+
+/// No dense layer, tied embeddings, routing weights not renormalised, 8-bit experts.
+#[test]
+fn mlx_affine8_tied_unnormalised_matches_mlx_lm() {
+    matches_mlx("mlx-affine8-g32-alt");
+}
+
+/// Hugging Face's layout: per-expert tensors, BF16.
+#[test]
+fn hugging_face_bf16_matches_mlx_lm() {
+    matches_mlx("hf-bf16");
+}
+
+/// The tiny fixtures hold their layers at the floor (16 KiB-aligned buffers for two of their
+/// small layers cost more than holding all four) and stream their experts; a generated
+/// checkpoint with more layers streams every layer's attention and router at the floor too. Both
+/// with the resident run's logit bits and exactly the plan's bytes, on 1 and 2 threads, with
+/// read-ahead on and off.
+/// Qwen's FP8 layout: F8_E4M3 projections with BF16 `weight_scale_inv` per 128 x 128 block.
+#[test]
+fn hugging_face_fp8_with_bf16_block_scales_matches_mlx_lm() {
+    matches_mlx("hf-fp8");
+}
+
+#[test]
+fn streamed_qwen3_moe_has_the_resident_bits_and_reads_the_planned_bytes() {
+    let tiny = packed("mlx-affine4-g64");
+    let generated = common::packed_synthetic_of(&STREAMED_QWEN, SyntheticArchitecture::Qwen3Moe);
+    let tiny_prompt = ids(&oracle("mlx-affine4-g64")["prompts"][0]["token_ids"]);
+    let generated_prompt: Vec<u32> = (0..24).map(|i| (i * 37 + 5) % 512).collect();
+    for (dir, prompt, (layers, sparse), streamed_at_floor) in [
+        (&tiny, &tiny_prompt, (4, 3), vec![]),
+        (&generated, &generated_prompt, (8, 8), (0..8).collect()),
+    ] {
+        let session = Session::open(dir.path(), Trust::Unverified).unwrap();
+        assert_eq!(session.architecture.model_type(), "qwen3_moe");
+        let header = session.header();
+        let described = format!("qwen3_moe: {layers} layers ({sparse} sparse)");
+        assert!(
+            header.iter().any(|l| l.starts_with(&described)),
+            "{header:?}"
+        );
+        let resident = session.model().unwrap();
+        let (resident_bits, _) = greedy_bits(&resident, prompt, STEPS);
+        let (floor, experts) = session.plan(Budget::Floor, 64).unwrap();
+        assert_eq!(floor.mode, Mode::Streamed);
+        assert_eq!(floor.streamed_layers, streamed_at_floor);
+        assert_eq!(floor.moe_layers, sparse);
+        let (experts_only, _) = session
+            .plan(Budget::Bytes(floor.deterministic_floor), 64)
+            .unwrap();
+        assert!(experts_only.streamed_layers.is_empty());
+        for (plan, read_ahead, threads) in [
+            (&floor, true, 1),
+            (&floor, true, 2),
+            (&floor, false, 2),
+            (&experts_only, true, 2),
+        ] {
+            common::assert_streams_as_planned(
+                &session,
+                plan,
+                &experts,
+                (read_ahead, threads),
+                (prompt, STEPS),
+                &resident_bits,
+                &described,
+            );
+        }
+    }
+}
+
+/// Enough layers that at the floor every layer's attention and router stream too (two layers'
+/// aligned buffers cost less than holding all eight).
+const STREAMED_QWEN: SyntheticShape = SyntheticShape {
+    hidden: 512,
+    layers: 8,
+    experts: 16,
+    experts_per_token: 4,
+    moe_intermediate: 512,
+    vocab: 512,
+    seed: 13,
+};
+
+#[test]
+fn what_qwen3_moe_does_not_implement_is_refused_by_name() {
+    let config: Value =
+        serde_json::from_slice(&std::fs::read(fixture("hf-bf16").join("config.json")).unwrap())
+            .unwrap();
+    let with = |key: &str, value: Value| {
+        let mut c = config.clone();
+        c[key] = value;
+        Qwen3MoeConfig::parse(&c.to_string())
+    };
+    assert!(with("rms_norm_eps", Value::from(1e-6)).is_ok());
+    let yarn = serde_json::json!({"rope_type": "yarn", "factor": 4.0});
+    assert!(matches!(
+        with("rope_scaling", yarn),
+        Err(ConfigError::Unsupported { key, .. }) if key == "rope_scaling"
+    ));
+    assert!(matches!(
+        with("use_sliding_window", Value::Bool(true)),
+        Err(ConfigError::Unsupported { key, .. }) if key == "use_sliding_window"
+    ));
+    assert!(matches!(
+        with("some_new_knob", Value::from(1)),
+        Err(ConfigError::Unknown(key)) if key == "some_new_knob"
+    ));
+    assert!(matches!(
+        with("num_key_value_heads", Value::from(3)),
+        Err(ConfigError::Inconsistent(_))
+    ));
+    assert!(matches!(
+        with("mlp_only_layers", serde_json::json!([9])),
+        Err(ConfigError::Inconsistent(_))
+    ));
+    let mut no_head_dim = config.clone();
+    no_head_dim.as_object_mut().unwrap().remove("head_dim");
+    assert!(matches!(
+        Qwen3MoeConfig::parse(&no_head_dim.to_string()),
+        Err(ConfigError::Missing(key)) if key == "head_dim"
+    ));
+}
