@@ -99,11 +99,12 @@ The token, if any, comes from $HF_TOKEN and is sent to the endpoint only.")]
 
 Exit status: 0 verified (evidence written); 1 a mismatch or an error (evidence erased).")]
     Verify(verify_cmd::VerifyArgs),
-    /// Generate text from an artifact's model (model_type deepseek_v3: DeepSeek V3/R1;
-    /// deepseek_v4: DeepSeek V4; kimi_k3: Kimi K3) under a memory budget, computing straight from the stored quantized bytes: resident, or with its routed
-    /// experts (and, below the deterministic floor, its layers) streamed from storage, with the
-    /// same output bits at every budget.
+    /// Generate text from an artifact's model under a memory budget, computing straight from
+    /// the stored quantized bytes: resident, or with its routed experts (and, below the
+    /// deterministic floor, its layers) streamed from storage, with the same output bits at
+    /// every budget.
     #[command(
+        long_about = run_long_about(),
         after_help = "The artifact must carry verification evidence (run `minirun verify` first) unless
 --unverified is given; then every line of the output header says UNVERIFIED.
 
@@ -196,4 +197,12 @@ fn main() -> ExitCode {
 /// A path argument, for messages.
 pub(crate) fn shown(path: &std::path::Path) -> String {
     dmexp::identify::printable(&path.display().to_string()).into_owned()
+}
+
+/// `minirun run --help`'s description, naming every architecture the registry runs.
+fn run_long_about() -> String {
+    format!(
+        "Generate text from an artifact's model under a memory budget, computing straight from the stored quantized bytes: resident, or with its routed experts (and, below the deterministic floor, its layers) streamed from storage, with the same output bits at every budget.\n\nArchitectures (config.json's model_type): {}.",
+        minirun_runtime::registry::known_model_types()
+    )
 }

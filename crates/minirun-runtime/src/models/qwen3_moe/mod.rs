@@ -15,7 +15,7 @@ impl Family for Qwen3MoeConfig {
 
 pub static ROW: ArchitectureRow = ArchitectureRow {
     model_type: "qwen3_moe",
-    summary: "Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B)",
+    summary: "Qwen3-MoE: Qwen3-30B-A3B, Qwen3-235B-A22B",
     parse: |json| parsed(Qwen3MoeConfig::parse, json),
     chat: DefaultChat::FromTokenizer,
     published: None,
