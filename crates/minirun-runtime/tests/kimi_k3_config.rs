@@ -178,3 +178,27 @@ fn the_cache_reserve_counts_kda_state_and_saturates_on_absurd_sizes() {
     absurd["text_config"]["linear_attn_config"]["num_heads"] = ((1u64 << 31) - 1).into();
     assert_eq!(parse(&absurd).unwrap().cache_bytes(1), u64::MAX);
 }
+
+/// The dtype a checkpoint was saved in cannot change the logits (the artifact's manifests say
+/// how each tensor is stored): `torch_dtype`, which mlx-lm writes, is set aside like `dtype`, at
+/// the top level and in `text_config`, as the other architectures' readers accept both.
+#[test]
+fn torch_dtype_is_set_aside_like_dtype() {
+    for path in [&[][..], &["text_config"][..]] {
+        for key in ["torch_dtype", "dtype"] {
+            let mut config = published();
+            let mut at = &mut config;
+            for step in path {
+                at = &mut at[*step];
+            }
+            at[key] = "bfloat16".into();
+            let parsed = parse(&config).unwrap_or_else(|e| panic!("{path:?} {key}: {e}"));
+            let named = [path, &[key][..]].concat().join(".");
+            assert!(
+                parsed.set_aside.contains(&named),
+                "{named}: {:?}",
+                parsed.set_aside
+            );
+        }
+    }
+}

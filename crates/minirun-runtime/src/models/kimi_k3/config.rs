@@ -71,6 +71,7 @@ const TOP_SET_ASIDE: &[&str] = &[
     "quantization",
     "quantization_config",
     "tie_word_embeddings",
+    "torch_dtype",
     "transformers_version",
     "vision_config",
 ];
@@ -134,6 +135,7 @@ const TEXT_SET_ASIDE: &[&str] = &[
     "top_k",
     "top_p",
     "torchscript",
+    "torch_dtype",
     "transformers_version",
     "typical_p",
     "use_bfloat16",
