@@ -98,6 +98,12 @@ fn each_rule_of_the_band_table_is_refused_by_name() {
         |v| v["nonexpert"]["bytes"] = 16384.into(),
         "run past the blob's 16384",
     );
+    for escape in ["../../etc/passwd", "/etc/passwd", "..", ".hidden", ""] {
+        refused(
+            |v| v["nonexpert"]["file"] = escape.into(),
+            "is not a plain file name inside the layer's directory",
+        );
+    }
     refused(
         |v| v["nonexpert"]["unit_count"] = 9.into(),
         "`nonexpert.unit_count` is 9",

@@ -129,6 +129,22 @@ fn each_broken_rule_is_refused_by_name() {
             "plain file name",
         ),
         (
+            Box::new(|v| v["files"][0]["element_bits"] = json!(7)),
+            "layout fp8-e4m3-block is 8-bit elements in groups of 128",
+        ),
+        (
+            Box::new(|v| v["files"][0]["group"] = json!(0)),
+            "says element_bits 8 and group 0",
+        ),
+        (
+            Box::new(|v| {
+                let files = v["files"].as_array_mut().unwrap();
+                let experts = files.iter_mut().find(|f| f["layout"] == "mxfp4").unwrap();
+                experts["group"] = json!(0);
+            }),
+            "layout mxfp4 is 4-bit elements in groups of 32",
+        ),
+        (
             Box::new(|v| v["files"][1]["source_tensor"] = v["files"][0]["source_tensor"].clone()),
             "a second time",
         ),

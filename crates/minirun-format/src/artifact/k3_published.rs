@@ -13,6 +13,7 @@ use std::ops::Range;
 
 use serde::Deserialize;
 
+use super::is_member_file_name;
 use crate::tile::{ALIGNMENT, HEADER_BYTES, RawHeader};
 
 /// A layer's deterministic units are at most this many: far above K3's (a few hundred), and a
@@ -170,6 +171,11 @@ impl K3LayerManifest {
         let file = nonexpert
             .file
             .ok_or_else(|| bad("`nonexpert.file` is missing".into()))?;
+        if !is_member_file_name(&file) || file.starts_with('.') {
+            return Err(bad(format!(
+                "`nonexpert.file` {file:?} is not a plain file name inside the layer's directory"
+            )));
+        }
         let declared = nonexpert.bytes.as_ref().and_then(unsigned).ok_or_else(|| {
             bad("`nonexpert.bytes` is missing or not a non-negative integer".into())
         })?;

@@ -368,6 +368,22 @@ fn parse_file(ctx: &Ctx, entry: &Value, kind: UnitKind) -> Result<V4File, V4Layo
                 source_tensor: string(m, "source_tensor").map(str::to_string),
                 sha256: sha256.map(str::to_string),
             };
+            // Each layout has one element width and group (MXFP4: 4-bit elements, a scale per
+            // 32; the FP8 block: 8-bit elements, 128 columns a block); another value cannot be
+            // read as either, so it is refused here rather than at the header check.
+            let (bits, group) = match entry.layout.as_str() {
+                "mxfp4" => (4, 32),
+                _ => (8, 128),
+            };
+            if (entry.element_bits, entry.group) != (bits, group) {
+                return Err(ctx.file(
+                    name,
+                    format!(
+                        "says element_bits {} and group {}; layout {} is {bits}-bit elements in groups of {group}",
+                        entry.element_bits, entry.group, entry.layout
+                    ),
+                ));
+            }
             // `block_rows` may be left out; stated, a matrix's must be 128 (readers check the
             // header's either way).
             if entry.source_tensor.is_some()
