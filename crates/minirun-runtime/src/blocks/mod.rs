@@ -1,6 +1,6 @@
 //! The blocks the architectures share, each fixing its operations and their order so that a
 //! model built from them gives the same bits at any batch size and whether its weights were
-//! held or read just now: the token embedding, products counted in a step's figures, norms, the gated MLP, routed
+//! held or read just now: the pre-norm layer and the model's ends, the token embedding, products counted in a step's figures, norms, the gated MLP, routed
 //! mixture of experts, multi-head latent attention, grouped-query attention, and rotary
 //! position embedding.
 
@@ -10,6 +10,7 @@ pub mod latent_attention;
 pub mod mlp;
 pub mod moe;
 pub mod norm;
+pub mod pre_norm;
 pub mod products;
 pub mod rope;
 pub mod shared_rows;

@@ -9,11 +9,11 @@
 //! Hugging Face / DeepSeek (`kv_b_proj` whole, per-expert tensors).
 
 use crate::artifact::ArtifactError;
-use crate::blocks::embedding::embed_tokens;
 use crate::blocks::latent_attention::{LatentCache, LatentDims, LatentProjections, attend_latent};
 use crate::blocks::mlp::{Activation, Mlp};
 use crate::blocks::moe::{RoutedExperts, Routing, run_routed, weighted_sum};
 use crate::blocks::norm::rms_norm;
+use crate::blocks::pre_norm::{Ends, FeedForward, PreNormLayer};
 use crate::blocks::products::{add_rows, apply_batch};
 use crate::blocks::rope::{Rope, attention_scale};
 use crate::config::{ModelConfig, limits_from_fields};
@@ -26,7 +26,7 @@ use crate::step::{ModelError, StepStats};
 use crate::weights::Weights;
 use minirun_kernels::QMatrix;
 
-struct Attention<'a> {
+pub struct Attention<'a> {
     q_a: Option<(QMatrix<'a>, Vec<f32>)>,
     q_b: QMatrix<'a>,
     kv_a: QMatrix<'a>,
@@ -35,32 +35,20 @@ struct Attention<'a> {
     o: QMatrix<'a>,
 }
 
-struct Moe<'a> {
+pub struct Moe<'a> {
     router: QMatrix<'a>,
     correction_bias: Vec<f32>,
     experts: RoutedExperts<'a>,
     shared: Option<Mlp<'a>>,
 }
 
-enum FeedForward<'a> {
-    Dense(Mlp<'a>),
-    Moe(Moe<'a>),
-}
-
 /// One layer's weights.
-pub struct Layer<'a> {
-    input_norm: Vec<f32>,
-    attention: Attention<'a>,
-    post_norm: Vec<f32>,
-    ffn: FeedForward<'a>,
-}
+pub type Layer<'a> = PreNormLayer<'a, Attention<'a>, Moe<'a>>;
 
 /// The weights outside the layers, and what every layer's pass needs beside its own.
 pub struct DeepSeekV3Model<'a> {
     config: DeepSeekV3Config,
-    embed: QMatrix<'a>,
-    norm: Vec<f32>,
-    lm_head: QMatrix<'a>,
+    ends: Ends<'a>,
     rope: Rope,
     scale: f32,
 }
@@ -116,7 +104,7 @@ fn layer<'w>(w: &Weights<'w>, c: &DeepSeekV3Config, i: usize) -> Result<Layer<'w
     let (hidden, inner) = (c.hidden_size, c.moe_intermediate_size);
     let mlp_w = w.at("mlp");
     let ffn = match c.is_moe(i) {
-        true => FeedForward::Moe(Moe {
+        true => FeedForward::Routed(Moe {
             router: mlp_w.matrix("gate", c.n_routed_experts, hidden)?,
             correction_bias: mlp_w.vector("gate.e_score_correction_bias", c.n_routed_experts)?,
             experts: RoutedExperts::new(
@@ -143,12 +131,7 @@ fn layer<'w>(w: &Weights<'w>, c: &DeepSeekV3Config, i: usize) -> Result<Layer<'w
             Activation::Silu,
         )?),
     };
-    Ok(Layer {
-        input_norm: w.vector("input_layernorm.weight", hidden)?,
-        attention: attention(&w.at("self_attn"), c)?,
-        post_norm: w.vector("post_attention_layernorm.weight", hidden)?,
-        ffn,
-    })
+    PreNormLayer::new(&w, hidden, || attention(&w.at("self_attn"), c), ffn)
 }
 
 impl Moe<'_> {
@@ -235,9 +218,7 @@ impl<'a> Layered<'a> for DeepSeekV3Model<'a> {
     fn new(config: DeepSeekV3Config, w: &Weights<'a>) -> Result<Self, ArtifactError> {
         let c = &config;
         Ok(DeepSeekV3Model {
-            embed: w.matrix("model.embed_tokens", c.vocab_size, c.hidden_size)?,
-            lm_head: w.matrix("lm_head", c.vocab_size, c.hidden_size)?,
-            norm: w.vector("model.norm.weight", c.hidden_size)?,
+            ends: Ends::new(w, (c.vocab_size, c.hidden_size), false)?,
             rope: Rope::new(c.qk_rope_head_dim, c.rope_theta, c.rope_scaling.as_ref()),
             scale: attention_scale(c.q_head_dim(), c.rope_scaling.as_ref()),
             config,
@@ -261,7 +242,7 @@ impl<'a> Layered<'a> for DeepSeekV3Model<'a> {
     }
 
     fn embed(&self, tokens: &[u32], stats: &mut StepStats) -> Result<Vec<Vec<f32>>, ModelError> {
-        Ok(embed_tokens(&self.embed, tokens, stats)?)
+        self.ends.embed(tokens, stats)
     }
 
     fn run_layer(
@@ -273,7 +254,14 @@ impl<'a> Layered<'a> for DeepSeekV3Model<'a> {
         caches: &mut [&mut Cache],
         stats: &mut StepStats,
     ) -> Result<(), ModelError> {
-        self.run_layer(layer, at.layer, hs, at.rows, caches, stats)
+        let c = &self.config;
+        layer.run(
+            hs,
+            c.rms_norm_eps,
+            |a, xs, stats| self.attend(a, xs, at.layer, at.rows, caches, stats),
+            |moe, xs, stats| moe.forward(xs, c, stats),
+            stats,
+        )
     }
 
     fn logits(
@@ -282,42 +270,12 @@ impl<'a> Layered<'a> for DeepSeekV3Model<'a> {
         wanted: &[usize],
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        let xs: Vec<Vec<f32>> = wanted
-            .iter()
-            .map(|&r| rms_norm(&hs[r], &self.norm, self.config.rms_norm_eps))
-            .collect();
-        Ok(apply_batch(&self.lm_head, &xs, stats)?)
+        self.ends
+            .logits(hs, wanted, self.config.rms_norm_eps, stats)
     }
 }
 
 impl DeepSeekV3Model<'_> {
-    fn run_layer(
-        &self,
-        layer: &Layer,
-        i: usize,
-        hs: &mut [Vec<f32>],
-        rows: &Rows,
-        caches: &mut [&mut Cache],
-        stats: &mut StepStats,
-    ) -> Result<(), ModelError> {
-        let c = &self.config;
-        let norm = |hs: &[Vec<f32>], weight: &[f32]| -> Vec<Vec<f32>> {
-            hs.iter()
-                .map(|h| rms_norm(h, weight, c.rms_norm_eps))
-                .collect()
-        };
-        let xs = norm(hs, &layer.input_norm);
-        let attn = self.attend(&layer.attention, &xs, i, rows, caches, stats)?;
-        add_rows(hs, &attn);
-        let xs = norm(hs, &layer.post_norm);
-        let out = match &layer.ffn {
-            FeedForward::Dense(mlp) => mlp.forward(&xs, stats)?,
-            FeedForward::Moe(moe) => moe.forward(&xs, c, stats)?,
-        };
-        add_rows(hs, &out);
-        Ok(())
-    }
-
     /// Attention for a batch of rows: every row's latent and rotated key go into its cache
     /// first, then each row attends to its cache up to its own position.
     fn attend(

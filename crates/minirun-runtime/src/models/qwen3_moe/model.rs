@@ -7,12 +7,12 @@
 //! and Hugging Face (per-expert `mlp.experts.E.*`).
 
 use crate::artifact::ArtifactError;
-use crate::blocks::embedding::embed_tokens;
 use crate::blocks::grouped_attention::{GroupedDims, KvCache, attend_head};
 use crate::blocks::mlp::{Activation, Mlp};
 use crate::blocks::moe::{RoutedExperts, run_routed, softmax_top_k, weighted_sum};
 use crate::blocks::norm::rms_norm;
-use crate::blocks::products::{add_rows, apply_batch};
+use crate::blocks::pre_norm::{Ends, FeedForward, PreNormLayer};
+use crate::blocks::products::apply_batch;
 use crate::blocks::rope::Rope;
 use crate::config::{ModelConfig, limits_from_fields};
 use crate::decode_policy::{Place, Rows, SequenceCache};
@@ -24,7 +24,7 @@ use crate::step::{ModelError, StepStats};
 use crate::weights::Weights;
 use minirun_kernels::QMatrix;
 
-struct Attention<'a> {
+pub struct Attention<'a> {
     q: QMatrix<'a>,
     k: QMatrix<'a>,
     v: QMatrix<'a>,
@@ -33,31 +33,18 @@ struct Attention<'a> {
     k_norm: Vec<f32>,
 }
 
-struct SparseMoe<'a> {
+pub struct SparseMoe<'a> {
     router: QMatrix<'a>,
     experts: RoutedExperts<'a>,
 }
 
-enum FeedForward<'a> {
-    Dense(Mlp<'a>),
-    Sparse(SparseMoe<'a>),
-}
-
 /// One layer's weights.
-pub struct Layer<'a> {
-    input_norm: Vec<f32>,
-    attention: Attention<'a>,
-    post_norm: Vec<f32>,
-    ffn: FeedForward<'a>,
-}
+pub type Layer<'a> = PreNormLayer<'a, Attention<'a>, SparseMoe<'a>>;
 
 /// The weights outside the layers, and what every layer's pass needs beside its own.
 pub struct Qwen3MoeModel<'a> {
     config: Qwen3MoeConfig,
-    embed: QMatrix<'a>,
-    norm: Vec<f32>,
-    /// The embedding itself where `tie_word_embeddings`.
-    lm_head: QMatrix<'a>,
+    ends: Ends<'a>,
     rope: Rope,
     scale: f32,
 }
@@ -94,7 +81,7 @@ fn layer<'w>(w: &Weights<'w>, c: &Qwen3MoeConfig, i: usize) -> Result<Layer<'w>,
     let hidden = c.hidden_size;
     let mlp_w = w.at("mlp");
     let ffn = match c.is_sparse(i) {
-        true => FeedForward::Sparse(SparseMoe {
+        true => FeedForward::Routed(SparseMoe {
             router: mlp_w.matrix("gate", c.num_experts, hidden)?,
             experts: RoutedExperts::new(
                 &w,
@@ -111,12 +98,7 @@ fn layer<'w>(w: &Weights<'w>, c: &Qwen3MoeConfig, i: usize) -> Result<Layer<'w>,
             Activation::Silu,
         )?),
     };
-    Ok(Layer {
-        input_norm: w.vector("input_layernorm.weight", hidden)?,
-        attention: attention(&w.at("self_attn"), c)?,
-        post_norm: w.vector("post_attention_layernorm.weight", hidden)?,
-        ffn,
-    })
+    PreNormLayer::new(&w, hidden, || attention(&w.at("self_attn"), c), ffn)
 }
 
 impl SparseMoe<'_> {
@@ -183,15 +165,8 @@ impl<'a> Layered<'a> for Qwen3MoeModel<'a> {
 
     fn new(config: Qwen3MoeConfig, w: &Weights<'a>) -> Result<Self, ArtifactError> {
         let c = &config;
-        let embed = w.matrix("model.embed_tokens", c.vocab_size, c.hidden_size)?;
-        let lm_head = match c.tie_word_embeddings {
-            true => embed,
-            false => w.matrix("lm_head", c.vocab_size, c.hidden_size)?,
-        };
         Ok(Qwen3MoeModel {
-            embed,
-            lm_head,
-            norm: w.vector("model.norm.weight", c.hidden_size)?,
+            ends: Ends::new(w, (c.vocab_size, c.hidden_size), c.tie_word_embeddings)?,
             rope: Rope::halves(c.head_dim, c.rope_theta),
             scale: (c.head_dim as f64).powf(-0.5) as f32,
             config,
@@ -215,7 +190,7 @@ impl<'a> Layered<'a> for Qwen3MoeModel<'a> {
     }
 
     fn embed(&self, tokens: &[u32], stats: &mut StepStats) -> Result<Vec<Vec<f32>>, ModelError> {
-        Ok(embed_tokens(&self.embed, tokens, stats)?)
+        self.ends.embed(tokens, stats)
     }
 
     fn run_layer(
@@ -227,20 +202,14 @@ impl<'a> Layered<'a> for Qwen3MoeModel<'a> {
         caches: &mut [&mut Cache],
         stats: &mut StepStats,
     ) -> Result<(), ModelError> {
-        let eps = self.config.rms_norm_eps;
-        let norm = |hs: &[Vec<f32>], weight: &[f32]| -> Vec<Vec<f32>> {
-            hs.iter().map(|h| rms_norm(h, weight, eps)).collect()
-        };
-        let xs = norm(hs, &layer.input_norm);
-        let attn = self.attend(&layer.attention, &xs, at.layer, at.rows, caches, stats)?;
-        add_rows(hs, &attn);
-        let xs = norm(hs, &layer.post_norm);
-        let out = match &layer.ffn {
-            FeedForward::Dense(mlp) => mlp.forward(&xs, stats)?,
-            FeedForward::Sparse(moe) => moe.forward(&xs, &self.config, stats)?,
-        };
-        add_rows(hs, &out);
-        Ok(())
+        let c = &self.config;
+        layer.run(
+            hs,
+            c.rms_norm_eps,
+            |a, xs, stats| self.attend(a, xs, at.layer, at.rows, caches, stats),
+            |moe, xs, stats| moe.forward(xs, c, stats),
+            stats,
+        )
     }
 
     fn logits(
@@ -249,11 +218,8 @@ impl<'a> Layered<'a> for Qwen3MoeModel<'a> {
         wanted: &[usize],
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        let xs: Vec<Vec<f32>> = wanted
-            .iter()
-            .map(|&r| rms_norm(&hs[r], &self.norm, self.config.rms_norm_eps))
-            .collect();
-        Ok(apply_batch(&self.lm_head, &xs, stats)?)
+        self.ends
+            .logits(hs, wanted, self.config.rms_norm_eps, stats)
     }
 }
 

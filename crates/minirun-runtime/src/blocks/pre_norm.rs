@@ -1,0 +1,125 @@
+//! The pre-norm decoder most MoE models are (DeepSeek-V3, Qwen3-MoE): each layer adds
+//! `attention(rms_norm(x))` to `x`, then `ffn(rms_norm(h))` to `h`, the feed-forward a dense MLP
+//! or the architecture's routed experts; the model ends in a final RMSNorm and the LM head.
+//! What differs between such architectures (their attention, their routing) is handed in.
+
+use crate::artifact::ArtifactError;
+use crate::blocks::embedding::embed_tokens;
+use crate::blocks::mlp::Mlp;
+use crate::blocks::norm::rms_norm;
+use crate::blocks::products::{add_rows, apply_batch};
+use crate::step::{ModelError, StepStats};
+use crate::weights::Weights;
+use minirun_kernels::QMatrix;
+
+/// A layer's feed-forward: a dense MLP, or `R`, the architecture's routed experts.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one per layer, built once and never moved on a hot path; R's size is the architecture's"
+)]
+pub enum FeedForward<'a, R> {
+    Dense(Mlp<'a>),
+    Routed(R),
+}
+
+/// One pre-norm layer: its two norms around its attention `A` and feed-forward.
+pub struct PreNormLayer<'a, A, R> {
+    pub input_norm: Vec<f32>,
+    pub attention: A,
+    pub post_norm: Vec<f32>,
+    pub ffn: FeedForward<'a, R>,
+}
+
+impl<'a, A, R> PreNormLayer<'a, A, R> {
+    /// The layer's norms under `w` (`input_layernorm`, `post_attention_layernorm`) around the
+    /// feed-forward the caller built and the attention `attention` builds (asked for between
+    /// the norms, the order the weights are recorded in).
+    pub fn new(
+        w: &Weights<'a>,
+        hidden: usize,
+        attention: impl FnOnce() -> Result<A, ArtifactError>,
+        ffn: FeedForward<'a, R>,
+    ) -> Result<Self, ArtifactError> {
+        Ok(PreNormLayer {
+            input_norm: w.vector("input_layernorm.weight", hidden)?,
+            attention: attention()?,
+            post_norm: w.vector("post_attention_layernorm.weight", hidden)?,
+            ffn,
+        })
+    }
+
+    /// `hs += attend(rms_norm(hs))`, then `hs += ffn(rms_norm(hs))`, row by row; `routed`
+    /// runs the architecture's experts.
+    pub fn run(
+        &self,
+        hs: &mut [Vec<f32>],
+        eps: f32,
+        attend: impl FnOnce(&A, &[Vec<f32>], &mut StepStats) -> Result<Vec<Vec<f32>>, ModelError>,
+        routed: impl FnOnce(&R, &[Vec<f32>], &mut StepStats) -> Result<Vec<Vec<f32>>, ModelError>,
+        stats: &mut StepStats,
+    ) -> Result<(), ModelError> {
+        let norm = |hs: &[Vec<f32>], weight: &[f32]| -> Vec<Vec<f32>> {
+            hs.iter().map(|h| rms_norm(h, weight, eps)).collect()
+        };
+        let attn = attend(&self.attention, &norm(hs, &self.input_norm), stats)?;
+        add_rows(hs, &attn);
+        let xs = norm(hs, &self.post_norm);
+        let out = match &self.ffn {
+            FeedForward::Dense(mlp) => mlp.forward(&xs, stats)?,
+            FeedForward::Routed(experts) => routed(experts, &xs, stats)?,
+        };
+        add_rows(hs, &out);
+        Ok(())
+    }
+}
+
+/// The weights outside the layers: the token embedding, the final norm and the LM head (the
+/// embedding itself when the head is tied to it).
+pub struct Ends<'a> {
+    embed: QMatrix<'a>,
+    norm: Vec<f32>,
+    lm_head: QMatrix<'a>,
+}
+
+impl<'a> Ends<'a> {
+    /// `model.embed_tokens`, `model.norm` and `lm_head` (or, `tied`, the embedding again).
+    pub fn new(
+        w: &Weights<'a>,
+        (vocab, hidden): (usize, usize),
+        tied: bool,
+    ) -> Result<Ends<'a>, ArtifactError> {
+        let embed = w.matrix("model.embed_tokens", vocab, hidden)?;
+        let lm_head = match tied {
+            true => embed,
+            false => w.matrix("lm_head", vocab, hidden)?,
+        };
+        Ok(Ends {
+            embed,
+            norm: w.vector("model.norm.weight", hidden)?,
+            lm_head,
+        })
+    }
+
+    pub fn embed(
+        &self,
+        tokens: &[u32],
+        stats: &mut StepStats,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        Ok(embed_tokens(&self.embed, tokens, stats)?)
+    }
+
+    /// The logits of the `wanted` rows of `hs`: final norm, then the head.
+    pub fn logits(
+        &self,
+        hs: &[Vec<f32>],
+        wanted: &[usize],
+        eps: f32,
+        stats: &mut StepStats,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let xs: Vec<Vec<f32>> = wanted
+            .iter()
+            .map(|&r| rms_norm(&hs[r], &self.norm, eps))
+            .collect();
+        Ok(apply_batch(&self.lm_head, &xs, stats)?)
+    }
+}
