@@ -8,6 +8,16 @@ pub enum TextError {
     NoTokenizer,
     #[error("tokenizer.json: {0}")]
     Tokenizer(String),
+    #[error("tiktoken.model: {0}")]
+    Tiktoken(String),
+    #[error(
+        "message {index} ({role}) contains {token:?}, one of the tokenizer's control tokens: remove it (a conversation's control tokens come only from the chat template, so a message cannot forge a turn)"
+    )]
+    ControlTokenInMessage {
+        index: usize,
+        role: String,
+        token: String,
+    },
     #[error(
         "--chat needs a chat_template in tokenizer_config.json, and this artifact has none; run without --chat"
     )]

@@ -66,6 +66,31 @@ fn token_text(v: Option<&Value>) -> Option<String> {
     }
 }
 
+/// Refuses a message whose content spells one of the tokenizer's special (control) tokens: the
+/// rendered conversation is encoded as one text, in which such a spelling would become the
+/// control token itself, so a user could close their turn and write the assistant's.
+fn refuse_control_tokens(
+    tokenizer: &tokenizers::Tokenizer,
+    messages: &[(String, String)],
+) -> Result<(), TextError> {
+    let decoder = tokenizer.get_added_tokens_decoder();
+    let controls: Vec<&str> = decoder
+        .values()
+        .filter(|t| t.special && !t.content.is_empty())
+        .map(|t| t.content.as_str())
+        .collect();
+    for (index, (role, content)) in messages.iter().enumerate() {
+        if let Some(token) = controls.iter().find(|c| content.contains(**c)) {
+            return Err(TextError::ControlTokenInMessage {
+                index,
+                role: role.clone(),
+                token: token.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
 impl Text {
     /// A Hugging Face tokenizer (with its tokenizer_config.json) when there is a
     /// `tokenizer.json`, else Kimi K3's from a `tiktoken.model`.
@@ -197,7 +222,10 @@ impl Text {
     /// `(role, content)` messages in the chat template, ready for the assistant's reply, as ids.
     pub fn conversation_ids(&self, messages: &[(String, String)]) -> Result<Vec<u32>, TextError> {
         match &self.inner {
-            Inner::HuggingFace { .. } => self.encode(&self.render_chat(messages)?, false),
+            Inner::HuggingFace { tokenizer, .. } => {
+                refuse_control_tokens(tokenizer, messages)?;
+                self.encode(&self.render_chat(messages)?, false)
+            }
             Inner::Kimi(kimi) => kimi.chat_ids(messages),
         }
     }

@@ -60,7 +60,7 @@ pub struct KimiText {
 }
 
 fn bad(line: usize, why: impl std::fmt::Display) -> TextError {
-    TextError::Tokenizer(format!("tiktoken.model line {line}: {why}"))
+    TextError::Tiktoken(format!("tiktoken.model line {line}: {why}"))
 }
 
 impl KimiText {
@@ -68,7 +68,7 @@ impl KimiText {
     /// without gaps, every token distinct, all 256 single bytes present.
     pub fn parse(model: &[u8]) -> Result<KimiText, TextError> {
         let text = std::str::from_utf8(model)
-            .map_err(|_| TextError::Tokenizer("tiktoken.model is not UTF-8 text".into()))?;
+            .map_err(|_| TextError::Tiktoken("tiktoken.model is not UTF-8 text".into()))?;
         let mut tokens = Vec::new();
         let mut ranks = HashMap::new();
         for (n, line) in text.split('\n').enumerate().filter(|(_, l)| !l.is_empty()) {
@@ -97,7 +97,7 @@ impl KimiText {
             tokens.push(bytes);
         }
         if let Some(byte) = (0..=255u8).find(|b| !ranks.contains_key(&[*b][..])) {
-            return Err(TextError::Tokenizer(format!(
+            return Err(TextError::Tiktoken(format!(
                 "tiktoken.model has no token for the byte {byte:#04x}: some text could not be encoded"
             )));
         }
@@ -109,7 +109,7 @@ impl KimiText {
             })
             .collect();
         let pattern = fancy_regex::Regex::new(K3_PATTERN)
-            .map_err(|e| TextError::Tokenizer(format!("K3's split pattern: {e}")))?;
+            .map_err(|e| TextError::Tiktoken(format!("K3's split pattern: {e}")))?;
         Ok(KimiText {
             ranks,
             tokens,
@@ -133,7 +133,7 @@ impl KimiText {
     /// that control token to a reader of the text, but encode as plain bytes.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TextError> {
         if let Some(name) = self.specials.iter().find(|s| text.contains(s.as_str())) {
-            return Err(TextError::Tokenizer(format!(
+            return Err(TextError::Tiktoken(format!(
                 "the text contains {name:?}, one of K3's reserved tokens; remove it (control tokens come only from the chat template)"
             )));
         }
@@ -141,10 +141,10 @@ impl KimiText {
         let mut covered = 0;
         for found in self.pattern.find_iter(text) {
             let piece = found.map_err(|e| {
-                TextError::Tokenizer(format!("K3's split pattern gave up on the text: {e}"))
+                TextError::Tiktoken(format!("K3's split pattern gave up on the text: {e}"))
             })?;
             if piece.start() != covered {
-                return Err(TextError::Tokenizer(format!(
+                return Err(TextError::Tiktoken(format!(
                     "K3's split pattern matched nothing at byte {covered} of the text"
                 )));
             }
@@ -152,7 +152,7 @@ impl KimiText {
             self.merge(piece.as_str().as_bytes(), &mut ids);
         }
         if covered != text.len() {
-            return Err(TextError::Tokenizer(format!(
+            return Err(TextError::Tiktoken(format!(
                 "K3's split pattern matched nothing at byte {covered} of the text"
             )));
         }
@@ -202,7 +202,7 @@ impl KimiText {
                 (Some(token), _) => bytes.extend_from_slice(token),
                 (None, Some(name)) => bytes.extend_from_slice(name.as_bytes()),
                 (None, None) => {
-                    return Err(TextError::Tokenizer(format!(
+                    return Err(TextError::Tiktoken(format!(
                         "id {id} is outside the vocabulary of {}",
                         self.vocab_size()
                     )));
@@ -227,7 +227,7 @@ impl KimiText {
         let control = |ids: &mut Vec<u32>, name: &str| -> Result<(), TextError> {
             let id = self
                 .special_id(name)
-                .ok_or_else(|| TextError::Tokenizer(format!("the vocabulary has no {name}")))?;
+                .ok_or_else(|| TextError::Tiktoken(format!("the vocabulary has no {name}")))?;
             ids.push(id);
             Ok(())
         };
