@@ -37,8 +37,9 @@ enum Command {
         /// Storage type of the weights: f32 (exact), f16 or bf16 (half the size; loaded as f32).
         #[arg(long, default_value = "bf16", value_parser = parse_dtype)]
         dtype: Dtype,
-        /// Output file. Default <ckpt-dir>/<ckpt-name>.<dtype>.dmexp. Refused when it is one of
-        /// the run's own files (by any name) or exists as anything but a regular file.
+        /// Output file. Default <ckpt-dir>/<ckpt-name>.<dtype>.dmexp. An existing one is replaced
+        /// only when it is an earlier .dmexp export (or empty): one of the run's own files (by
+        /// any name), any other file, or anything but a regular file is refused.
         #[arg(long)]
         out: Option<PathBuf>,
         /// Only when <ckpt-name>.config.toml is absent: the preset whose shape to assume

@@ -118,6 +118,11 @@ pub enum ExportError {
         out.display()
     )]
     OutNotRegular { out: PathBuf, kind: &'static str },
+    #[error(
+        "--out {} already holds a file that is not a .dmexp export ({kind}): an export replaces only an earlier export. Give another --out, or move that file away first",
+        out.display()
+    )]
+    OutNotAnExport { out: PathBuf, kind: &'static str },
 }
 
 fn resolve_config(req: &ExportRequest) -> Result<(DormouseConfig, ConfigSource), ExportError> {
@@ -179,8 +184,31 @@ fn check_out(req: &ExportRequest) -> Result<(), ExportError> {
             return Err(ExportError::OutIsTheRun { out, what, file });
         }
     }
-    Ok(())
+    // Anything else that is not an export (another run's checkpoint under another name, a
+    // user's file) is not this command's to replace; an empty file holds nothing to lose.
+    let io = |error| ExportError::Io {
+        path: out.clone(),
+        error,
+    };
+    let mut prefix = Vec::new();
+    regular_file::open(&out)
+        .and_then(|file| {
+            use std::io::Read;
+            file.take(OUT_PREFIX_BYTES).read_to_end(&mut prefix)
+        })
+        .map_err(io)?;
+    match dmexp::identify(&prefix) {
+        _ if meta.len() == 0 => Ok(()),
+        dmexp::FileKind::Export { .. } => Ok(()),
+        other => Err(ExportError::OutNotAnExport {
+            out,
+            kind: other.label(),
+        }),
+    }
 }
+
+/// Enough of an existing `--out` to tell an export from anything else.
+const OUT_PREFIX_BYTES: u64 = 64;
 
 pub fn export_run(req: &ExportRequest) -> Result<Exported, ExportError> {
     check_out(req)?;

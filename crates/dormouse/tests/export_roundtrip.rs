@@ -353,6 +353,54 @@ fn the_config_comes_from_the_snapshot_and_a_preset_only_as_a_declared_guess() {
     assert!(matches!(err, ExportError::Mismatch { .. }), "{err}");
 }
 
+/// An existing `--out` is replaced only when it is an earlier export (or empty): another run's
+/// checkpoint under another name, or any other file, is refused and left as it was.
+#[test]
+fn an_out_holding_something_other_than_an_export_is_refused_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    trained_run(dir.path(), &DormouseConfig::preset("nano").unwrap(), 2);
+    let other_run = dir.path().join("other.bin");
+    std::fs::copy(dir.path().join("latest.bin"), &other_run).unwrap();
+    let notes = dir.path().join("notes.txt");
+    std::fs::write(&notes, "my notes, not an export\n").unwrap();
+    for (out, kind) in [
+        (&other_run, "dormouse-training-checkpoint"),
+        (&notes, "unknown"),
+    ] {
+        let before = std::fs::read(out).unwrap();
+        let req = ExportRequest {
+            out: Some(out.clone()),
+            ..request(dir.path(), Dtype::Bf16)
+        };
+        let err = export_run(&req).unwrap_err();
+        assert!(matches!(err, ExportError::OutNotAnExport { .. }), "{err}");
+        assert!(err.to_string().contains(kind), "{err}");
+        assert_eq!(
+            std::fs::read(out).unwrap(),
+            before,
+            "{} untouched",
+            out.display()
+        );
+    }
+    // An earlier export, and an empty file, are replaced.
+    let out = dir.path().join("model.dmexp");
+    for _ in 0..2 {
+        let req = ExportRequest {
+            out: Some(out.clone()),
+            ..request(dir.path(), Dtype::Bf16)
+        };
+        export_run(&req).unwrap();
+    }
+    let empty = dir.path().join("empty.dmexp");
+    std::fs::write(&empty, b"").unwrap();
+    let req = ExportRequest {
+        out: Some(empty.clone()),
+        ..request(dir.path(), Dtype::Bf16)
+    };
+    export_run(&req).unwrap();
+    assert!(std::fs::metadata(&empty).unwrap().len() > 0);
+}
+
 #[test]
 fn an_out_that_is_the_run_itself_or_not_a_regular_file_is_refused_and_left_alone() {
     let dir = tempfile::tempdir().unwrap();
