@@ -11,7 +11,7 @@
 use std::path::Path;
 
 use minirun_format::artifact::INDEX_FILE;
-use minirun_format::identity::is_pinned_revision;
+use minirun_format::identity::{is_canonical_repo_id, is_pinned_revision};
 use minirun_format::index::ArtifactIndex;
 use minirun_format::tree::{StreamHasher, Tree, TreeBuilder};
 use minirun_store::{Origin, Root, SourcedFile};
@@ -41,6 +41,10 @@ pub enum UpstreamError {
         "{dir}: index.json is not the published one ({got} bytes, the publication lists {listed}): verification would fail on it"
     )]
     IndexNotPublished { dir: String, got: u64, listed: u64 },
+    #[error(
+        "the publication's index.json names {repo:?} as its upstream, which is not a repository id (owner/name): nothing is fetched or recorded from it"
+    )]
+    NotARepoId { repo: String },
     #[error(
         "the publication lacks files a run needs (config.json, or its tokenizer); its index.json names {repo}@{revision}: give that repository's tree listing with --source-tree FILE, or leave out --tree to ask the Hub"
     )]
@@ -209,6 +213,13 @@ fn named_upstream(dir: &Path, publication: &Tree) -> Result<Option<Origin>, Upst
     let [source] = index.sources.as_slice() else {
         return Ok(None);
     };
+    // The id is printed and recorded in the evidence: a hostile index.json must not put
+    // terminal escapes or a path there.
+    if !is_canonical_repo_id(&source.repo) {
+        return Err(UpstreamError::NotARepoId {
+            repo: source.repo.clone(),
+        });
+    }
     Ok(source
         .revision
         .as_deref()
@@ -307,6 +318,41 @@ mod tests {
         assert_eq!(
             files_lacking(&publication(&["config.json"])),
             ["tokenizer.json", "tokenizer_config.json"]
+        );
+    }
+
+    #[test]
+    fn an_upstream_that_is_not_a_repository_id_is_refused_before_anything_is_printed() {
+        use sha2::{Digest, Sha256};
+        let dir = tempfile::tempdir().unwrap();
+        let index = serde_json::json!({
+            "format": "quantized_tile_container", "format_version": 1,
+            "source_repo": "evil\u{1b}[31m/../name", "source_revision": "0".repeat(40),
+        })
+        .to_string();
+        std::fs::write(dir.path().join("index.json"), &index).unwrap();
+        let mut publication = publication(&["tokenizer.json"]);
+        publication.files.insert(
+            "index.json".into(),
+            RepoFile {
+                path: "index.json".into(),
+                size: index.len() as u64,
+                digest: FileDigest::Sha256(Sha256::digest(index.as_bytes()).into()),
+            },
+        );
+        let listing = dir.path().join("tree.json");
+        let lookup = Lookup {
+            source_tree: Some(&listing),
+            offline: true,
+            endpoint: None,
+        };
+        let err = sourced_files(dir.path(), &publication, lookup)
+            .err()
+            .unwrap();
+        assert!(matches!(err, UpstreamError::NotARepoId { .. }), "{err}");
+        assert!(
+            !err.to_string().contains('\u{1b}'),
+            "the escape is not printed raw"
         );
     }
 
