@@ -14,6 +14,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use minirun_format::artifact::{FileEntry, Layout, Member, Quantization};
+use minirun_format::index::ArtifactIndex;
 use minirun_format::tile::{HEADER_BYTES, QuantMode, ScaleDtype, TileContainer};
 use minirun_store::{
     AlignedBuf, ArtifactFiles, BufferPool, HeldEvidence, LayoutError, PayloadFile, ReadPath,
@@ -495,6 +496,17 @@ impl Artifact {
         };
         let files = access.files(root)?;
         files.check_complete()?;
+        // Verification records index.json's bytes and the run reports its identity: one that is
+        // not even a JSON object is refused rather than carried along unread.
+        let index = read_metadata(&files, "index.json")?.unwrap_or_default();
+        if let Some(problem) = ArtifactIndex::parse(&index).parse_problem {
+            return Err(invalid(
+                &format!("{shown}/index.json"),
+                format!(
+                    "is not an artifact index ({problem}): pack the artifact again with `minirun pack`, or download it again"
+                ),
+            ));
+        }
         let config_json = read_metadata(&files, "config.json")?
             .ok_or_else(|| ArtifactError::NoConfig(shown.clone()))?;
         let config_json = text("config.json", config_json)?;

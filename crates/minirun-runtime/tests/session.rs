@@ -281,6 +281,22 @@ fn offline_evidence_covers_the_metadata_a_run_reads() {
     );
 }
 
+/// An index.json that is not a JSON object is refused at open, verified or not, before a
+/// weight is read.
+#[test]
+fn an_index_json_that_is_not_an_index_is_refused() {
+    let dir = packed();
+    std::fs::write(dir.path().join("index.json"), b"\x00garbage, not json").unwrap();
+    let err = Session::open(dir.path(), Trust::Unverified)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("index.json") && err.contains("is not an artifact index"),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_unit_added_after_verification_is_refused_not_read() {
     let dir = packed();

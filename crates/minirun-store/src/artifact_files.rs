@@ -35,6 +35,10 @@ pub enum LayoutError {
     )]
     Incomplete { path: String, reason: &'static str },
     #[error(
+        "{path}/index.json is not an artifact index ({problem}): pack the artifact again with `minirun pack`, or download it again"
+    )]
+    NotAnIndex { path: String, problem: String },
+    #[error(
         "{path} carries no per-file digests this build can check ({reason}); published artifacts' manifests have none: verify against the publisher with --repo ID --revision SHA"
     )]
     NoOwnDigests { path: String, reason: String },
@@ -183,6 +187,16 @@ pub fn own_manifest_tree(path: &Path) -> Result<Tree, LayoutError> {
         path: path.display().to_string(),
         reason,
     };
+    let index = files
+        .read_metadata(INDEX_FILE, MAX_MANIFEST_BYTES)?
+        .map(|m| m.bytes)
+        .unwrap_or_default();
+    if let Some(problem) = minirun_format::index::ArtifactIndex::parse(&index).parse_problem {
+        return Err(LayoutError::NotAnIndex {
+            path: path.display().to_string(),
+            problem,
+        });
+    }
     let layout = files.layout()?;
     if !layout.has_own_digests() {
         return Err(no_digests(format!("it is in {}", layout.describe())));

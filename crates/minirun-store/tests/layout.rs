@@ -127,3 +127,11 @@ fn a_published_layout_is_named_when_it_has_no_digests() {
         "{err}"
     );
 }
+
+#[test]
+fn offline_verification_refuses_an_index_json_that_is_not_an_index() {
+    let dir = artifact();
+    fs::write(dir.path().join("index.json"), b"not json at all").unwrap();
+    let err = minirun_store::own_manifest_tree(dir.path()).unwrap_err();
+    assert!(matches!(err, LayoutError::NotAnIndex { .. }), "{err}");
+}
