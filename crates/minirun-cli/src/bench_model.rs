@@ -75,7 +75,7 @@ pub fn run(args: &ModelArgs) -> Result<ExitCode> {
     }
     let trust = match args.unverified {
         true => Trust::Unverified,
-        false => Trust::Verified(minirun_store::SealKey::for_user()?),
+        false => Trust::Verified(minirun_store::SealKey::existing_for_user()?),
     };
     let mut session = Session::open(&args.artifact, trust)?;
     session.artifact.set_activations(args.activations.into());

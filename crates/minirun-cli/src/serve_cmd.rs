@@ -132,7 +132,7 @@ fn spawn_engine(
     let path = args.artifact.clone();
     let trust = match args.unverified {
         true => Trust::Unverified,
-        false => Trust::Verified(minirun_store::SealKey::for_user()?),
+        false => Trust::Verified(minirun_store::SealKey::existing_for_user()?),
     };
     let (budget, reads_in_flight) = (args.budget, args.reads_in_flight);
     let (max_concurrent, context) = (usize::from(args.max_concurrent), args.context);

@@ -38,6 +38,14 @@ pub enum KeyError {
         "evidence key {path} is not a key ({reason}): remove it to make a new one (existing evidence must then be verified again)"
     )]
     Malformed { path: String, reason: String },
+    #[error(
+        "the evidence key's folder {path} {reason}: whoever can write there can swap the key and forge evidence. Make it yours and closed to others (`chmod go-w {path}`), or set {KEY_ENV}=FILE to keep the key in a private folder"
+    )]
+    FolderOpen { path: String, reason: String },
+    #[error(
+        "no verification evidence can be checked: there is no evidence key at {path} (evidence is sealed with the key that verified it). `minirun verify` makes the key and the evidence; or run with --unverified. If the key was moved, set {KEY_ENV}=FILE"
+    )]
+    Missing { path: String },
 }
 
 /// The user's HMAC-SHA256 key for sealing evidence.
@@ -60,6 +68,25 @@ impl SealKey {
     /// else `$HOME/.config/minirun/evidence.key`; made (random, 0600) the first time.
     pub fn for_user() -> Result<SealKey, KeyError> {
         SealKey::load_or_create(&default_path()?)
+    }
+
+    /// The user's existing key, for reading evidence: a missing one is refused
+    /// ([`KeyError::Missing`]) rather than made, since evidence sealed with another key could
+    /// never open under a new one.
+    pub fn existing_for_user() -> Result<SealKey, KeyError> {
+        SealKey::existing(&default_path()?)
+    }
+
+    /// The key at `path`, refused when there is none.
+    pub fn existing(path: &Path) -> Result<SealKey, KeyError> {
+        match load(path) {
+            Err(KeyError::Io { error, .. }) if error.kind() == std::io::ErrorKind::NotFound => {
+                Err(KeyError::Missing {
+                    path: path.display().to_string(),
+                })
+            }
+            other => other,
+        }
     }
 
     /// The key at `path`, made there first if there is none. The file must be regular (not a
@@ -121,7 +148,43 @@ fn io_error(path: &Path) -> impl Fn(std::io::Error) -> KeyError + '_ {
     }
 }
 
+/// Refuses a key folder someone else could write in (another owner, or group/other write
+/// bits): they could replace the key with one they know.
+fn check_folder(path: &Path) -> Result<(), KeyError> {
+    let dir = atomic_file::parent_dir(path);
+    let open = |reason: String| KeyError::FolderOpen {
+        path: dir.display().to_string(),
+        reason,
+    };
+    let meta = match std::fs::symlink_metadata(&dir) {
+        Ok(meta) => meta,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(error) => return Err(io_error(&dir)(error)),
+    };
+    if !meta.is_dir() {
+        return Err(open(format!(
+            "is {}, not a folder",
+            regular_file::describe(meta.file_type())
+        )));
+    }
+    let me = rustix::process::geteuid().as_raw();
+    if meta.uid() != me && meta.uid() != 0 {
+        return Err(open(format!(
+            "belongs to user {}, not to this user ({me})",
+            meta.uid()
+        )));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(open(format!(
+            "is writable by others (mode {:o})",
+            meta.mode() & 0o7777
+        )));
+    }
+    Ok(())
+}
+
 fn load(path: &Path) -> Result<SealKey, KeyError> {
+    check_folder(path)?;
     let shown = path.display().to_string();
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -275,6 +338,33 @@ mod tests {
         assert!(!a.opens("e", b"bytes", &seal));
         assert!(!a.opens("d", b"bytez", &seal));
         assert!(!a.opens("d", b"bytes", "not hex"));
+    }
+
+    #[test]
+    fn a_key_in_a_folder_others_can_write_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k");
+        SealKey::load_or_create(&path).unwrap();
+        for mode in [0o770, 0o707] {
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(mode)).unwrap();
+            let err = SealKey::load_or_create(&path).unwrap_err();
+            assert!(matches!(err, KeyError::FolderOpen { .. }), "{err}");
+            assert!(err.to_string().contains("writable by others"), "{err}");
+        }
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert!(SealKey::existing(&path).is_ok());
+    }
+
+    #[test]
+    fn reading_evidence_never_makes_a_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k");
+        let err = SealKey::existing(&path).unwrap_err();
+        assert!(matches!(err, KeyError::Missing { .. }), "{err}");
+        assert!(!path.exists(), "no key was made");
+        let made = SealKey::load_or_create(&path).unwrap();
+        let read = SealKey::existing(&path).unwrap();
+        assert_eq!(made.seal("d", b"x"), read.seal("d", b"x"));
     }
 
     #[test]
