@@ -187,16 +187,6 @@ pub fn own_manifest_tree(path: &Path) -> Result<Tree, LayoutError> {
         path: path.display().to_string(),
         reason,
     };
-    let index = files
-        .read_metadata(INDEX_FILE, MAX_MANIFEST_BYTES)?
-        .map(|m| m.bytes)
-        .unwrap_or_default();
-    if let Some(problem) = minirun_format::index::ArtifactIndex::parse(&index).parse_problem {
-        return Err(LayoutError::NotAnIndex {
-            path: path.display().to_string(),
-            problem,
-        });
-    }
     let layout = files.layout()?;
     if !layout.has_own_digests() {
         return Err(no_digests(format!("it is in {}", layout.describe())));
@@ -208,6 +198,17 @@ pub fn own_manifest_tree(path: &Path) -> Result<Tree, LayoutError> {
     if manifests.is_empty() {
         return Err(no_digests("it has no unit manifests".to_string()));
     }
+    let index = files
+        .read_metadata(INDEX_FILE, MAX_MANIFEST_BYTES)?
+        .map(|m| m.bytes)
+        .unwrap_or_default();
+    if let Some(problem) = minirun_format::index::ArtifactIndex::parse(&index).parse_problem {
+        return Err(LayoutError::NotAnIndex {
+            path: path.display().to_string(),
+            problem,
+        });
+    }
+
     let mut tree = Tree {
         repo: String::new(),
         revision: String::new(),
