@@ -293,22 +293,6 @@ def build_hf_variant(vdir, variant, base, cfg, tok_files):
         common.write_bytes(Path(vdir) / fname, data)
 
 
-def hf_weights_f32(vdir):
-    """An HF variant read back and decoded exactly in float32 (FP8 codes times their block's
-    scale)."""
-    _, tensors = common.read_safetensors(Path(vdir) / "model.safetensors")
-    out = {}
-    for name, (dtype, shape, raw) in tensors.items():
-        if name.endswith("_scale_inv"):
-            continue
-        a = common.decode_tensor_f32(dtype, shape, raw)
-        if dtype == "F8_E4M3":
-            sd, ss, sr = tensors[name + "_scale_inv"]
-            a = common.fp8_dequantize(a, common.decode_tensor_f32(sd, ss, sr))
-        out[name] = a
-    return out
-
-
 def oracle_model(vdir, variant, cfg):
     import mlx.core as mx
     from mlx.utils import tree_flatten, tree_map
@@ -323,7 +307,7 @@ def oracle_model(vdir, variant, cfg):
         model.update(tree_map(up, model.parameters()))
     else:
         model = new_mlx_model(cfg)
-        common.load_exact_weights(model, hf_to_mlx(hf_weights_f32(vdir), cfg))
+        common.load_exact_weights(model, hf_to_mlx(common.hf_weights_f32(vdir), cfg))
         tokenizer = load_tokenizer(Path(vdir))
     for k in ALT_OVERRIDES:
         assert getattr(model.args, k) == cfg[k], (variant, k)
