@@ -30,6 +30,7 @@ import base64
 import collections
 import json
 import os
+import random
 import sys
 
 import regex
@@ -108,6 +109,12 @@ CASES = [
     " ",
     "\n",
     "a" * 300,
+    # Long single pieces: the merges must give tiktoken's ids however long a run of letters is
+    # (minirun's encoder is linear in a piece, tiktoken's quadratic; same ids).
+    "lock" * 1000,
+    "clockmaker" * 300,
+    "LOCK" * 500,
+    "".join(random.Random(0).choice("clockmakerCLOCKMAKERtheTHE") for _ in range(5000)),
 ]
 
 CHATS = [

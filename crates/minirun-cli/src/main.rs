@@ -9,6 +9,7 @@ mod pack_cmd;
 mod run_cmd;
 mod serve_cmd;
 mod serve_engine;
+mod serve_prompt;
 mod serve_requests;
 mod synth;
 mod threads;

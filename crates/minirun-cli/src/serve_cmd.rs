@@ -22,11 +22,13 @@ use http_serve::lifecycle::{request_seed, unix_now};
 use http_serve::{ApiError, Finish, ListenArgs};
 use minirun_runtime::budget::Budget;
 use minirun_runtime::session::{Session, Trust};
+use minirun_text::Text;
 use serde_json::{Value, json};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::serve_engine::{self, Job, Piece};
+use crate::serve_prompt;
 use crate::serve_requests::{self, Ask, MAX_BODY_BYTES};
 
 const ROUTES: &str = "GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions";
@@ -63,6 +65,10 @@ pub struct ServeArgs {
 
 struct AppState {
     jobs: mpsc::Sender<Job>,
+    /// The artifact's tokenizer: prompts are tokenized by their handlers, off the decode thread.
+    text: Arc<Text>,
+    /// Tokens a request may hold, prompt and completion.
+    context: usize,
     model_id: String,
     verified: bool,
     created: u64,
@@ -72,6 +78,8 @@ struct AppState {
 /// What the decode thread reports once the model is built.
 struct Ready {
     lines: Vec<String>,
+    text: Arc<Text>,
+    context: usize,
 }
 
 pub fn serve(args: &ServeArgs) -> Result<ExitCode> {
@@ -97,6 +105,8 @@ pub fn serve(args: &ServeArgs) -> Result<ExitCode> {
     }
     let state = Arc::new(AppState {
         jobs,
+        text: ready.text,
+        context: ready.context,
         model_id,
         verified: !args.unverified,
         created: unix_now(),
@@ -158,7 +168,11 @@ fn spawn_engine(
                     max_positions,
                 ) {
                     Ok((model, lines)) => {
-                        let _ = ready.send(Ok(Ready { lines }));
+                        let _ = ready.send(Ok(Ready {
+                            lines,
+                            text: session.text.clone(),
+                            context,
+                        }));
                         model
                     }
                     Err(e) => {
@@ -284,8 +298,19 @@ async fn answer(state: Arc<AppState>, body: Result<Bytes, BytesRejection>, kind:
         Err(e) => return e.into_response(),
     };
     let stream = ask.stream;
+    let prompt_ids =
+        match serve_prompt::prompt_ids(state.text.clone(), ask.prompt.clone(), state.context).await
+        {
+            Ok(ids) => ids,
+            Err(e) => return e.into_response(),
+        };
     let (reply, mut pieces) = unbounded_channel();
-    if state.jobs.send(Job { ask, reply }).is_err() {
+    let job = Job {
+        ask,
+        prompt_ids,
+        reply,
+    };
+    if state.jobs.send(job).is_err() {
         return ApiError::server("shutting_down", "the server is shutting down").into_response();
     }
     let prompt_tokens = match pieces.recv().await {

@@ -17,11 +17,13 @@ use minirun_runtime::session::{IncrementalText, Session};
 use minirun_runtime::step::StepStats;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::serve_requests::{Ask, Prompt};
+use crate::serve_requests::Ask;
 
-/// A request on its way to the decode thread, with where its pieces go.
+/// A request on its way to the decode thread: its prompt already as ids (tokenized by the
+/// handler, `serve_prompt`), with where its pieces go.
 pub struct Job {
     pub ask: Ask,
+    pub prompt_ids: Vec<u32>,
     pub reply: UnboundedSender<Piece>,
 }
 
@@ -105,19 +107,25 @@ impl DecodeBatch for Requests<'_, '_> {
         self.batch.len()
     }
 
-    /// Tokenizes each request within the context (refusing what does not fit) and runs the
+    /// Admits each request whose prompt fits the context (refusing what does not) and runs the
     /// prompts of those admitted as the rows of shared passes.
     fn admit(&mut self, arriving: Vec<(u64, Job)>) {
         let session = self.session;
         let mut admitted = Vec::new();
         for (id, job) in arriving {
-            let Some(request) = admission(session, &job, &self.stop, self.context) else {
+            let Job {
+                ask,
+                prompt_ids,
+                reply,
+            } = job;
+            let Some(request) = admission(prompt_ids, &ask, &reply, &self.stop, self.context)
+            else {
                 continue;
             };
             let live = Live {
-                reply: job.reply,
+                reply,
                 shown: IncrementalText::new(&session.text),
-                text: TextStream::new(job.ask.stops),
+                text: TextStream::new(ask.stops),
             };
             self.live.insert(id, live);
             admitted.push((id, request));
@@ -150,32 +158,24 @@ impl DecodeBatch for Requests<'_, '_> {
     }
 }
 
-/// The request's prompt as ids within the context, with `Started` sent; `None` when it was
-/// refused (or nobody waits for it any more).
-fn admission(session: &Session, job: &Job, stop: &[u32], context: usize) -> Option<Request> {
-    if job.reply.is_closed() {
+/// The request's prompt within the context, with `Started` sent; `None` when it was refused
+/// (or nobody waits for it any more).
+fn admission(
+    ids: Vec<u32>,
+    ask: &Ask,
+    reply: &UnboundedSender<Piece>,
+    stop: &[u32],
+    context: usize,
+) -> Option<Request> {
+    if reply.is_closed() {
         return None;
     }
     let refuse = |error: ApiError| {
-        let _ = job.reply.send(Piece::Refused(error));
+        let _ = reply.send(Piece::Refused(error));
         None
     };
-    let ids = match &job.ask.prompt {
-        Prompt::Text(text) => session.prompt_ids(text, false),
-        Prompt::Chat(messages) => session.text.conversation_ids(messages).map_err(Into::into),
-    };
-    let ids = match ids {
-        Ok(ids) => ids,
-        Err(e) => {
-            return refuse(ApiError::invalid(
-                "prompt",
-                "invalid_prompt",
-                format!("the prompt cannot be tokenized: {e}"),
-            ));
-        }
-    };
     let room = context.saturating_sub(ids.len());
-    let max_tokens = job.ask.max_tokens.unwrap_or(room);
+    let max_tokens = ask.max_tokens.unwrap_or(room);
     if room == 0 || max_tokens > room {
         return refuse(ApiError::invalid(
             "max_tokens",
@@ -183,14 +183,13 @@ fn admission(session: &Session, job: &Job, stop: &[u32], context: usize) -> Opti
             format!(
                 "the prompt has {} tokens and {} more were asked for; this server's context is {} tokens a request (--context)",
                 ids.len(),
-                job.ask
-                    .max_tokens
+                ask.max_tokens
                     .map_or("at least one".to_string(), |m| m.to_string()),
                 context
             ),
         ));
     }
-    job.reply
+    reply
         .send(Piece::Started {
             prompt_tokens: ids.len(),
         })
@@ -198,7 +197,7 @@ fn admission(session: &Session, job: &Job, stop: &[u32], context: usize) -> Opti
     Some(Request {
         prompt: ids,
         max_tokens,
-        sampling: job.ask.sampling,
+        sampling: ask.sampling,
         stop: stop.to_vec(),
     })
 }

@@ -331,6 +331,69 @@ fn serve_answers_what_run_generates_alone_and_together_streams_and_refuses_bad_r
     );
 }
 
+/// Kimi K3's tiny fixture packed into `dir/k3`, its tokenizer K3's own kind: a
+/// `tiktoken.model` (the 256 single bytes; with the 256 reserved ids, the model's 512).
+fn packed_k3_with_tiktoken(dir: &Path) -> PathBuf {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../minirun-runtime/tests/data/kimi-k3/mlx-k3mix");
+    let out = dir.join("k3");
+    ok(minirun()
+        .args(["pack", "--source"])
+        .arg(&fixture)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap());
+    for name in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    ] {
+        std::fs::remove_file(out.join(name)).unwrap();
+    }
+    use base64::Engine;
+    let bytes_only: String = (0..=255u8)
+        .map(|b| {
+            let token = base64::engine::general_purpose::STANDARD.encode([b]);
+            format!("{token} {b}\n")
+        })
+        .collect();
+    std::fs::write(out.join("tiktoken.model"), bytes_only).unwrap();
+    out
+}
+
+/// A mebibyte prompt is refused by its length in bytes, before it is tokenized and away from
+/// the decode thread, while another request decodes on to exactly what it gets alone.
+#[test]
+fn a_prompt_too_long_in_bytes_is_refused_while_others_decode() {
+    let dir = tempfile::tempdir().unwrap();
+    let artifact = packed_k3_with_tiktoken(dir.path());
+    let ran = run_json(&artifact, "The clockmaker", 24, false, &[]);
+    let server = Server::start(&artifact, &["--unverified", "--max-concurrent", "2"]);
+    let url = server.url("/v1/completions");
+    let body = json!({"prompt": "The clockmaker", "max_tokens": 24, "temperature": 0});
+    let word = "lock".repeat(250_000);
+    std::thread::scope(|scope| {
+        let decoding = scope.spawn(|| text_of(&post(&url, &body).unwrap()));
+        let (status, error) = server
+            .post("/v1/completions", &json!({"prompt": word, "max_tokens": 1}))
+            .unwrap_err();
+        assert_eq!(
+            (status, error["error"]["code"].as_str()),
+            (400, Some("context_length_exceeded"))
+        );
+        let message = error["error"]["message"].as_str().unwrap();
+        assert!(message.contains("1000000 bytes"), "{message}");
+        let chat = json!({"messages": [{"role": "user", "content": word}]});
+        let (status, error) = server.post("/v1/chat/completions", &chat).unwrap_err();
+        assert_eq!(
+            (status, error["error"]["code"].as_str()),
+            (400, Some("context_length_exceeded"))
+        );
+        assert_eq!(decoding.join().unwrap(), ran["text"].as_str().unwrap());
+    });
+}
+
 #[test]
 fn a_verified_artifact_is_served_from_its_evidence_and_one_without_is_refused() {
     let dir = tempfile::tempdir().unwrap();

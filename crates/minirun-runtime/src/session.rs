@@ -3,6 +3,7 @@
 //! `minirun run` does, as a library, so that tests and other front ends call it directly.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use minirun_store::{HeldEvidence, SealKey, StoreError};
 
@@ -87,7 +88,8 @@ pub struct Session {
     pub verified: bool,
     pub artifact: Artifact,
     pub architecture: Architecture,
-    pub text: Text,
+    /// Shared so that a server can tokenize prompts on other threads than the one decoding.
+    pub text: Arc<Text>,
 }
 
 /// What one generation produced.
@@ -143,7 +145,7 @@ impl Session {
             verified,
             artifact,
             architecture,
-            text,
+            text: Arc::new(text),
         })
     }
 

@@ -163,6 +163,17 @@ impl Text {
         }
     }
 
+    /// The most bytes of text one token stands for, where the tokenizer can say so exactly:
+    /// Kimi K3's tiktoken vocabulary, where every byte of the text lands in exactly one token,
+    /// so `n` bytes are at least `n / longest` tokens. `None` for a tokenizer.json, whose
+    /// normalizer may drop text before it is split.
+    pub fn longest_token_bytes(&self) -> Option<usize> {
+        match &self.inner {
+            Inner::HuggingFace { .. } => None,
+            Inner::Kimi(kimi) => Some(kimi.longest_token_bytes()),
+        }
+    }
+
     /// Token ids of `text`; `special` adds what a Hugging Face tokenizer's post-processor adds
     /// (a BOS). Kimi K3's tokenizer adds nothing.
     pub fn encode(&self, text: &str, special: bool) -> Result<Vec<u32>, TextError> {

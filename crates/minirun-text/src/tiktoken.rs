@@ -2,8 +2,17 @@
 //! `fancy-regex`: it needs class intersection and look-ahead), byte-pair merges by rank, the 256
 //! reserved special ids after the mergeable ones, and the no-thinking chat template. Encodes as
 //! tiktoken's `encode_ordinary` does with that pattern.
+//!
+//! The merges run through the `bpe` crate's backtracking encoder, linear in a piece's length:
+//! tiktoken's own merge rescans every pair after each merge, so a long run of letters (one
+//! split piece) costs time quadratic in its length, and one hostile prompt could hold a
+//! server's decode thread for hours.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::hash::Hasher;
+use std::panic::AssertUnwindSafe;
+
+use bpe::byte_pair_encoding::{BytePairEncoding, find_hash_factor_for_dictionary};
 
 use base64::Engine;
 
@@ -55,6 +64,9 @@ const MAX_TOKEN_BYTES: usize = 1 << 10;
 pub struct KimiText {
     ranks: HashMap<Vec<u8>, u32>,
     tokens: Vec<Vec<u8>>,
+    /// The same tokens, ids = ranks, as the linear-time encoder holds them.
+    merges: BytePairEncoding,
+    longest_token: usize,
     specials: Vec<String>,
     pattern: fancy_regex::Regex,
 }
@@ -110,9 +122,13 @@ impl KimiText {
             .collect();
         let pattern = fancy_regex::Regex::new(K3_PATTERN)
             .map_err(|e| TextError::Tiktoken(format!("K3's split pattern: {e}")))?;
+        let merges = linear_merges(&tokens)?;
+        let longest_token = tokens.iter().map(Vec::len).max().unwrap_or(1);
         Ok(KimiText {
             ranks,
             tokens,
+            merges,
+            longest_token,
             specials,
             pattern,
         })
@@ -159,34 +175,20 @@ impl KimiText {
         Ok(ids)
     }
 
-    /// One piece's ids: the piece itself when it is a token, else its bytes merged pair by
-    /// pair, always the adjacent pair whose merge has the lowest rank (the leftmost on ties).
+    /// One piece's ids: the piece itself when it is a token (tiktoken takes it whole, before
+    /// any merge), else the byte-pair merges by rank that tiktoken makes, found in linear time.
     fn merge(&self, piece: &[u8], ids: &mut Vec<u32>) {
-        if let Some(&id) = self.ranks.get(piece) {
-            ids.push(id);
-            return;
+        match self.ranks.get(piece) {
+            Some(&id) => ids.push(id),
+            None => ids.extend(self.merges.encode_via_backtracking(piece)),
         }
-        let mut starts: Vec<usize> = (0..=piece.len()).collect();
-        loop {
-            let best = (0..starts.len().saturating_sub(2))
-                .filter_map(|i| {
-                    let rank = self.ranks.get(&piece[starts[i]..starts[i + 2]])?;
-                    Some((*rank, i))
-                })
-                .min();
-            match best {
-                Some((_, i)) => {
-                    starts.remove(i + 1);
-                }
-                None => break,
-            }
-        }
-        for w in starts.windows(2) {
-            // Every single byte is a token (checked at parse) and every merge made one.
-            if let Some(&id) = self.ranks.get(&piece[w[0]..w[1]]) {
-                ids.push(id);
-            }
-        }
+    }
+
+    /// The most bytes one mergeable token stands for: a text of `n` bytes is at least
+    /// `n / longest_token_bytes` tokens, so a prompt can be measured against a context before it
+    /// is encoded.
+    pub fn longest_token_bytes(&self) -> usize {
+        self.longest_token
     }
 
     /// Ids as text: the tokens' bytes joined, then read as UTF-8 (an invalid sequence becomes
@@ -272,6 +274,86 @@ impl KimiText {
     }
 }
 
+/// The `bpe` crate's encoder over `tokens` (ids = ranks). Its constructor panics on what it
+/// cannot hold, and its hash-factor search loops while two tokens share a 64-bit hash, so both
+/// are checked here first and a vocabulary it still cannot hold is refused, not crashed on.
+fn linear_merges(tokens: &[Vec<u8>]) -> Result<BytePairEncoding, TextError> {
+    let mut hashes = HashSet::with_capacity(tokens.len());
+    for (rank, token) in tokens.iter().enumerate() {
+        if !hashes.insert(token_hash(token)) {
+            return Err(TextError::Tiktoken(format!(
+                "token {rank} shares its 64-bit FNV hash with an earlier token; the byte-pair encoder cannot index this vocabulary"
+            )));
+        }
+    }
+    let factor = find_hash_factor_for_dictionary(tokens.iter().cloned());
+    std::panic::catch_unwind(AssertUnwindSafe(|| {
+        BytePairEncoding::from_dictionary(tokens.iter().cloned(), Some(factor))
+    }))
+    .map_err(|_| {
+        TextError::Tiktoken(
+            "a token of this vocabulary cannot be made by merging its parts in rank order (every byte-pair vocabulary's tokens can): not a byte-pair vocabulary this runtime can encode with".into(),
+        )
+    })
+}
+
+/// The hash the `bpe` crate indexes tokens by before it multiplies in its factor: FNV-1a over
+/// the length (8 bytes, little-endian) and the bytes.
+fn token_hash(token: &[u8]) -> u64 {
+    let mut hasher = fnv::FnvHasher::default();
+    hasher.write(&(token.len() as u64).to_le_bytes());
+    hasher.write(token);
+    hasher.finish()
+}
+
 fn escape_attribute(value: &str) -> String {
     value.replace('&', "&amp;").replace('"', "&quot;")
+}
+
+#[cfg(test)]
+mod tests {
+    use base64::Engine;
+
+    use super::*;
+
+    /// The 256 single bytes, then `extra` merged tokens in rank order.
+    fn vocabulary(extra: &[&str]) -> Vec<u8> {
+        let encode = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+        let singles = (0..=255u8).map(|b| encode(&[b]));
+        let merged = extra.iter().map(|t| encode(t.as_bytes()));
+        singles
+            .chain(merged)
+            .enumerate()
+            .map(|(rank, token)| format!("{token} {rank}\n"))
+            .collect::<String>()
+            .into_bytes()
+    }
+
+    #[test]
+    fn a_mebibyte_long_word_is_one_piece_merged_to_its_largest_tokens() {
+        let text = KimiText::parse(&vocabulary(&["lo", "ck", "lock", "locklock"])).unwrap();
+        assert_eq!(text.longest_token_bytes(), 8);
+        let locklock = 256 + 3;
+        for word in ["lock".repeat(1 << 18), "lock".repeat((1 << 18) - 1)] {
+            let ids = text.encode(&word).unwrap();
+            let whole = word.len() / 8;
+            assert_eq!(ids[..whole], vec![locklock; whole][..]);
+            assert_eq!(ids.len(), word.len().div_ceil(8));
+            assert_eq!(text.decode(&ids).unwrap(), word);
+        }
+        let shouted = "LOCK".repeat(1 << 18);
+        assert_eq!(text.encode(&shouted).unwrap().len(), shouted.len());
+    }
+
+    #[test]
+    fn a_token_no_merge_can_make_is_refused_not_crashed_on() {
+        // "abc" before "ab" or "bc" exists: byte-pair merges can never produce it.
+        let Err(refused) = KimiText::parse(&vocabulary(&["abc"])) else {
+            panic!("an unreachable token was accepted");
+        };
+        assert!(
+            refused.to_string().contains("cannot be made by merging"),
+            "{refused}"
+        );
+    }
 }
