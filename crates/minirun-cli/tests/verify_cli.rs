@@ -397,3 +397,58 @@ fn answer(
     }
     respond(404, b"{\"error\":\"Entry not found\"}".to_vec(), "")
 }
+
+/// Evidence vouches only for files nobody else can write: a writer holding a file mapped
+/// writable and shared could change its bytes without changing its size or times. A
+/// group-writable file is refused by verify, and a directory of the artifact made writable
+/// after verification is refused by run, each naming the object and the fix.
+#[test]
+fn evidence_refuses_files_and_directories_others_can_write() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |path: &std::path::Path, mode: u32| {
+        fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let source = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../minirun-runtime/tests/data/deepseek-v3/mlx-affine4-g64"
+    );
+    let out = dir.path().join("packed");
+    let out_s = out.to_str().unwrap();
+    let (code, err) = minirun(&["pack", "--source", source, "--out", out_s]);
+    assert_eq!(code, Some(0), "{err}");
+    let container = fs::read_dir(out.join("layer00"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| !p.ends_with("manifest.json"))
+        .unwrap();
+    mode(&container, 0o664);
+    let (code, err) = minirun(&["verify", out_s]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("can be written by its group (mode 0664)") && err.contains("chmod go-w"),
+        "{err}"
+    );
+    assert!(!out.join(".minirun/evidence.json").exists());
+
+    mode(&container, 0o644);
+    let (code, err) = minirun(&["verify", out_s]);
+    assert_eq!(code, Some(0), "{err}");
+    let run = ["run", out_s, "--prompt", "The", "--max-tokens", "1"];
+    let (code, err) = minirun(&run);
+    assert_eq!(code, Some(0), "{err}");
+    // A directory's mode changes none of the files' identities: only this rule sees it.
+    mode(&out.join("layer00"), 0o777);
+    let (code, err) = minirun(&run);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("layer00/ can be written by its group and everyone (mode 0777)"),
+        "{err}"
+    );
+    mode(&out.join("layer00"), 0o755);
+    mode(&out, 0o770);
+    let (code, err) = minirun(&run);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("the artifact directory"), "{err}");
+}

@@ -125,7 +125,7 @@ impl HeldEvidence {
             .ok_or_else(|| StoreError::NotEvidenced {
                 path: path.to_string(),
             })?;
-        let (file, now) = self.root.open_file(path)?;
+        let (file, now) = self.root.open_sole_written(path)?;
         let changed = match self.remounted {
             true => now.changes_on_remounted_volume(&record.identity),
             false => now.changes_from(&record.identity),

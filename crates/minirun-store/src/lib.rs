@@ -14,6 +14,7 @@ mod identity;
 mod payload;
 mod root;
 pub mod seal;
+mod sole_writer;
 mod tiles;
 mod verify;
 

@@ -5,9 +5,10 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{Mode, OFlags, ResolveFlags};
+use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
 
 use crate::identity::FileIdentity;
+use crate::sole_writer;
 
 /// Why a file beneath the root cannot be opened as evidence-grade.
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +25,10 @@ pub enum OpenError {
     HardLinked { path: String, links: u64 },
     #[error("{path}: on another device than the artifact root")]
     OtherDevice { path: String },
+    #[error(
+        "{path} can be written by {who}: evidence cannot vouch for it, since a writer can change its bytes without changing its size or times; make it yours alone (`chown` it to yourself, `chmod go-w` it) and run `minirun verify` again"
+    )]
+    WritableByOthers { path: String, who: String },
 }
 
 /// What an entry beneath the root is, its final component not followed.
@@ -146,6 +151,44 @@ impl Root {
             });
         }
         Ok((file, FileIdentity::of(&meta)))
+    }
+
+    /// [`Root::open_file`] for a file evidence vouches for: nobody but the caller may be able
+    /// to write it, nor any directory from the root down to it (`sole_writer`).
+    pub fn open_sole_written(&self, relative: &str) -> Result<(File, FileIdentity), OpenError> {
+        let (file, identity) = self.open_file(relative)?;
+        let caller = sole_writer::caller();
+        let refuse = |path: String, who: String| OpenError::WritableByOthers { path, who };
+        let io = |path: &str, error: std::io::Error| OpenError::Io {
+            path: path.to_string(),
+            error,
+        };
+        let meta = file.metadata().map_err(|e| io(relative, e))?;
+        if let Some(who) = sole_writer::other_writers(meta.uid(), meta.mode(), caller) {
+            return Err(refuse(relative.to_string(), who));
+        }
+        let root_stat = rustix::fs::fstat(&self.dir).map_err(|e| io(".", e.into()))?;
+        if let Some(who) = sole_writer::other_writers(root_stat.st_uid, root_stat.st_mode, caller) {
+            let path = format!("the artifact directory {}", self.path.display());
+            return Err(refuse(path, who));
+        }
+        let mut directory = String::new();
+        for component in Path::new(relative)
+            .parent()
+            .into_iter()
+            .flat_map(Path::iter)
+        {
+            if !directory.is_empty() {
+                directory.push('/');
+            }
+            directory.push_str(&component.to_string_lossy());
+            let stat = rustix::fs::statat(&self.dir, directory.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+                .map_err(|e| io(&directory, e.into()))?;
+            if let Some(who) = sole_writer::other_writers(stat.st_uid, stat.st_mode, caller) {
+                return Err(refuse(format!("{directory}/"), who));
+            }
+        }
+        Ok((file, identity))
     }
 
     /// The names of the root's entries that are directories themselves (a symbolic link to a

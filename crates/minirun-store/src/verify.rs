@@ -380,7 +380,7 @@ fn reusable(root: &Root, file: &RepoFile, earlier: Option<EvidenceFile>) -> Opti
     let same_claim = earlier.expected_size == file.size
         && earlier.digest.algorithm == file.digest.algorithm()
         && earlier.digest.hex == file.digest.hex();
-    let (_, now) = root.open_file(&file.path).ok()?;
+    let (_, now) = root.open_sole_written(&file.path).ok()?;
     (same_claim && now == earlier.identity).then_some(earlier)
 }
 
@@ -389,7 +389,7 @@ fn verify_file(
     file: &RepoFile,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<EvidenceFile, VerifyError> {
-    let (mut handle, before) = root.open_file(&file.path)?;
+    let (mut handle, before) = root.open_sole_written(&file.path)?;
     if before.size != file.size {
         return Err(VerifyError::WrongSize {
             path: file.path.clone(),
