@@ -106,3 +106,29 @@ fn pack_then_check_then_info_then_damage() {
         "clap refuses a repo without a revision"
     );
 }
+
+/// A checkpoint whose experts do not split into the published K3 layout's bands is refused
+/// before the output directory is touched: nothing half written is left behind.
+#[test]
+fn a_published_layout_refusal_leaves_no_partial_output() {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../minirun-runtime/tests/data/kimi-k3/hf-k3mix");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("published");
+    let packed = minirun(&[
+        "pack",
+        "--source",
+        source.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--layout",
+        "kimi-k3-published",
+    ]);
+    assert_eq!(packed.status.code(), Some(1), "{}", text(&packed.stderr));
+    assert!(
+        text(&packed.stderr).contains("are not whole bands of 1024"),
+        "{}",
+        text(&packed.stderr)
+    );
+    assert!(!out.exists(), "the refusal left {}", out.display());
+}

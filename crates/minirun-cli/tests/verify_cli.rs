@@ -118,6 +118,17 @@ fn a_packed_artifact_verifies_offline_against_its_own_manifests() {
     let (code, err) = minirun(&["verify", out_s]);
     assert_eq!(code, Some(1));
     assert!(err.contains("hashes to"), "{err}");
+
+    // A pack killed while writing manifests: verify says what run says, not how a half-written
+    // manifest fails to parse.
+    fs::write(out.join(".minirun-pack-incomplete"), b"").unwrap();
+    fs::write(out.join("layer00/manifest.json"), b"{\"unit\": \"lay").unwrap();
+    let (code, err) = minirun(&["verify", out_s]);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("not a complete artifact (a pack into it was interrupted)"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -234,7 +234,9 @@ fn the_simd_path_and_the_portable_path_give_the_same_bits() {
 fn the_simd_path_and_the_portable_path_agree_on_special_codes() {
     #[cfg(target_arch = "x86_64")]
     if !std::arch::is_x86_feature_detected!("avx2") {
-        eprintln!("no AVX2 here: this test compares the portable path with itself");
+        eprintln!(
+            "NOT EXERCISED: no AVX2 on this CPU, so this test compares the portable path with itself"
+        );
     }
     let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
     for seed in 0..40u64 {

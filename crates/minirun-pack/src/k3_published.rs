@@ -133,7 +133,8 @@ pub fn pack_k3_published(
         .get("text_config")
         .ok_or_else(|| refused("config.json", "has no text_config"))?;
     check_written_dtypes(&plan)?;
-    prepare_output(out)?;
+    check_bands(&plan, bands)?;
+    prepare_output(out, &ckpt.other_files)?;
     let mut total = write_globals(&ckpt, &plan, out, text)?;
     progress(total);
     let mut files = 3;
@@ -334,14 +335,56 @@ fn write_layer(
         return Ok((1, offset));
     };
     let mut total = offset;
-    for (k, (projection, _)) in EXPERT_PROJECTIONS.iter().enumerate() {
-        let rows = match *projection {
-            "w2" => bands.expert_band_rows.1,
-            _ => bands.expert_band_rows.0,
-        };
+    for k in 0..EXPERT_PROJECTIONS.len() {
+        let rows = band_rows(k, bands);
         total += write_experts(ckpt, experts, k, &dir, &unit, rows, progress)?;
     }
     Ok((4, total))
+}
+
+/// Rows per band of projection `k`: w2's own size, or w1's and w3's.
+fn band_rows(k: usize, bands: BandSizes) -> usize {
+    match EXPERT_PROJECTIONS[k].0 {
+        "w2" => bands.expert_band_rows.1,
+        _ => bands.expert_band_rows.0,
+    }
+}
+
+/// Every routed expert's projections split into whole bands: checked for every layer before the
+/// output directory is touched, so a refusal leaves nothing half written.
+fn check_bands(plan: &K3Plan, bands: BandSizes) -> Result<(), PackError> {
+    for (layer, layer_plan) in plan.layers.iter().enumerate() {
+        let Some(experts) = &layer_plan.experts else {
+            continue;
+        };
+        for (k, &(out_rows, _)) in experts.shapes.iter().enumerate() {
+            check_whole_bands(
+                &format!("layer{layer:02}"),
+                k,
+                out_rows,
+                band_rows(k, bands),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn check_whole_bands(
+    unit: &str,
+    k: usize,
+    out_rows: usize,
+    band_rows: usize,
+) -> Result<(), PackError> {
+    let projection = EXPERT_PROJECTIONS[k].0;
+    if band_rows == 0 || !out_rows.is_multiple_of(band_rows) {
+        return Err(refused(
+            format!("{unit}-{projection}.mxfp4tile"),
+            format!(
+                "{out_rows} rows of {projection} are not whole bands of {band_rows}: the published layout bands each expert's rows"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// One projection's container: tile `slot * bands + band` is band `band` of the expert in
@@ -358,14 +401,7 @@ fn write_experts(
     let projection = EXPERT_PROJECTIONS[k].0;
     let name = format!("{unit}-{projection}.mxfp4tile");
     let (out_rows, cols) = experts.shapes[k];
-    if band_rows == 0 || !out_rows.is_multiple_of(band_rows) {
-        return Err(refused(
-            &name,
-            format!(
-                "{out_rows} rows of {projection} are not whole bands of {band_rows}: the published layout bands each expert's rows"
-            ),
-        ));
-    }
+    check_whole_bands(unit, k, out_rows, band_rows)?;
     let count = experts.pieces[k].len();
     let bands = out_rows / band_rows;
     let geometry = Geometry {

@@ -83,7 +83,7 @@ pub fn pack(
         .map(|(unit, items)| plan_unit(out, unit, items, &mut summary))
         .collect::<Result<_, _>>()?;
     // Every refusal happens above: only now is the output directory touched.
-    prepare_output(out)?;
+    prepare_output(out, &ckpt.other_files)?;
     for plan in &plans {
         std::fs::create_dir_all(&plan.dir).map_err(|e| PackError::io(&plan.dir, e))?;
     }
@@ -187,9 +187,12 @@ pub(crate) fn check_provenance(opts: &PackOptions) -> Result<(), PackError> {
     }
 }
 
-/// `out` must be absent, empty, or a previous pack's output (complete or interrupted),
-/// which is cleared first so that no file of an earlier pack survives into this one.
-pub(crate) fn prepare_output(out: &Path) -> Result<(), PackError> {
+/// `out` must be absent, empty, or a previous pack's output (complete or interrupted), which
+/// is cleared first so that no file of an earlier pack survives into this one. Only what a pack
+/// writes is removed: a root file this pack does not write again (`copies`, the source's root
+/// files, and `index.json`) or, in a finished pack, a directory that is not a unit (it has no
+/// `manifest.json`) is someone's own, and the pack is refused naming it instead.
+pub(crate) fn prepare_output(out: &Path, copies: &[String]) -> Result<(), PackError> {
     if out.exists() {
         let entries: Vec<PathBuf> = std::fs::read_dir(out)
             .map_err(|e| PackError::io(out, e))?
@@ -199,6 +202,17 @@ pub(crate) fn prepare_output(out: &Path) -> Result<(), PackError> {
             return Err(refused(
                 out.display().to_string(),
                 "the output directory holds files that no pack wrote; choose a new or empty directory",
+            ));
+        }
+        let foreign = not_written_by_a_pack(out, &entries, copies);
+        if !foreign.is_empty() {
+            return Err(refused(
+                out.display().to_string(),
+                format!(
+                    "it is an earlier pack's output, but it also holds {} that this pack would not write again (yours, or copied from another source); move {} away, or choose a new or empty directory",
+                    foreign.join(", "),
+                    if foreign.len() == 1 { "it" } else { "them" }
+                ),
             ));
         }
         // The marker goes first: a directory with the marker is unfinished.
@@ -218,6 +232,34 @@ pub(crate) fn prepare_output(out: &Path) -> Result<(), PackError> {
     File::create(out.join(INCOMPLETE_MARKER)).map_err(|e| PackError::io(out, e))?;
     atomic_file::sync_dir(out).map_err(|e| PackError::io(out, e.source))?;
     Ok(())
+}
+
+/// The names among an earlier pack's `entries` that no pack wrote, as far as can be told: a
+/// root file that is neither `index.json`, the marker nor one of `copies`; a directory other
+/// than `.minirun/` (evidence) without a `manifest.json`, unless the pack was interrupted
+/// (its units get their manifests last).
+fn not_written_by_a_pack(out: &Path, entries: &[PathBuf], copies: &[String]) -> Vec<String> {
+    let interrupted = out.join(INCOMPLETE_MARKER).is_file();
+    entries
+        .iter()
+        .filter_map(|path| {
+            let name = path.file_name()?.to_string_lossy().into_owned();
+            let meta = std::fs::symlink_metadata(path).ok()?;
+            let ours = match meta.is_dir() {
+                true => name == ".minirun" || interrupted || path.join("manifest.json").is_file(),
+                false => {
+                    meta.is_file()
+                        && (name == INDEX_FILE
+                            || name == INCOMPLETE_MARKER
+                            || copies.contains(&name))
+                }
+            };
+            (!ours).then(|| match meta.is_dir() {
+                true => format!("{name}/"),
+                false => name,
+            })
+        })
+        .collect()
 }
 
 /// An interrupted pack left its marker; a finished one left an index.json of our shape.

@@ -190,7 +190,7 @@ pub fn pack_v4_published(
     for (unit, p) in &units {
         check_unit(unit, p)?;
     }
-    prepare_output(out)?;
+    prepare_output(out, &ckpt.other_files)?;
     let mut index_units = Vec::new();
     let (mut files, mut total) = (0, 0u64);
     // The published order: the layers, then the MTP stages, then global00.

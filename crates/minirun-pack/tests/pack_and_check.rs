@@ -316,6 +316,28 @@ fn an_output_directory_holding_foreign_files_is_refused() {
     pack_into(&fixture("mlx-affine4"), again.path());
     pack_into(&fixture("mlx-affine4"), again.path());
     check(again.path(), &fixture("mlx-affine4"), &|_| {}).unwrap();
+
+    // A file or a folder someone added to a finished pack is never deleted by re-packing:
+    // the pack is refused naming it, and everything stays as it was.
+    fs::write(again.path().join("notes.txt"), b"mine").unwrap();
+    fs::create_dir(again.path().join("runs")).unwrap();
+    fs::write(again.path().join("runs/log.txt"), b"mine too").unwrap();
+    let err = pack(&fixture("mlx-affine4"), again.path(), &opts(), &|_| {}).unwrap_err();
+    let said = err.to_string();
+    assert!(
+        said.contains("notes.txt") && said.contains("runs/") && said.contains("move them away"),
+        "{said}"
+    );
+    assert_eq!(fs::read(again.path().join("notes.txt")).unwrap(), b"mine");
+    assert_eq!(
+        fs::read(again.path().join("runs/log.txt")).unwrap(),
+        b"mine too"
+    );
+    assert!(!again.path().join(INCOMPLETE_MARKER).exists());
+    check(again.path(), &fixture("mlx-affine4"), &|_| {}).unwrap();
+    fs::remove_file(again.path().join("notes.txt")).unwrap();
+    fs::remove_dir_all(again.path().join("runs")).unwrap();
+    pack_into(&fixture("mlx-affine4"), again.path());
 }
 
 /// A DeepSeek-V4-style FP8 checkpoint (e8m0 block scales) becomes version-3 containers; one

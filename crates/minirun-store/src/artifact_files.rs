@@ -183,6 +183,13 @@ impl ArtifactFiles {
 /// `index.json`'s pinned identities are checked by the pass).
 pub fn own_manifest_tree(path: &Path) -> Result<Tree, LayoutError> {
     let files = ArtifactFiles::unverified(path)?;
+    // An interrupted pack's manifests may be missing or half there: say so, not how they fail.
+    if files.root().entry_kind(INCOMPLETE_MARKER)? != EntryKind::Absent {
+        return Err(LayoutError::Incomplete {
+            path: path.display().to_string(),
+            reason: "a pack into it was interrupted",
+        });
+    }
     let no_digests = |reason: String| LayoutError::NoOwnDigests {
         path: path.display().to_string(),
         reason,
