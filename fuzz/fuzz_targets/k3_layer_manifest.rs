@@ -3,17 +3,4 @@
 //! inside the blob.
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-use minirun_format::artifact::k3_published::K3LayerManifest;
-
-fuzz_target!(|data: &[u8]| {
-    if let Ok(m) = K3LayerManifest::parse(data, "layer01/manifest.json", 1) {
-        let tensors = m.tensors("layer01/manifest.json").expect("checked at parse");
-        for t in tensors.values() {
-            assert!(t.rows > 0 && t.cols > 0 && !t.bands.is_empty());
-            for &(offset, len) in &t.bands {
-                assert!(offset + len <= m.nonexpert.bytes);
-            }
-        }
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| fuzz_properties::k3_layer_manifest(data));

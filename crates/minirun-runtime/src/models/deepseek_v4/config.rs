@@ -309,12 +309,19 @@ impl DeepSeekV4Config {
     /// Bytes of one cached position in every layer (the window's K=V rows are bounded by the
     /// window, the compressed entries grow with the context), f32.
     pub fn cache_bytes(&self, context_tokens: usize) -> u64 {
-        let product = |terms: &[usize]| {
-            terms
-                .iter()
-                .fold(1u64, |acc, &t| acc.saturating_mul(t as u64))
-        };
-        let window = product(&[self.sliding_window, self.head_dim, self.num_hidden_layers]);
+        // Saturating throughout: a context or a config field near usize::MAX says "more than
+        // any memory", never wraps to a small number.
+        let product = |terms: &[u64]| terms.iter().fold(1u64, |acc, &t| acc.saturating_mul(t));
+        let [head, index_head, layers, window_rows] = [
+            self.head_dim,
+            self.index_head_dim,
+            self.num_hidden_layers,
+            self.sliding_window,
+        ]
+        .map(|n| n as u64);
+        let entries = |rate: usize| (context_tokens as u64 / rate.max(1) as u64).saturating_add(1);
+        let both_heads = head.saturating_add(index_head);
+        let window = product(&[window_rows, head, layers]);
         let compressed: u64 = self
             .attention
             .iter()
@@ -322,19 +329,15 @@ impl DeepSeekV4Config {
                 Attention::Sliding => 0,
                 Attention::CompressedSparse { rate } => {
                     // The entries, the indexer's, and the open window's projections.
-                    product(&[
-                        context_tokens / rate + 1,
-                        self.head_dim + self.index_head_dim,
-                    ])
-                    .saturating_add(product(&[
-                        2 * rate,
-                        4 * (self.head_dim + self.index_head_dim),
+                    product(&[entries(*rate), both_heads]).saturating_add(product(&[
+                        2,
+                        *rate as u64,
+                        4,
+                        both_heads,
                     ]))
                 }
-                Attention::HeavilyCompressed { rate } => {
-                    product(&[context_tokens / rate + 1, self.head_dim])
-                        .saturating_add(product(&[*rate, 2 * self.head_dim]))
-                }
+                Attention::HeavilyCompressed { rate } => product(&[entries(*rate), head])
+                    .saturating_add(product(&[*rate as u64, 2, head])),
             })
             .fold(0u64, u64::saturating_add);
         window.saturating_add(compressed).saturating_mul(4)
