@@ -316,6 +316,51 @@ fn the_published_layout_runs_with_the_bits_of_minirun_s_own() {
     }
 }
 
+/// What holds for a checkpoint under mlx-lm's names. The published layout it packs to is the
+/// upstream names' byte for byte (`mlx_lm_s_names_write_the_same_published_files_as_the_upstream_names`),
+/// so it runs with the bits above. Packed in minirun's own layout instead, it keeps mlx-lm's
+/// tensors, and its MLA layers' `kv_b_proj` is mlx-lm's split pair (`embed_q`, `unembed_out`),
+/// whose products are summed in another order: not the same bits, but within 1e-5 at every
+/// position and the same greedy tokens.
+#[test]
+fn mlx_lm_s_names_in_minirun_s_own_layout_agree_closely_with_the_published_layout() {
+    let checkpoint = tempfile::tempdir().unwrap();
+    widened(checkpoint.path(), Names::Mlx);
+    let own = tempfile::tempdir().unwrap();
+    pack(
+        checkpoint.path(),
+        own.path(),
+        &PackOptions::default(),
+        &|_| {},
+    )
+    .unwrap();
+    let published = tempfile::tempdir().unwrap();
+    let opts = PackOptions::default();
+    pack_k3_published(checkpoint.path(), published.path(), BANDS, &opts, &|_| {}).unwrap();
+    let prompt = prompt();
+    let run = |dir: &Path| {
+        let session = Session::open(dir, Trust::Unverified).unwrap();
+        greedy_bits(&session.model().unwrap(), &prompt, STEPS).0
+    };
+    let (own, published) = (run(own.path()), run(published.path()));
+    assert_eq!(own.len(), published.len());
+    let value = |bits: &u32| f32::from_bits(*bits);
+    let worst = own
+        .iter()
+        .zip(&published)
+        .map(|(a, b)| (value(a) - value(b)).abs())
+        .fold(0f32, f32::max);
+    assert!(worst <= 1e-5, "largest logit difference {worst}");
+    let vocab = own.len() / (STEPS + 1);
+    let top = |logits: &[u32]| {
+        let floats: Vec<f32> = logits.iter().map(value).collect();
+        minirun_runtime::generate::argmax(&floats)
+    };
+    for (a, b) in own.chunks(vocab).zip(published.chunks(vocab)) {
+        assert_eq!(top(a), top(b), "another greedy token");
+    }
+}
+
 /// The band table says where each band is: bands stored out of row order read the same tensor.
 #[test]
 fn bands_stored_out_of_row_order_read_the_same_tensor() {
