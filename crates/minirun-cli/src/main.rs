@@ -3,6 +3,7 @@
 mod bench_cmd;
 mod bench_model;
 mod container_info;
+mod error_report;
 mod hub_cmd;
 mod info;
 mod pack_cmd;
@@ -171,7 +172,7 @@ fn main() -> ExitCode {
     if let Some(threads) = cli.command.threads()
         && let Err(err) = threads::init(threads)
     {
-        eprintln!("minirun: {err:#}");
+        eprintln!("minirun: {}", error_report::one_line(&err));
         return ExitCode::from(1);
     }
     let result = match cli.command {
@@ -189,7 +190,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("minirun: {err:#}");
+            eprintln!("minirun: {}", error_report::one_line(&err));
             ExitCode::from(1)
         }
     }

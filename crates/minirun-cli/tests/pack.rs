@@ -132,3 +132,26 @@ fn a_published_layout_refusal_leaves_no_partial_output() {
     );
     assert!(!out.exists(), "the refusal left {}", out.display());
 }
+
+/// An error names its path and its cause once, however many layers carry them.
+#[test]
+fn an_error_says_its_cause_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope");
+    let out = dir.path().join("out");
+    let packed = minirun(&[
+        "pack",
+        "--source",
+        missing.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(packed.status.code(), Some(1));
+    let said = text(&packed.stderr);
+    assert_eq!(
+        said.matches("No such file or directory").count(),
+        1,
+        "{said}"
+    );
+    assert_eq!(said.matches("nope/config.json").count(), 1, "{said}");
+}

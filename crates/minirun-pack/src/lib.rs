@@ -19,11 +19,12 @@ use std::path::{Path, PathBuf};
 /// Why packing or checking failed.
 #[derive(Debug, thiserror::Error)]
 pub enum PackError {
-    #[error("{}: {source}", path.display())]
+    /// The message carries the I/O error itself (not as a `source`), so that a report of the
+    /// error chain says it once.
+    #[error("{}: {error}", path.display())]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("{}: not a valid safetensors shard: {reason}", path.display())]
     BadShard { path: PathBuf, reason: String },
@@ -32,10 +33,10 @@ pub enum PackError {
 }
 
 impl PackError {
-    pub(crate) fn io(path: impl AsRef<Path>, source: std::io::Error) -> Self {
+    pub(crate) fn io(path: impl AsRef<Path>, error: std::io::Error) -> Self {
         PackError::Io {
             path: path.as_ref().to_path_buf(),
-            source,
+            error,
         }
     }
 }
@@ -44,7 +45,7 @@ impl From<atomic_file::AtomicWriteError> for PackError {
     fn from(e: atomic_file::AtomicWriteError) -> Self {
         PackError::Io {
             path: e.path,
-            source: e.source,
+            error: e.source,
         }
     }
 }
