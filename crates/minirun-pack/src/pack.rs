@@ -244,7 +244,10 @@ fn not_written_by_a_pack(out: &Path, entries: &[PathBuf], copies: &[String]) -> 
         .iter()
         .filter_map(|path| {
             let name = path.file_name()?.to_string_lossy().into_owned();
-            let meta = std::fs::symlink_metadata(path).ok()?;
+            // An entry that cannot even be looked at is not known to be ours: kept, and named.
+            let Ok(meta) = std::fs::symlink_metadata(path) else {
+                return Some(name);
+            };
             let ours = match meta.is_dir() {
                 true => name == ".minirun" || interrupted || path.join("manifest.json").is_file(),
                 false => {

@@ -95,15 +95,25 @@ impl ArtifactFiles {
     /// an index.json.
     pub fn check_complete(&self) -> Result<(), LayoutError> {
         let root = self.root();
-        let incomplete = |reason| LayoutError::Incomplete {
-            path: root.path().display().to_string(),
-            reason,
-        };
-        if root.entry_kind(INCOMPLETE_MARKER)? != EntryKind::Absent {
-            return Err(incomplete("a pack into it was interrupted"));
-        }
+        self.check_not_interrupted()?;
         if root.entry_kind(INDEX_FILE)? != EntryKind::File {
-            return Err(incomplete("it has no index.json"));
+            return Err(LayoutError::Incomplete {
+                path: root.path().display().to_string(),
+                reason: "it has no index.json",
+            });
+        }
+        Ok(())
+    }
+
+    /// Refuses a directory holding a pack's incomplete marker: its manifests may be missing
+    /// or half written.
+    pub fn check_not_interrupted(&self) -> Result<(), LayoutError> {
+        let root = self.root();
+        if root.entry_kind(INCOMPLETE_MARKER)? != EntryKind::Absent {
+            return Err(LayoutError::Incomplete {
+                path: root.path().display().to_string(),
+                reason: "a pack into it was interrupted",
+            });
         }
         Ok(())
     }
@@ -183,13 +193,8 @@ impl ArtifactFiles {
 /// `index.json`'s pinned identities are checked by the pass).
 pub fn own_manifest_tree(path: &Path) -> Result<Tree, LayoutError> {
     let files = ArtifactFiles::unverified(path)?;
-    // An interrupted pack's manifests may be missing or half there: say so, not how they fail.
-    if files.root().entry_kind(INCOMPLETE_MARKER)? != EntryKind::Absent {
-        return Err(LayoutError::Incomplete {
-            path: path.display().to_string(),
-            reason: "a pack into it was interrupted",
-        });
-    }
+    // Say that a pack was interrupted, not how its half-written manifests fail to parse.
+    files.check_not_interrupted()?;
     let no_digests = |reason: String| LayoutError::NoOwnDigests {
         path: path.display().to_string(),
         reason,

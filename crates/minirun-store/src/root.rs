@@ -128,6 +128,12 @@ impl Root {
     /// by component with `O_NOFOLLOW` where the kernel lacks it); the file must be regular, on
     /// the root's device and its only name. Returns it with its identity.
     pub fn open_file(&self, relative: &str) -> Result<(File, FileIdentity), OpenError> {
+        let (file, meta) = self.open_regular(relative)?;
+        Ok((file, FileIdentity::of(&meta)))
+    }
+
+    /// [`Root::open_file`]'s open and checks, with the file's whole metadata.
+    fn open_regular(&self, relative: &str) -> Result<(File, std::fs::Metadata), OpenError> {
         let fd = self.open_beneath(relative)?;
         let file = File::from(fd);
         let meta = file.metadata().map_err(|error| OpenError::Io {
@@ -150,20 +156,19 @@ impl Root {
                 path: relative.to_string(),
             });
         }
-        Ok((file, FileIdentity::of(&meta)))
+        Ok((file, meta))
     }
 
     /// [`Root::open_file`] for a file evidence vouches for: nobody but the caller may be able
     /// to write it, nor any directory from the root down to it (`sole_writer`).
     pub fn open_sole_written(&self, relative: &str) -> Result<(File, FileIdentity), OpenError> {
-        let (file, identity) = self.open_file(relative)?;
+        let (file, meta) = self.open_regular(relative)?;
         let caller = sole_writer::caller();
         let refuse = |path: String, who: String| OpenError::WritableByOthers { path, who };
         let io = |path: &str, error: std::io::Error| OpenError::Io {
             path: path.to_string(),
             error,
         };
-        let meta = file.metadata().map_err(|e| io(relative, e))?;
         if let Some(who) = sole_writer::other_writers(meta.uid(), meta.mode(), caller) {
             return Err(refuse(relative.to_string(), who));
         }
@@ -188,7 +193,7 @@ impl Root {
                 return Err(refuse(format!("{directory}/"), who));
             }
         }
-        Ok((file, identity))
+        Ok((file, FileIdentity::of(&meta)))
     }
 
     /// The names of the root's entries that are directories themselves (a symbolic link to a
