@@ -107,6 +107,17 @@ impl<'a> Fields<'a> {
     }
 }
 
+/// Keys the Hugging Face libraries write into every model config they save (the class, the
+/// dtype the weights were saved in, the library's version): they never change a forward pass,
+/// and every architecture's reader accepts them alike, at the top level and in a nested
+/// `text_config`, so that none refuses what another takes.
+pub(crate) const WRITTEN_BY_TRANSFORMERS: &[&str] = &[
+    "architectures",
+    "dtype",
+    "torch_dtype",
+    "transformers_version",
+];
+
 /// The keys a reader knows at one level of a config: those it reads, those that cannot change
 /// the logits, and those whose only implemented value is the architecture's own.
 pub(crate) struct KnownKeys<'k> {
@@ -125,6 +136,7 @@ impl KnownKeys<'_> {
             let key = key.as_str();
             let known = self.read.contains(&key)
                 || self.inert.contains(&key)
+                || WRITTEN_BY_TRANSFORMERS.contains(&key)
                 || self.fixed.iter().any(|(k, _)| *k == key);
             if !known {
                 return Err(ConfigError::Unknown(key.to_string()));

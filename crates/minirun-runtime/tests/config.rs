@@ -170,3 +170,56 @@ fn an_unknown_or_missing_model_type_is_refused_naming_every_known_one() {
     let known = Architecture::parse(&v.to_string()).unwrap();
     assert_eq!(known.model_type(), "deepseek_v3");
 }
+
+/// The keys the Hugging Face libraries write into every config they save are accepted by every
+/// architecture alike (a Kimi K3 config mlx-lm saved, with `torch_dtype`, was once refused while
+/// the other readers took it), and a key no reader knows is still refused by every one.
+#[test]
+fn every_architecture_accepts_the_keys_transformers_writes_and_refuses_an_unknown_one() {
+    use minirun_runtime::registry::{ARCHITECTURES, Architecture};
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/");
+    let configs = [
+        "deepseek-v3/hf-fp8-f32scales/config.json",
+        "deepseek-v4/tiny-fp8-fp4/config.json",
+        "kimi-k3/mlx-k3mix/config.json",
+        "qwen3-moe/hf-bf16/config.json",
+    ];
+    let mut covered = Vec::new();
+    for path in configs {
+        let text = std::fs::read_to_string(format!("{data}{path}")).unwrap();
+        let mut v: Value = serde_json::from_str(&text).unwrap();
+        let written = [
+            ("architectures", json!(["SomeForCausalLM"])),
+            ("dtype", json!("bfloat16")),
+            ("torch_dtype", json!("bfloat16")),
+            ("transformers_version", json!("5.0.0")),
+        ];
+        for (key, value) in &written {
+            v[*key] = value.clone();
+        }
+        if let Some(text_config) = v.get_mut("text_config") {
+            for (key, value) in &written {
+                text_config[*key] = value.clone();
+            }
+        }
+        let architecture =
+            Architecture::parse(&v.to_string()).unwrap_or_else(|e| panic!("{path}: {e}"));
+        covered.push(architecture.model_type().to_string());
+        v["certainly_not_a_config_key"] = json!(1);
+        let err = Architecture::parse(&v.to_string()).err().unwrap();
+        assert!(
+            err.to_string().contains("certainly_not_a_config_key"),
+            "{path}: {err}"
+        );
+    }
+    covered.sort();
+    let mut rows: Vec<String> = ARCHITECTURES
+        .iter()
+        .map(|r| r.model_type.to_string())
+        .collect();
+    rows.sort();
+    assert_eq!(
+        covered, rows,
+        "a registry row without a config in this test"
+    );
+}

@@ -39,7 +39,6 @@ pub struct DeepSeekV3Config {
 /// packaging (the artifact's manifests, not these keys, say how each tensor is stored).
 const INERT: &[&str] = &[
     "_name_or_path",
-    "architectures",
     "attention_dropout",
     "auto_map",
     "aux_loss_alpha",
@@ -53,9 +52,6 @@ const INERT: &[&str] = &[
     "quantization",
     "quantization_config",
     "seq_aux",
-    "torch_dtype",
-    "dtype",
-    "transformers_version",
     "use_cache",
 ];
 

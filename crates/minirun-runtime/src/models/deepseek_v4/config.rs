@@ -7,7 +7,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::config::{ConfigError, Fields, eos_ids};
+use crate::config::{ConfigError, Fields, WRITTEN_BY_TRANSFORMERS, eos_ids};
 
 /// How a layer attends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,13 +83,11 @@ pub struct DeepSeekV4Config {
 /// multi-token-prediction and speculative-decoding stages (never run here), and training-only
 /// fields.
 const SET_ASIDE: &[&str] = &[
-    "architectures",
     "bos_token_id",
     "dspark_block_size",
     "dspark_markov_rank",
     "dspark_noise_token_id",
     "dspark_target_layer_ids",
-    "dtype",
     // How the checkpoint stores its experts; the artifact's manifests say how each is stored.
     "expert_dtype",
     "initializer_range",
@@ -99,8 +97,6 @@ const SET_ASIDE: &[&str] = &[
     "quantization_config",
     "router_aux_loss_coef",
     "router_jitter_noise",
-    "torch_dtype",
-    "transformers_version",
     "use_cache",
 ];
 
@@ -188,7 +184,8 @@ impl DeepSeekV4Config {
             .ok_or_else(|| ConfigError::NotJson("not an object".into()))?;
         let mut set_aside = Vec::new();
         for key in map.keys() {
-            if SET_ASIDE.contains(&key.as_str()) {
+            if SET_ASIDE.contains(&key.as_str()) || WRITTEN_BY_TRANSFORMERS.contains(&key.as_str())
+            {
                 set_aside.push(key.clone());
             } else if !USED.contains(&key.as_str()) && !FIXED.iter().any(|(k, _, _)| k == key) {
                 return Err(ConfigError::Unknown(key.clone()));

@@ -6,7 +6,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::config::{ConfigError, Fields, eos_ids};
+use crate::config::{ConfigError, Fields, WRITTEN_BY_TRANSFORMERS, eos_ids};
 
 /// The linear-attention (Kimi Delta Attention) layers' settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -59,10 +59,8 @@ pub struct KimiK3Config {
 
 /// Top-level keys besides `model_type` and `text_config`: the vision tower's, and bookkeeping.
 const TOP_SET_ASIDE: &[&str] = &[
-    "architectures",
     "auto_map",
     "bos_token_id",
-    "dtype",
     "eos_token_id",
     "ignore_index",
     "image_placeholder",
@@ -71,8 +69,6 @@ const TOP_SET_ASIDE: &[&str] = &[
     "quantization",
     "quantization_config",
     "tie_word_embeddings",
-    "torch_dtype",
-    "transformers_version",
     "vision_config",
 ];
 
@@ -82,7 +78,6 @@ const TOP_SET_ASIDE: &[&str] = &[
 const TEXT_SET_ASIDE: &[&str] = &[
     "_name_or_path",
     "add_cross_attention",
-    "architectures",
     "auto_map",
     "bad_words_ids",
     "begin_suppress_tokens",
@@ -92,7 +87,6 @@ const TEXT_SET_ASIDE: &[&str] = &[
     "decoder_start_token_id",
     "diversity_penalty",
     "do_sample",
-    "dtype",
     "early_stopping",
     "encoder_no_repeat_ngram_size",
     "exponential_decay_length_penalty",
@@ -135,8 +129,6 @@ const TEXT_SET_ASIDE: &[&str] = &[
     "top_k",
     "top_p",
     "torchscript",
-    "torch_dtype",
-    "transformers_version",
     "typical_p",
     "use_bfloat16",
     "use_cache",
@@ -213,11 +205,11 @@ fn classify(
     map: &Map<String, Value>,
     prefix: &str,
     known: &[&[&str]],
-    set_aside: &[&str],
+    set_aside: &[&[&str]],
 ) -> Result<Vec<String>, ConfigError> {
     let mut aside = Vec::new();
     for key in map.keys() {
-        if set_aside.contains(&key.as_str()) {
+        if set_aside.iter().any(|list| list.contains(&key.as_str())) {
             aside.push(format!("{prefix}{key}"));
         } else if !known.iter().any(|list| list.contains(&key.as_str())) {
             return Err(ConfigError::Unknown(format!("{prefix}{key}")));
@@ -259,13 +251,18 @@ impl KimiK3Config {
                 ));
             }
         };
-        let mut set_aside = classify(top, "", &[&["model_type", "text_config"]], TOP_SET_ASIDE)?;
+        let mut set_aside = classify(
+            top,
+            "",
+            &[&["model_type", "text_config"]],
+            &[WRITTEN_BY_TRANSFORMERS, TOP_SET_ASIDE],
+        )?;
         let fixed: Vec<&str> = TEXT_FIXED.iter().map(|(k, _, _)| *k).collect();
         set_aside.extend(classify(
             text,
             "text_config.",
             &[TEXT_USED, &fixed],
-            TEXT_SET_ASIDE,
+            &[WRITTEN_BY_TRANSFORMERS, TEXT_SET_ASIDE],
         )?);
         for (key, expected, why) in TEXT_FIXED {
             let got = text

@@ -37,10 +37,8 @@ pub struct Qwen3MoeConfig {
 /// `use_sliding_window: false` (fixed below) turns off.
 const INERT: &[&str] = &[
     "_name_or_path",
-    "architectures",
     "attention_dropout",
     "bos_token_id",
-    "dtype",
     "initializer_range",
     "max_window_layers",
     "output_router_logits",
@@ -49,8 +47,6 @@ const INERT: &[&str] = &[
     "quantization_config",
     "router_aux_loss_coef",
     "sliding_window",
-    "torch_dtype",
-    "transformers_version",
     "use_cache",
 ];
 
