@@ -84,7 +84,7 @@ fn report(result: Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("export: {e:#}");
+            eprintln!("export: {}", error_line::one_line(&e));
             ExitCode::from(1)
         }
     }
@@ -141,7 +141,8 @@ fn info(file: &Path, json: bool) -> ExitCode {
         }
         Err(dmexp::Error::NotAnExport { kind, advice }) => not_an_export(&kind, &advice, json),
         Err(e) => {
-            eprintln!("export info: {}: {e}", file.display());
+            let err = anyhow::Error::new(e).context(file.display().to_string());
+            eprintln!("export info: {}", error_line::one_line(&err));
             ExitCode::from(1)
         }
     }

@@ -48,7 +48,7 @@ pub fn main(args: Args) -> ExitCode {
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("generate: {e:#}");
+            eprintln!("generate: {}", error_line::one_line(&e));
             ExitCode::from(1)
         }
     }

@@ -40,7 +40,7 @@ pub fn main(args: Args) -> ExitCode {
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("quickstart: {e:#}");
+            eprintln!("quickstart: {}", error_line::one_line(&e));
             ExitCode::from(1)
         }
     }

@@ -62,7 +62,7 @@ pub fn main(args: Args) -> ExitCode {
     match serve(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("serve: {e:#}");
+            eprintln!("serve: {}", error_line::one_line(&e));
             ExitCode::from(1)
         }
     }

@@ -131,7 +131,7 @@ pub fn main(args: Args) -> ExitCode {
     match run(args, started) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("train: {e:#}");
+            eprintln!("train: {}", error_line::one_line(&e));
             ExitCode::from(1)
         }
     }

@@ -19,7 +19,7 @@ use crate::tensor_shapes::{expected_tensors, tensor_mismatch};
 /// Why an export cannot be served.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("{}: {error}", path.display())]
+    #[error("{}", prefixed_once(path, error))]
     Export { path: PathBuf, error: dmexp::Error },
     #[error("{}: the header's config is not a dormouse config: {reason}", path.display())]
     Config { path: PathBuf, reason: String },
@@ -38,6 +38,15 @@ pub enum ServeError {
         path: PathBuf,
         error: candle_core::Error,
     },
+}
+
+/// `error` after `path`, unless its message already starts with the path (an I/O error does).
+fn prefixed_once(path: &Path, error: &dmexp::Error) -> String {
+    let (path, message) = (path.display().to_string(), error.to_string());
+    match message.starts_with(&format!("{path}: ")) {
+        true => message,
+        false => format!("{path}: {message}"),
+    }
 }
 
 /// A memory shape no key can be served from.

@@ -3,7 +3,6 @@
 mod bench_cmd;
 mod bench_model;
 mod container_info;
-mod error_report;
 mod hub_cmd;
 mod info;
 mod pack_cmd;
@@ -172,7 +171,7 @@ fn main() -> ExitCode {
     if let Some(threads) = cli.command.threads()
         && let Err(err) = threads::init(threads)
     {
-        eprintln!("minirun: {}", error_report::one_line(&err));
+        eprintln!("minirun: {}", error_line::one_line(&err));
         return ExitCode::from(1);
     }
     let result = match cli.command {
@@ -190,7 +189,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("minirun: {}", error_report::one_line(&err));
+            eprintln!("minirun: {}", error_line::one_line(&err));
             ExitCode::from(1)
         }
     }

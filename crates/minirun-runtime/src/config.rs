@@ -108,10 +108,12 @@ impl<'a> Fields<'a> {
 }
 
 /// Keys the Hugging Face libraries write into every model config they save (the class, the
-/// dtype the weights were saved in, the library's version): they never change a forward pass,
+/// dtype the weights were saved in, the library's version, the name or folder the model was
+/// loaded from): they never change a forward pass,
 /// and every architecture's reader accepts them alike, at the top level and in a nested
 /// `text_config`, so that none refuses what another takes.
 pub(crate) const WRITTEN_BY_TRANSFORMERS: &[&str] = &[
+    "_name_or_path",
     "architectures",
     "dtype",
     "torch_dtype",

@@ -38,7 +38,6 @@ pub struct DeepSeekV3Config {
 /// Keys that do not change a forward pass: training hyper-parameters, serving hints, and
 /// packaging (the artifact's manifests, not these keys, say how each tensor is stored).
 const INERT: &[&str] = &[
-    "_name_or_path",
     "attention_dropout",
     "auto_map",
     "aux_loss_alpha",

@@ -76,7 +76,6 @@ const TOP_SET_ASIDE: &[&str] = &[
 /// and bookkeeping defaults, packaging (the artifact's manifests say how each tensor is stored),
 /// and fields mlx-lm's `kimi_k3` has but never reads.
 const TEXT_SET_ASIDE: &[&str] = &[
-    "_name_or_path",
     "add_cross_attention",
     "auto_map",
     "bad_words_ids",

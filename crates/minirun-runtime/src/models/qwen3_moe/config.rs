@@ -36,7 +36,6 @@ pub struct Qwen3MoeConfig {
 /// artifact's manifests say how each tensor is stored), and the sliding window, which
 /// `use_sliding_window: false` (fixed below) turns off.
 const INERT: &[&str] = &[
-    "_name_or_path",
     "attention_dropout",
     "bos_token_id",
     "initializer_range",
