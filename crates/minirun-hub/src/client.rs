@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use minirun_format::identity::{is_canonical_repo_id, is_pinned_revision};
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 use url::Url;
 
 use crate::error::HubError;
@@ -16,8 +17,8 @@ use minirun_format::tree::{Tree, TreeBuilder, check_complete};
 pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
 /// Most pages a listing may have.
 const MAX_PAGES: usize = 100_000;
-/// Longest `rel="next"` link followed: every page's URL is kept (to refuse a loop), so the
-/// pages' total is bounded by `MAX_PAGES` x this.
+/// Longest `rel="next"` link followed. A page is remembered (to refuse a loop) by its URL's
+/// SHA-256, so the pages seen cost `MAX_PAGES` x 32 bytes whatever the links' length.
 const MAX_LINK_BYTES: usize = 8 << 10;
 /// Most `-minirun` repositories a catalog listing may name.
 const MAX_CATALOG_ENTRIES: usize = 100_000;
@@ -204,7 +205,7 @@ impl Hub {
             if visited.len() >= MAX_PAGES {
                 return Err(bad_page(&first, &url, "more pages than any listing has"));
             }
-            if !visited.insert(url.to_string()) {
+            if !visited.insert(<[u8; 32]>::from(Sha256::digest(url.as_str()))) {
                 return Err(bad_page(&first, &url, "a page seen before"));
             }
             let (body, link) = self.get_api(&url)?;

@@ -17,6 +17,11 @@ pub const MAX_TENSORS: usize = 1 << 20;
 /// `MAX_TENSORS` index entries.
 pub const MAX_METADATA_BYTES: u64 = 64 << 20;
 
+/// The most header bytes all shards may have together. What packing keeps of a shard is
+/// about its header's size, so this bounds the tensor list; the largest published
+/// checkpoints' headers add up to a few tens of megabytes.
+pub const MAX_HEADER_BYTES: u64 = 128 << 20;
+
 /// A checkpoint whose every shard header has been validated.
 #[derive(Debug)]
 pub struct Checkpoint {
@@ -38,8 +43,18 @@ impl Checkpoint {
         })?;
         let (shard_names, other_files) = list_root(dir)?;
         let mut tensors = BTreeMap::new();
+        let mut header_bytes = 0;
         for name in &shard_names {
             let shard = Shard::open(&dir.join(name))?;
+            header_bytes += shard.header_bytes;
+            if header_bytes > MAX_HEADER_BYTES {
+                return Err(PackError::Refused {
+                    what: dir.display().to_string(),
+                    reason: format!(
+                        "its shards' headers add up to more than {MAX_HEADER_BYTES} bytes, far more than any published checkpoint's; this build refuses it rather than exhaust memory"
+                    ),
+                });
+            }
             if tensors.len() + shard.tensors.len() > MAX_TENSORS {
                 return Err(PackError::Refused {
                     what: dir.display().to_string(),
@@ -200,6 +215,38 @@ fn check_shard_index(
 mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
+
+    /// Shards whose headers (one tensor, padded with spaces as the format allows) add up to
+    /// just over the bound, and just under it.
+    #[test]
+    fn the_shards_headers_together_are_bounded() {
+        let shard = |dir: &Path, name: &str, header_len: usize| {
+            let mut header = br#"{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}"#.to_vec();
+            header.resize(header_len, b' ');
+            let mut bytes = (header_len as u64).to_le_bytes().to_vec();
+            bytes.extend_from_slice(&header);
+            bytes.push(0);
+            std::fs::write(dir.join(name), bytes).unwrap();
+        };
+        let half = (MAX_HEADER_BYTES / 2) as usize;
+        for (second, refused) in [(half + 1, true), (half, false)] {
+            let tmp = tempfile::tempdir().unwrap();
+            std::fs::write(tmp.path().join("config.json"), "{}").unwrap();
+            shard(tmp.path(), "a.safetensors", half);
+            shard(tmp.path(), "b.safetensors", second);
+            let result = Checkpoint::open(tmp.path());
+            match refused {
+                true => assert!(
+                    matches!(&result, Err(PackError::Refused { reason, .. }) if reason.contains("headers add up")),
+                    "{result:?}"
+                ),
+                false => assert!(
+                    matches!(&result, Err(PackError::Refused { reason, .. }) if reason.contains("appears in two shards")),
+                    "{result:?}"
+                ),
+            }
+        }
+    }
 
     #[test]
     fn root_links_must_stay_in_the_checkpoint_or_its_hugging_face_cache() {

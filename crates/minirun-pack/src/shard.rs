@@ -17,6 +17,10 @@ const MAX_HEADER: u64 = 100_000_000;
 /// 1.5 KB per tensor (a 27 MB header of 400,000 tiny tensors took 636 MB in `pack`), so the
 /// count is what bounds it. Counted by a pass that keeps only the names, before the full parse.
 pub const MAX_TENSORS_PER_SHARD: usize = 1 << 16;
+/// The most dimensions a tensor may have. Checkpoint tensors have at most five; a parsed
+/// dimension costs four times its two JSON bytes (`1,`), so without this one 100 MB header of
+/// a single tensor's shape took 3.2 GB in `pack`. Counted in the same names-only pass.
+pub const MAX_RANK: usize = 8;
 
 /// One tensor's place in its shard.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,6 +40,8 @@ pub struct TensorSource {
 pub struct Shard {
     pub path: PathBuf,
     pub file_name: String,
+    /// The header's length in bytes.
+    pub header_bytes: u64,
     pub tensors: Vec<TensorSource>,
 }
 
@@ -75,6 +81,11 @@ impl Shard {
                     "the header names more than {MAX_TENSORS_PER_SHARD} tensors, far more than any real shard; this build refuses it rather than spend gigabytes parsing it"
                 )));
             }
+            KeyScan::TooManyDimensions(name) => {
+                return Err(bad(format!(
+                    "tensor {name:?} has more than {MAX_RANK} dimensions, more than any checkpoint tensor; this build refuses it rather than spend gigabytes parsing its shape"
+                )));
+            }
             KeyScan::Unique => {}
         }
         let metadata: Metadata = serde_json::from_str(text)
@@ -88,6 +99,7 @@ impl Shard {
         Ok(Shard {
             path: path.to_path_buf(),
             file_name,
+            header_bytes: header_len,
             tensors,
         })
     }
@@ -100,6 +112,8 @@ enum KeyScan {
     Repeated(String),
     /// More than [`MAX_TENSORS_PER_SHARD`] keys (the pass stops there).
     TooMany,
+    /// The first tensor whose shape has more than [`MAX_RANK`] dimensions.
+    TooManyDimensions(String),
     /// Neither (or not a JSON object at all, which the full parse then reports).
     Unique,
 }
@@ -124,11 +138,16 @@ fn scan_keys(header: &str) -> KeyScan {
                     let mut seen = std::collections::HashSet::new();
                     let mut found = KeyScan::Unique;
                     while let Some(key) = map.next_key::<String>()? {
-                        map.next_value::<serde::de::IgnoredAny>()?;
+                        let rank = match key.as_str() {
+                            "__metadata__" => map.next_value::<serde::de::IgnoredAny>().map(|_| 0),
+                            _ => map.next_value::<ShapeRank>().map(|r| r.0),
+                        }?;
                         if !matches!(found, KeyScan::Unique) {
                             continue;
                         }
-                        if !seen.insert(key.clone()) {
+                        if rank > MAX_RANK {
+                            found = KeyScan::TooManyDimensions(key);
+                        } else if !seen.insert(key.clone()) {
                             found = KeyScan::Repeated(key);
                         } else if seen.len()
                             > MAX_TENSORS_PER_SHARD + usize::from(seen.contains("__metadata__"))
@@ -144,6 +163,62 @@ fn scan_keys(header: &str) -> KeyScan {
         }
     }
     serde_json::from_str::<Keys>(header).map_or(KeyScan::Unique, |k| k.0)
+}
+
+/// How many dimensions a tensor entry's `shape` lists, counted without keeping them; 0 for an
+/// entry without one (the full parse refuses it).
+struct ShapeRank(usize);
+
+impl<'de> serde::Deserialize<'de> for ShapeRank {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Entry;
+        impl<'de> serde::de::Visitor<'de> for Entry {
+            type Value = ShapeRank;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a tensor entry")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<ShapeRank, A::Error> {
+                let mut rank = 0;
+                while let Some(field) = map.next_key::<String>()? {
+                    match field.as_str() {
+                        "shape" => rank = map.next_value::<Count>()?.0,
+                        _ => drop(map.next_value::<serde::de::IgnoredAny>()?),
+                    }
+                }
+                Ok(ShapeRank(rank))
+            }
+        }
+        d.deserialize_map(Entry)
+    }
+}
+
+/// The length of a JSON array, its elements skipped.
+struct Count(usize);
+
+impl<'de> serde::Deserialize<'de> for Count {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Elements;
+        impl<'de> serde::de::Visitor<'de> for Elements {
+            type Value = Count;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an array")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Count, A::Error> {
+                let mut n = 0;
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                    n += 1;
+                }
+                Ok(Count(n))
+            }
+        }
+        d.deserialize_seq(Elements)
+    }
 }
 
 /// The checks `SafeTensors::deserialize` makes, applied to a header read on its own.

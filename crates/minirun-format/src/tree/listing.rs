@@ -52,6 +52,10 @@ pub enum TreeError {
     )]
     TooManyEntries(usize),
     #[error(
+        "the tree's paths add up to more than {0} bytes, far more than any model repository's; this build refuses it rather than keep accumulating pages"
+    )]
+    TooManyPathBytes(usize),
+    #[error(
         "the tree is incomplete or padded: the revision lists {missing} file(s) the tree lacks (e.g. {example_missing:?}) and the tree has {extra} it does not list (e.g. {example_extra:?})"
     )]
     Incomplete {
@@ -63,9 +67,13 @@ pub enum TreeError {
 }
 
 /// The most entries (files and folders) a tree may list over all its pages. The largest
-/// published artifacts hold a few tens of thousands of files; each entry kept costs a few
-/// hundred bytes.
-pub const MAX_TREE_ENTRIES: usize = 1 << 20;
+/// published artifacts hold a few tens of thousands of files (the Hub advises at most 100,000
+/// per repository); each entry kept costs a few hundred bytes besides its path.
+pub const MAX_TREE_ENTRIES: usize = 1 << 18;
+/// The most path bytes a tree may list over all its entries. A path may be 4,096 bytes and is
+/// kept up to three times (the set that refuses repeats, the file map's key and the file), so
+/// without this the entry limit alone would let a listing hold gigabytes.
+pub const MAX_TREE_PATH_BYTES: usize = 32 << 20;
 
 /// Collects tree pages into a [`Tree`], refusing unsafe or duplicate paths, entries without a
 /// usable digest, and more than [`MAX_TREE_ENTRIES`] entries.
@@ -74,6 +82,7 @@ pub struct TreeBuilder {
     files: BTreeMap<String, RepoFile>,
     seen: BTreeSet<String>,
     entries: usize,
+    path_bytes: usize,
     total: u64,
     max_entries: usize,
 }
@@ -95,6 +104,7 @@ impl TreeBuilder {
             files: BTreeMap::new(),
             seen: BTreeSet::new(),
             entries: 0,
+            path_bytes: 0,
             total: 0,
             max_entries,
         }
@@ -129,6 +139,10 @@ impl TreeBuilder {
                     reason: "no path".into(),
                 })?;
         check_repo_path(path)?;
+        self.path_bytes += path.len();
+        if self.path_bytes > MAX_TREE_PATH_BYTES {
+            return Err(TreeError::TooManyPathBytes(MAX_TREE_PATH_BYTES));
+        }
         let first = path.split('/').next().unwrap_or_default();
         if RESERVED.contains(&first) {
             return Err(TreeError::BadEntry {
@@ -253,6 +267,21 @@ mod tests {
         let err = b.add_page(&page(&dir(3))).unwrap_err();
         assert!(matches!(err, TreeError::TooManyEntries(3)), "{err}");
         assert!(err.to_string().contains("more than 3 entries"), "{err}");
+    }
+
+    #[test]
+    fn pages_stop_accumulating_at_the_path_byte_limit() {
+        let long = |i: usize| format!("{i:0>4096}");
+        let dir = |i: usize| format!(r#"{{"type":"directory","path":"{}"}}"#, long(i));
+        let per_page = 1024;
+        let pages_within = MAX_TREE_PATH_BYTES / (per_page * 4096);
+        let mut b = TreeBuilder::default();
+        for p in 0..pages_within {
+            let entries: Vec<String> = (0..per_page).map(|i| dir(p * per_page + i)).collect();
+            b.add_page(&page(&entries.join(","))).unwrap();
+        }
+        let err = b.add_page(&page(&dir(usize::MAX))).unwrap_err();
+        assert!(matches!(err, TreeError::TooManyPathBytes(_)), "{err}");
     }
 
     #[test]
