@@ -133,13 +133,7 @@ impl Session {
         if architecture.default_chat() == DefaultChat::DeepSeekV4 {
             text = text.with_v4_template()?;
         }
-        let vocab = architecture.vocab_size();
-        if text.vocab_size() > vocab {
-            return Err(SessionError::Text(TextError::Tokenizer(format!(
-                "the tokenizer has {} ids and the model's vocabulary {vocab}: some ids it produces have no embedding",
-                text.vocab_size()
-            ))));
-        }
+        text.check_fits(architecture.vocab_size())?;
         Ok(Session {
             path: path.to_path_buf(),
             verified,

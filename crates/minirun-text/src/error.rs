@@ -11,6 +11,14 @@ pub enum TextError {
     #[error("tiktoken.model: {0}")]
     Tiktoken(String),
     #[error(
+        "{file}: the tokenizer has {ids} ids and the model's vocabulary {vocab}: some ids it produces have no embedding"
+    )]
+    LargerThanModel {
+        file: &'static str,
+        ids: usize,
+        vocab: usize,
+    },
+    #[error(
         "message {index} ({role}) contains {token:?}, one of the tokenizer's control tokens: remove it (a conversation's control tokens come only from the chat template, so a message cannot forge a turn)"
     )]
     ControlTokenInMessage {

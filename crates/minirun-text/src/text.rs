@@ -155,6 +155,26 @@ impl Text {
         }
     }
 
+    /// The artifact file the tokenizer was read from.
+    pub fn file_name(&self) -> &'static str {
+        match &self.inner {
+            Inner::HuggingFace { .. } => "tokenizer.json",
+            Inner::Kimi(_) => "tiktoken.model",
+        }
+    }
+
+    /// Refuses a tokenizer that can produce ids the model has no embedding for.
+    pub fn check_fits(&self, vocab: usize) -> Result<(), TextError> {
+        match self.vocab_size() <= vocab {
+            true => Ok(()),
+            false => Err(TextError::LargerThanModel {
+                file: self.file_name(),
+                ids: self.vocab_size(),
+                vocab,
+            }),
+        }
+    }
+
     /// The number of ids the tokenizer can produce.
     pub fn vocab_size(&self) -> usize {
         match &self.inner {

@@ -330,6 +330,17 @@ mod tests {
     }
 
     #[test]
+    fn a_vocabulary_larger_than_the_model_is_refused_naming_its_file() {
+        let vocabulary = vocabulary(&["lo"]);
+        let text = crate::Text::open(None, None, Some(&vocabulary)).unwrap();
+        let ids = text.vocab_size();
+        assert!(text.check_fits(ids).is_ok());
+        let err = text.check_fits(ids - 1).unwrap_err().to_string();
+        let expected = format!("tiktoken.model: the tokenizer has {ids} ids");
+        assert!(err.starts_with(&expected), "{err}");
+    }
+
+    #[test]
     fn a_mebibyte_long_word_is_one_piece_merged_to_its_largest_tokens() {
         let text = KimiText::parse(&vocabulary(&["lo", "ck", "lock", "locklock"])).unwrap();
         assert_eq!(text.longest_token_bytes(), 8);
