@@ -47,7 +47,8 @@ pub fn run(args: &InfoArgs) -> Result<ExitCode> {
             );
         }
         let layout = minirun_store::ArtifactFiles::unverified(path)?.layout()?;
-        return index_info(&index, Some(layout), args.json);
+        let signature = signature_of(path);
+        return index_info(&index, Some((layout, signature)), args.json);
     }
     let first = read_prefix(path, HEADER_BYTES as usize)?;
     if first.starts_with(MAGIC) {
@@ -256,7 +257,65 @@ fn k3_manifest_info(path: &Path, layer: usize, bytes: &[u8], as_json: bool) -> R
 
 /// An `index.json`, and the layout of the artifact directory it was found in (when `minirun
 /// info` was given the directory).
-fn index_info(path: &Path, layout: Option<Layout>, as_json: bool) -> Result<ExitCode> {
+/// Whether an artifact directory is signed, and by which key (read, not checked).
+#[derive(serde::Serialize)]
+struct SignatureInfo {
+    signed: bool,
+    key_fingerprint: Option<String>,
+    key_algorithm: Option<String>,
+    /// Why the signature could not be read, when a statement is there.
+    problem: Option<String>,
+}
+
+fn signature_of(dir: &Path) -> SignatureInfo {
+    use minirun_sign::{SIGNATURE_FILE, STATEMENT_FILE, signature};
+    let mut info = SignatureInfo {
+        signed: false,
+        key_fingerprint: None,
+        key_algorithm: None,
+        problem: None,
+    };
+    if !dir.join(STATEMENT_FILE).is_file() {
+        return info;
+    }
+    let armored = read_prefix(&dir.join(SIGNATURE_FILE), 64 << 10)
+        .map_err(|e| e.to_string())
+        .and_then(|b| String::from_utf8(b).map_err(|e| e.to_string()))
+        .and_then(|text| signature::signing_key(&text).map_err(|e| e.to_string()));
+    match armored {
+        Ok(key) => {
+            info.signed = true;
+            info.key_fingerprint = Some(signature::fingerprint(&key));
+            info.key_algorithm = Some(key.algorithm().to_string());
+        }
+        Err(problem) => info.problem = Some(format!("{SIGNATURE_FILE}: {problem}")),
+    }
+    info
+}
+
+impl SignatureInfo {
+    fn describe(&self, dir: &str) -> String {
+        match (&self.key_fingerprint, &self.key_algorithm, &self.problem) {
+            (Some(fingerprint), Some(algorithm), _) => format!(
+                "signed with {algorithm} key {fingerprint} (not checked here: minirun verify {dir} --allowed-signers FILE)"
+            ),
+            (_, _, Some(problem)) => {
+                format!("a statement without a readable signature ({problem})")
+            }
+            _ => "unsigned".to_string(),
+        }
+    }
+}
+
+fn index_info(
+    path: &Path,
+    artifact: Option<(Layout, SignatureInfo)>,
+    as_json: bool,
+) -> Result<ExitCode> {
+    let (layout, signature) = match artifact {
+        Some((layout, signature)) => (Some(layout), Some(signature)),
+        None => (None, None),
+    };
     let len = std::fs::metadata(path)?.len();
     // ArtifactIndex::parse bounds the document itself; reading is bounded here too so a
     // huge file is not read whole only to be refused.
@@ -265,12 +324,16 @@ fn index_info(path: &Path, layout: Option<Layout>, as_json: bool) -> Result<Exit
     if as_json {
         let layout = layout.map(Layout::describe);
         let doc = json!({ "kind": "artifact-index", "path": shown(path), "bytes": len,
-                          "layout": layout, "index": index });
+                          "layout": layout, "signature": signature, "index": index });
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         println!("index       {} ({len} bytes)", shown(path));
         if let Some(layout) = layout {
             println!("layout      {}", layout.describe());
+        }
+        if let Some(signature) = &signature {
+            let dir = path.parent().map(shown).unwrap_or_default();
+            println!("signature   {}", signature.describe(&dir));
         }
         println!("{}", printable_lines(&index.describe()));
     }

@@ -11,6 +11,7 @@ mod serve_cmd;
 mod serve_engine;
 mod serve_prompt;
 mod serve_requests;
+mod sign_cmd;
 mod synth;
 mod threads;
 mod timed_passes;
@@ -97,9 +98,21 @@ The token, if any, comes from $HF_TOKEN and is sent to the endpoint only.")]
   minirun verify ./art --repo team/x-minirun --revision <sha> --tree saved-tree.json
   minirun verify ./packed-artifact                      # offline, its own manifests
   minirun verify ./art --repo ... --revision ... --spot-check 2000000000
+  minirun verify ./signed-artifact --allowed-signers allowed_signers   # offline, its publisher's signature
 
 Exit status: 0 verified (evidence written); 1 a mismatch or an error (evidence erased).")]
     Verify(verify_cmd::VerifyArgs),
+    /// Sign an artifact as its publisher: a statement of the SHA-256 of every file that is not
+    /// payload (index.json, unit manifests, config, tokenizer and template files; payload is
+    /// covered by the manifests' own digests) and the artifact's identity, with a detached SSH
+    /// signature beside it (the sshsig format of `ssh-keygen -Y sign`). Reads metadata only.
+    #[command(after_help = "Examples:
+  minirun sign ./tiny-minirun --key ~/.ssh/id_ed25519
+  minirun verify ./tiny-minirun --allowed-signers allowed_signers   # anyone, offline
+
+The statement is minirun-statement.txt and the signature minirun-statement.txt.sig, both at the
+artifact's root, in the namespace minirun-artifact (docs/formats/signed-statement.md).")]
+    Sign(sign_cmd::SignArgs),
     /// Generate text from an artifact's model under a memory budget, computing straight from
     /// the stored quantized bytes: resident, or with its routed experts (and, below the
     /// deterministic floor, its layers) streamed from storage, with the same output bits at
@@ -161,7 +174,9 @@ impl Command {
             Command::Run(a) => Some(a.threads),
             Command::Serve(a) => Some(a.threads),
             Command::Bench(c) => c.threads(),
-            Command::Synth(_) | Command::Catalog(_) | Command::Download(_) => None,
+            Command::Synth(_) | Command::Catalog(_) | Command::Download(_) | Command::Sign(_) => {
+                None
+            }
         }
     }
 }
@@ -182,6 +197,7 @@ fn main() -> ExitCode {
         Command::Catalog(args) => hub_cmd::catalog(&args),
         Command::Download(args) => hub_cmd::download(&args),
         Command::Verify(args) => verify_cmd::run(&args),
+        Command::Sign(args) => sign_cmd::run(&args),
         Command::Run(args) => threads::on_pool(|| run_cmd::run(&args)),
         Command::Serve(args) => serve_cmd::serve(&args),
         Command::Bench(command) => bench_cmd::run(&command),

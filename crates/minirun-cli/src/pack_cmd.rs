@@ -34,6 +34,10 @@ pub struct PackArgs {
     /// storage (needs --source-repo and --source-revision, which every manifest names).
     #[arg(long, value_enum, default_value_t = Layout::Minirun)]
     pub layout: Layout,
+    /// Sign the artifact once packed, as `minirun sign --key KEYFILE` does (minirun's own
+    /// layout only: the published layouts' manifests record no payload digests to sign).
+    #[arg(long, value_name = "KEYFILE")]
+    pub sign: Option<PathBuf>,
     /// Print a JSON summary instead of text.
     #[arg(long)]
     pub json: bool,
@@ -76,6 +80,11 @@ fn bytes_bar(source: &std::path::Path) -> ProgressBar {
 }
 
 pub fn pack(args: &PackArgs) -> Result<ExitCode> {
+    if args.sign.is_some() && args.layout != Layout::Minirun {
+        anyhow::bail!(
+            "--sign signs minirun's own layout only: the published layouts' manifests record no payload digests for a statement to cover"
+        );
+    }
     match args.layout {
         Layout::KimiK3Published => return pack_k3_published(args),
         Layout::DeepseekV4Published => return pack_v4_published(args),
@@ -121,6 +130,9 @@ pub fn pack(args: &PackArgs) -> Result<ExitCode> {
             shown(&args.out),
             shown(&args.source)
         );
+    }
+    if let Some(key) = &args.sign {
+        crate::sign_cmd::sign_artifact(&args.out, key)?;
     }
     Ok(ExitCode::SUCCESS)
 }

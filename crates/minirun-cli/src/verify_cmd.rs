@@ -14,6 +14,8 @@ use minirun_hub::upstream::{self, Lookup};
 use minirun_store::SourcedFile;
 use minirun_store::{Authority, Selection};
 
+mod signed;
+
 #[derive(Args)]
 pub struct VerifyArgs {
     /// The artifact directory.
@@ -41,6 +43,15 @@ pub struct VerifyArgs {
     /// in the evidence; readers never skip tile digests on one).
     #[arg(long, value_name = "BYTES")]
     spot_check: Option<u64>,
+    /// Verify offline against the publisher's signed statement (minirun-statement.txt and its
+    /// .sig, written by `minirun sign`), trusting the keys of this allowed-signers file (git's
+    /// and ssh-keygen's format: principals, options, key).
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with_all = ["repo", "revision", "tree", "source_tree", "spot_check"]
+    )]
+    allowed_signers: Option<PathBuf>,
     #[command(flatten)]
     pub threads: crate::threads::Threads,
 }
@@ -48,6 +59,9 @@ pub struct VerifyArgs {
 pub fn run(args: &VerifyArgs) -> Result<ExitCode> {
     // The evidence is sealed with it: a key that cannot be had fails before any hashing.
     let key = minirun_store::SealKey::for_user()?;
+    if let Some(allowed) = &args.allowed_signers {
+        return signed::verify(&args.dir, allowed, &key);
+    }
     let (tree, authority) = match (&args.repo, &args.revision) {
         (Some(repo), Some(revision)) => (
             published_tree(args, repo, revision)?,
@@ -90,12 +104,7 @@ pub fn run(args: &VerifyArgs) -> Result<ExitCode> {
         args.dir.display(),
         tree.files.len()
     );
-    let bar = ProgressBar::new(total).with_style(
-        ProgressStyle::with_template(
-            "{bar:30} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
+    let bar = hashing_bar(total);
     let started = Instant::now();
     // A kill keeps the per-file checkpoint; the next run continues from it.
     let never = std::sync::atomic::AtomicBool::new(false);
@@ -143,6 +152,16 @@ pub fn run(args: &VerifyArgs) -> Result<ExitCode> {
         minirun_store::evidence::evidence_path(&args.dir).display()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// A progress bar over the bytes a pass hashes.
+pub(crate) fn hashing_bar(total: u64) -> ProgressBar {
+    ProgressBar::new(total).with_style(
+        ProgressStyle::with_template(
+            "{bar:30} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    )
 }
 
 fn published_tree(args: &VerifyArgs, repo: &str, revision: &str) -> Result<Tree> {

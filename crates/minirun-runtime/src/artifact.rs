@@ -422,7 +422,16 @@ impl Access {
             }
             Access::Verified(held) => {
                 let e = held.evidence();
-                if e.repo.is_empty() {
+                if let Some(signer) = &e.signer {
+                    let of = match e.repo.is_empty() {
+                        true => String::new(),
+                        false => format!(" of {}@{}", e.repo, e.revision),
+                    };
+                    format!(
+                        "verified against its statement{of}, signed by {} (key {})",
+                        signer.principals, signer.fingerprint
+                    )
+                } else if e.repo.is_empty() {
                     "verified offline against the artifact's own manifests (which are not authenticated)".to_string()
                 } else {
                     let mut text =
@@ -491,7 +500,7 @@ impl Artifact {
         let shown = root.display().to_string();
         let provenance = access.provenance();
         let check_tile_digests = match &access {
-            Access::Verified(held) => held.evidence().mode != "full",
+            Access::Verified(held) => !held.evidence().vouches_for_every_byte(),
             Access::Unverified => true,
         };
         let files = access.files(root)?;

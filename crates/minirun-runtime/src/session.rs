@@ -24,7 +24,8 @@ use minirun_text::{Text, TextError};
 pub enum SessionError {
     #[error(
         "{0} has no verification evidence, so its bytes are not known to be the published ones.\n\
-         Verify it first: `minirun verify {0} --repo OWNER/NAME --revision SHA` (against the publisher) or \
+         Verify it first: `minirun verify {0} --repo OWNER/NAME --revision SHA` (against the publisher), \
+         `minirun verify {0} --allowed-signers FILE` (offline, against its publisher's signature) or \
          `minirun verify {0}` (offline, against its own manifests); or run it anyway with --unverified."
     )]
     NoEvidence(String),

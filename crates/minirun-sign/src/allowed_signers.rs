@@ -44,12 +44,11 @@ pub fn parse(text: &[u8]) -> Result<Vec<AllowedSigner>, AllowedSignersError> {
         if trimmed.is_empty() || trimmed.starts_with('#') {
             continue;
         }
-        let signer = parse_line(trimmed, line_number).map_err(|reason| {
-            AllowedSignersError::BadLine {
+        let signer =
+            parse_line(trimmed, line_number).map_err(|reason| AllowedSignersError::BadLine {
                 line: line_number,
                 reason,
-            }
-        })?;
+            })?;
         signers.push(signer);
     }
     Ok(signers)
@@ -169,7 +168,12 @@ fn utc_time(value: &str) -> Result<i64, String> {
     };
     let (year, month, day) = (number(0..4), number(4..6), number(6..8));
     let (hour, minute, second) = (number(8..10), number(10..12), number(12..14));
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 || second > 59 {
+    if !(1..=12).contains(&month)
+        || !(1..=31).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 59
+    {
         return Err(bad());
     }
     Ok(days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second)
@@ -213,7 +217,8 @@ pub(crate) fn matches_pattern(pattern: &str, text: &str) -> bool {
 mod tests {
     use super::*;
 
-    const KEY: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAINEoICEMawsVsk7QFRbDyLo4jp98L9yii5I6nNCTNvk8";
+    const KEY: &str =
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAINEoICEMawsVsk7QFRbDyLo4jp98L9yii5I6nNCTNvk8";
 
     #[test]
     fn lines_with_and_without_options_comments_and_quotes_are_read() {
@@ -240,11 +245,16 @@ mod tests {
         for (line, expected) in [
             (format!("a@b restrict {KEY}"), "not one this build knows"),
             (format!("a@b valid-before=20270101 {KEY}"), "no trailing Z"),
-            (format!("a@b valid-before=2027011Z {KEY}"), "is not YYYYMMDD"),
+            (
+                format!("a@b valid-before=2027011Z {KEY}"),
+                "is not YYYYMMDD",
+            ),
             ("a@b ssh-ed25519 AAAA".to_string(), "not a public key"),
             ("a@b".to_string(), "no key"),
         ] {
-            let err = parse(format!("\n{line}\n").as_bytes()).unwrap_err().to_string();
+            let err = parse(format!("\n{line}\n").as_bytes())
+                .unwrap_err()
+                .to_string();
             assert!(err.starts_with("allowed signers line 2: "), "{err}");
             assert!(err.contains(expected), "{line}: {err}");
         }

@@ -190,7 +190,8 @@ mod tests {
     }
 
     fn allowed(options: &str) -> Vec<AllowedSigner> {
-        parse(format!("publisher@example {options} {}\n", public_line(TEST_KEY)).as_bytes()).unwrap()
+        parse(format!("publisher@example {options} {}\n", public_line(TEST_KEY)).as_bytes())
+            .unwrap()
     }
 
     #[test]

@@ -50,13 +50,17 @@ pub enum StatementError {
     TooLarge(u64),
     #[error("the statement is not UTF-8 text")]
     NotText,
-    #[error("the statement does not begin with the line {MAGIC:?}: not a minirun statement of a version this build reads")]
+    #[error(
+        "the statement does not begin with the line {MAGIC:?}: not a minirun statement of a version this build reads"
+    )]
     NotAStatement,
     #[error("statement line {line}: {reason}")]
     BadLine { line: usize, reason: String },
     #[error("the statement lists more than {MAX_FILES} files")]
     TooManyFiles,
-    #[error("the statement is not in its canonical form ({0}); a signer writes only the canonical bytes")]
+    #[error(
+        "the statement is not in its canonical form ({0}); a signer writes only the canonical bytes"
+    )]
     NotCanonical(&'static str),
 }
 
@@ -82,9 +86,9 @@ impl Statement {
             return Err(StatementError::TooLarge(bytes.len() as u64));
         }
         let text = std::str::from_utf8(bytes).map_err(|_| StatementError::NotText)?;
-        let body = text
-            .strip_suffix('\n')
-            .ok_or(StatementError::NotCanonical("it does not end with a line feed"))?;
+        let body = text.strip_suffix('\n').ok_or(StatementError::NotCanonical(
+            "it does not end with a line feed",
+        ))?;
         let mut lines = body.split('\n');
         if lines.next() != Some(MAGIC) {
             return Err(StatementError::NotAStatement);
@@ -227,7 +231,10 @@ mod tests {
         let cases = [
             good.replace("index.json", "../index.json"),
             good.replace("index.json", "/etc/passwd"),
-            good.replace("revision 0123456789abcdef0123456789abcdef01234567", "revision -"),
+            good.replace(
+                "revision 0123456789abcdef0123456789abcdef01234567",
+                "revision -",
+            ),
             good.replace("repo owner/model", "repo owner/model/extra"),
             good.replace("minirun-statement/1", "minirun-statement/2"),
             good.replace(" 3 index.json", " x index.json"),
@@ -235,9 +242,6 @@ mod tests {
         for case in cases {
             assert!(Statement::parse(case.as_bytes()).is_err(), "{case:?}");
         }
-        assert_eq!(
-            Statement::parse(&[0xff]),
-            Err(StatementError::NotText)
-        );
+        assert_eq!(Statement::parse(&[0xff]), Err(StatementError::NotText));
     }
 }

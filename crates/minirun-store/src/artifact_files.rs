@@ -3,6 +3,7 @@
 //! verification). Every open is beneath the held root without following links; every read is
 //! bounded; payload and metadata go through held evidence when the caller holds some.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::Path;
 
@@ -193,6 +194,33 @@ impl ArtifactFiles {
 /// `index.json`'s pinned identities are checked by the pass).
 pub fn own_manifest_tree(path: &Path) -> Result<Tree, LayoutError> {
     let files = ArtifactFiles::unverified(path)?;
+    let manifests = own_digest_manifests(&files)?;
+    let mut tree = Tree {
+        repo: String::new(),
+        revision: String::new(),
+        files: payload_files(path, &manifests)?,
+    };
+    let metadata = files
+        .root()
+        .files_at_top()?
+        .into_iter()
+        .chain(manifests.iter().map(|m| artifact::manifest_path(&m.unit)));
+    for path in metadata.filter(|p| !p.starts_with('.')) {
+        let (size, sha256) = sha256_of(files.root(), &path)?;
+        let digest = FileDigest::Sha256(sha256);
+        tree.files
+            .insert(path.clone(), RepoFile { path, size, digest });
+    }
+    Ok(tree)
+}
+
+/// The unit manifests of an artifact in minirun's own layout, whose manifests record every
+/// payload file's SHA-256: refused when a pack was interrupted, the layout records no digests,
+/// there are no manifests, or index.json is not an index.
+pub(crate) fn own_digest_manifests(
+    files: &ArtifactFiles,
+) -> Result<Vec<UnitManifest>, LayoutError> {
+    let path = files.root().path();
     // Say that a pack was interrupted, not how its half-written manifests fail to parse.
     files.check_not_interrupted()?;
     let no_digests = |reason: String| LayoutError::NoOwnDigests {
@@ -220,36 +248,37 @@ pub fn own_manifest_tree(path: &Path) -> Result<Tree, LayoutError> {
             problem,
         });
     }
+    Ok(manifests)
+}
 
-    let mut tree = Tree {
-        repo: String::new(),
-        revision: String::new(),
-        files: Default::default(),
-    };
-    for manifest in &manifests {
+/// Every payload file the manifests list, by path, with the size and SHA-256 they record.
+pub(crate) fn payload_files(
+    root: &Path,
+    manifests: &[UnitManifest],
+) -> Result<BTreeMap<String, RepoFile>, LayoutError> {
+    let mut files = BTreeMap::new();
+    for manifest in manifests {
         for file in &manifest.files {
             let path = format!("{}/{}", manifest.unit, file.name());
-            let digest = FileDigest::parse("sha256", file.sha256())
-                .ok_or_else(|| no_digests(format!("{path} has no valid sha256")))?;
+            let digest = FileDigest::parse("sha256", file.sha256()).ok_or_else(|| {
+                LayoutError::NoOwnDigests {
+                    path: root.display().to_string(),
+                    reason: format!("{path} has no valid sha256"),
+                }
+            })?;
             let size = file.bytes();
-            tree.files
-                .insert(path.clone(), RepoFile { path, size, digest });
+            files.insert(path.clone(), RepoFile { path, size, digest });
         }
     }
-    let metadata = files
-        .root()
-        .files_at_top()?
-        .into_iter()
-        .chain(manifests.iter().map(|m| artifact::manifest_path(&m.unit)));
-    for path in metadata.filter(|p| !p.starts_with('.')) {
-        let (file, _) = files.root().open_file(&path)?;
-        let bytes = read_bounded(file, &path, MAX_ROOT_FILE_BYTES)?;
-        let digest = FileDigest::Sha256(Sha256::digest(&bytes).into());
-        let size = bytes.len() as u64;
-        tree.files
-            .insert(path.clone(), RepoFile { path, size, digest });
-    }
-    Ok(tree)
+    Ok(files)
+}
+
+/// A metadata file's size and SHA-256, read beneath the root (at most
+/// [`MAX_ROOT_FILE_BYTES`]).
+pub(crate) fn sha256_of(root: &Root, path: &str) -> Result<(u64, [u8; 32]), LayoutError> {
+    let (file, _) = root.open_file(path)?;
+    let bytes = read_bounded(file, path, MAX_ROOT_FILE_BYTES)?;
+    Ok((bytes.len() as u64, Sha256::digest(&bytes).into()))
 }
 
 /// Reads at most `limit` bytes of `file`, refusing a longer one without reading past the bound.

@@ -48,6 +48,16 @@ pub struct Origin {
     pub revision: String,
 }
 
+/// Who signed the statement a `signed` pass verified against, as the allowed-signers file the
+/// verifier trusted names them.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SignerRecord {
+    /// The principals of the allowed-signers line that holds the key.
+    pub principals: String,
+    /// The key's `SHA256:...` fingerprint.
+    pub fingerprint: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RootRecord {
     pub device: u64,
@@ -70,6 +80,19 @@ pub struct Evidence {
     pub mode: String,
     pub root: RootRecord,
     pub files: Vec<EvidenceFile>,
+    /// Set on `signed` evidence only; absent (not `null`) otherwise, so evidence written
+    /// before the field existed still opens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signer: Option<SignerRecord>,
+}
+
+impl Evidence {
+    /// Whether every byte of the artifact was hashed against digests a publisher vouches for
+    /// (its published tree, or its signed statement and the manifests that statement covers):
+    /// only then may a reader skip re-hashing tiles.
+    pub fn vouches_for_every_byte(&self) -> bool {
+        matches!(self.mode.as_str(), "full" | "signed")
+    }
 }
 
 /// SHA-256 over `minirun-artifact-digest-plan-v1`, an empty field, then for each file sorted

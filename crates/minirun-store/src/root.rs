@@ -31,6 +31,38 @@ pub enum OpenError {
     WritableByOthers { path: String, who: String },
 }
 
+/// Every non-directory entry beneath `root` (symbolic links included, never followed), as
+/// `/`-separated relative paths, leaving out the evidence folder.
+pub fn files_beneath(root: &Path) -> Result<std::collections::BTreeSet<String>, OpenError> {
+    let mut present = std::collections::BTreeSet::new();
+    let mut stack = vec![String::new()];
+    while let Some(relative) = stack.pop() {
+        let dir = root.join(&relative);
+        let entries = std::fs::read_dir(&dir).map_err(|error| OpenError::Io {
+            path: dir.display().to_string(),
+            error,
+        })?;
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let path = match relative.is_empty() {
+                true => name.clone(),
+                false => format!("{relative}/{name}"),
+            };
+            if path == crate::evidence::EVIDENCE_DIR {
+                continue;
+            }
+            match entry.file_type() {
+                Ok(t) if t.is_symlink() => return Err(OpenError::SymbolicLink { path }),
+                Ok(t) if t.is_dir() => stack.push(path),
+                _ => {
+                    present.insert(path);
+                }
+            }
+        }
+    }
+    Ok(present)
+}
+
 /// What an entry beneath the root is, its final component not followed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EntryKind {

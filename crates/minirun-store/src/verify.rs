@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 
 use crate::checkpoint::{Checkpoint, CheckpointKey};
 use crate::evidence::{
-    self, DigestRecord, EVIDENCE_DIR, Evidence, EvidenceFile, Origin, RootRecord,
+    self, DigestRecord, Evidence, EvidenceFile, Origin, RootRecord, SignerRecord,
 };
 use crate::root::{EntryKind, OpenError, Root};
 use crate::seal::SealKey;
@@ -104,6 +104,25 @@ pub enum Authority {
     OwnManifests,
 }
 
+/// What a pass checks against: an [`Authority`] a caller names, or a publisher's signed
+/// statement and the manifests it covers ([`verify_signed`]: the folder must hold exactly the
+/// files they list; evidence mode `signed`, naming the signer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Against {
+    Publication,
+    OwnManifests,
+    Signed,
+}
+
+impl From<Authority> for Against {
+    fn from(authority: Authority) -> Against {
+        match authority {
+            Authority::Publication => Against::Publication,
+            Authority::OwnManifests => Against::OwnManifests,
+        }
+    }
+}
+
 /// How much to hash.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Selection {
@@ -116,11 +135,12 @@ pub enum Selection {
     SpotCheck { budget: u64 },
 }
 
-fn mode(authority: Authority, selection: Selection) -> &'static str {
+fn mode(authority: Against, selection: Selection) -> &'static str {
     match (selection, authority) {
         (Selection::SpotCheck { .. }, _) => "spot-check",
-        (Selection::Full, Authority::Publication) => "full",
-        (Selection::Full, Authority::OwnManifests) => "own-manifests",
+        (Selection::Full, Against::Publication) => "full",
+        (Selection::Full, Against::OwnManifests) => "own-manifests",
+        (Selection::Full, Against::Signed) => "signed",
     }
 }
 
@@ -216,7 +236,38 @@ pub fn verify_sourced(
     selection: Selection,
     sealing: Sealing<'_>,
 ) -> Result<Verified, VerifyError> {
-    let result = verify_inner(root_path, tree, sourced, authority, selection, sealing);
+    let result = verify_inner(
+        root_path,
+        tree,
+        sourced,
+        authority.into(),
+        selection,
+        sealing,
+        None,
+    );
+    if result.is_err() {
+        evidence::erase(root_path);
+    }
+    result
+}
+
+/// Every file of `tree` (from [`crate::signed_tree`]) hashed, the folder holding exactly those
+/// files, and evidence of mode `signed` naming `signer`, whose signature the caller checked.
+pub fn verify_signed(
+    root_path: &Path,
+    tree: &Tree,
+    signer: SignerRecord,
+    sealing: Sealing<'_>,
+) -> Result<Verified, VerifyError> {
+    let result = verify_inner(
+        root_path,
+        tree,
+        &[],
+        Against::Signed,
+        Selection::Full,
+        sealing,
+        Some(signer),
+    );
     if result.is_err() {
         evidence::erase(root_path);
     }
@@ -227,9 +278,10 @@ fn verify_inner(
     root_path: &Path,
     tree: &Tree,
     sourced: &[SourcedFile],
-    authority: Authority,
+    authority: Against,
     selection: Selection,
     sealing: Sealing<'_>,
+    signer: Option<SignerRecord>,
 ) -> Result<Verified, VerifyError> {
     let Sealing {
         key,
@@ -247,7 +299,7 @@ fn verify_inner(
         });
     }
     check_sourced(tree, sourced, authority)?;
-    if authority == Authority::Publication {
+    if authority != Against::OwnManifests {
         check_file_set(root_path, tree, sourced)?;
     }
     check_index_pins(&root)?;
@@ -339,6 +391,7 @@ fn verify_inner(
             volume: root.volume(),
         },
         files: records,
+        signer,
     };
     evidence::write(root_path, &evidence, key).map_err(VerifyError::Write)?;
     checkpoint.remove();
@@ -444,12 +497,12 @@ fn verify_file(
 fn check_sourced(
     tree: &Tree,
     sourced: &[SourcedFile],
-    authority: Authority,
+    authority: Against,
 ) -> Result<(), VerifyError> {
     for s in sourced {
         let path = s.file.path.clone();
         let origin = format!("{}@{}", s.origin.repo, s.origin.revision);
-        if authority != Authority::Publication {
+        if authority != Against::Publication {
             return Err(VerifyError::SourcedWithoutPublication { path, origin });
         }
         if tree.files.contains_key(&path) {
@@ -462,34 +515,7 @@ fn check_sourced(
 /// Every non-directory entry under the root (symbolic links included, never followed), minus
 /// the evidence folder, must be exactly the tree's files and the sourced ones.
 fn check_file_set(root: &Path, tree: &Tree, sourced: &[SourcedFile]) -> Result<(), VerifyError> {
-    let mut present = BTreeSet::new();
-    let mut stack = vec![String::new()];
-    while let Some(relative) = stack.pop() {
-        let dir = root.join(&relative);
-        let entries = std::fs::read_dir(&dir).map_err(|error| VerifyError::Root {
-            path: dir.display().to_string(),
-            error,
-        })?;
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let path = match relative.is_empty() {
-                true => name.clone(),
-                false => format!("{relative}/{name}"),
-            };
-            if path == EVIDENCE_DIR {
-                continue;
-            }
-            match entry.file_type() {
-                Ok(t) if t.is_symlink() => {
-                    return Err(OpenError::SymbolicLink { path }.into());
-                }
-                Ok(t) if t.is_dir() => stack.push(path),
-                _ => {
-                    present.insert(path);
-                }
-            }
-        }
-    }
+    let present = crate::root::files_beneath(root)?;
     let published: BTreeSet<String> = tree
         .files
         .keys()
