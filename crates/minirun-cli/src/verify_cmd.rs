@@ -84,7 +84,7 @@ pub fn run(args: &VerifyArgs) -> Result<ExitCode> {
     };
     let against = match authority {
         Authority::Publication => format!("{}@{}", tree.repo, tree.revision),
-        Authority::OwnManifests => "its own manifests (offline; the manifests themselves are not authenticated, and files they do not list are not checked)".to_string(),
+        Authority::OwnManifests => "its own manifests (offline; the manifests themselves are not authenticated, and files they do not list are not checked; a signed artifact verifies with --allowed-signers)".to_string(),
     };
     let selection = match args.spot_check {
         Some(budget) => Selection::SpotCheck { budget },

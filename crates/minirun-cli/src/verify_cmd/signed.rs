@@ -14,7 +14,17 @@ use crate::shown;
 /// The most bytes a signature file may have (an armored signature is under 1 KiB).
 const MAX_SIGNATURE_BYTES: u64 = 64 << 10;
 
+/// Verifies `dir` against its signed statement; any refusal erases evidence an earlier pass
+/// left, so that a run after it is not authorized by what no longer holds.
 pub fn verify(dir: &Path, allowed: &Path, key: &SealKey) -> Result<ExitCode> {
+    let result = verify_statement(dir, allowed, key);
+    if result.is_err() {
+        minirun_store::evidence::erase(dir);
+    }
+    result
+}
+
+fn verify_statement(dir: &Path, allowed: &Path, key: &SealKey) -> Result<ExitCode> {
     let root = Root::open(dir).with_context(|| format!("cannot open {}", shown(dir)))?;
     if root.entry_kind(STATEMENT_FILE)? == EntryKind::Absent {
         bail!(
