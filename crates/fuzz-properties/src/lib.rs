@@ -22,6 +22,7 @@ use minirun_runtime::models::deepseek_v3::DeepSeekV3Config;
 use minirun_runtime::models::deepseek_v4::config::DeepSeekV4Config;
 use minirun_runtime::models::kimi_k3::config::KimiK3Config;
 use minirun_runtime::models::qwen3_moe::config::Qwen3MoeConfig;
+use minirun_sign::Statement;
 use minirun_text::tiktoken::KimiText;
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -31,6 +32,7 @@ pub type Property = fn(&[u8]);
 
 /// Every target, by the name its `fuzz/fuzz_targets/NAME.rs` and `fuzz/seeds/NAME/` use.
 pub const TARGETS: &[(&str, Property)] = &[
+    ("allowed_signers", allowed_signers),
     ("deepseek_config", deepseek_config),
     ("deepseek_v4_config", deepseek_v4_config),
     ("dmexp_decode", dmexp_decode),
@@ -43,6 +45,7 @@ pub const TARGETS: &[(&str, Property)] = &[
     ("kimi_tiktoken", kimi_tiktoken),
     ("ngram_header", ngram_header),
     ("qwen3_moe_config", qwen3_moe_config),
+    ("signed_statement", signed_statement),
     ("tile_header", tile_header),
     ("unit_manifest", unit_manifest),
     ("v4_unit_manifest", v4_unit_manifest),
@@ -320,6 +323,32 @@ pub fn v4_unit_manifest(data: &[u8]) {
             let mut seen = order.clone();
             seen.sort_unstable();
             assert!(seen.iter().enumerate().all(|(i, &e)| i as u32 == e));
+        }
+    }
+}
+
+/// Any bytes as a signed artifact's `minirun-statement.txt`: parsing returns a statement or a
+/// refusal, never panics, and an accepted statement is in canonical form (writing it again
+/// gives the same bytes) with only safe paths in increasing order.
+pub fn signed_statement(data: &[u8]) {
+    if let Ok(statement) = Statement::parse(data) {
+        assert_eq!(statement.to_bytes(), data);
+        for path in statement.files.keys() {
+            assert!(check_repo_path(path).is_ok(), "{path:?}");
+        }
+        if let Some(id) = &statement.identity {
+            assert!(is_canonical_repo_id(&id.repo) && is_pinned_revision(&id.revision));
+        }
+    }
+}
+
+/// Any bytes as an allowed-signers file: parsing returns its lines or a refusal naming a line,
+/// never panics, and every accepted line has a key and principals.
+pub fn allowed_signers(data: &[u8]) {
+    if let Ok(signers) = minirun_sign::allowed_signers::parse(data) {
+        for signer in signers {
+            assert!(!signer.principals.is_empty());
+            assert!(signer.line >= 1);
         }
     }
 }

@@ -56,7 +56,11 @@ pub fn parse(text: &[u8]) -> Result<Vec<AllowedSigner>, AllowedSignersError> {
 
 fn parse_line(line: &str, number: usize) -> Result<AllowedSigner, String> {
     let tokens = split_fields(line)?;
-    let principals = tokens.first().ok_or("no principals")?.clone();
+    let principals = tokens
+        .first()
+        .map(|p| p.trim_matches('"').to_string())
+        .filter(|p| !p.is_empty())
+        .ok_or("no principals")?;
     let (options, key_at) = match tokens.get(1) {
         Some(t) if is_key_type(t) => (None, 1),
         Some(t) => (Some(t.as_str()), 2),
@@ -68,7 +72,7 @@ fn parse_line(line: &str, number: usize) -> Result<AllowedSigner, String> {
         .join(" ");
     let key = PublicKey::from_openssh(&key_text).map_err(|e| format!("not a public key: {e}"))?;
     let mut signer = AllowedSigner {
-        principals: principals.trim_matches('"').to_string(),
+        principals,
         key,
         namespaces: None,
         valid_after: None,
@@ -251,6 +255,7 @@ mod tests {
             ),
             ("a@b ssh-ed25519 AAAA".to_string(), "not a public key"),
             ("a@b".to_string(), "no key"),
+            (format!("\"\" {KEY}"), "no principals"),
         ] {
             let err = parse(format!("\n{line}\n").as_bytes())
                 .unwrap_err()
