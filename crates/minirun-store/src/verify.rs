@@ -236,7 +236,7 @@ pub fn verify_sourced(
     selection: Selection,
     sealing: Sealing<'_>,
 ) -> Result<Verified, VerifyError> {
-    let result = verify_inner(
+    verify_inner(
         root_path,
         tree,
         sourced,
@@ -244,11 +244,7 @@ pub fn verify_sourced(
         selection,
         sealing,
         None,
-    );
-    if result.is_err() {
-        evidence::erase(root_path);
-    }
-    result
+    )
 }
 
 /// Every file of `tree` (from [`crate::signed_tree`]) hashed, the folder holding exactly those
@@ -259,7 +255,7 @@ pub fn verify_signed(
     signer: SignerRecord,
     sealing: Sealing<'_>,
 ) -> Result<Verified, VerifyError> {
-    let result = verify_inner(
+    verify_inner(
         root_path,
         tree,
         &[],
@@ -267,6 +263,21 @@ pub fn verify_signed(
         Selection::Full,
         sealing,
         Some(signer),
+    )
+}
+
+/// One pass ([`pass`]); a failed one erases any evidence held from an earlier pass.
+fn verify_inner(
+    root_path: &Path,
+    tree: &Tree,
+    sourced: &[SourcedFile],
+    authority: Against,
+    selection: Selection,
+    sealing: Sealing<'_>,
+    signer: Option<SignerRecord>,
+) -> Result<Verified, VerifyError> {
+    let result = pass(
+        root_path, tree, sourced, authority, selection, sealing, signer,
     );
     if result.is_err() {
         evidence::erase(root_path);
@@ -274,7 +285,7 @@ pub fn verify_signed(
     result
 }
 
-fn verify_inner(
+fn pass(
     root_path: &Path,
     tree: &Tree,
     sourced: &[SourcedFile],
