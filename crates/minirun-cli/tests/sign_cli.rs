@@ -389,3 +389,25 @@ fn an_expired_or_not_yet_valid_key_or_a_missing_signature_is_refused() {
         stderr(&out)
     );
 }
+
+#[test]
+fn each_listed_file_edited_alone_is_refused_naming_it() {
+    let allowed = data().join("allowed_signers");
+    let statement = fs::read_to_string(data().join("minirun-statement.txt")).unwrap();
+    let listed: Vec<&str> = statement
+        .lines()
+        .skip(3)
+        .filter_map(|line| line.splitn(3, ' ').nth(2))
+        .collect();
+    assert!(listed.len() > 10, "{listed:?}");
+    for path in listed {
+        let dir = tempfile::tempdir().unwrap();
+        let art = signed_artifact(dir.path(), &test_key());
+        let mut bytes = fs::read(art.join(path)).unwrap();
+        bytes.push(b'\n');
+        fs::write(art.join(path), bytes).unwrap();
+        let out = verify_signed(&art, &allowed);
+        assert_eq!(out.status.code(), Some(1), "{path} edited: accepted");
+        assert!(stderr(&out).contains(path), "{path}: {}", stderr(&out));
+    }
+}
