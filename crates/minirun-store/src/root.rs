@@ -32,8 +32,11 @@ pub enum OpenError {
 }
 
 /// Every non-directory entry beneath `root` (symbolic links included, never followed), as
-/// `/`-separated relative paths, leaving out the evidence folder.
-pub fn files_beneath(root: &Path) -> Result<std::collections::BTreeSet<String>, OpenError> {
+/// `/`-separated relative paths, leaving out the folder `left_out` (the evidence folder).
+pub fn files_beneath(
+    root: &Path,
+    left_out: &str,
+) -> Result<std::collections::BTreeSet<String>, OpenError> {
     let mut present = std::collections::BTreeSet::new();
     let mut stack = vec![String::new()];
     while let Some(relative) = stack.pop() {
@@ -48,7 +51,7 @@ pub fn files_beneath(root: &Path) -> Result<std::collections::BTreeSet<String>, 
                 true => name.clone(),
                 false => format!("{relative}/{name}"),
             };
-            if path == crate::evidence::EVIDENCE_DIR {
+            if path == left_out {
                 continue;
             }
             match entry.file_type() {

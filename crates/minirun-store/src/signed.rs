@@ -44,7 +44,7 @@ pub fn statement_of(path: &Path, identity: Option<Identity>) -> Result<Statement
     let manifests = own_digest_manifests(&files)?;
     let payload = payload_files(path, &manifests)?;
     let mut listed = BTreeMap::new();
-    for file in crate::root::files_beneath(path)? {
+    for file in crate::root::files_beneath(path, crate::evidence::EVIDENCE_DIR)? {
         if payload.contains_key(&file) || file == STATEMENT_FILE || file == SIGNATURE_FILE {
             continue;
         }

@@ -526,7 +526,7 @@ fn check_sourced(
 /// Every non-directory entry under the root (symbolic links included, never followed), minus
 /// the evidence folder, must be exactly the tree's files and the sourced ones.
 fn check_file_set(root: &Path, tree: &Tree, sourced: &[SourcedFile]) -> Result<(), VerifyError> {
-    let present = crate::root::files_beneath(root)?;
+    let present = crate::root::files_beneath(root, crate::evidence::EVIDENCE_DIR)?;
     let published: BTreeSet<String> = tree
         .files
         .keys()
