@@ -26,7 +26,7 @@ pub enum VerifyError {
     #[error("cannot open the artifact root {path}: {error}")]
     Root { path: String, error: std::io::Error },
     #[error(
-        "the artifact does not hold exactly the published files: missing {missing:?}, not published {extra:?}"
+        "the artifact does not hold exactly the files it is checked against: missing {missing:?}, not listed {extra:?}"
     )]
     Files {
         missing: Vec<String>,
@@ -34,13 +34,13 @@ pub enum VerifyError {
     },
     #[error(transparent)]
     Open(#[from] OpenError),
-    #[error("{path}: {got} bytes, the publication says {expected}")]
+    #[error("{path}: {got} bytes, {expected} listed")]
     WrongSize {
         path: String,
         expected: u64,
         got: u64,
     },
-    #[error("{path}: the content hashes to {got}, the publication says {expected}")]
+    #[error("{path}: the content hashes to {got}, {expected} listed")]
     WrongDigest {
         path: String,
         expected: String,
