@@ -259,50 +259,52 @@ fn k3_manifest_info(path: &Path, layer: usize, bytes: &[u8], as_json: bool) -> R
 /// info` was given the directory).
 /// Whether an artifact directory is signed, and by which key (read, not checked).
 #[derive(serde::Serialize)]
-struct SignatureInfo {
-    signed: bool,
-    key_fingerprint: Option<String>,
-    key_algorithm: Option<String>,
-    /// Why the signature could not be read, when a statement is there.
-    problem: Option<String>,
+#[serde(tag = "state", rename_all = "kebab-case")]
+enum SignatureInfo {
+    Unsigned,
+    Signed {
+        key_algorithm: String,
+        key_fingerprint: String,
+    },
+    /// A statement is there, but its signature cannot be read.
+    Unreadable {
+        problem: String,
+    },
 }
 
 fn signature_of(dir: &Path) -> SignatureInfo {
     use minirun_sign::{SIGNATURE_FILE, STATEMENT_FILE, signature};
-    let mut info = SignatureInfo {
-        signed: false,
-        key_fingerprint: None,
-        key_algorithm: None,
-        problem: None,
-    };
     if !dir.join(STATEMENT_FILE).is_file() {
-        return info;
+        return SignatureInfo::Unsigned;
     }
-    let armored = read_prefix(&dir.join(SIGNATURE_FILE), 64 << 10)
+    let key = read_prefix(&dir.join(SIGNATURE_FILE), 64 << 10)
         .map_err(|e| e.to_string())
         .and_then(|b| String::from_utf8(b).map_err(|e| e.to_string()))
         .and_then(|text| signature::signing_key(&text).map_err(|e| e.to_string()));
-    match armored {
-        Ok(key) => {
-            info.signed = true;
-            info.key_fingerprint = Some(signature::fingerprint(&key));
-            info.key_algorithm = Some(key.algorithm().to_string());
-        }
-        Err(problem) => info.problem = Some(format!("{SIGNATURE_FILE}: {problem}")),
+    match key {
+        Ok(key) => SignatureInfo::Signed {
+            key_algorithm: key.algorithm().to_string(),
+            key_fingerprint: signature::fingerprint(&key),
+        },
+        Err(problem) => SignatureInfo::Unreadable {
+            problem: format!("{SIGNATURE_FILE}: {problem}"),
+        },
     }
-    info
 }
 
 impl SignatureInfo {
     fn describe(&self, dir: &str) -> String {
-        match (&self.key_fingerprint, &self.key_algorithm, &self.problem) {
-            (Some(fingerprint), Some(algorithm), _) => format!(
-                "signed with {algorithm} key {fingerprint} (not checked here: minirun verify {dir} --allowed-signers FILE)"
+        match self {
+            SignatureInfo::Signed {
+                key_algorithm,
+                key_fingerprint,
+            } => format!(
+                "signed with {key_algorithm} key {key_fingerprint} (not checked here: minirun verify {dir} --allowed-signers FILE)"
             ),
-            (_, _, Some(problem)) => {
+            SignatureInfo::Unreadable { problem } => {
                 format!("a statement without a readable signature ({problem})")
             }
-            _ => "unsigned".to_string(),
+            SignatureInfo::Unsigned => "unsigned".to_string(),
         }
     }
 }

@@ -40,21 +40,19 @@ pub fn sign_artifact(artifact: &Path, key: &Path) -> Result<()> {
     let statement = minirun_store::statement_of(artifact, identity.clone())
         .with_context(|| format!("cannot sign {}", shown(artifact)))?;
     let bytes = statement.to_bytes();
-    let armored = signature::sign(&bytes, &key_text)
+    let signed = signature::sign(&bytes, &key_text)
         .with_context(|| format!("cannot sign with {}", shown(key)))?;
-    let fingerprint = signature::fingerprint(
-        &signature::signing_key(&armored).context("the signature just made does not read back")?,
-    );
     atomic_file::write_bytes(&artifact.join(STATEMENT_FILE), &bytes)?;
-    atomic_file::write_bytes(&artifact.join(SIGNATURE_FILE), armored.as_bytes())?;
+    atomic_file::write_bytes(&artifact.join(SIGNATURE_FILE), signed.armored.as_bytes())?;
     let of = match &identity {
         Some(id) => format!(" of {}@{}", id.repo, id.revision),
         None => " (index.json names no single pinned upstream, so it names none)".to_string(),
     };
     eprintln!(
-        "signed {}{of}: {} metadata files listed, payload covered by the unit manifests' SHA-256s; key {fingerprint}, namespace {NAMESPACE}",
+        "signed {}{of}: {} metadata files listed, payload covered by the unit manifests' SHA-256s; key {}, namespace {NAMESPACE}",
         shown(artifact),
-        statement.files.len()
+        statement.files.len(),
+        signed.fingerprint
     );
     eprintln!(
         "check: minirun verify {} --allowed-signers FILE   (or: ssh-keygen -Y verify -f FILE -I PRINCIPAL -n {NAMESPACE} -s {SIGNATURE_FILE} < {STATEMENT_FILE})",
@@ -64,17 +62,18 @@ pub fn sign_artifact(artifact: &Path, key: &Path) -> Result<()> {
 }
 
 fn read_key(path: &Path) -> Result<String> {
-    let file = regular_file::open(path).with_context(|| format!("cannot read {}", shown(path)))?;
-    let bytes = regular_file::read_at_most(file, MAX_KEY_BYTES)
-        .with_context(|| format!("cannot read {}", shown(path)))?
-        .with_context(|| {
-            format!(
-                "{} is larger than {MAX_KEY_BYTES} bytes: not an OpenSSH private key",
-                shown(path)
-            )
-        })?;
+    let bytes = read_small_file(path, MAX_KEY_BYTES, "an OpenSSH private key")?;
     String::from_utf8(bytes)
         .with_context(|| format!("{} is not an OpenSSH private key (not text)", shown(path)))
+}
+
+/// A file given on the command line that is `what` and at most `limit` bytes: opened as a
+/// regular file only, read bounded.
+pub(crate) fn read_small_file(path: &Path, limit: u64, what: &str) -> Result<Vec<u8>> {
+    let file = regular_file::open(path).with_context(|| format!("cannot read {}", shown(path)))?;
+    regular_file::read_at_most(file, limit)
+        .with_context(|| format!("cannot read {}", shown(path)))?
+        .with_context(|| format!("{} is larger than {limit} bytes: not {what}", shown(path)))
 }
 
 /// The upstream index.json names, when it names exactly one with a canonical id at a pinned

@@ -162,6 +162,10 @@ fn the_golden_statement_is_what_signing_writes_and_three_readers_accept_it() {
         shown.contains("signature   signed with ssh-ed25519 key SHA256:"),
         "{shown}"
     );
+    let info = minirun(&["info", art.to_str().unwrap(), "--json"]);
+    let doc: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
+    assert_eq!(doc["signature"]["state"], "signed", "{doc}");
+    assert_eq!(doc["signature"]["key_algorithm"], "ssh-ed25519", "{doc}");
 }
 
 #[test]

@@ -80,7 +80,7 @@ fn parse_line(line: &str, number: usize) -> Result<AllowedSigner, String> {
         cert_authority: false,
         line: number,
     };
-    for option in options.map(split_options).transpose()?.unwrap_or_default() {
+    for option in options.map(split_options).unwrap_or_default() {
         apply_option(&mut signer, &option)?;
     }
     Ok(signer)
@@ -119,7 +119,7 @@ fn split_fields(line: &str) -> Result<Vec<String>, String> {
 }
 
 /// Comma-separated options, a comma inside quotes kept.
-fn split_options(options: &str) -> Result<Vec<String>, String> {
+fn split_options(options: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut current = String::new();
     let mut quoted = false;
@@ -131,7 +131,7 @@ fn split_options(options: &str) -> Result<Vec<String>, String> {
         }
     }
     out.push(current);
-    Ok(out)
+    out
 }
 
 fn apply_option(signer: &mut AllowedSigner, option: &str) -> Result<(), String> {

@@ -8,5 +8,5 @@ pub mod signature;
 pub mod statement;
 
 pub use allowed_signers::{AllowedSigner, AllowedSignersError};
-pub use signature::{NAMESPACE, SignError, Signer, VerifyError};
+pub use signature::{NAMESPACE, SignError, Signature, Signer, VerifyError};
 pub use statement::{Identity, Listed, SIGNATURE_FILE, STATEMENT_FILE, Statement, StatementError};

@@ -67,9 +67,17 @@ pub enum VerifyError {
     Mismatch { fingerprint: String },
 }
 
-/// Signs `statement` with the OpenSSH private key `key_text` (unencrypted), returning the
-/// armored signature `ssh-keygen -Y sign` would write beside it.
-pub fn sign(statement: &[u8], key_text: &str) -> Result<String, SignError> {
+/// A signature just made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Signature {
+    /// What `ssh-keygen -Y sign` would write beside the statement.
+    pub armored: String,
+    /// The signing key's `SHA256:...` fingerprint.
+    pub fingerprint: String,
+}
+
+/// Signs `statement` with the OpenSSH private key `key_text` (unencrypted).
+pub fn sign(statement: &[u8], key_text: &str) -> Result<Signature, SignError> {
     let key = PrivateKey::from_openssh(key_text).map_err(|e| SignError::NotAKey(e.to_string()))?;
     if key.is_encrypted() {
         return Err(SignError::Encrypted);
@@ -77,9 +85,13 @@ pub fn sign(statement: &[u8], key_text: &str) -> Result<String, SignError> {
     let signature = key
         .sign(NAMESPACE, HashAlg::Sha512, statement)
         .map_err(|e| SignError::Signing(e.to_string()))?;
-    signature
+    let armored = signature
         .to_pem(LineEnding::LF)
-        .map_err(|e| SignError::Signing(e.to_string()))
+        .map_err(|e| SignError::Signing(e.to_string()))?;
+    Ok(Signature {
+        armored,
+        fingerprint: fingerprint(key.public_key()),
+    })
 }
 
 /// The key an armored signature says it was made with, unchecked (for display).
@@ -196,20 +208,25 @@ mod tests {
 
     #[test]
     fn a_signed_statement_verifies_and_names_its_signer() {
-        let armored = sign(b"statement\n", TEST_KEY).unwrap();
-        assert!(armored.starts_with("-----BEGIN SSH SIGNATURE-----\n"));
-        let signer = verify(b"statement\n", &armored, &allowed(""), 0).unwrap();
+        let signed = sign(b"statement\n", TEST_KEY).unwrap();
+        assert!(
+            signed
+                .armored
+                .starts_with("-----BEGIN SSH SIGNATURE-----\n")
+        );
+        let signer = verify(b"statement\n", &signed.armored, &allowed(""), 0).unwrap();
         assert_eq!(signer.principals, "publisher@example");
         assert!(signer.fingerprint.starts_with("SHA256:"), "{signer:?}");
+        assert_eq!(signed.fingerprint, signer.fingerprint);
         assert_eq!(
-            fingerprint(&signing_key(&armored).unwrap()),
+            fingerprint(&signing_key(&signed.armored).unwrap()),
             signer.fingerprint
         );
     }
 
     #[test]
     fn an_edited_statement_an_unknown_key_or_a_closed_window_is_refused() {
-        let armored = sign(b"statement\n", TEST_KEY).unwrap();
+        let armored = sign(b"statement\n", TEST_KEY).unwrap().armored;
         assert!(matches!(
             verify(b"statement!\n", &armored, &allowed(""), 0),
             Err(VerifyError::Mismatch { .. })

@@ -107,11 +107,21 @@ pub enum Authority {
 /// What a pass checks against: an [`Authority`] a caller names, or a publisher's signed
 /// statement and the manifests it covers ([`verify_signed`]: the folder must hold exactly the
 /// files they list; evidence mode `signed`, naming the signer).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Against {
     Publication,
     OwnManifests,
-    Signed,
+    Signed(SignerRecord),
+}
+
+impl Against {
+    /// The signer evidence of this pass names (a signed pass's only).
+    fn signer(&self) -> Option<SignerRecord> {
+        match self {
+            Against::Signed(signer) => Some(signer.clone()),
+            Against::Publication | Against::OwnManifests => None,
+        }
+    }
 }
 
 impl From<Authority> for Against {
@@ -135,12 +145,12 @@ pub enum Selection {
     SpotCheck { budget: u64 },
 }
 
-fn mode(authority: Against, selection: Selection) -> &'static str {
+fn mode(authority: &Against, selection: Selection) -> &'static str {
     match (selection, authority) {
         (Selection::SpotCheck { .. }, _) => "spot-check",
         (Selection::Full, Against::Publication) => "full",
         (Selection::Full, Against::OwnManifests) => "own-manifests",
-        (Selection::Full, Against::Signed) => "signed",
+        (Selection::Full, Against::Signed(_)) => "signed",
     }
 }
 
@@ -243,7 +253,6 @@ pub fn verify_sourced(
         authority.into(),
         selection,
         sealing,
-        None,
     )
 }
 
@@ -259,10 +268,9 @@ pub fn verify_signed(
         root_path,
         tree,
         &[],
-        Against::Signed,
+        Against::Signed(signer),
         Selection::Full,
         sealing,
-        Some(signer),
     )
 }
 
@@ -274,11 +282,8 @@ fn verify_inner(
     authority: Against,
     selection: Selection,
     sealing: Sealing<'_>,
-    signer: Option<SignerRecord>,
 ) -> Result<Verified, VerifyError> {
-    let result = pass(
-        root_path, tree, sourced, authority, selection, sealing, signer,
-    );
+    let result = pass(root_path, tree, sourced, &authority, selection, sealing);
     if result.is_err() {
         evidence::erase(root_path);
     }
@@ -289,10 +294,9 @@ fn pass(
     root_path: &Path,
     tree: &Tree,
     sourced: &[SourcedFile],
-    authority: Against,
+    authority: &Against,
     selection: Selection,
     sealing: Sealing<'_>,
-    signer: Option<SignerRecord>,
 ) -> Result<Verified, VerifyError> {
     let Sealing {
         key,
@@ -310,7 +314,7 @@ fn pass(
         });
     }
     check_sourced(tree, sourced, authority)?;
-    if authority != Against::OwnManifests {
+    if *authority != Against::OwnManifests {
         check_file_set(root_path, tree, sourced)?;
     }
     check_index_pins(&root)?;
@@ -402,7 +406,7 @@ fn pass(
             volume: root.volume(),
         },
         files: records,
-        signer,
+        signer: authority.signer(),
     };
     evidence::write(root_path, &evidence, key).map_err(VerifyError::Write)?;
     checkpoint.remove();
@@ -508,12 +512,12 @@ fn verify_file(
 fn check_sourced(
     tree: &Tree,
     sourced: &[SourcedFile],
-    authority: Against,
+    authority: &Against,
 ) -> Result<(), VerifyError> {
     for s in sourced {
         let path = s.file.path.clone();
         let origin = format!("{}@{}", s.origin.repo, s.origin.revision);
-        if authority != Against::Publication {
+        if *authority != Against::Publication {
             return Err(VerifyError::SourcedWithoutPublication { path, origin });
         }
         if tree.files.contains_key(&path) {

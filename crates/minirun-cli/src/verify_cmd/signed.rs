@@ -7,7 +7,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result, bail};
 use minirun_sign::statement::MAX_STATEMENT_BYTES;
 use minirun_sign::{SIGNATURE_FILE, STATEMENT_FILE, Statement, allowed_signers, signature};
-use minirun_store::{EntryKind, Root, SealKey, SignerRecord};
+use minirun_store::{ArtifactFiles, SealKey, SignerRecord};
 
 use crate::shown;
 
@@ -25,15 +25,22 @@ pub fn verify(dir: &Path, allowed: &Path, key: &SealKey) -> Result<ExitCode> {
 }
 
 fn verify_statement(dir: &Path, allowed: &Path, key: &SealKey) -> Result<ExitCode> {
-    let root = Root::open(dir).with_context(|| format!("cannot open {}", shown(dir)))?;
-    if root.entry_kind(STATEMENT_FILE)? == EntryKind::Absent {
+    let files = ArtifactFiles::unverified(dir)?;
+    let Some(statement) = files.read_metadata(STATEMENT_FILE, MAX_STATEMENT_BYTES)? else {
         bail!(
             "{} has no {STATEMENT_FILE}: it was never signed (a publisher signs it with `minirun sign`); verify it against its publication with --repo and --revision, or offline against its own manifests",
             shown(dir)
         );
-    }
-    let statement_bytes = read_beneath(&root, STATEMENT_FILE, MAX_STATEMENT_BYTES)?;
-    let signature_bytes = read_beneath(&root, SIGNATURE_FILE, MAX_SIGNATURE_BYTES)?;
+    };
+    let signature = files
+        .read_metadata(SIGNATURE_FILE, MAX_SIGNATURE_BYTES)?
+        .with_context(|| {
+            format!(
+                "{} has {STATEMENT_FILE} but no {SIGNATURE_FILE}",
+                shown(dir)
+            )
+        })?;
+    let (statement_bytes, signature_bytes) = (statement.bytes, signature.bytes);
     let signers = read_allowed(allowed)?;
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -85,15 +92,12 @@ fn verify_statement(dir: &Path, allowed: &Path, key: &SealKey) -> Result<ExitCod
     Ok(ExitCode::SUCCESS)
 }
 
-fn read_beneath(root: &Root, name: &str, limit: u64) -> Result<Vec<u8>> {
-    let (file, _) = root.open_file(name)?;
-    Ok(minirun_store::read_bounded(file, name, limit)?)
-}
-
 fn read_allowed(path: &Path) -> Result<Vec<minirun_sign::AllowedSigner>> {
-    let file = regular_file::open(path).with_context(|| format!("cannot read {}", shown(path)))?;
-    let bytes = regular_file::read_at_most(file, allowed_signers::MAX_ALLOWED_SIGNERS_BYTES)?
-        .with_context(|| format!("{} is too large for an allowed signers file", shown(path)))?;
+    let bytes = crate::sign_cmd::read_small_file(
+        path,
+        allowed_signers::MAX_ALLOWED_SIGNERS_BYTES,
+        "an allowed signers file",
+    )?;
     let signers = allowed_signers::parse(&bytes).with_context(|| shown(path))?;
     if signers.is_empty() {
         bail!("{} lists no signer", shown(path));
