@@ -214,7 +214,9 @@ fn serve_answers_like_generate_streams_refuses_bad_requests_and_shuts_down_grace
     );
     let status = server.child.wait().unwrap();
     assert!(status.success(), "{status:?}");
-    let log: Vec<String> = server.log.try_iter().collect();
+    // The reader thread may still be forwarding the last lines: read until it hangs up at EOF.
+    let log: Vec<String> =
+        std::iter::from_fn(|| server.log.recv_timeout(Duration::from_secs(10)).ok()).collect();
     assert!(log.iter().any(|l| l.contains("stopped")), "{log:?}");
 }
 

@@ -133,7 +133,9 @@ impl Server {
         let pid = rustix::process::Pid::from_raw(self.child.id() as i32).unwrap();
         rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
         let status = self.child.wait().unwrap();
-        let said = self.log.try_iter().collect();
+        // Read until the reader thread hangs up at EOF: it may still be forwarding the last lines.
+        let said =
+            std::iter::from_fn(|| self.log.recv_timeout(Duration::from_secs(10)).ok()).collect();
         (status.code(), said)
     }
 }
