@@ -30,7 +30,7 @@ pub enum ConfigError {
     UnknownModelType { model_type: String, known: String },
 }
 
-/// YaRN RoPE scaling as DeepSeek-V3 configures it.
+/// YaRN RoPE scaling as DeepSeek-V3 and gpt-oss configure it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Yarn {
     pub factor: f64,
@@ -39,6 +39,20 @@ pub struct Yarn {
     pub beta_slow: f64,
     pub mscale: f64,
     pub mscale_all_dim: f64,
+    /// Whether the correction range is rounded out to whole dims (floor, ceil): YaRN's own
+    /// rule, and both references' when the key is absent; gpt-oss publishes `false`.
+    pub truncate: bool,
+}
+
+/// Which of YaRN's magnitude keys a config must carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mscale {
+    /// `mscale` and `mscale_all_dim` both present (DeepSeek writes them; its attention scale
+    /// reads the latter).
+    Required,
+    /// Absent means YaRN's own `0.1 ln(factor) + 1` on the rotated dims (gpt-oss writes
+    /// neither; mlx-lm's defaults 1 and 0 and transformers' rule both give that).
+    Optional,
 }
 
 /// Typed reads from one JSON object of a config; `prefix` names the object in errors
@@ -167,7 +181,7 @@ pub(crate) fn top_object(json: &str) -> Result<Map<String, Value>, ConfigError> 
     }
 }
 
-pub(crate) fn rope_scaling(v: &Value) -> Result<Option<Yarn>, ConfigError> {
+pub(crate) fn rope_scaling(v: &Value, mscale: Mscale) -> Result<Option<Yarn>, ConfigError> {
     let map = match v {
         Value::Null => return Ok(None),
         Value::Object(map) => map,
@@ -190,13 +204,14 @@ pub(crate) fn rope_scaling(v: &Value) -> Result<Option<Yarn>, ConfigError> {
             why: "only YaRN (\"yarn\", \"deepseek_yarn\") is",
         });
     }
-    const KEYS: [&str; 6] = [
+    const KEYS: [&str; 7] = [
         "factor",
         "original_max_position_embeddings",
         "beta_fast",
         "beta_slow",
         "mscale",
         "mscale_all_dim",
+        "truncate",
     ];
     for key in map.keys() {
         if !KEYS.contains(&key.as_str()) && key != "type" && key != "rope_type" {
@@ -209,8 +224,18 @@ pub(crate) fn rope_scaling(v: &Value) -> Result<Option<Yarn>, ConfigError> {
         original_max_position_embeddings: f.float("original_max_position_embeddings")?,
         beta_fast: f.float("beta_fast")?,
         beta_slow: f.float("beta_slow")?,
-        mscale: f.float("mscale")?,
-        mscale_all_dim: f.float("mscale_all_dim")?,
+        mscale: match (mscale, map.get("mscale")) {
+            (Mscale::Optional, None) => 1.0,
+            _ => f.float("mscale")?,
+        },
+        mscale_all_dim: match (mscale, map.get("mscale_all_dim")) {
+            (Mscale::Optional, None) => 0.0,
+            _ => f.float("mscale_all_dim")?,
+        },
+        truncate: match map.get("truncate") {
+            None => true,
+            Some(_) => f.flag("truncate")?,
+        },
     };
     if yarn.factor <= 0.0 || yarn.original_max_position_embeddings <= 0.0 {
         return Err(ConfigError::Inconsistent(

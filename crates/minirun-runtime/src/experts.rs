@@ -1,4 +1,4 @@
-//! Routed experts streamed from storage: where each expert's three matrices are stored, a cache
+//! Routed experts streamed from storage: where each expert's matrices are stored, a cache
 //! of loaded experts bounded in bytes (least recently used out first), and the reads: one read
 //! per tile into a fresh 16 KiB-aligned buffer, the experts a router picked read at once on
 //! their own threads. The bytes a streamed expert computes from are the stored bytes, exactly
@@ -11,19 +11,74 @@ use std::time::{Duration, Instant};
 
 use crate::artifact::{Artifact, ArtifactError, LoadedPart, MatrixPart, StackLayout};
 
-/// Where one routed expert's gate, up and down projections are stored.
+/// A gated MLP's projections: gate and up, each its own matrix or one matrix whose rows
+/// interleave them (gpt-oss: gate row `i` at row `2i`, up row `i` at `2i + 1`), then down. The
+/// same shape holds where an expert is stored ([`ExpertParts`]), its bytes once read
+/// ([`LoadedExpert`]) and the matrices computed from ([`crate::blocks::mlp::Mlp`]).
 #[derive(Debug, Clone)]
-pub struct ExpertParts {
-    pub gate: MatrixPart,
-    pub up: MatrixPart,
-    pub down: MatrixPart,
+pub enum Projections<T> {
+    Separate { gate: T, up: T, down: T },
+    Interleaved { gate_up: T, down: T },
 }
 
-impl ExpertParts {
-    fn parts(&self) -> [&MatrixPart; 3] {
-        [&self.gate, &self.up, &self.down]
+impl<T> Projections<T> {
+    /// Its matrices in storage order: gate, up, down (or gate-up, down).
+    pub fn parts(&self) -> Vec<&T> {
+        match self {
+            Projections::Separate { gate, up, down } => vec![gate, up, down],
+            Projections::Interleaved { gate_up, down } => vec![gate_up, down],
+        }
     }
 
+    /// The matrix the input meets first (gate, or gate-up).
+    pub fn first(&self) -> &T {
+        match self {
+            Projections::Separate { gate, .. } => gate,
+            Projections::Interleaved { gate_up, .. } => gate_up,
+        }
+    }
+
+    /// The same shape over `f` of each matrix.
+    pub fn try_map<U, E>(
+        &self,
+        mut f: impl FnMut(&T) -> Result<U, E>,
+    ) -> Result<Projections<U>, E> {
+        Ok(match self {
+            Projections::Separate { gate, up, down } => Projections::Separate {
+                gate: f(gate)?,
+                up: f(up)?,
+                down: f(down)?,
+            },
+            Projections::Interleaved { gate_up, down } => Projections::Interleaved {
+                gate_up: f(gate_up)?,
+                down: f(down)?,
+            },
+        })
+    }
+
+    /// The same shape over `parts` (as many as [`Self::parts`], in its order); `None` when
+    /// their number differs.
+    pub fn with_parts<U>(&self, parts: Vec<U>) -> Option<Projections<U>> {
+        let mut parts = parts.into_iter();
+        let shaped = match self {
+            Projections::Separate { .. } => Projections::Separate {
+                gate: parts.next()?,
+                up: parts.next()?,
+                down: parts.next()?,
+            },
+            Projections::Interleaved { .. } => Projections::Interleaved {
+                gate_up: parts.next()?,
+                down: parts.next()?,
+            },
+        };
+        parts.next().is_none().then_some(shaped)
+    }
+}
+
+/// Where one routed expert's projections are stored.
+pub type ExpertParts = Projections<MatrixPart>;
+
+impl ExpertParts {
     /// Bytes one load of this expert reads from storage.
     pub fn read_bytes(&self) -> u64 {
         self.parts().iter().map(|p| p.part.read_bytes()).sum()
@@ -36,60 +91,140 @@ impl ExpertParts {
     }
 }
 
+/// How an architecture names its routed experts' projections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertNames {
+    /// Gate, up and down, each its own matrix.
+    Separate([&'static str; 3]),
+    /// One matrix of gate and up rows interleaved, and down (gpt-oss's own layout).
+    Interleaved {
+        gate_up: &'static str,
+        down: &'static str,
+    },
+}
+
 /// A gated MLP's gate, up and down projections as Hugging Face's DeepSeek-V3 and MLX's stacks
 /// name them.
-pub const STACKED: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
+pub const STACKED: ExpertNames = ExpertNames::Separate(STACKED_NAMES);
+
+const STACKED_NAMES: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
 
 /// A gated MLP's gate, up and down projections as DeepSeek's own checkpoints (V4, and Kimi K3's
 /// upstream) name them.
-pub const W1_W3_W2: [&str; 3] = ["w1", "w3", "w2"];
+pub const W1_W3_W2: ExpertNames = ExpertNames::Separate(["w1", "w3", "w2"]);
+
+/// gpt-oss's experts as OpenAI publishes them: `gate_up_proj` (rows interleaved) and `down_proj`.
+pub const GATE_UP_DOWN: ExpertNames = ExpertNames::Interleaved {
+    gate_up: "gate_up_proj",
+    down: "down_proj",
+};
+
+impl ExpertNames {
+    /// `(name, rows, cols)` of each projection in storage order, for `hidden` and `inner` wide
+    /// layers: gate and up `[inner, hidden]` (gate-up `[2 inner, hidden]`), down `[hidden, inner]`.
+    fn shapes(self, hidden: usize, inner: usize) -> Vec<(&'static str, usize, usize)> {
+        match self {
+            ExpertNames::Separate([gate, up, down]) => vec![
+                (gate, inner, hidden),
+                (up, inner, hidden),
+                (down, hidden, inner),
+            ],
+            ExpertNames::Interleaved { gate_up, down } => {
+                vec![(gate_up, 2 * inner, hidden), (down, hidden, inner)]
+            }
+        }
+    }
+
+    /// The expert built from its parts in [`Self::shapes`]'s order.
+    fn assemble<T>(self, parts: Vec<T>) -> Option<Projections<T>> {
+        let template = match self {
+            ExpertNames::Separate(_) => Projections::Separate {
+                gate: (),
+                up: (),
+                down: (),
+            },
+            ExpertNames::Interleaved { .. } => Projections::Interleaved {
+                gate_up: (),
+                down: (),
+            },
+        };
+        template.with_parts(parts)
+    }
+}
 
 /// The `n` routed experts under `prefix` (a layer's `mlp`), in expert order, without reading
-/// them: the MLX layout's stacked `switch_mlp` containers or the Hugging Face layout's
-/// per-expert tensors `{prefix}.experts.E.{gate, up, down}` named by `names`; gate and up
-/// `[inner, hidden]`, down `[hidden, inner]`.
+/// them, from the first of these layouts the artifact has: MLX's stacked `switch_mlp`
+/// containers (always named gate/up/down_proj); stacks under `{prefix}.experts` named by
+/// `names` (gpt-oss, in OpenAI's layout and in MLX's); or Hugging Face's per-expert tensors
+/// `{prefix}.experts.E.{names}`.
 pub fn routed_experts(
     artifact: &Artifact,
     prefix: &str,
     (hidden, inner, n): (usize, usize, usize),
-    names: [&str; 3],
+    names: ExpertNames,
 ) -> Result<Vec<ExpertParts>, ArtifactError> {
-    let stacked = format!("{prefix}.switch_mlp");
-    if !artifact.has(&format!("{stacked}.gate_proj.weight")) {
-        return (0..n)
-            .map(|e| {
-                let m = |name: &str, rows, cols| {
-                    artifact.stack_layout(&format!("{prefix}.experts.{e}.{name}"), rows, cols)
-                };
-                Ok(ExpertParts {
-                    gate: single(m(names[0], inner, hidden)?)?,
-                    up: single(m(names[1], inner, hidden)?)?,
-                    down: single(m(names[2], hidden, inner)?)?,
-                })
-            })
-            .collect();
-    }
-    let stack = |name: &str, rows, cols| -> Result<StackLayout, ArtifactError> {
-        let s = artifact.stack_layout(&format!("{stacked}.{name}"), rows, cols)?;
-        if s.parts.len() != n {
-            return Err(ArtifactError::Tensor {
-                name: s.name,
-                reason: format!("stacks {} experts; the config has {n}", s.parts.len()),
-            });
-        }
-        Ok(s)
+    let switch_mlp = format!("{prefix}.switch_mlp");
+    let experts = format!("{prefix}.experts");
+    let shapes = names.shapes(hidden, inner);
+    let stacked_in = |at: &str, names: ExpertNames| {
+        let stacks = names
+            .shapes(hidden, inner)
+            .into_iter()
+            .map(|(name, rows, cols)| stacked(artifact, &format!("{at}.{name}"), rows, cols, n))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok::<_, ArtifactError>(by_expert(stacks, n, names))
     };
-    let (gate, up, down) = (
-        stack("gate_proj", inner, hidden)?.matrix_parts(),
-        stack("up_proj", inner, hidden)?.matrix_parts(),
-        stack("down_proj", hidden, inner)?.matrix_parts(),
-    );
-    Ok(gate
-        .into_iter()
-        .zip(up)
-        .zip(down)
-        .map(|((gate, up), down)| ExpertParts { gate, up, down })
-        .collect())
+    if matches!(names, ExpertNames::Separate(_))
+        && artifact.has(&format!("{switch_mlp}.gate_proj.weight"))
+    {
+        return stacked_in(&switch_mlp, STACKED);
+    }
+    if artifact.has(&format!("{experts}.{}.weight", shapes[0].0)) {
+        return stacked_in(&experts, names);
+    }
+    (0..n)
+        .map(|e| {
+            let parts = shapes
+                .iter()
+                .map(|&(name, rows, cols)| {
+                    single(artifact.stack_layout(&format!("{experts}.{e}.{name}"), rows, cols)?)
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            names.assemble(parts).ok_or_else(|| ArtifactError::Tensor {
+                name: format!("{experts}.{e}"),
+                reason: "has not one matrix per projection".into(),
+            })
+        })
+        .collect()
+}
+
+/// The stack `name` of `n` matrices `[rows, cols]`.
+fn stacked(
+    artifact: &Artifact,
+    name: &str,
+    rows: usize,
+    cols: usize,
+    n: usize,
+) -> Result<Vec<MatrixPart>, ArtifactError> {
+    let s = artifact.stack_layout(name, rows, cols)?;
+    if s.parts.len() != n {
+        return Err(ArtifactError::Tensor {
+            name: s.name,
+            reason: format!("stacks {} experts; the config has {n}", s.parts.len()),
+        });
+    }
+    Ok(s.matrix_parts())
+}
+
+/// Per expert, its matrix of each stack.
+fn by_expert(stacks: Vec<Vec<MatrixPart>>, n: usize, names: ExpertNames) -> Vec<ExpertParts> {
+    let mut columns: Vec<_> = stacks.into_iter().map(Vec::into_iter).collect();
+    (0..n)
+        .filter_map(|_| {
+            let parts = columns.iter_mut().filter_map(Iterator::next).collect();
+            names.assemble(parts)
+        })
+        .collect()
 }
 
 /// The one matrix of a stack of one.
@@ -103,23 +238,18 @@ fn single(layout: StackLayout) -> Result<MatrixPart, ArtifactError> {
     }
 }
 
-/// One expert's three matrices, read.
-#[derive(Debug)]
-pub struct LoadedExpert {
-    pub gate: LoadedPart,
-    pub up: LoadedPart,
-    pub down: LoadedPart,
-}
+/// One expert's matrices, read.
+pub type LoadedExpert = Projections<LoadedPart>;
 
 impl LoadedExpert {
     fn allocated(&self) -> u64 {
-        (self.gate.allocated() + self.up.allocated() + self.down.allocated()) as u64
+        self.parts().iter().map(|p| p.allocated() as u64).sum()
     }
 
     fn read_kinds(&self) -> (u64, u64) {
-        [&self.gate, &self.up, &self.down]
-            .map(LoadedPart::read_kinds)
+        self.parts()
             .iter()
+            .map(|p| p.read_kinds())
             .fold((0, 0), |(d, b), (dd, bb)| (d + dd, b + bb))
     }
 }
@@ -284,7 +414,7 @@ impl ExpertCache {
 /// The experts the router picked for one token at one layer: the cached ones taken from the
 /// cache first (before any read could evict one), the others read from storage by
 /// `reads_in_flight` threads that take their tiles from one queue, in the router's order, so the
-/// first expert is complete after its own three reads, not after every reader's first. While they
+/// first expert is complete after its own reads, not after every reader's first. While they
 /// are read, `meanwhile` runs (the shared expert's products), then `each` for the cached experts
 /// and for each read expert as soon as its last tile arrives, so compute overlaps the reads still
 /// in flight. The order of the calls does not matter to the result: each expert's output is kept
@@ -395,32 +525,44 @@ fn receive_reads(
     Ok((loaded, waited))
 }
 
-/// The tiles of the experts to read, three per expert (gate, up, down) in the router's order,
-/// handed out one at a time to whichever reader asks next.
+/// The tiles of the experts to read, one per projection of each expert (gate, up, down or
+/// gate-up, down) in the router's order, handed out one at a time to whichever reader asks next.
 struct TileReads<'a> {
     artifact: &'a Artifact,
     parts: Vec<&'a ExpertParts>,
+    /// Per job: which expert (its slot among the read ones) and which of its projections.
+    jobs: Vec<(usize, usize)>,
     next: AtomicUsize,
     stopped: AtomicBool,
     pending: Vec<Mutex<PendingExpert>>,
 }
 
-/// The tiles of one expert read so far: gate, up, down.
-type PendingExpert = [Option<LoadedPart>; 3];
+/// The tiles of one expert read so far, in its projections' order.
+type PendingExpert = Vec<Option<LoadedPart>>;
 
 impl<'a> TileReads<'a> {
     fn new(artifact: &'a Artifact, chosen: &[&'a ExpertParts], misses: &[usize]) -> TileReads<'a> {
+        let parts: Vec<&ExpertParts> = misses.iter().map(|&i| chosen[i]).collect();
+        let jobs = parts
+            .iter()
+            .enumerate()
+            .flat_map(|(slot, p)| (0..p.parts().len()).map(move |k| (slot, k)))
+            .collect();
         TileReads {
             artifact,
-            parts: misses.iter().map(|&i| chosen[i]).collect(),
+            pending: parts
+                .iter()
+                .map(|p| Mutex::new((0..p.parts().len()).map(|_| None).collect()))
+                .collect(),
+            parts,
+            jobs,
             next: AtomicUsize::new(0),
             stopped: AtomicBool::new(false),
-            pending: misses.iter().map(|_| Mutex::default()).collect(),
         }
     }
 
     fn jobs(&self) -> usize {
-        3 * self.parts.len()
+        self.jobs.len()
     }
 
     /// No reader takes another tile.
@@ -433,10 +575,9 @@ impl<'a> TileReads<'a> {
     fn run(&self, sender: &mpsc::Sender<ReadExpert>) {
         while !self.stopped.load(Ordering::Relaxed) {
             let job = self.next.fetch_add(1, Ordering::Relaxed);
-            if job >= self.jobs() {
+            let Some(&(slot, k)) = self.jobs.get(job) else {
                 return;
-            }
-            let (slot, k) = (job / 3, job % 3);
+            };
             let expert = self.parts[slot];
             match self.artifact.load_part(&expert.parts()[k].part) {
                 Ok(part) => {
@@ -468,10 +609,11 @@ impl<'a> TileReads<'a> {
         if pending.iter().any(Option::is_none) {
             return None;
         }
-        let [Some(gate), Some(up), Some(down)] = std::mem::take(&mut *pending) else {
-            return None;
-        };
-        let expert = Arc::new(LoadedExpert { gate, up, down });
+        let loaded: Vec<LoadedPart> = std::mem::take(&mut *pending)
+            .into_iter()
+            .flatten()
+            .collect();
+        let expert = Arc::new(self.parts[slot].with_parts(loaded)?);
         let (direct, buffered) = expert.read_kinds();
         let fetch = Fetch {
             hit: false,

@@ -203,7 +203,7 @@ fn sizes(artifact: &Artifact, weights: &ModelWeights, experts_per_token: usize) 
         );
         let parts = layer
             .iter()
-            .flat_map(|e| [&e.gate.part, &e.up.part, &e.down.part]);
+            .flat_map(|e| e.parts().into_iter().map(|p| &p.part));
         expert_layers.push(ExpertLayer {
             index,
             per_token: largest * experts_per_token as u64,
@@ -211,7 +211,7 @@ fn sizes(artifact: &Artifact, weights: &ModelWeights, experts_per_token: usize) 
         });
         for expert in layer {
             routed_bytes += expert.read_bytes();
-            for part in [&expert.gate, &expert.up, &expert.down] {
+            for part in expert.parts() {
                 match &part.part {
                     PartLayout::Tile { file, .. } => {
                         container_files.insert(*file);

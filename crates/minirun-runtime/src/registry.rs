@@ -19,6 +19,7 @@ use crate::step::ModelError;
 pub static ARCHITECTURES: &[&ArchitectureRow] = &[
     &models::deepseek_v3::ROW,
     &models::deepseek_v4::ROW,
+    &models::gpt_oss::ROW,
     &models::kimi_k3::ROW,
     &models::qwen3_moe::ROW,
 ];

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use crate::artifact::{Artifact, ArtifactError, Stack, StackLayout};
 use crate::expert_stream::ExpertStream;
-use crate::experts::{ExpertParts, routed_experts};
+use crate::experts::{ExpertNames, ExpertParts, Projections, routed_experts};
 use crate::layer_stream::LoadedLayer;
 use crate::model_weights::{LayerWeights, ModelWeights};
 use crate::plan::{Mode, Plan};
@@ -159,7 +159,7 @@ impl<'w> Weights<'w> {
     pub fn routed_experts(
         &self,
         module: &str,
-        names: [&str; 3],
+        names: ExpertNames,
         sizes: (usize, usize, usize),
     ) -> Result<ExpertsFrom<'w>, ArtifactError> {
         let module = self.name(module);
@@ -182,10 +182,7 @@ impl<'w> Weights<'w> {
         }
         let held = routed_experts(self.artifact, &module, sizes, names)?
             .iter()
-            .map(|e| {
-                let resident = |part| self.artifact.resident_part(part);
-                Ok([resident(&e.gate)?, resident(&e.up)?, resident(&e.down)?])
-            })
+            .map(|e| e.try_map(|part| self.artifact.resident_part(part)))
             .collect::<Result<_, ArtifactError>>()?;
         Ok(ExpertsFrom::Held(held))
     }
@@ -193,8 +190,8 @@ impl<'w> Weights<'w> {
 
 /// Where a layer's routed experts come from.
 pub enum ExpertsFrom<'w> {
-    /// Held for the run: each expert's gate, up and down projections, read now.
-    Held(Vec<[QMatrix<'w>; 3]>),
+    /// Held for the run: each expert's projections, read now.
+    Held(Vec<Projections<QMatrix<'w>>>),
     /// Read from storage when the router picks them.
     Storage {
         layer: usize,

@@ -260,7 +260,7 @@ fn an_artifact_several_times_its_budget_streams_with_the_resident_bits() {
             .experts
             .iter()
             .flatten()
-            .flat_map(|e| [&e.gate.part, &e.up.part, &e.down.part]);
+            .flat_map(|e| e.parts().into_iter().map(|p| &p.part));
         minirun_runtime::layer_stream::resident_bytes(&artifact, parts)
     };
     let two_layers = layer_bytes(moe[0]) + layer_bytes(moe[1]);

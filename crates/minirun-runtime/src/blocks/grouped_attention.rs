@@ -1,4 +1,5 @@
-//! Grouped-query attention over a plain key/value cache (Qwen3-MoE): each position keeps every
+//! Grouped-query attention over a plain key/value cache (Qwen3-MoE; gpt-oss, with its sliding
+//! windows and attention sinks): each position keeps every
 //! key/value head's key (after its norm and rotation) and value; query head `h` reads key/value
 //! head `h / group`.
 
@@ -60,6 +61,29 @@ impl LayerState for KvCache {
     }
 }
 
+/// Which cached positions a query sees, and what else its softmax counts.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Span {
+    /// The first position seen (a sliding window's start; 0 for full attention).
+    pub first: usize,
+    /// One past the last position seen (the query's own position + 1).
+    pub end: usize,
+    /// A logit the softmax's denominator counts without a value to mix (gpt-oss's attention
+    /// sink, one per query head).
+    pub sink: Option<f32>,
+}
+
+impl Span {
+    /// Every position before `end`, no sink.
+    pub fn causal(end: usize) -> Span {
+        Span {
+            first: 0,
+            end,
+            sink: None,
+        }
+    }
+}
+
 /// Query head `h` (`q`, already normed and rotated) of one position over the cache's first
 /// `steps` positions: scores `scale * q . k`, their softmax mixing the values.
 pub(crate) fn attend_head(
@@ -70,17 +94,39 @@ pub(crate) fn attend_head(
     d: GroupedDims,
     scale: f32,
 ) -> Vec<f32> {
+    attend_head_over(q, h, cache, Span::causal(steps), d, scale)
+}
+
+/// Query head `h` over the positions `span` names: scores `scale * q . k`, their softmax
+/// (with the sink's logit in its maximum and denominator) mixing the values.
+pub(crate) fn attend_head_over(
+    q: &[f32],
+    h: usize,
+    cache: &KvCache,
+    span: Span,
+    d: GroupedDims,
+    scale: f32,
+) -> Vec<f32> {
     let (width, dim) = (d.kv_width(), d.head_dim);
     let kv = (h / d.group()) * dim;
     let q_scaled: Vec<f32> = q.iter().map(|a| a * scale).collect();
-    let scores: Vec<f32> = (0..steps)
+    let seen = span.first..span.end;
+    let scores: Vec<f32> = seen
+        .clone()
         .map(|t| dot_in_lanes(&q_scaled, &cache.keys[t * width + kv..t * width + kv + dim]))
         .collect();
-    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let max = scores
+        .iter()
+        .copied()
+        .chain(span.sink)
+        .fold(f32::NEG_INFINITY, f32::max);
     let exps: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
-    let total: f32 = exps.iter().sum();
+    let mut total: f32 = exps.iter().sum();
+    if let Some(sink) = span.sink {
+        total += (sink - max).exp();
+    }
     let mut mixed = vec![0f32; dim];
-    for (t, e) in exps.iter().enumerate() {
+    for (t, e) in seen.zip(&exps) {
         let p = e / total;
         let value = &cache.values[t * width + kv..t * width + kv + dim];
         mixed.iter_mut().zip(value).for_each(|(m, v)| *m += p * v);
@@ -121,5 +167,29 @@ mod tests {
         assert!(cache.cut_back(1));
         assert_eq!(cache.positions(), 1);
         assert_eq!(attend_head(&[1.0, 1.0], 0, &cache, 1, D, 1.0), [2.0, 0.0]);
+    }
+
+    #[test]
+    fn a_window_hides_the_positions_before_it_and_a_sink_takes_its_share() {
+        let mut cache = KvCache::default();
+        cache.push(&[0.0; 4], &[100.0, 0.0, 0.0, 0.0]);
+        cache.push(&[0.0; 4], &[2.0, 0.0, 0.0, 0.0]);
+        cache.push(&[0.0; 4], &[0.0, 2.0, 0.0, 0.0]);
+        let windowed = Span {
+            first: 1,
+            end: 3,
+            sink: None,
+        };
+        assert_eq!(
+            attend_head_over(&[1.0, 1.0], 0, &cache, windowed, D, 1.0),
+            [1.0, 1.0]
+        );
+        // A sink with the scores' logit (0) takes one share of three: each value gets a third.
+        let sunk = Span {
+            sink: Some(0.0),
+            ..windowed
+        };
+        let out = attend_head_over(&[1.0, 1.0], 0, &cache, sunk, D, 1.0);
+        assert_eq!(out, [2.0 / 3.0, 2.0 / 3.0]);
     }
 }

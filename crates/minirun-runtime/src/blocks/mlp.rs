@@ -1,9 +1,12 @@
 //! The gated MLP and its activations.
 
+use std::sync::Arc;
+
 use crate::artifact::ArtifactError;
 use crate::blocks::norm::{sigmoid, silu};
 use crate::blocks::products::{apply_batch, apply_shared};
 use crate::blocks::shared_rows::SharedRows;
+use crate::experts::{ExpertNames, Projections};
 use crate::step::StepStats;
 use crate::weights::Weights;
 use minirun_kernels::{KernelError, QMatrix};
@@ -17,6 +20,8 @@ pub enum Activation {
     Situ { beta: f32, linear_beta: f32 },
     /// DeepSeek V4's clamped SwiGLU: `silu(min(gate, limit)) * clamp(up, -limit, limit)`.
     ClampedSilu { limit: f32 },
+    /// gpt-oss's SwiGLU: `(clamp(up, -limit, limit) + 1) · g·σ(α·g)` with `g = min(gate, limit)`.
+    SwigluOai { alpha: f32, limit: f32 },
 }
 
 impl Activation {
@@ -28,31 +33,53 @@ impl Activation {
                 a * (linear_beta * (up / linear_beta).tanh())
             }
             Activation::ClampedSilu { limit } => silu(gate.min(limit)) * up.clamp(-limit, limit),
+            Activation::SwigluOai { alpha, limit } => {
+                let gate = gate.min(limit);
+                (up.clamp(-limit, limit) + 1.0) * (gate * sigmoid(alpha * gate))
+            }
         }
     }
 }
 
+/// One MLP's biases (gpt-oss's experts): added to the gate and up projections before the
+/// activation, and to the down projection's output.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MlpBiases {
+    pub gate: Vec<f32>,
+    pub up: Vec<f32>,
+    pub down: Vec<f32>,
+}
+
 pub struct Mlp<'a> {
-    pub gate: QMatrix<'a>,
-    pub up: QMatrix<'a>,
-    pub down: QMatrix<'a>,
+    pub projections: Projections<QMatrix<'a>>,
     pub activation: Activation,
+    pub biases: Option<Arc<MlpBiases>>,
 }
 
 impl<'w> Mlp<'w> {
     /// The gated MLP under `w`'s prefix: `names` are its gate, up and down projections, gate
-    /// and up `[inner, hidden]`, down `[hidden, inner]`.
+    /// and up `[inner, hidden]`, down `[hidden, inner]`; no biases.
     pub fn new(
         w: &Weights<'w>,
-        [gate, up, down]: [&str; 3],
+        names: ExpertNames,
         (hidden, inner): (usize, usize),
         activation: Activation,
     ) -> Result<Mlp<'w>, ArtifactError> {
+        let projections = match names {
+            ExpertNames::Separate([gate, up, down]) => Projections::Separate {
+                gate: w.matrix(gate, inner, hidden)?,
+                up: w.matrix(up, inner, hidden)?,
+                down: w.matrix(down, hidden, inner)?,
+            },
+            ExpertNames::Interleaved { gate_up, down } => Projections::Interleaved {
+                gate_up: w.matrix(gate_up, 2 * inner, hidden)?,
+                down: w.matrix(down, hidden, inner)?,
+            },
+        };
         Ok(Mlp {
-            gate: w.matrix(gate, inner, hidden)?,
-            up: w.matrix(up, inner, hidden)?,
-            down: w.matrix(down, hidden, inner)?,
+            projections,
             activation,
+            biases: None,
         })
     }
 }
@@ -67,6 +94,11 @@ impl Mlp<'_> {
         self.forward_on(&SharedRows::new(xs), &all, stats)
     }
 
+    /// The matrix the input meets first (for its int8 grouping).
+    pub(crate) fn first(&self) -> &QMatrix<'_> {
+        self.projections.first()
+    }
+
     /// The MLP on rows `which` of a shared input (the gate and up projections read the same
     /// rows, quantized once between them and any other product sharing `input`).
     pub(crate) fn forward_on(
@@ -75,18 +107,46 @@ impl Mlp<'_> {
         which: &[usize],
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<f32>>, KernelError> {
-        let gate = apply_shared(&self.gate, input, which, stats)?;
-        let up = apply_shared(&self.up, input, which, stats)?;
-        let inner: Vec<Vec<f32>> = gate
+        let (gates, ups, down) = match &self.projections {
+            Projections::Separate { gate, up, down } => (
+                apply_shared(gate, input, which, stats)?,
+                apply_shared(up, input, which, stats)?,
+                down,
+            ),
+            Projections::Interleaved { gate_up, down } => {
+                let (gates, ups) = apply_shared(gate_up, input, which, stats)?
+                    .iter()
+                    .map(|row| deinterleave(row))
+                    .unzip();
+                (gates, ups, down)
+            }
+        };
+        let biases = self.biases.as_deref();
+        let inner: Vec<Vec<f32>> = gates
             .iter()
-            .zip(&up)
+            .zip(&ups)
             .map(|(g, u)| {
                 g.iter()
                     .zip(u)
-                    .map(|(&g, &u)| self.activation.combine(g, u))
+                    .enumerate()
+                    .map(|(i, (&g, &u))| match biases {
+                        Some(b) => self.activation.combine(g + b.gate[i], u + b.up[i]),
+                        None => self.activation.combine(g, u),
+                    })
                     .collect()
             })
             .collect();
-        apply_batch(&self.down, &inner, stats)
+        let mut out = apply_batch(down, &inner, stats)?;
+        if let Some(b) = biases {
+            for row in &mut out {
+                row.iter_mut().zip(&b.down).for_each(|(o, b)| *o += b);
+            }
+        }
+        Ok(out)
     }
+}
+
+/// `[g0, u0, g1, u1, ...]` as `([g0, g1, ...], [u0, u1, ...])`.
+pub(crate) fn deinterleave(row: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    row.chunks_exact(2).map(|pair| (pair[0], pair[1])).unzip()
 }

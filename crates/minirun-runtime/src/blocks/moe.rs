@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::artifact::ArtifactError;
-use crate::blocks::mlp::{Activation, Mlp};
+use crate::blocks::mlp::{Activation, Mlp, MlpBiases};
 use crate::blocks::norm::sigmoid;
 use crate::blocks::products::top_k;
 use crate::blocks::shared_rows::SharedRows;
 use crate::expert_stream::ExpertStream;
-use crate::experts::with_fetched;
+use crate::experts::{ExpertNames, with_fetched};
 use crate::step::{ModelError, StepStats};
 use crate::weights::{ExpertsFrom, Weights};
 use minirun_kernels::KernelError;
@@ -89,6 +89,23 @@ pub(crate) fn softmax_top_k(logits: &[f32], k: usize, renormalize: bool) -> Vec<
             true => (e, probs[e] / sum),
             false => (e, probs[e]),
         })
+        .collect()
+}
+
+/// gpt-oss's routing: the `k` largest logits (ties to the lower index), weighted by the
+/// softmax over those `k` alone.
+pub(crate) fn top_k_softmax(logits: &[f32], k: usize) -> Vec<(usize, f32)> {
+    let chosen = top_k(logits, k);
+    let max = chosen
+        .iter()
+        .map(|&e| logits[e])
+        .fold(f32::NEG_INFINITY, f32::max);
+    let exps: Vec<f32> = chosen.iter().map(|&e| (logits[e] - max).exp()).collect();
+    let total: f32 = exps.iter().sum();
+    chosen
+        .into_iter()
+        .zip(exps)
+        .map(|(e, x)| (e, x / total))
         .collect()
 }
 
@@ -177,6 +194,8 @@ pub enum RoutedExperts<'a> {
         layer: usize,
         stream: Arc<ExpertStream<'a>>,
         activation: Activation,
+        /// Per expert, where the architecture's experts have biases (held: they are vectors).
+        biases: Vec<Arc<MlpBiases>>,
     },
     /// A dry build's (see [`crate::weights`]): never run.
     Unread,
@@ -188,7 +207,7 @@ impl<'w> RoutedExperts<'w> {
     pub fn new(
         w: &Weights<'w>,
         module: &str,
-        names: [&str; 3],
+        names: ExpertNames,
         sizes: (usize, usize, usize),
         activation: Activation,
     ) -> Result<RoutedExperts<'w>, ArtifactError> {
@@ -198,18 +217,45 @@ impl<'w> RoutedExperts<'w> {
                 layer,
                 stream,
                 activation,
+                biases: Vec::new(),
             },
             ExpertsFrom::Held(held) => RoutedExperts::Resident(
                 held.into_iter()
-                    .map(|[gate, up, down]| Mlp {
-                        gate,
-                        up,
-                        down,
+                    .map(|projections| Mlp {
+                        projections,
                         activation,
+                        biases: None,
                     })
                     .collect(),
             ),
         })
+    }
+
+    /// The same experts, expert `e` adding `biases[e]`.
+    pub fn with_biases(self, biases: Vec<Arc<MlpBiases>>) -> RoutedExperts<'w> {
+        match self {
+            RoutedExperts::Resident(held) => RoutedExperts::Resident(
+                held.into_iter()
+                    .zip(biases)
+                    .map(|(mlp, b)| Mlp {
+                        biases: Some(b),
+                        ..mlp
+                    })
+                    .collect(),
+            ),
+            RoutedExperts::Streamed {
+                layer,
+                stream,
+                activation,
+                ..
+            } => RoutedExperts::Streamed {
+                layer,
+                stream,
+                activation,
+                biases,
+            },
+            RoutedExperts::Unread => RoutedExperts::Unread,
+        }
     }
 }
 
@@ -230,7 +276,7 @@ pub(crate) fn run_routed<T>(
     let mut outputs: RoutedOutputs = routes.iter().map(|r| vec![Vec::new(); r.len()]).collect();
     let value = match experts {
         RoutedExperts::Resident(held) => {
-            if let Some(group) = held.first().and_then(|m| m.gate.int8_group()) {
+            if let Some(group) = held.first().and_then(|m| m.first().int8_group()) {
                 input.prepare(group);
             }
             run_resident_experts(held, &users, &input, &mut outputs, stats)?;
@@ -240,6 +286,7 @@ pub(crate) fn run_routed<T>(
             layer,
             stream,
             activation,
+            biases,
         } => {
             let parts = stream
                 .map
@@ -254,6 +301,7 @@ pub(crate) fn run_routed<T>(
                 parts,
                 stream,
                 activation: *activation,
+                biases,
             };
             fetched.run(&users, &input, &mut outputs, meanwhile, stats)?
         }
@@ -308,6 +356,7 @@ struct StreamedExperts<'a> {
     parts: &'a [crate::experts::ExpertParts],
     stream: &'a ExpertStream<'a>,
     activation: Activation,
+    biases: &'a [Arc<MlpBiases>],
 }
 
 impl StreamedExperts<'_> {
@@ -352,11 +401,22 @@ impl StreamedExperts<'_> {
                         true => expert_stats.expert_cache_hits += 1,
                         false => expert_stats.expert_cache_misses += 1,
                     }
+                    let matrices = expert
+                        .parts()
+                        .iter()
+                        .zip(part.parts())
+                        .map(|(loaded, stored)| loaded.matrix(stored))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    let projections =
+                        part.with_parts(matrices)
+                            .ok_or_else(|| ArtifactError::Tensor {
+                                name: format!("layer {} expert {e}", self.layer),
+                                reason: "was read with another number of projections".into(),
+                            })?;
                     let mlp = Mlp {
-                        gate: expert.gate.matrix(&part.gate)?,
-                        up: expert.up.matrix(&part.up)?,
-                        down: expert.down.matrix(&part.down)?,
+                        projections,
                         activation: self.activation,
+                        biases: self.biases.get(e).cloned(),
                     };
                     users.run(e, &mlp, input, outputs, &mut expert_stats)?;
                     Ok(())

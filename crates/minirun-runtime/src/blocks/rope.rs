@@ -1,6 +1,6 @@
 //! Rotary position embedding. DeepSeek-V3 rotates interleaved pairs `(x[2i], x[2i+1])`
-//! ("traditional" in mlx), optionally with YaRN frequency scaling; Qwen3 rotates the two halves
-//! against each other, `(x[i], x[i + d/2])`. Frequencies are computed in f32 following mlx-lm's
+//! ("traditional" in mlx), optionally with YaRN frequency scaling; Qwen3 and gpt-oss rotate the
+//! two halves against each other, `(x[i], x[i + d/2])`, gpt-oss with YaRN. Frequencies are computed in f32 following mlx-lm's
 //! `YarnRoPE` step by step; angles in f64, rounded once to f32.
 
 use crate::config::Yarn;
@@ -41,8 +41,14 @@ impl Rope {
                     .ln()
                 / (2.0 * base.ln())
         };
-        let low = correction(y.beta_fast).floor().max(0.0);
-        let high = correction(y.beta_slow).ceil().min(dims as f64 - 1.0);
+        let (low, high) = match y.truncate {
+            true => (
+                correction(y.beta_fast).floor(),
+                correction(y.beta_slow).ceil(),
+            ),
+            false => (correction(y.beta_fast), correction(y.beta_slow)),
+        };
+        let (low, high) = (low.max(0.0), high.min(dims as f64 - 1.0));
         let (low, high) = (
             low as f32,
             if low == high {
@@ -71,12 +77,12 @@ impl Rope {
         }
     }
 
-    /// Plain RoPE over `dims` whose pairs are `(x[i], x[i + dims/2])` (mlx's non-traditional
-    /// rotation, Hugging Face's `rotate_half`).
-    pub fn halves(dims: usize, base: f64) -> Rope {
+    /// RoPE over `dims` whose pairs are `(x[i], x[i + dims/2])` (mlx's non-traditional
+    /// rotation, Hugging Face's `rotate_half`), with YaRN where given.
+    pub fn halves(dims: usize, base: f64, yarn: Option<&Yarn>) -> Rope {
         Rope {
             halves: true,
-            ..Rope::new(dims, base, None)
+            ..Rope::new(dims, base, yarn)
         }
     }
 

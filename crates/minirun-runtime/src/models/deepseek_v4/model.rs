@@ -355,6 +355,7 @@ impl<'a> Layered<'a> for DeepSeekV4Model<'a> {
                     beta_slow: y.beta_slow,
                     mscale: 1.0,
                     mscale_all_dim: 1.0,
+                    truncate: true,
                 })
                 .as_ref(),
         );

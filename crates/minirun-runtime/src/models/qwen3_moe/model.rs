@@ -167,7 +167,7 @@ impl<'a> Layered<'a> for Qwen3MoeModel<'a> {
         let c = &config;
         Ok(Qwen3MoeModel {
             ends: Ends::new(w, (c.vocab_size, c.hidden_size), c.tie_word_embeddings)?,
-            rope: Rope::halves(c.head_dim, c.rope_theta),
+            rope: Rope::halves(c.head_dim, c.rope_theta, None),
             scale: (c.head_dim as f64).powf(-0.5) as f32,
             config,
         })
