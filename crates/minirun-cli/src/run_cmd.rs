@@ -12,7 +12,7 @@ use minirun_runtime::budget::{Budget, available_memory, human};
 use minirun_runtime::decoder::Decoder;
 use minirun_runtime::generate::{Figures, Sampling, StepRecord, StopReason};
 use minirun_runtime::plan::{Mode, Plan};
-use minirun_runtime::session::{Session, Trust};
+use minirun_runtime::session::{Session, TokenEvent, Trust};
 
 #[derive(Clone, Copy, clap::ValueEnum)]
 pub enum ActivationsArg {
@@ -173,19 +173,23 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         seed: args.seed,
     };
     let mut stdout = std::io::stdout().lock();
-    let generation =
-        session.generate(&model, &prompt, args.max_tokens, sampling, &stop, |event| {
-            if let (Some(step), true) = (event.step, live) {
-                live_line(step, model.expert_memory(), plan.budget);
+    let on_token = |event: TokenEvent<'_>| {
+        if let (Some(step), true) = (event.step, live) {
+            live_line(step, model.expert_memory(), plan.budget);
+        }
+        if let (Some(new), false) = (event.text, args.json) {
+            if live {
+                eprint!("\r\x1b[2K");
             }
-            if let (Some(new), false) = (event.text, args.json) {
-                if live {
-                    eprint!("\r\x1b[2K");
-                }
-                let _ = write!(stdout, "{new}");
-                let _ = stdout.flush();
-            }
-        })?;
+            let _ = write!(stdout, "{new}");
+            let _ = stdout.flush();
+        }
+    };
+    let (tokens, sampling) = (args.max_tokens, sampling);
+    let generation = match args.chat {
+        true => session.generate_reply(&model, &prompt, tokens, sampling, &stop, on_token)?,
+        false => session.generate(&model, &prompt, tokens, sampling, &stop, on_token)?,
+    };
     if live {
         eprint!("\r\x1b[2K");
     }

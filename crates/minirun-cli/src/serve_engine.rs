@@ -17,7 +17,7 @@ use minirun_runtime::session::{IncrementalText, Session};
 use minirun_runtime::step::StepStats;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::serve_requests::Ask;
+use crate::serve_requests::{Ask, Prompt};
 
 /// A request on its way to the decode thread: its prompt already as ids (tokenized by the
 /// handler, `serve_prompt`), with where its pieces go.
@@ -124,7 +124,10 @@ impl DecodeBatch for Requests<'_, '_> {
             };
             let live = Live {
                 reply,
-                shown: IncrementalText::new(&session.text),
+                shown: match ask.prompt {
+                    Prompt::Chat(_) => IncrementalText::reply(&session.text),
+                    Prompt::Text(_) => IncrementalText::new(&session.text),
+                },
                 text: TextStream::new(ask.stops),
             };
             self.live.insert(id, live);
@@ -135,7 +138,7 @@ impl DecodeBatch for Requests<'_, '_> {
         }
         let mut stats = StepStats::default();
         let (live, generated) = (&mut self.live, &mut self.generated_tokens);
-        let mut heard = |id, event| hear(session, live, generated, id, event);
+        let mut heard = |id, event| hear(live, generated, id, event);
         for (id, error) in self.batch.admit_all(admitted, &mut stats, &mut heard) {
             if let Some(gone) = self.live.remove(&id) {
                 let _ = gone.reply.send(Piece::Failed(error.to_string()));
@@ -144,10 +147,9 @@ impl DecodeBatch for Requests<'_, '_> {
     }
 
     fn step(&mut self) {
-        let session = self.session;
         let mut stats = StepStats::default();
         let (live, generated) = (&mut self.live, &mut self.generated_tokens);
-        let mut heard = |id, event| hear(session, live, generated, id, event);
+        let mut heard = |id, event| hear(live, generated, id, event);
         if let Err(failed) = self.batch.step(&mut stats, &mut heard) {
             for id in failed.ids {
                 if let Some(gone) = self.live.remove(&id) {
@@ -214,13 +216,7 @@ enum Outcome {
 
 /// A sequence's event turned into text for its client; false when the sequence is to end here
 /// (its client went away, or a stop sequence ended it).
-fn hear(
-    session: &Session,
-    live: &mut HashMap<u64, Live>,
-    generated_tokens: &mut u64,
-    id: u64,
-    event: Event,
-) -> bool {
+fn hear(live: &mut HashMap<u64, Live>, generated_tokens: &mut u64, id: u64, event: Event) -> bool {
     let Some(sequence) = live.get_mut(&id) else {
         return false;
     };
@@ -239,10 +235,7 @@ fn hear(
         Event::Finished(reason) => {
             // The full decode may extend what was shown (a character completed by the last
             // token); what a tokenizer rewrote in a tail already sent stays as it was sent.
-            let full = session
-                .text
-                .decode(sequence.shown.ids())
-                .unwrap_or_default();
+            let full = sequence.shown.decoded().unwrap_or_default();
             let rest = full
                 .strip_prefix(sequence.shown.shown())
                 .unwrap_or_default();

@@ -18,6 +18,8 @@ pub enum DefaultChat {
     /// DeepSeek V4's no-thinking template (its checkpoints ship `encoding_dsv4.py`, not a
     /// Jinja template).
     DeepSeekV4,
+    /// gpt-oss's harmony format, rendered by minirun; chats show the final channel only.
+    Harmony,
 }
 
 /// One architecture this build runs.

@@ -131,8 +131,10 @@ impl Session {
             artifact.tokenizer_config_json.as_deref(),
             artifact.tiktoken_model.as_deref(),
         )?;
-        if architecture.default_chat() == DefaultChat::DeepSeekV4 {
-            text = text.with_v4_template()?;
+        match architecture.default_chat() {
+            DefaultChat::DeepSeekV4 => text = text.with_v4_template()?,
+            DefaultChat::Harmony => text = text.with_harmony(),
+            DefaultChat::FromTokenizer => {}
         }
         text.check_fits(architecture.vocab_size())?;
         Ok(Session {
@@ -248,9 +250,42 @@ impl Session {
         max_tokens: usize,
         sampling: Sampling,
         stop: &[u32],
+        on_token: impl FnMut(TokenEvent<'_>),
+    ) -> Result<Generation, SessionError> {
+        let stream = IncrementalText::new(&self.text);
+        self.generate_into(
+            stream, model, prompt_ids, max_tokens, sampling, stop, on_token,
+        )
+    }
+
+    /// [`Self::generate`] for a chat's reply: the text is what the chat format shows of it
+    /// (with harmony, the final channel only; see [`Text::reply_ids`]).
+    pub fn generate_reply(
+        &self,
+        model: &Model<'_>,
+        prompt_ids: &[u32],
+        max_tokens: usize,
+        sampling: Sampling,
+        stop: &[u32],
+        on_token: impl FnMut(TokenEvent<'_>),
+    ) -> Result<Generation, SessionError> {
+        let stream = IncrementalText::reply(&self.text);
+        self.generate_into(
+            stream, model, prompt_ids, max_tokens, sampling, stop, on_token,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn generate_into(
+        &self,
+        mut stream: IncrementalText<'_>,
+        model: &Model<'_>,
+        prompt_ids: &[u32],
+        max_tokens: usize,
+        sampling: Sampling,
+        stop: &[u32],
         mut on_token: impl FnMut(TokenEvent<'_>),
     ) -> Result<Generation, SessionError> {
-        let mut stream = IncrementalText::new(&self.text);
         let (generated_ids, figures) = generate(
             model,
             prompt_ids,
@@ -265,7 +300,7 @@ impl Session {
                 });
             },
         )?;
-        let text = self.text.decode(&generated_ids)?;
+        let text = stream.decoded()?;
         Ok(Generation {
             prompt_ids: prompt_ids.to_vec(),
             generated_ids,
@@ -283,21 +318,41 @@ pub struct IncrementalText<'t> {
     text: &'t Text,
     ids: Vec<u32>,
     shown: String,
+    /// A chat's reply: only what the chat format shows of it ([`Text::reply_ids`]).
+    reply: bool,
 }
 
 impl<'t> IncrementalText<'t> {
+    /// Every id's text (a completion).
     pub fn new(text: &'t Text) -> Self {
         IncrementalText {
             text,
             ids: Vec::new(),
             shown: String::new(),
+            reply: false,
+        }
+    }
+
+    /// The text a chat shows of a reply.
+    pub fn reply(text: &'t Text) -> Self {
+        IncrementalText {
+            reply: true,
+            ..IncrementalText::new(text)
+        }
+    }
+
+    /// The text of every id pushed so far (of those a chat shows, for a reply).
+    pub fn decoded(&self) -> Result<String, minirun_text::TextError> {
+        match self.reply {
+            true => self.text.decode(&self.text.reply_ids(&self.ids)),
+            false => self.text.decode(&self.ids),
         }
     }
 
     /// Adds one id; returns the new final text, if any.
     pub fn push(&mut self, id: u32) -> Option<String> {
         self.ids.push(id);
-        let now = self.text.decode(&self.ids).ok()?;
+        let now = self.decoded().ok()?;
         if now.ends_with('\u{FFFD}') {
             return None;
         }

@@ -2,6 +2,7 @@
 //! `tiktoken.model`) and its chat template, turning prompts into ids and ids into text.
 
 mod error;
+pub mod harmony;
 mod text;
 pub mod tiktoken;
 

@@ -6,6 +6,7 @@
 use serde_json::Value;
 
 use crate::error::TextError;
+use crate::harmony::{self, HarmonyIds};
 use crate::tiktoken::KimiText;
 
 pub struct Text {
@@ -19,6 +20,8 @@ enum Inner {
         /// DeepSeek V4's template, when the tokenizer config carries none (the publisher
         /// compiles it into its app rather than shipping one).
         v4_template: bool,
+        /// gpt-oss's harmony format: its prompt, stops and final-channel replies.
+        harmony: bool,
     },
     Kimi(Box<KimiText>),
 }
@@ -116,6 +119,7 @@ impl Text {
                     .map(|t| serde_json::from_str(t).map_err(|e| TextError::Config(e.to_string())))
                     .transpose()?,
                 v4_template: false,
+                harmony: false,
             },
             (None, Some(model)) => Inner::Kimi(Box::new(KimiText::parse(model)?)),
             (None, None) => return Err(TextError::NoTokenizer),
@@ -152,6 +156,41 @@ impl Text {
                 "it lacks DeepSeek V4's control tokens {missing:?}, which the V4 chat template needs: not V4's tokenizer"
             ))),
             _ => Ok(self),
+        }
+    }
+
+    /// gpt-oss's chat format, harmony, rendered by minirun (see [`harmony`]) whatever template
+    /// the tokenizer config carries: OpenAI's stamps the day it renders into the prompt.
+    pub fn with_harmony(mut self) -> Text {
+        if let Inner::HuggingFace { harmony, .. } = &mut self.inner {
+            *harmony = true;
+        }
+        self
+    }
+
+    /// Harmony's control token ids, when the format is harmony: refused, naming what the
+    /// vocabulary lacks, when it does not hold them all.
+    fn harmony_ids(&self) -> Option<Result<HarmonyIds, TextError>> {
+        match &self.inner {
+            Inner::HuggingFace { harmony: true, .. } => Some(
+                HarmonyIds::find(|t| self.token_id(t)).map_err(|missing| {
+                    TextError::Tokenizer(format!(
+                        "it lacks harmony's control tokens {missing:?}, which gpt-oss's chat format needs: not gpt-oss's o200k tokenizer"
+                    ))
+                }),
+            ),
+            _ => None,
+        }
+    }
+
+    /// What a chat shows of the reply `ids`: with harmony, the final channel's content only;
+    /// otherwise every id.
+    pub fn reply_ids(&self, ids: &[u32]) -> Vec<u32> {
+        match self.harmony_ids() {
+            Some(Ok(controls)) => {
+                controls.final_channel(ids, |header| self.decode(header).unwrap_or_default())
+            }
+            _ => ids.to_vec(),
         }
     }
 
@@ -235,12 +274,25 @@ impl Text {
                 .into_iter()
                 .filter_map(|t| self.token_id(t))
                 .collect(),
-            Inner::HuggingFace { config, .. } => config
-                .as_ref()
-                .and_then(|c| token_text(c.get("eos_token")))
-                .and_then(|t| self.token_id(&t))
-                .into_iter()
-                .collect(),
+            Inner::HuggingFace {
+                config, harmony, ..
+            } => {
+                let eos = config
+                    .as_ref()
+                    .and_then(|c| token_text(c.get("eos_token")))
+                    .and_then(|t| self.token_id(&t));
+                let ends = match harmony {
+                    true => vec![harmony::RETURN, harmony::CALL],
+                    false => vec![],
+                };
+                let mut ids: Vec<u32> = eos.into_iter().collect();
+                for id in ends.into_iter().filter_map(|t| self.token_id(t)) {
+                    if !ids.contains(&id) {
+                        ids.push(id);
+                    }
+                }
+                ids
+            }
             Inner::Kimi(kimi) => kimi.stop_ids(),
         }
     }
@@ -277,6 +329,10 @@ impl Text {
         };
         if v4_template {
             return Ok(v4_chat(messages));
+        }
+        if let Some(controls) = self.harmony_ids() {
+            controls?;
+            return harmony::harmony_chat(messages).map_err(TextError::Template);
         }
         let config = config.as_ref().ok_or(TextError::NoTemplate)?;
         let template = config

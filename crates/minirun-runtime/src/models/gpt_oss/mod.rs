@@ -18,6 +18,6 @@ pub static ROW: ArchitectureRow = ArchitectureRow {
     model_type: "gpt_oss",
     summary: "gpt-oss: gpt-oss-20b, gpt-oss-120b",
     parse: |json| parsed(GptOssConfig::parse, json),
-    chat: DefaultChat::FromTokenizer,
+    chat: DefaultChat::Harmony,
     published: None,
 };
