@@ -1193,7 +1193,7 @@ impl Artifact {
         rows: usize,
         cols: usize,
     ) -> Result<StackLayout, ArtifactError> {
-        let name = format!("{module}.weight");
+        let name = self.weight_name(module);
         let layout = match self.tensors.get(&name) {
             None => return Err(ArtifactError::Missing(name)),
             Some(Location::Tiled { file, tile }) => self.tiled(&name, *file, *tile)?,
@@ -1281,6 +1281,22 @@ impl Artifact {
         })
     }
 
+    /// The stored name of module `module`'s matrix: `{module}.weight`, or gpt-oss's
+    /// `{module}_blocks` (OpenAI's MXFP4 codes, kept under their upstream name).
+    fn weight_name(&self, module: &str) -> String {
+        let usual = format!("{module}.weight");
+        let blocks = format!("{module}_blocks");
+        match !self.tensors.contains_key(&usual) && self.tensors.contains_key(&blocks) {
+            true => blocks,
+            false => usual,
+        }
+    }
+
+    /// Whether the artifact stores a matrix for module `module` (metadata only).
+    pub fn has_matrix(&self, module: &str) -> bool {
+        self.tensors.contains_key(&self.weight_name(module))
+    }
+
     fn plain_matrix(&self, module: &str, name: &str) -> Result<StackLayout, ArtifactError> {
         let (file, member) = self.member_entry(name)?;
         let shape = &member.source.shape;
@@ -1308,9 +1324,11 @@ impl Artifact {
             });
         };
         let format = quantized_format(name, q)?;
-        // DeepSeek V4 names both its FP8 block scales and its FP4 expert scales `.scale`.
+        // DeepSeek V4 names both its FP8 block scales and its FP4 expert scales `.scale`;
+        // gpt-oss its MXFP4 scales `_scales`, beside its `_blocks`.
         let either = |usual: String| match self.tensors.contains_key(&usual) {
             true => usual,
+            false if name.ends_with("_blocks") => format!("{module}_scales"),
             false => format!("{module}.scale"),
         };
         let (scales_name, biases_name) = match q.layout {
@@ -1359,6 +1377,15 @@ impl Artifact {
                 ),
             ));
         }
+        // gpt-oss's MXFP4 codes are [.., rows, cols / 32, 16]: one row's bytes are its blocks.
+        let merged;
+        let shape = match (shape.as_slice(), name.ends_with("_blocks")) {
+            ([lead @ .., blocks, 16], true) if q.layout == QuantMode::Mxfp4 => {
+                merged = [lead, &[blocks.saturating_mul(16)]].concat();
+                &merged
+            }
+            _ => shape,
+        };
         let (count, rows, stored_cols) = leading(name, shape)?;
         let cols = match format {
             Format::Affine { bits, .. } if member.source.dtype == "U32" => {

@@ -179,7 +179,7 @@ pub fn routed_experts(
     {
         return stacked_in(&switch_mlp, STACKED);
     }
-    if artifact.has(&format!("{experts}.{}.weight", shapes[0].0)) {
+    if artifact.has_matrix(&format!("{experts}.{}", shapes[0].0)) {
         return stacked_in(&experts, names);
     }
     (0..n)

@@ -103,6 +103,11 @@ impl<'w> Weights<'w> {
         self.artifact.has(&self.name(name))
     }
 
+    /// Whether the artifact stores a matrix for module `module` under this prefix.
+    pub fn has_matrix(&self, module: &str) -> bool {
+        self.artifact.has_matrix(&self.name(module))
+    }
+
     /// The stack of matrices of module `module` (`{module}.weight` with its scales), `[..,
     /// rows, cols]`.
     pub fn stack(

@@ -111,7 +111,7 @@ fn attention<'w>(w: &Weights<'w>, c: &GptOssConfig) -> Result<Attention<'w>, Art
 
 /// How this artifact stores the experts: OpenAI's fused `gate_up_proj`, or MLX's three stacks.
 fn expert_names(mlp: &Weights) -> ExpertNames {
-    match mlp.has("experts.gate_up_proj.weight") {
+    match mlp.has_matrix("experts.gate_up_proj") {
         true => GATE_UP_DOWN,
         false => STACKED,
     }

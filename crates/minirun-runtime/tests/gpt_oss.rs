@@ -1,0 +1,215 @@
+//! gpt-oss against two outside implementations, and as `minirun run` runs it. Each tiny
+//! checkpoint under `tests/data/gpt-oss/` (made by `tools/make_gpt_oss_fixtures.py`, which
+//! records mlx-lm 0.32.2's and transformers' float32 logits) is packed, loaded and stepped one
+//! token at a time: every position within `TOLERANCE` of the oracle's with its top-1, the prompt
+//! prefilled at once giving the stepped bits, the 32-token greedy continuation identical
+//! (`common::follow_oracle`). The prompts cross the fixtures' 8-position sliding window.
+//!
+//! - `openai-mxfp4`: OpenAI's layout (MXFP4 `gate_up_proj` with gate and up rows interleaved,
+//!   biases, sinks), against mlx-lm and against transformers' `GptOssForCausalLM`;
+//! - `openai-mxfp4-untruncated`: the same weights with YaRN's `truncate: false`, as OpenAI
+//!   publishes it, which only transformers honours: against transformers;
+//! - `mlx-mxfp4`: MLX's layout (stacked `experts.{gate,up,down}_proj` with biases), against
+//!   mlx-lm.
+//!
+//! Then, through a session: streamed at the floor and at the deterministic floor, on 1 and 2
+//! threads, with read-ahead on and off, with the resident run's logit bits and the plan's bytes.
+//! `TOLERANCE` is the other oracles' (`tests/oracle.rs` says why 2e-4).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{follow_oracle, greedy_bits, ids, read_logits};
+use minirun_pack::{PackOptions, pack};
+use minirun_runtime::artifact::{Access, Artifact};
+use minirun_runtime::budget::Budget;
+use minirun_runtime::config::ConfigError;
+use minirun_runtime::models::gpt_oss::{GptOss, GptOssConfig};
+use minirun_runtime::plan::Mode;
+use minirun_runtime::session::{Session, Trust};
+use serde_json::Value;
+
+const TOLERANCE: f32 = 2e-4;
+const STEPS: usize = 12;
+
+fn fixture(variant: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/gpt-oss")
+        .join(variant)
+}
+
+fn packed(variant: &str) -> tempfile::TempDir {
+    let out = tempfile::tempdir().unwrap();
+    pack(
+        &fixture(variant),
+        out.path(),
+        &PackOptions::default(),
+        &|_| {},
+    )
+    .unwrap();
+    out
+}
+
+fn json(path: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+/// Every prompt of `oracle_file` (in the variant's folder) followed within `TOLERANCE`.
+fn matches_oracle(variant: &str, oracle_file: &str, implementation: &str) {
+    let dir = packed(variant);
+    let artifact = Artifact::open(dir.path(), Access::Unverified).unwrap();
+    let config = GptOssConfig::parse(&artifact.config_json).unwrap();
+    let model = GptOss::load(&artifact, config).unwrap();
+    let oracle = json(&fixture(variant).join(oracle_file));
+    assert_eq!(oracle["oracle"], implementation, "{variant} {oracle_file}");
+    let mut worst = 0f32;
+    for prompt in oracle["prompts"].as_array().unwrap() {
+        let name = prompt["name"].as_str().unwrap();
+        let tokens = ids(&prompt["token_ids"]);
+        let vocab = prompt["vocab"].as_u64().unwrap() as usize;
+        let expected = read_logits(
+            &fixture(variant).join(prompt["logits_file"].as_str().unwrap()),
+            vocab,
+        );
+        // The fixtures keep every top-1 margin above 2e-3: the top-1 is checked everywhere.
+        let margins = vec![f32::INFINITY; tokens.len()];
+        let label = format!("{variant} {name} ({implementation})");
+        let (greedy, delta) = follow_oracle(
+            &model,
+            &tokens,
+            &expected,
+            &margins,
+            (TOLERANCE, 0.0),
+            &label,
+        );
+        worst = worst.max(delta);
+        assert_eq!(greedy, ids(&prompt["greedy_32"]), "{label}");
+    }
+    eprintln!("{variant}: max |logit delta| vs {implementation} {worst:.2e}");
+}
+
+#[test]
+fn openai_layout_matches_mlx_lm() {
+    matches_oracle("openai-mxfp4", "oracle.json", "mlx-lm");
+}
+
+/// A second implementation of the MXFP4 nibble order, the interleaved gate and up rows, the
+/// sinks and the window.
+#[test]
+fn openai_layout_matches_transformers() {
+    matches_oracle("openai-mxfp4", "oracle-transformers.json", "transformers");
+}
+
+/// YaRN's correction range left unrounded, as OpenAI's config says (`truncate: false`).
+#[test]
+fn untruncated_yarn_matches_transformers() {
+    matches_oracle("openai-mxfp4-untruncated", "oracle.json", "transformers");
+}
+
+#[test]
+fn mlx_layout_matches_mlx_lm() {
+    matches_oracle("mlx-mxfp4", "oracle.json", "mlx-lm");
+}
+
+/// The tiny checkpoint streamed at the floor and at the deterministic floor, on 1 and 2
+/// threads, with read-ahead on and off: the resident run's logit bits and exactly the plan's
+/// bytes, in both layouts.
+#[test]
+fn streamed_gpt_oss_has_the_resident_bits_and_reads_the_planned_bytes() {
+    for variant in ["openai-mxfp4", "mlx-mxfp4"] {
+        let dir = packed(variant);
+        let prompt = ids(&json(&fixture(variant).join("oracle.json"))["prompts"][0]["token_ids"]);
+        let session = Session::open(dir.path(), Trust::Unverified).unwrap();
+        assert_eq!(session.architecture.model_type(), "gpt_oss");
+        let described = "gpt_oss: 4 layers (2 with a 8-position window)";
+        let header = session.header();
+        assert!(
+            header.iter().any(|l| l.starts_with(described)),
+            "{header:?}"
+        );
+        let resident = session.model().unwrap();
+        let (resident_bits, _) = greedy_bits(&resident, &prompt, STEPS);
+        let (floor, experts) = session.plan(Budget::Floor, 64).unwrap();
+        assert_eq!(floor.mode, Mode::Streamed);
+        assert_eq!(floor.moe_layers, 4);
+        let (experts_only, _) = session
+            .plan(Budget::Bytes(floor.deterministic_floor), 64)
+            .unwrap();
+        assert!(experts_only.streamed_layers.is_empty());
+        for (plan, read_ahead, threads) in [
+            (&floor, true, 1),
+            (&floor, true, 2),
+            (&floor, false, 2),
+            (&experts_only, true, 2),
+        ] {
+            common::assert_streams_as_planned(
+                &session,
+                plan,
+                &experts,
+                (read_ahead, threads),
+                (&prompt, STEPS),
+                &resident_bits,
+                described,
+            );
+        }
+    }
+}
+
+#[test]
+fn what_gpt_oss_does_not_implement_is_refused_by_name() {
+    let config = json(&fixture("openai-mxfp4").join("config.json"));
+    let with = |key: &str, value: Value| {
+        let mut c = config.clone();
+        c[key] = value;
+        GptOssConfig::parse(&c.to_string())
+    };
+    assert!(with("rms_norm_eps", Value::from(1e-6)).is_ok());
+    assert!(with("torch_dtype", Value::from("bfloat16")).is_ok());
+    assert!(matches!(
+        with("attention_bias", Value::Bool(false)),
+        Err(ConfigError::Unsupported { key, .. }) if key == "attention_bias"
+    ));
+    assert!(matches!(
+        with("tie_word_embeddings", Value::Bool(true)),
+        Err(ConfigError::Unsupported { key, .. }) if key == "tie_word_embeddings"
+    ));
+    assert!(matches!(
+        with("some_new_knob", Value::from(1)),
+        Err(ConfigError::Unknown(key)) if key == "some_new_knob"
+    ));
+    assert!(matches!(
+        with("layer_types", serde_json::json!(["sliding_attention", "chunked_attention", "sliding_attention", "full_attention"])),
+        Err(ConfigError::Unsupported { key, .. }) if key == "layer_types"
+    ));
+    assert!(matches!(
+        with("layer_types", serde_json::json!(["full_attention"])),
+        Err(ConfigError::Inconsistent(_))
+    ));
+    assert!(matches!(
+        with("experts_per_token", Value::from(3)),
+        Err(ConfigError::Inconsistent(_))
+    ));
+    let mut rope = config["rope_scaling"].clone();
+    rope["attention_factor"] = Value::from(1.0);
+    assert!(matches!(
+        with("rope_scaling", rope),
+        Err(ConfigError::Unknown(key)) if key == "rope_scaling.attention_factor"
+    ));
+    let mut odd = config.clone();
+    odd["num_hidden_layers"] = Value::from(3);
+    odd.as_object_mut().unwrap().remove("layer_types");
+    assert!(matches!(
+        GptOssConfig::parse(&odd.to_string()),
+        Err(ConfigError::Missing(key)) if key.starts_with("layer_types")
+    ));
+    let mut no_sinks_window = config.clone();
+    no_sinks_window
+        .as_object_mut()
+        .unwrap()
+        .remove("sliding_window");
+    assert!(matches!(
+        GptOssConfig::parse(&no_sinks_window.to_string()),
+        Err(ConfigError::Missing(key)) if key == "sliding_window"
+    ));
+}
