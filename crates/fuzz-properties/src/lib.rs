@@ -21,6 +21,7 @@ use minirun_kernels::{BlockScale, FloatType, Format, QMatrix};
 use minirun_runtime::models::deepseek_v3::DeepSeekV3Config;
 use minirun_runtime::models::deepseek_v4::config::DeepSeekV4Config;
 use minirun_runtime::models::kimi_k3::config::KimiK3Config;
+use minirun_runtime::models::gpt_oss::config::GptOssConfig;
 use minirun_runtime::models::qwen3_moe::config::Qwen3MoeConfig;
 use minirun_sign::Statement;
 use minirun_text::tiktoken::KimiText;
@@ -36,6 +37,7 @@ pub const TARGETS: &[(&str, Property)] = &[
     ("deepseek_config", deepseek_config),
     ("deepseek_v4_config", deepseek_v4_config),
     ("dmexp_decode", dmexp_decode),
+    ("gpt_oss_config", gpt_oss_config),
     ("hf_tree_page", hf_tree_page),
     ("identity", identity),
     ("index_json", index_json),
@@ -264,6 +266,21 @@ pub fn qwen3_moe_config(data: &[u8]) {
         assert!(c.head_dim % 2 == 0);
         assert!(c.num_experts_per_tok <= c.num_experts);
         assert!(c.mlp_only_layers.iter().all(|&l| l < c.num_hidden_layers));
+    }
+}
+
+/// Any bytes as a gpt-oss `config.json`: parsing returns a config or a refusal, never panics,
+/// and an accepted config is one the model can be built from.
+pub fn gpt_oss_config(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(c) = GptOssConfig::parse(text) {
+        assert!(c.num_attention_heads % c.num_key_value_heads == 0);
+        assert!(c.head_dim % 2 == 0);
+        assert!(c.num_experts_per_tok <= c.num_local_experts);
+        assert_eq!(c.layer_types.len(), c.num_hidden_layers);
+        assert!(c.sliding_window > 0 && c.swiglu_limit > 0.0);
     }
 }
 
