@@ -36,7 +36,8 @@ pub struct RunArgs {
     /// The prompt text.
     #[arg(long)]
     prompt: String,
-    /// Render the prompt as one user message with the artifact's chat template.
+    /// Render the prompt as one user message with the artifact's chat template, and print the
+    /// reply as the chat shows it (gpt-oss: harmony, its final channel only).
     #[arg(long)]
     chat: bool,
     /// Tokens to generate at most.

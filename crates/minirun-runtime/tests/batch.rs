@@ -101,6 +101,7 @@ fn a_batch_step_gives_every_sequence_the_bits_of_stepping_it_alone() {
             "qwen3_moe",
             packed_from("tests/data/qwen3-moe/mlx-affine4-g64"),
         ),
+        ("gpt_oss", packed_from("tests/data/gpt-oss/openai-mxfp4")),
     ];
     for (label, dir) in &artifacts {
         let session = Session::open(dir.path(), Trust::Unverified).unwrap();
@@ -173,6 +174,7 @@ fn prompts_prefilled_together_have_the_bits_each_has_alone() {
             "qwen3_moe",
             packed_from("tests/data/qwen3-moe/mlx-affine4-g64"),
         ),
+        ("gpt_oss", packed_from("tests/data/gpt-oss/openai-mxfp4")),
     ];
     for (label, dir) in &artifacts {
         let session = Session::open(dir.path(), Trust::Unverified).unwrap();
