@@ -21,6 +21,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{follow_oracle, greedy_bits, ids, read_logits};
+use minirun_kernels::Activations;
 use minirun_pack::{PackOptions, pack};
 use minirun_runtime::artifact::{Access, Artifact};
 use minirun_runtime::budget::Budget;
@@ -282,4 +283,35 @@ fn a_chat_without_harmonys_tokens_is_refused_naming_them() {
         "{refused}"
     );
     assert!(session.prompt_ids("Hi", false).is_ok());
+}
+
+/// With 8-bit activations (`--activations int8`, for the MXFP4 experts) a streamed run has the
+/// resident run's bits on one thread and on two; those bits are not the f32 path's, and stay
+/// near them (a wrong scale or nibble order would not).
+#[test]
+fn eight_bit_activations_stream_with_their_resident_bits() {
+    let dir = packed("openai-mxfp4");
+    let mut session = Session::open(dir.path(), Trust::Unverified).unwrap();
+    let oracle = json(&fixture("openai-mxfp4").join("oracle.json"));
+    let prompt = ids(&oracle["prompts"][3]["token_ids"]);
+    let (exact, _) = greedy_bits(&session.model().unwrap(), &prompt, STEPS);
+    session.artifact.set_activations(Activations::Int8);
+    let (int8, _) = greedy_bits(&session.model().unwrap(), &prompt, STEPS);
+    assert!(int8 != exact, "int8 gave the f32 path's bits");
+    let first_row = session.architecture.vocab_size();
+    let worst = exact[..first_row]
+        .iter()
+        .zip(&int8[..first_row])
+        .map(|(&a, &b)| (f32::from_bits(a) - f32::from_bits(b)).abs())
+        .fold(0f32, f32::max);
+    eprintln!("int8 vs f32 after the 86-token prompt: max |logit delta| {worst:.2e}");
+    assert!(worst < 0.5, "int8 moved a logit by {worst}");
+    let (plan, experts) = session.plan(Budget::Floor, 128).unwrap();
+    assert_eq!(plan.mode, Mode::Streamed);
+    for threads in [1, 2] {
+        let model = session.planned_model(&plan, &experts).unwrap();
+        let (bits, decode) = common::on_threads(threads, || greedy_bits(&model, &prompt, STEPS));
+        assert!(bits == int8, "{threads} threads: logit bits differ");
+        assert!(decode.expert_read_bytes > 0, "the floor streamed nothing");
+    }
 }
