@@ -19,7 +19,7 @@ const ROPE: usize = 16;
 const V_DIM: usize = 32;
 const KV_LORA: usize = 64;
 const Q_LORA: usize = 64;
-/// Qwen3-MoE's key/value heads and head width (its query heads are `HEADS`).
+/// Qwen3-MoE's and gpt-oss's key/value heads and head width (their query heads are `HEADS`).
 const KV_HEADS: usize = 2;
 const HEAD_DIM: usize = 32;
 
@@ -30,13 +30,18 @@ pub enum SyntheticArchitecture {
     DeepSeekV3,
     /// Grouped-query attention with q/k norms; every layer MoE, no shared expert.
     Qwen3Moe,
+    /// gpt-oss in MLX's layout (affine 4-bit here): grouped-query attention with biases and
+    /// sinks, sliding and full layers alternating; every layer MoE with biased experts stacked
+    /// under `mlp.experts`, a biased router.
+    GptOss,
 }
 
 /// The shape of a synthetic checkpoint.
 #[derive(Debug, Clone, Copy)]
 pub struct SyntheticShape {
     pub hidden: usize,
-    /// Layers in all (DeepSeek-V3's first is dense, the rest MoE; Qwen3-MoE's are all MoE).
+    /// Layers in all (DeepSeek-V3's first is dense, the rest MoE; Qwen3-MoE's and gpt-oss's are
+    /// all MoE).
     pub layers: usize,
     pub experts: usize,
     pub experts_per_token: usize,
@@ -164,6 +169,41 @@ fn grouped_attention(w: &mut Writer, p: &str, hidden: usize) -> Vec<Tensor> {
     t
 }
 
+/// gpt-oss's layer: attention with biases and sinks, a biased router, biased experts.
+fn gpt_oss_layer(w: &mut Writer, s: &SyntheticShape, p: &str) -> Vec<Tensor> {
+    let (h, m, e) = (s.hidden, s.moe_intermediate, s.experts);
+    let mut t = Vec::new();
+    let mut biased = |w: &mut Writer, name: String, lead: &[usize], rows: usize, cols: usize| {
+        t.extend(w.quantized(&name, lead, rows, cols));
+        let count = lead.iter().product::<usize>() * rows;
+        let dims = [lead, &[rows]].concat();
+        t.push((
+            format!("{name}.bias"),
+            Dtype::BF16,
+            dims,
+            w.bf16(count, -5, true),
+        ));
+    };
+    let a = format!("{p}.self_attn");
+    biased(w, format!("{a}.q_proj"), &[], HEADS * HEAD_DIM, h);
+    biased(w, format!("{a}.k_proj"), &[], KV_HEADS * HEAD_DIM, h);
+    biased(w, format!("{a}.v_proj"), &[], KV_HEADS * HEAD_DIM, h);
+    biased(w, format!("{a}.o_proj"), &[], h, HEADS * HEAD_DIM);
+    biased(w, format!("{p}.mlp.router"), &[], e, h);
+    biased(w, format!("{p}.mlp.experts.gate_proj"), &[e], m, h);
+    biased(w, format!("{p}.mlp.experts.up_proj"), &[e], m, h);
+    biased(w, format!("{p}.mlp.experts.down_proj"), &[e], h, m);
+    t.push((
+        format!("{a}.sinks"),
+        Dtype::BF16,
+        vec![HEADS],
+        w.bf16(HEADS, 0, true),
+    ));
+    t.push(w.norm(&format!("{p}.input_layernorm.weight"), h));
+    t.push(w.norm(&format!("{p}.post_attention_layernorm.weight"), h));
+    t
+}
+
 fn layer(
     w: &mut Writer,
     s: &SyntheticShape,
@@ -171,6 +211,9 @@ fn layer(
     i: usize,
 ) -> Vec<Tensor> {
     let p = format!("model.layers.{i}");
+    if architecture == SyntheticArchitecture::GptOss {
+        return gpt_oss_layer(w, s, &p);
+    }
     let qwen = architecture == SyntheticArchitecture::Qwen3Moe;
     let mut t = match qwen {
         true => grouped_attention(w, &format!("{p}.self_attn"), s.hidden),
@@ -216,6 +259,28 @@ fn layer(
 
 fn config(s: &SyntheticShape, architecture: SyntheticArchitecture) -> serde_json::Value {
     let quantization = json!({ "group_size": GROUP, "bits": 4, "mode": "affine" });
+    if architecture == SyntheticArchitecture::GptOss {
+        let layer_types: Vec<&str> = (0..s.layers)
+            .map(|i| match i % 2 {
+                0 => "sliding_attention",
+                _ => "full_attention",
+            })
+            .collect();
+        return json!({
+            "architectures": ["GptOssForCausalLM"], "attention_bias": true, "eos_token_id": 1,
+            "experts_per_token": s.experts_per_token, "head_dim": HEAD_DIM, "hidden_act": "silu",
+            "hidden_size": s.hidden, "intermediate_size": s.moe_intermediate,
+            "layer_types": layer_types, "max_position_embeddings": 4096, "model_type": "gpt_oss",
+            "num_attention_heads": HEADS, "num_experts_per_tok": s.experts_per_token,
+            "num_hidden_layers": s.layers, "num_key_value_heads": KV_HEADS,
+            "num_local_experts": s.experts, "quantization": quantization,
+            "quantization_config": quantization, "rms_norm_eps": 1e-5,
+            "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                "beta_slow": 1.0, "original_max_position_embeddings": 4096, "truncate": false},
+            "rope_theta": 150000, "sliding_window": 8, "swiglu_limit": 7.0,
+            "tie_word_embeddings": false, "vocab_size": s.vocab
+        });
+    }
     if architecture == SyntheticArchitecture::Qwen3Moe {
         return json!({
             "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false,

@@ -44,15 +44,17 @@ pub struct Yarn {
     pub truncate: bool,
 }
 
-/// Which of YaRN's magnitude keys a config must carry.
+/// Which YaRN keys an architecture's reference reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mscale {
-    /// `mscale` and `mscale_all_dim` both present (DeepSeek writes them; its attention scale
-    /// reads the latter).
-    Required,
-    /// Absent means YaRN's own `0.1 ln(factor) + 1` on the rotated dims (gpt-oss writes
-    /// neither; mlx-lm's defaults 1 and 0 and transformers' rule both give that).
-    Optional,
+pub(crate) enum YarnKeys {
+    /// DeepSeek's: `mscale` and `mscale_all_dim` both present (its attention scale reads the
+    /// latter); no `truncate` (mlx-lm always rounds and transformers would not: refused rather
+    /// than guessed).
+    DeepSeek,
+    /// gpt-oss's: `mscale` keys absent meaning YaRN's own `0.1 ln(factor) + 1` on the rotated
+    /// dims (mlx-lm's defaults 1 and 0 and transformers' rule both give that); `truncate` read,
+    /// absent meaning true.
+    GptOss,
 }
 
 /// Typed reads from one JSON object of a config; `prefix` names the object in errors
@@ -173,6 +175,30 @@ impl KnownKeys<'_> {
     }
 }
 
+/// The shape rules of grouped-query attention over routed experts: query heads share the
+/// key/value heads evenly, a head's width is even (RoPE rotates pairs), and a token chooses at
+/// most every expert.
+pub(crate) fn check_grouped_moe(
+    (heads, kv_heads, head_dim): (usize, usize, usize),
+    (experts_per_token, experts): (usize, usize),
+) -> Result<(), ConfigError> {
+    let bad = |s: String| Err(ConfigError::Inconsistent(s));
+    if !heads.is_multiple_of(kv_heads) {
+        return bad(format!(
+            "{heads} attention heads do not share {kv_heads} key/value heads evenly"
+        ));
+    }
+    if !head_dim.is_multiple_of(2) {
+        return bad("head_dim must be even (RoPE rotates pairs)".into());
+    }
+    if experts_per_token > experts {
+        return bad(format!(
+            "{experts_per_token} experts per token out of {experts}"
+        ));
+    }
+    Ok(())
+}
+
 /// A config's top-level object.
 pub(crate) fn top_object(json: &str) -> Result<Map<String, Value>, ConfigError> {
     match serde_json::from_str(json).map_err(|e| ConfigError::NotJson(e.to_string()))? {
@@ -181,7 +207,7 @@ pub(crate) fn top_object(json: &str) -> Result<Map<String, Value>, ConfigError> 
     }
 }
 
-pub(crate) fn rope_scaling(v: &Value, mscale: Mscale) -> Result<Option<Yarn>, ConfigError> {
+pub(crate) fn rope_scaling(v: &Value, keys: YarnKeys) -> Result<Option<Yarn>, ConfigError> {
     let map = match v {
         Value::Null => return Ok(None),
         Value::Object(map) => map,
@@ -214,7 +240,8 @@ pub(crate) fn rope_scaling(v: &Value, mscale: Mscale) -> Result<Option<Yarn>, Co
         "truncate",
     ];
     for key in map.keys() {
-        if !KEYS.contains(&key.as_str()) && key != "type" && key != "rope_type" {
+        let known = KEYS.contains(&key.as_str()) && (key != "truncate" || keys == YarnKeys::GptOss);
+        if !known && key != "type" && key != "rope_type" {
             return Err(ConfigError::Unknown(format!("rope_scaling.{key}")));
         }
     }
@@ -224,12 +251,12 @@ pub(crate) fn rope_scaling(v: &Value, mscale: Mscale) -> Result<Option<Yarn>, Co
         original_max_position_embeddings: f.float("original_max_position_embeddings")?,
         beta_fast: f.float("beta_fast")?,
         beta_slow: f.float("beta_slow")?,
-        mscale: match (mscale, map.get("mscale")) {
-            (Mscale::Optional, None) => 1.0,
+        mscale: match (keys, map.get("mscale")) {
+            (YarnKeys::GptOss, None) => 1.0,
             _ => f.float("mscale")?,
         },
-        mscale_all_dim: match (mscale, map.get("mscale_all_dim")) {
-            (Mscale::Optional, None) => 0.0,
+        mscale_all_dim: match (keys, map.get("mscale_all_dim")) {
+            (YarnKeys::GptOss, None) => 0.0,
             _ => f.float("mscale_all_dim")?,
         },
         truncate: match map.get("truncate") {

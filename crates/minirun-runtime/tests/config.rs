@@ -181,6 +181,7 @@ fn every_architecture_accepts_the_keys_transformers_writes_and_refuses_an_unknow
     let configs = [
         "deepseek-v3/hf-fp8-f32scales/config.json",
         "deepseek-v4/tiny-fp8-fp4/config.json",
+        "gpt-oss/openai-mxfp4/config.json",
         "kimi-k3/mlx-k3mix/config.json",
         "qwen3-moe/hf-bf16/config.json",
     ];

@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 
 use common::{follow_oracle, greedy_bits, ids, read_logits};
 use minirun_kernels::Activations;
+use minirun_pack::synthetic_model::{SyntheticArchitecture, SyntheticShape};
 use minirun_pack::{PackOptions, pack};
 use minirun_runtime::artifact::{Access, Artifact};
 use minirun_runtime::budget::Budget;
@@ -114,29 +115,51 @@ fn mlx_layout_matches_mlx_lm() {
     matches_oracle("mlx-mxfp4", "oracle.json", "mlx-lm");
 }
 
-/// The tiny checkpoint streamed at the floor and at the deterministic floor, on 1 and 2
-/// threads, with read-ahead on and off: the resident run's logit bits and exactly the plan's
-/// bytes, in both layouts.
+/// At the floor, OpenAI's tiny checkpoint (BF16 attention) streams every layer's attention and
+/// router besides its experts, MLX's (8-bit attention) holds its layers and streams its experts,
+/// and a generated 8-layer checkpoint in MLX's layout streams every layer. All at the floor and at the deterministic floor, on 1 and 2 threads, with
+/// read-ahead on and off: the resident run's logit bits and exactly the plan's bytes.
 #[test]
 fn streamed_gpt_oss_has_the_resident_bits_and_reads_the_planned_bytes() {
-    for variant in ["openai-mxfp4", "mlx-mxfp4"] {
-        let dir = packed(variant);
-        let prompt = ids(&json(&fixture(variant).join("oracle.json"))["prompts"][0]["token_ids"]);
+    let prompt_of = |variant: &str| {
+        ids(&json(&fixture(variant).join("oracle.json"))["prompts"][3]["token_ids"])
+    };
+    let generated_prompt: Vec<u32> = (0..24).map(|i| (i * 37 + 5) % 512).collect();
+    let cases = [
+        (
+            packed("openai-mxfp4"),
+            prompt_of("openai-mxfp4"),
+            4,
+            (0..4).collect(),
+        ),
+        (packed("mlx-mxfp4"), prompt_of("mlx-mxfp4"), 4, vec![]),
+        (
+            common::packed_synthetic_of(&STREAMED_GPT_OSS, SyntheticArchitecture::GptOss),
+            generated_prompt,
+            8,
+            (0..8).collect(),
+        ),
+    ];
+    for (dir, prompt, layers, streamed_at_floor) in &cases {
         let session = Session::open(dir.path(), Trust::Unverified).unwrap();
         assert_eq!(session.architecture.model_type(), "gpt_oss");
-        let described = "gpt_oss: 4 layers (2 with a 8-position window)";
+        let described = format!(
+            "gpt_oss: {layers} layers ({} with a 8-position window)",
+            layers / 2
+        );
         let header = session.header();
         assert!(
-            header.iter().any(|l| l.starts_with(described)),
+            header.iter().any(|l| l.starts_with(&described)),
             "{header:?}"
         );
         let resident = session.model().unwrap();
-        let (resident_bits, _) = greedy_bits(&resident, &prompt, STEPS);
-        let (floor, experts) = session.plan(Budget::Floor, 64).unwrap();
+        let (resident_bits, _) = greedy_bits(&resident, prompt, STEPS);
+        let (floor, experts) = session.plan(Budget::Floor, 128).unwrap();
         assert_eq!(floor.mode, Mode::Streamed);
-        assert_eq!(floor.moe_layers, 4);
+        assert_eq!(&floor.streamed_layers, streamed_at_floor);
+        assert_eq!(floor.moe_layers, *layers);
         let (experts_only, _) = session
-            .plan(Budget::Bytes(floor.deterministic_floor), 64)
+            .plan(Budget::Bytes(floor.deterministic_floor), 128)
             .unwrap();
         assert!(experts_only.streamed_layers.is_empty());
         for (plan, read_ahead, threads) in [
@@ -150,13 +173,25 @@ fn streamed_gpt_oss_has_the_resident_bits_and_reads_the_planned_bytes() {
                 plan,
                 &experts,
                 (read_ahead, threads),
-                (&prompt, STEPS),
+                (prompt, STEPS),
                 &resident_bits,
-                described,
+                &described,
             );
         }
     }
 }
+
+/// Enough layers that at the floor every layer's attention and router stream too (two layers'
+/// aligned buffers cost less than holding all eight).
+const STREAMED_GPT_OSS: SyntheticShape = SyntheticShape {
+    hidden: 512,
+    layers: 8,
+    experts: 16,
+    experts_per_token: 4,
+    moe_intermediate: 512,
+    vocab: 512,
+    seed: 17,
+};
 
 #[test]
 fn what_gpt_oss_does_not_implement_is_refused_by_name() {

@@ -6,7 +6,7 @@
 use serde_json::Value;
 
 use crate::config::{
-    ConfigError, Fields, KnownKeys, Mscale, Yarn, eos_ids, rope_scaling, top_object,
+    ConfigError, Fields, KnownKeys, Yarn, YarnKeys, eos_ids, rope_scaling, top_object,
 };
 
 #[derive(Debug, Clone, PartialEq)]
@@ -148,7 +148,7 @@ impl DeepSeekV3Config {
             rms_norm_eps: f.float("rms_norm_eps")? as f32,
             rope_theta: f.float("rope_theta")?,
             max_position_embeddings: f.size("max_position_embeddings")?,
-            rope_scaling: rope_scaling(f.get("rope_scaling")?, Mscale::Required)?,
+            rope_scaling: rope_scaling(f.get("rope_scaling")?, YarnKeys::DeepSeek)?,
             eos_token_ids: eos_ids(map.get("eos_token_id"), "eos_token_id")?,
         };
         config.check()?;

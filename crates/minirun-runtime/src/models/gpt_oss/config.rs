@@ -5,7 +5,8 @@
 use serde_json::Value;
 
 use crate::config::{
-    ConfigError, Fields, KnownKeys, Mscale, Yarn, eos_ids, rope_scaling, top_object,
+    ConfigError, Fields, KnownKeys, Yarn, YarnKeys, check_grouped_moe, eos_ids, rope_scaling,
+    top_object,
 };
 
 /// How one layer attends.
@@ -119,7 +120,7 @@ impl GptOssConfig {
             layer_types: layer_types(map.get("layer_types"), num_hidden_layers)?,
             rms_norm_eps: f.float32("rms_norm_eps")?,
             rope_theta: f.float("rope_theta")?,
-            rope_scaling: rope_scaling(f.get("rope_scaling")?, Mscale::Optional)?,
+            rope_scaling: rope_scaling(f.get("rope_scaling")?, YarnKeys::GptOss)?,
             swiglu_limit: match map.get("swiglu_limit") {
                 // Both references' value when the key is absent (mlx-lm never reads it).
                 None => 7.0,
@@ -133,25 +134,15 @@ impl GptOssConfig {
     }
 
     fn check(&self) -> Result<(), ConfigError> {
+        check_grouped_moe(
+            (
+                self.num_attention_heads,
+                self.num_key_value_heads,
+                self.head_dim,
+            ),
+            (self.num_experts_per_tok, self.num_local_experts),
+        )?;
         let bad = |s: String| Err(ConfigError::Inconsistent(s));
-        if !self
-            .num_attention_heads
-            .is_multiple_of(self.num_key_value_heads)
-        {
-            return bad(format!(
-                "{} attention heads do not share {} key/value heads evenly",
-                self.num_attention_heads, self.num_key_value_heads
-            ));
-        }
-        if !self.head_dim.is_multiple_of(2) {
-            return bad("head_dim must be even (RoPE rotates pairs)".into());
-        }
-        if self.num_experts_per_tok > self.num_local_experts {
-            return bad(format!(
-                "{} experts per token out of {}",
-                self.num_experts_per_tok, self.num_local_experts
-            ));
-        }
         if self.swiglu_limit <= 0.0 {
             return bad("swiglu_limit must be positive".into());
         }

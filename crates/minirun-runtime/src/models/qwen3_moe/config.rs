@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use crate::config::{ConfigError, Fields, KnownKeys, eos_ids, top_object};
+use crate::config::{ConfigError, Fields, KnownKeys, check_grouped_moe, eos_ids, top_object};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Qwen3MoeConfig {
@@ -123,25 +123,15 @@ impl Qwen3MoeConfig {
     }
 
     fn check(&self) -> Result<(), ConfigError> {
+        check_grouped_moe(
+            (
+                self.num_attention_heads,
+                self.num_key_value_heads,
+                self.head_dim,
+            ),
+            (self.num_experts_per_tok, self.num_experts),
+        )?;
         let bad = |s: String| Err(ConfigError::Inconsistent(s));
-        if !self
-            .num_attention_heads
-            .is_multiple_of(self.num_key_value_heads)
-        {
-            return bad(format!(
-                "{} attention heads do not share {} key/value heads evenly",
-                self.num_attention_heads, self.num_key_value_heads
-            ));
-        }
-        if !self.head_dim.is_multiple_of(2) {
-            return bad("head_dim must be even (RoPE rotates pairs)".into());
-        }
-        if self.num_experts_per_tok > self.num_experts {
-            return bad(format!(
-                "{} experts per token out of {}",
-                self.num_experts_per_tok, self.num_experts
-            ));
-        }
         if let Some(&past) = self
             .mlp_only_layers
             .iter()
