@@ -123,3 +123,69 @@ impl<'a> Ends<'a> {
         Ok(apply_batch(&self.lm_head, &xs, stats)?)
     }
 }
+
+/// The `Layered` methods every pre-norm model writes alike: written once here, used inside
+/// each such architecture's `impl Layered` as `pre_norm_layered!(Config, LayerCache)`. The model
+/// struct has `config` (with `num_hidden_layers` and `rms_norm_eps`) and `ends` ([`Ends`]); its
+/// module has `layer(w, config, i)` building a `Layer<'w>`; the model has `attend(attention,
+/// xs, layer, rows, caches, stats)`, and its routed block `forward(xs, config, stats)`.
+macro_rules! pre_norm_layered {
+    ($config:ty, $cache:ty) => {
+        fn config(&self) -> &$config {
+            &self.config
+        }
+
+        fn layer<'w>(
+            config: &$config,
+            w: &$crate::weights::Weights<'w>,
+            i: usize,
+        ) -> Result<Layer<'w>, $crate::artifact::ArtifactError> {
+            layer(w, config, i)
+        }
+
+        fn new_cache(&self) -> $crate::decode_policy::SequenceCache<$cache> {
+            $crate::decode_policy::SequenceCache::new(vec![
+                <$cache>::default();
+                self.config.num_hidden_layers
+            ])
+        }
+
+        fn embed(
+            &self,
+            tokens: &[u32],
+            stats: &mut $crate::step::StepStats,
+        ) -> Result<Vec<Vec<f32>>, $crate::step::ModelError> {
+            self.ends.embed(tokens, stats)
+        }
+
+        fn run_layer(
+            &self,
+            layer: &Layer<'_>,
+            at: $crate::decode_policy::Place,
+            _tokens: &[u32],
+            hs: &mut Vec<Vec<f32>>,
+            caches: &mut [&mut $crate::decode_policy::SequenceCache<$cache>],
+            stats: &mut $crate::step::StepStats,
+        ) -> Result<(), $crate::step::ModelError> {
+            let c = &self.config;
+            layer.run(
+                hs,
+                c.rms_norm_eps,
+                |a, xs, stats| self.attend(a, xs, at.layer, at.rows, caches, stats),
+                |moe, xs, stats| moe.forward(xs, c, stats),
+                stats,
+            )
+        }
+
+        fn logits(
+            &self,
+            hs: &Vec<Vec<f32>>,
+            wanted: &[usize],
+            stats: &mut $crate::step::StepStats,
+        ) -> Result<Vec<Vec<f32>>, $crate::step::ModelError> {
+            self.ends
+                .logits(hs, wanted, self.config.rms_norm_eps, stats)
+        }
+    };
+}
+pub(crate) use pre_norm_layered;

@@ -13,11 +13,11 @@ use crate::blocks::latent_attention::{LatentCache, LatentDims, LatentProjections
 use crate::blocks::mlp::{Activation, Mlp};
 use crate::blocks::moe::{RoutedExperts, Routing, run_routed, weighted_sum};
 use crate::blocks::norm::rms_norm;
-use crate::blocks::pre_norm::{Ends, FeedForward, PreNormLayer};
+use crate::blocks::pre_norm::{Ends, FeedForward, PreNormLayer, pre_norm_layered};
 use crate::blocks::products::{add_rows, apply_batch};
 use crate::blocks::rope::{Rope, attention_scale};
 use crate::config::{ModelConfig, limits_from_fields};
-use crate::decode_policy::{Place, Rows, SequenceCache};
+use crate::decode_policy::{Rows, SequenceCache};
 use crate::experts::STACKED;
 use crate::layered_model::{Layered, LayeredModel};
 use crate::models::deepseek_v3::config::DeepSeekV3Config;
@@ -225,54 +225,7 @@ impl<'a> Layered<'a> for DeepSeekV3Model<'a> {
         })
     }
 
-    fn config(&self) -> &DeepSeekV3Config {
-        &self.config
-    }
-
-    fn layer<'w>(
-        config: &DeepSeekV3Config,
-        w: &Weights<'w>,
-        i: usize,
-    ) -> Result<Layer<'w>, ArtifactError> {
-        layer(w, config, i)
-    }
-
-    fn new_cache(&self) -> Cache {
-        SequenceCache::new(vec![LatentCache::default(); self.config.num_hidden_layers])
-    }
-
-    fn embed(&self, tokens: &[u32], stats: &mut StepStats) -> Result<Vec<Vec<f32>>, ModelError> {
-        self.ends.embed(tokens, stats)
-    }
-
-    fn run_layer(
-        &self,
-        layer: &Layer<'_>,
-        at: Place,
-        _tokens: &[u32],
-        hs: &mut Vec<Vec<f32>>,
-        caches: &mut [&mut Cache],
-        stats: &mut StepStats,
-    ) -> Result<(), ModelError> {
-        let c = &self.config;
-        layer.run(
-            hs,
-            c.rms_norm_eps,
-            |a, xs, stats| self.attend(a, xs, at.layer, at.rows, caches, stats),
-            |moe, xs, stats| moe.forward(xs, c, stats),
-            stats,
-        )
-    }
-
-    fn logits(
-        &self,
-        hs: &Vec<Vec<f32>>,
-        wanted: &[usize],
-        stats: &mut StepStats,
-    ) -> Result<Vec<Vec<f32>>, ModelError> {
-        self.ends
-            .logits(hs, wanted, self.config.rms_norm_eps, stats)
-    }
+    pre_norm_layered!(DeepSeekV3Config, LatentCache);
 }
 
 impl DeepSeekV3Model<'_> {

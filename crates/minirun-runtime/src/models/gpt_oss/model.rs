@@ -14,11 +14,11 @@ use crate::artifact::ArtifactError;
 use crate::blocks::grouped_attention::{GroupedDims, KvCache, Span, attend_head_over};
 use crate::blocks::mlp::{Activation, MlpBiases, deinterleave};
 use crate::blocks::moe::{RoutedExperts, run_routed, top_k_softmax, weighted_sum};
-use crate::blocks::pre_norm::{Ends, FeedForward, PreNormLayer};
+use crate::blocks::pre_norm::{Ends, FeedForward, PreNormLayer, pre_norm_layered};
 use crate::blocks::products::apply_batch;
 use crate::blocks::rope::Rope;
 use crate::config::{ModelConfig, limits_from_fields};
-use crate::decode_policy::{Place, Rows, SequenceCache};
+use crate::decode_policy::{Rows, SequenceCache};
 use crate::experts::{ExpertNames, GATE_UP_DOWN, STACKED};
 use crate::layered_model::{Layered, LayeredModel};
 use crate::models::gpt_oss::config::{GptOssConfig, LayerAttention, SWIGLU_ALPHA};
@@ -256,54 +256,7 @@ impl<'a> Layered<'a> for GptOssModel<'a> {
         })
     }
 
-    fn config(&self) -> &GptOssConfig {
-        &self.config
-    }
-
-    fn layer<'w>(
-        config: &GptOssConfig,
-        w: &Weights<'w>,
-        i: usize,
-    ) -> Result<Layer<'w>, ArtifactError> {
-        layer(w, config, i)
-    }
-
-    fn new_cache(&self) -> Cache {
-        SequenceCache::new(vec![KvCache::default(); self.config.num_hidden_layers])
-    }
-
-    fn embed(&self, tokens: &[u32], stats: &mut StepStats) -> Result<Vec<Vec<f32>>, ModelError> {
-        self.ends.embed(tokens, stats)
-    }
-
-    fn run_layer(
-        &self,
-        layer: &Layer<'_>,
-        at: Place,
-        _tokens: &[u32],
-        hs: &mut Vec<Vec<f32>>,
-        caches: &mut [&mut Cache],
-        stats: &mut StepStats,
-    ) -> Result<(), ModelError> {
-        let c = &self.config;
-        layer.run(
-            hs,
-            c.rms_norm_eps,
-            |a, xs, stats| self.attend(a, xs, at.layer, at.rows, caches, stats),
-            |moe, xs, stats| moe.forward(xs, c, stats),
-            stats,
-        )
-    }
-
-    fn logits(
-        &self,
-        hs: &Vec<Vec<f32>>,
-        wanted: &[usize],
-        stats: &mut StepStats,
-    ) -> Result<Vec<Vec<f32>>, ModelError> {
-        self.ends
-            .logits(hs, wanted, self.config.rms_norm_eps, stats)
-    }
+    pre_norm_layered!(GptOssConfig, KvCache);
 }
 
 impl GptOssModel<'_> {
