@@ -120,35 +120,32 @@ pub const GATE_UP_DOWN: ExpertNames = ExpertNames::Interleaved {
 };
 
 impl ExpertNames {
-    /// `(name, rows, cols)` of each projection in storage order, for `hidden` and `inner` wide
-    /// layers: gate and up `[inner, hidden]` (gate-up `[2 inner, hidden]`), down `[hidden, inner]`.
-    fn shapes(self, hidden: usize, inner: usize) -> Vec<(&'static str, usize, usize)> {
-        match self {
-            ExpertNames::Separate([gate, up, down]) => vec![
-                (gate, inner, hidden),
-                (up, inner, hidden),
-                (down, hidden, inner),
-            ],
-            ExpertNames::Interleaved { gate_up, down } => {
-                vec![(gate_up, 2 * inner, hidden), (down, hidden, inner)]
-            }
-        }
+    /// The projections, each `make(name, rows, cols)`, for `hidden` and `inner` wide layers:
+    /// gate and up `[inner, hidden]` (gate-up `[2 inner, hidden]`), down `[hidden, inner]`.
+    pub fn build<T, E>(
+        self,
+        (hidden, inner): (usize, usize),
+        mut make: impl FnMut(&'static str, usize, usize) -> Result<T, E>,
+    ) -> Result<Projections<T>, E> {
+        Ok(match self {
+            ExpertNames::Separate([gate, up, down]) => Projections::Separate {
+                gate: make(gate, inner, hidden)?,
+                up: make(up, inner, hidden)?,
+                down: make(down, hidden, inner)?,
+            },
+            ExpertNames::Interleaved { gate_up, down } => Projections::Interleaved {
+                gate_up: make(gate_up, 2 * inner, hidden)?,
+                down: make(down, hidden, inner)?,
+            },
+        })
     }
 
-    /// The expert built from its parts in [`Self::shapes`]'s order.
-    fn assemble<T>(self, parts: Vec<T>) -> Option<Projections<T>> {
-        let template = match self {
-            ExpertNames::Separate(_) => Projections::Separate {
-                gate: (),
-                up: (),
-                down: (),
-            },
-            ExpertNames::Interleaved { .. } => Projections::Interleaved {
-                gate_up: (),
-                down: (),
-            },
-        };
-        template.with_parts(parts)
+    /// The name of the projection the input meets first (gate, or gate-up).
+    fn first(self) -> &'static str {
+        match self {
+            ExpertNames::Separate([gate, ..]) => gate,
+            ExpertNames::Interleaved { gate_up, .. } => gate_up,
+        }
     }
 }
 
@@ -165,34 +162,26 @@ pub fn routed_experts(
 ) -> Result<Vec<ExpertParts>, ArtifactError> {
     let switch_mlp = format!("{prefix}.switch_mlp");
     let experts = format!("{prefix}.experts");
-    let shapes = names.shapes(hidden, inner);
     let stacked_in = |at: &str, names: ExpertNames| {
-        let stacks = names
-            .shapes(hidden, inner)
-            .into_iter()
-            .map(|(name, rows, cols)| stacked(artifact, &format!("{at}.{name}"), rows, cols, n))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok::<_, ArtifactError>(by_expert(stacks, n, names))
+        let stacks = names.build((hidden, inner), |name, rows, cols| {
+            stacked(artifact, &format!("{at}.{name}"), rows, cols, n)
+        })?;
+        (0..n)
+            .map(|e| stacks.try_map(|stack| Ok(stack[e].clone())))
+            .collect()
     };
     if matches!(names, ExpertNames::Separate(_))
         && artifact.has(&format!("{switch_mlp}.gate_proj.weight"))
     {
         return stacked_in(&switch_mlp, STACKED);
     }
-    if artifact.has_matrix(&format!("{experts}.{}", shapes[0].0)) {
+    if artifact.has_matrix(&format!("{experts}.{}", names.first())) {
         return stacked_in(&experts, names);
     }
     (0..n)
         .map(|e| {
-            let parts = shapes
-                .iter()
-                .map(|&(name, rows, cols)| {
-                    single(artifact.stack_layout(&format!("{experts}.{e}.{name}"), rows, cols)?)
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            names.assemble(parts).ok_or_else(|| ArtifactError::Tensor {
-                name: format!("{experts}.{e}"),
-                reason: "has not one matrix per projection".into(),
+            names.build((hidden, inner), |name, rows, cols| {
+                single(artifact.stack_layout(&format!("{experts}.{e}.{name}"), rows, cols)?)
             })
         })
         .collect()
@@ -214,17 +203,6 @@ fn stacked(
         });
     }
     Ok(s.matrix_parts())
-}
-
-/// Per expert, its matrix of each stack.
-fn by_expert(stacks: Vec<Vec<MatrixPart>>, n: usize, names: ExpertNames) -> Vec<ExpertParts> {
-    let mut columns: Vec<_> = stacks.into_iter().map(Vec::into_iter).collect();
-    (0..n)
-        .filter_map(|_| {
-            let parts = columns.iter_mut().filter_map(Iterator::next).collect();
-            names.assemble(parts)
-        })
-        .collect()
 }
 
 /// The one matrix of a stack of one.

@@ -65,17 +65,9 @@ impl<'w> Mlp<'w> {
         (hidden, inner): (usize, usize),
         activation: Activation,
     ) -> Result<Mlp<'w>, ArtifactError> {
-        let projections = match names {
-            ExpertNames::Separate([gate, up, down]) => Projections::Separate {
-                gate: w.matrix(gate, inner, hidden)?,
-                up: w.matrix(up, inner, hidden)?,
-                down: w.matrix(down, hidden, inner)?,
-            },
-            ExpertNames::Interleaved { gate_up, down } => Projections::Interleaved {
-                gate_up: w.matrix(gate_up, 2 * inner, hidden)?,
-                down: w.matrix(down, hidden, inner)?,
-            },
-        };
+        let projections = names.build((hidden, inner), |name, rows, cols| {
+            w.matrix(name, rows, cols)
+        })?;
         Ok(Mlp {
             projections,
             activation,
