@@ -20,8 +20,9 @@ enum Inner {
         /// DeepSeek V4's template, when the tokenizer config carries none (the publisher
         /// compiles it into its app rather than shipping one).
         v4_template: bool,
-        /// gpt-oss's harmony format: its prompt, stops and final-channel replies.
-        harmony: bool,
+        /// gpt-oss's harmony format (its prompt, stops and final-channel replies): its control
+        /// ids, looked up once, or the control tokens the vocabulary lacks.
+        harmony: Option<Result<HarmonyIds, Vec<&'static str>>>,
     },
     Kimi(Box<KimiText>),
 }
@@ -119,7 +120,7 @@ impl Text {
                     .map(|t| serde_json::from_str(t).map_err(|e| TextError::Config(e.to_string())))
                     .transpose()?,
                 v4_template: false,
-                harmony: false,
+                harmony: None,
             },
             (None, Some(model)) => Inner::Kimi(Box::new(KimiText::parse(model)?)),
             (None, None) => return Err(TextError::NoTokenizer),
@@ -162,8 +163,9 @@ impl Text {
     /// gpt-oss's chat format, harmony, rendered by minirun (see [`harmony`]) whatever template
     /// the tokenizer config carries: OpenAI's stamps the day it renders into the prompt.
     pub fn with_harmony(mut self) -> Text {
+        let ids = HarmonyIds::find(|t| self.token_id(t));
         if let Inner::HuggingFace { harmony, .. } = &mut self.inner {
-            *harmony = true;
+            *harmony = Some(ids);
         }
         self
     }
@@ -172,13 +174,13 @@ impl Text {
     /// vocabulary lacks, when it does not hold them all.
     fn harmony_ids(&self) -> Option<Result<HarmonyIds, TextError>> {
         match &self.inner {
-            Inner::HuggingFace { harmony: true, .. } => Some(
-                HarmonyIds::find(|t| self.token_id(t)).map_err(|missing| {
-                    TextError::Tokenizer(format!(
-                        "it lacks harmony's control tokens {missing:?}, which gpt-oss's chat format needs: not gpt-oss's o200k tokenizer"
-                    ))
-                }),
-            ),
+            Inner::HuggingFace {
+                harmony: Some(ids), ..
+            } => Some(ids.clone().map_err(|missing| {
+                TextError::Tokenizer(format!(
+                    "it lacks harmony's control tokens {missing:?}, which gpt-oss's chat format needs: not gpt-oss's o200k tokenizer"
+                ))
+            })),
             _ => None,
         }
     }
@@ -282,8 +284,8 @@ impl Text {
                     .and_then(|c| token_text(c.get("eos_token")))
                     .and_then(|t| self.token_id(&t));
                 let ends = match harmony {
-                    true => vec![harmony::RETURN, harmony::CALL],
-                    false => vec![],
+                    Some(_) => vec![harmony::RETURN, harmony::CALL],
+                    None => vec![],
                 };
                 let mut ids: Vec<u32> = eos.into_iter().collect();
                 for id in ends.into_iter().filter_map(|t| self.token_id(t)) {
