@@ -231,9 +231,29 @@ impl<'w> RoutedExperts<'w> {
         })
     }
 
-    /// The same experts, expert `e` adding `biases[e]`.
-    pub fn with_biases(self, biases: Vec<Arc<MlpBiases>>) -> RoutedExperts<'w> {
-        match self {
+    /// The same experts, expert `e` adding `biases[e]`; refused unless there is one per expert.
+    pub fn with_biases(
+        self,
+        biases: Vec<Arc<MlpBiases>>,
+    ) -> Result<RoutedExperts<'w>, ArtifactError> {
+        let experts = match &self {
+            RoutedExperts::Resident(held) => Some(held.len()),
+            RoutedExperts::Streamed { layer, stream, .. } => stream
+                .map
+                .get(*layer)
+                .and_then(Option::as_ref)
+                .map(Vec::len),
+            RoutedExperts::Unread => None,
+        };
+        if let Some(experts) = experts
+            && experts != biases.len()
+        {
+            return Err(ArtifactError::Tensor {
+                name: "routed experts' biases".into(),
+                reason: format!("{} for {experts} experts", biases.len()),
+            });
+        }
+        Ok(match self {
             RoutedExperts::Resident(held) => RoutedExperts::Resident(
                 held.into_iter()
                     .zip(biases)
@@ -255,7 +275,7 @@ impl<'w> RoutedExperts<'w> {
                 biases,
             },
             RoutedExperts::Unread => RoutedExperts::Unread,
-        }
+        })
     }
 }
 

@@ -169,7 +169,7 @@ fn layer<'w>(w: &Weights<'w>, c: &GptOssConfig, i: usize) -> Result<Layer<'w>, A
             (hidden, c.intermediate_size, c.num_local_experts),
             activation,
         )?
-        .with_biases(expert_biases(&mlp, names, c)?),
+        .with_biases(expert_biases(&mlp, names, c)?)?,
     };
     PreNormLayer::new(
         &w,
