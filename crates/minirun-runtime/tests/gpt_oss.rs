@@ -240,13 +240,10 @@ fn what_gpt_oss_does_not_implement_is_refused_by_name() {
         GptOssConfig::parse(&odd.to_string()),
         Err(ConfigError::Missing(key)) if key.starts_with("layer_types")
     ));
-    let mut no_sinks_window = config.clone();
-    no_sinks_window
-        .as_object_mut()
-        .unwrap()
-        .remove("sliding_window");
+    let mut no_window = config.clone();
+    no_window.as_object_mut().unwrap().remove("sliding_window");
     assert!(matches!(
-        GptOssConfig::parse(&no_sinks_window.to_string()),
+        GptOssConfig::parse(&no_window.to_string()),
         Err(ConfigError::Missing(key)) if key == "sliding_window"
     ));
 }
