@@ -7,6 +7,7 @@ mod completions;
 mod export_cmd;
 mod generate_cmd;
 mod kernel_threads;
+mod plot_cmd;
 mod quickstart_cmd;
 mod serve_cmd;
 mod serve_engine;
@@ -44,6 +45,7 @@ enum Command {
     Generate(generate_cmd::Args),
     Serve(serve_cmd::Args),
     Quickstart(quickstart_cmd::Args),
+    Plot(plot_cmd::Args),
 }
 
 impl Command {
@@ -75,5 +77,6 @@ fn main() -> ExitCode {
         Command::Generate(args) => generate_cmd::main(args),
         Command::Serve(args) => serve_cmd::main(args),
         Command::Quickstart(args) => quickstart_cmd::main(args),
+        Command::Plot(args) => plot_cmd::main(args),
     }
 }

@@ -1,5 +1,5 @@
 //! `dormouse quickstart`: the whole path in one command. Trains `nano` on the embedded corpus, exports
-//! it as bf16, explains the export and generates a sample, printing where each file went and
+//! it as bf16 (its log and curves beside), explains the export and generates a sample, printing where each file went and
 //! the commands to try next.
 
 use std::fs;
@@ -13,12 +13,16 @@ use anyhow::{Context, Result};
 use candle_core::Device;
 use dmexp::Dtype;
 use dormouse::DormouseConfig;
+use dormouse::baselines::measure;
 use dormouse::data::Corpus;
 use dormouse::export::{ExportRequest, export_run};
 use dormouse::sample::{Sampler, SamplingParams, generate};
 use dormouse::serving::load_export;
-use dormouse::train::{TrainSettings, Trainer, bits_per_byte};
+use dormouse::train::{TrainSettings, Trainer};
+use dormouse::training_run::{self, RunEvent, Schedule, TrainLog};
 use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::plot_cmd::LiveChart;
 
 #[derive(clap::Args)]
 #[command(
@@ -71,30 +75,57 @@ fn run(args: Args) -> Result<()> {
         settings.steps, settings.batch, settings.seq
     );
     let mut trainer = Trainer::new(&cfg, settings.clone(), &Device::Cpu)?;
+    let bin = ckpt_dir.join("latest.bin");
+    let (log_path, baselines) = (args.dir.join("run.jsonl"), measure(corpus.held_out())?);
+    let mut log = fresh_log(&log_path)?;
+    log.baselines(&baselines)?;
     let bar = ProgressBar::new(settings.steps).with_style(
         ProgressStyle::with_template("    {bar:30} step {pos}/{len} {msg} ETA {eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    while trainer.step < settings.steps {
-        let entry = trainer.train_step(&corpus)?;
-        bar.set_message(format!("loss {:.3}", entry.loss));
-        bar.set_position(trainer.step);
-    }
+    let schedule = Schedule {
+        eval_every: (settings.steps / 4).max(1),
+        save_every: 0,
+    };
+    let (mut chart, mut last) = (LiveChart::default(), None);
+    training_run::run_to_end(
+        &mut trainer,
+        &corpus,
+        schedule,
+        &bin,
+        &mut log,
+        |event| match event {
+            RunEvent::Step { entry, done, .. } => {
+                bar.set_message(format!("loss {:.3}", entry.loss));
+                bar.set_position(done);
+            }
+            RunEvent::Evaluated(e) => {
+                last = Some(e.bpb);
+                bar.suspend(|| chart.redraw(&log_path));
+            }
+            RunEvent::Saved { .. } => {}
+        },
+    )?;
     bar.finish_and_clear();
-    let bin = ckpt_dir.join("latest.bin");
-    trainer.save(&bin)?;
     atomic_file::write_bytes(
         &ckpt_dir.join("latest.config.toml"),
         cfg.to_toml().as_bytes(),
     )?;
-    let bpb = bits_per_byte(&trainer.model, None, corpus.held_out(), settings.seq)?;
-    let baselines = dormouse::baselines::measure(corpus.held_out())?;
     println!(
-        "    held-out bits per byte {bpb:.3} (an untrained model: 8; on the same bytes gzip -9 {:.3}, xz -9 {:.3})\n    run saved to {} (+ latest.config.toml)",
+        "    held-out bits per byte {:.3} (an untrained model: 8; on the same bytes gzip -9 {:.3}, xz -9 {:.3})\n    run saved to {} (+ latest.config.toml)\n    log {}",
+        last.unwrap_or(f64::NAN),
         baselines.gzip_9,
         baselines.xz_9,
-        bin.display()
+        bin.display(),
+        log_path.display()
     );
+    if let Some((svg, png)) = &chart.drawn {
+        println!(
+            "    curves drawn in {} and {}",
+            svg.display(),
+            png.display()
+        );
+    }
 
     println!("2/4 exporting bf16");
     let exported = export_run(&ExportRequest {
@@ -149,4 +180,15 @@ fn run(args: Args) -> Result<()> {
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// The quickstart's log, emptied: a rerun replaces what the last one wrote.
+fn fresh_log(path: &std::path::Path) -> Result<TrainLog> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("cannot replace {}", path.display()));
+        }
+        _ => {}
+    }
+    TrainLog::append_to(path).with_context(|| format!("cannot open {}", path.display()))
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{Context, Result, anyhow};
+use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
@@ -14,7 +15,6 @@ use axum::http::{Method, Uri};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
 use candle_core::Device;
 use dormouse::serving::load_export;
 use serde_json::{Value, json};
@@ -23,15 +23,16 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use http_serve::api_error::{method_not_allowed, no_route, rejected_body};
 use http_serve::lifecycle::{request_seed, unix_now};
+use http_serve::page::{About, ChatMode};
 use http_serve::{ApiError, Finish, ListenArgs};
 
-use crate::completions::{Job, MAX_BODY_BYTES, parse_request};
+use crate::completions::{Job, MAX_BODY_BYTES, MAX_TOKENS_LIMIT, parse_request};
 use crate::serve_engine::{self, Piece, Queued};
 
 #[derive(clap::Args)]
 #[command(
     about = "Serve a dormouse .dmexp export over an OpenAI-compatible HTTP API",
-    after_help = "Routes: GET /health, GET /v1/models, POST /v1/completions (stream: true for SSE).
+    after_help = "Routes: GET / (a page to talk to the model), GET /health, GET /v1/models, POST /v1/completions (stream: true for SSE), GET /api/about.
 One token is one byte. See docs/serve.md.
 
 Example:
@@ -56,6 +57,7 @@ struct AppState {
     model_id: String,
     created: u64,
     requests: AtomicU64,
+    about: About,
 }
 
 pub fn main(args: Args) -> ExitCode {
@@ -81,6 +83,7 @@ fn serve(args: Args) -> Result<()> {
     );
     let (jobs, taken) = std::sync::mpsc::channel::<Queued>();
     let max_concurrent = args.max_concurrent.max(1);
+    let about = about(&model_id, &banner, &served.header, max_concurrent);
     let model = served.model;
     let engine = std::thread::Builder::new()
         .name("decode".into())
@@ -91,6 +94,7 @@ fn serve(args: Args) -> Result<()> {
         model_id,
         created: unix_now(),
         requests: AtomicU64::new(0),
+        about,
     });
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     let listened = runtime.block_on(listen(&args, state, &banner));
@@ -111,8 +115,35 @@ fn serve(args: Args) -> Result<()> {
     Ok(())
 }
 
+/// What the page shows: a byte-level model has no chat template, so the page sends each turn
+/// as a prompt; a dormouse export is checked (CRC, header) but no publisher vouches for it.
+fn about(model_id: &str, banner: &str, header: &dmexp::Header, max_concurrent: usize) -> About {
+    About {
+        program: "dormouse",
+        model: model_id.to_string(),
+        mode: ChatMode::Completion,
+        verified: false,
+        provenance: "the export's payload checksum and header were checked when it was loaded; no publisher's statement covers it, so it is not verified against one".to_string(),
+        details: vec![
+            banner.to_string(),
+            format!("exported from {} at step {}", header.source, header.step),
+            "one token is one byte".to_string(),
+        ],
+        dial: false,
+        instruments: false,
+        max_tokens: MAX_TOKENS_LIMIT as usize,
+        context: None,
+        max_concurrent,
+    }
+}
+
+async fn about_page(State(state): State<Arc<AppState>>) -> Json<About> {
+    Json(state.about.clone())
+}
+
 async fn listen(args: &Args, state: Arc<AppState>, banner: &str) -> Result<()> {
-    let app = Router::new()
+    let app = http_serve::page::routes()
+        .route("/api/about", get(about_page))
         .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
@@ -147,7 +178,7 @@ async fn not_found(method: Method, uri: Uri) -> Response {
     no_route(
         &method,
         &uri,
-        "GET /health, GET /v1/models, POST /v1/completions",
+        "GET / (the page), GET /health, GET /v1/models, POST /v1/completions, GET /api/about",
     )
 }
 

@@ -16,6 +16,8 @@ use dormouse::train::{RunError, Trainer};
 use dormouse::training_run::{self, RunEvent, Schedule, TrainLog};
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::plot_cmd;
+
 #[derive(clap::Args)]
 #[command(
     about = "Train a byte-level dormouse model (with its Engram memory) and save the run as a checkpoint",
@@ -96,7 +98,8 @@ pub struct Args {
     /// config's engram_slots (1000000).
     #[arg(long, value_name = "N")]
     engram_slots: Option<usize>,
-    /// Append one JSON line per step and per evaluation to this file.
+    /// Append one JSON line per step and per evaluation to this file, and draw the curves
+    /// beside it at each evaluation (run.jsonl: run.svg and run.png; see `dormouse plot`).
     #[arg(long, value_name = "FILE")]
     log: Option<PathBuf>,
 }
@@ -267,6 +270,7 @@ fn train_loop(
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     bar.set_position(trainer.step);
+    let mut plot = plot_cmd::LiveChart::default();
     let schedule = Schedule {
         eval_every: args.eval_every,
         save_every: args.save_every,
@@ -287,7 +291,10 @@ fn train_loop(
             eprintln!(
                 "step {}: held-out bits per byte {:.4} (EMA teacher {:.4})",
                 e.step, e.bpb, e.ema_bpb
-            )
+            );
+            if let Some(path) = &args.log {
+                plot.redraw(path);
+            }
         }),
         RunEvent::Saved { .. } => {}
     });
@@ -302,6 +309,9 @@ fn train_loop(
         other => other?,
     }
     bar.finish_and_clear();
+    if let Some((svg, png)) = &plot.drawn {
+        eprintln!("curves drawn in {} and {}", svg.display(), png.display());
+    }
     if trainer.host.is_some() {
         eprintln!(
             "saved step {} to {} and its host-RAM memory to {}; resume it with `dormouse train --resume`. \

@@ -27,6 +27,10 @@ pub trait DecodeBatch {
 
     /// One batched step of every sequence decoding (a sequence that ends leaves the batch).
     fn step(&mut self);
+
+    /// Hears how many requests wait for room in the batch, each time the loop has admitted
+    /// what fits (for a server's instruments).
+    fn waiting(&mut self, _count: usize) {}
 }
 
 /// What the loop did, for a server's summary at shutdown.
@@ -70,6 +74,7 @@ pub fn run<B: DecodeBatch>(
         if !arriving.is_empty() {
             batch.admit(arriving);
         }
+        batch.waiting(waiting.len());
         if batch.is_empty() {
             if !open && waiting.is_empty() {
                 return counts;

@@ -3,11 +3,12 @@
 //! generated text released around stop sequences ([`text_stream`]), the decode thread's
 //! admission and stepping loop ([`decode_thread`]), and the pieces every
 //! generating server needs: its listening flags and request seeds ([`lifecycle`]), and shutting
-//! down on a signal ([`signal`]). What is served (models, requests, sampling) stays with each program.
+//! down on a signal ([`signal`]), and the page served at `/` ([`page`]). What is served (models, requests, sampling) stays with each program.
 
 pub mod api_error;
 pub mod decode_thread;
 pub mod lifecycle;
+pub mod page;
 pub mod requests;
 pub mod server;
 pub mod signal;

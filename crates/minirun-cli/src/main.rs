@@ -9,6 +9,8 @@ mod pack_cmd;
 mod run_cmd;
 mod serve_cmd;
 mod serve_engine;
+mod serve_memory;
+mod serve_meter;
 mod serve_prompt;
 mod serve_requests;
 mod sign_cmd;

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 
 use anyhow::{Context, Result, anyhow};
+use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
@@ -16,11 +17,12 @@ use axum::http::{Method, Uri};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
 use http_serve::api_error::{method_not_allowed, no_route, rejected_body};
 use http_serve::lifecycle::{request_seed, unix_now};
+use http_serve::page::{About, ChatMode};
 use http_serve::{ApiError, Finish, ListenArgs};
-use minirun_runtime::budget::Budget;
+use minirun_runtime::budget::{Budget, available_memory};
+use minirun_runtime::plan::Plan;
 use minirun_runtime::session::{Session, Trust};
 use minirun_text::Text;
 use serde_json::{Value, json};
@@ -28,10 +30,12 @@ use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::serve_engine::{self, Job, Piece};
+use crate::serve_memory::{self, Dial};
+use crate::serve_meter::{Meter, Planned};
 use crate::serve_prompt;
 use crate::serve_requests::{self, Ask, MAX_BODY_BYTES};
 
-const ROUTES: &str = "GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions";
+const ROUTES: &str = "GET / (the page), GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions, GET /api/about, GET /api/memory, GET /api/instruments";
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
@@ -73,6 +77,9 @@ struct AppState {
     verified: bool,
     created: u64,
     requests: AtomicU64,
+    about: About,
+    dial: Dial,
+    meter: Arc<Meter>,
 }
 
 /// What the decode thread reports once the model is built.
@@ -80,6 +87,9 @@ struct Ready {
     lines: Vec<String>,
     text: Arc<Text>,
     context: usize,
+    provenance: String,
+    dial: Dial,
+    meter: Arc<Meter>,
 }
 
 pub fn serve(args: &ServeArgs) -> Result<ExitCode> {
@@ -103,6 +113,19 @@ pub fn serve(args: &ServeArgs) -> Result<ExitCode> {
     for line in &ready.lines {
         eprintln!("{mark}{line}");
     }
+    let about = About {
+        program: "minirun",
+        model: model_id.clone(),
+        mode: ChatMode::Chat,
+        verified: !args.unverified,
+        provenance: ready.provenance,
+        details: ready.lines,
+        dial: true,
+        instruments: true,
+        max_tokens: ready.context,
+        context: Some(ready.context),
+        max_concurrent: usize::from(args.max_concurrent),
+    };
     let state = Arc::new(AppState {
         jobs,
         text: ready.text,
@@ -111,6 +134,9 @@ pub fn serve(args: &ServeArgs) -> Result<ExitCode> {
         verified: !args.unverified,
         created: unix_now(),
         requests: AtomicU64::new(0),
+        about,
+        dial: ready.dial,
+        meter: ready.meter,
     });
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     let listened = runtime.block_on(listen(args, state));
@@ -145,6 +171,7 @@ fn spawn_engine(
         false => Trust::Verified(minirun_store::SealKey::existing_for_user()?),
     };
     let (budget, reads_in_flight) = (args.budget, args.reads_in_flight);
+    let shown_artifact = crate::shown(&args.artifact);
     let (max_concurrent, context) = (usize::from(args.max_concurrent), args.context);
     std::thread::Builder::new()
         .name("decode".into())
@@ -159,21 +186,38 @@ fn spawn_engine(
                 };
                 let max_positions = session.architecture.max_positions();
                 let context = context.map_or(max_positions.min(4096), |c| c as usize);
-                let model = match plan_and_build(
+                let built = plan_and_build(
                     &session,
                     budget,
                     reads_in_flight,
                     context,
                     max_concurrent,
                     max_positions,
-                ) {
-                    Ok((model, lines)) => {
+                );
+                let (model, meter) = match built {
+                    Ok((model, plan, lines)) => {
+                        let tokens = context.saturating_mul(max_concurrent);
+                        let dial = serve_memory::dial(
+                            &session,
+                            &plan,
+                            tokens,
+                            &shown_artifact,
+                            available_memory(),
+                        );
+                        let meter = Arc::new(Meter::new(Planned {
+                            budget: plan.budget,
+                            resident_bytes: plan.resident_bytes + plan.held_bytes,
+                            read_per_token: serve_memory::read_per_token(&plan),
+                        }));
                         let _ = ready.send(Ok(Ready {
                             lines,
                             text: session.text.clone(),
                             context,
+                            provenance: session.artifact.provenance.clone(),
+                            dial,
+                            meter: meter.clone(),
                         }));
-                        model
+                        (model, meter)
                     }
                     Err(e) => {
                         let _ = ready.send(Err(e));
@@ -184,7 +228,7 @@ fn spawn_engine(
                     max_concurrent,
                     context,
                 };
-                serve_engine::run(&session, &model, &taken, limits)
+                serve_engine::run(&session, &model, &taken, limits, &meter)
             })
         })
         .context("cannot start the decode thread")
@@ -197,7 +241,7 @@ fn plan_and_build<'s>(
     context: usize,
     max_concurrent: usize,
     max_positions: usize,
-) -> Result<(minirun_runtime::model::Model<'s>, Vec<String>)> {
+) -> Result<(minirun_runtime::model::Model<'s>, Plan, Vec<String>)> {
     if context > max_positions {
         return Err(anyhow!(
             "--context {context} is more than the model's max_position_embeddings {max_positions}"
@@ -215,11 +259,14 @@ fn plan_and_build<'s>(
     lines.push(format!(
         "up to {max_concurrent} requests of at most {context} tokens decode together; each step reads every weight once for all of them"
     ));
-    Ok((model, lines))
+    Ok((model, plan, lines))
 }
 
 async fn listen(args: &ServeArgs, state: Arc<AppState>) -> Result<()> {
-    let app = Router::new()
+    let app = http_serve::page::routes()
+        .route("/api/about", get(about))
+        .route("/api/memory", get(memory))
+        .route("/api/instruments", get(instruments))
         .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
@@ -231,13 +278,25 @@ async fn listen(args: &ServeArgs, state: Arc<AppState>) -> Result<()> {
     let listener = http_serve::bind(&args.listen.host, args.listen.port).await?;
     let bound = listener.local_addr()?;
     eprintln!(
-        "serving {} on http://{bound}/v1 (Ctrl-C to stop)",
+        "serving {} on http://{bound}/v1, its page on http://{bound}/ (Ctrl-C to stop)",
         state.model_id
     );
     let limits = args.listen.limits(MAX_BODY_BYTES);
     drop(state);
     http_serve::serve_until_signal(listener, app, limits, "serve").await;
     Ok(())
+}
+
+async fn about(State(state): State<Arc<AppState>>) -> Json<About> {
+    Json(state.about.clone())
+}
+
+async fn memory(State(state): State<Arc<AppState>>) -> Json<Dial> {
+    Json(state.dial.clone())
+}
+
+async fn instruments(State(state): State<Arc<AppState>>) -> Response {
+    Json(state.meter.snapshot(std::time::Instant::now())).into_response()
 }
 
 async fn health() -> Json<Value> {

@@ -7,16 +7,19 @@
 
 use std::collections::HashMap;
 use std::sync::mpsc::Receiver;
+use std::time::Instant;
 
 use http_serve::decode_thread::{self, DecodeBatch};
 use http_serve::{ApiError, Finish, TextStream};
 use minirun_runtime::batch::{Batch, Event, Request};
+use minirun_runtime::decoder::Decoder;
 use minirun_runtime::generate::StopReason;
 use minirun_runtime::model::Model;
 use minirun_runtime::session::{IncrementalText, Session};
 use minirun_runtime::step::StepStats;
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::serve_meter::{Meter, Pass};
 use crate::serve_requests::{Ask, Prompt};
 
 /// A request on its way to the decode thread: its prompt already as ids (tokenized by the
@@ -72,7 +75,9 @@ struct Live<'t> {
 /// The batch and the requests it answers, as the decode thread drives them.
 struct Requests<'s, 'm> {
     session: &'s Session,
+    model: &'m Model<'m>,
     batch: Batch<'m, Model<'m>>,
+    meter: &'m Meter,
     live: HashMap<u64, Live<'s>>,
     stop: Vec<u32>,
     context: usize,
@@ -82,10 +87,18 @@ struct Requests<'s, 'm> {
 /// Runs until `jobs` closes and every request taken has ended; at most
 /// `limits.max_concurrent` decode at once, the others wait in arrival order
 /// (`http_serve::decode_thread`).
-pub fn run(session: &Session, model: &Model, jobs: &Receiver<Job>, limits: Limits) -> Summary {
+pub fn run(
+    session: &Session,
+    model: &Model,
+    jobs: &Receiver<Job>,
+    limits: Limits,
+    meter: &Meter,
+) -> Summary {
     let mut requests = Requests {
         session,
+        model,
         batch: Batch::new(model),
+        meter,
         live: HashMap::new(),
         stop: session.stop_ids(),
         context: limits.context,
@@ -111,6 +124,7 @@ impl DecodeBatch for Requests<'_, '_> {
     /// prompts of those admitted as the rows of shared passes.
     fn admit(&mut self, arriving: Vec<(u64, Job)>) {
         let session = self.session;
+        self.meter.count_requests(arriving.len() as u64);
         let mut admitted = Vec::new();
         for (id, job) in arriving {
             let Job {
@@ -136,6 +150,7 @@ impl DecodeBatch for Requests<'_, '_> {
         if admitted.is_empty() {
             return;
         }
+        let (started, before) = (Instant::now(), self.generated_tokens);
         let mut stats = StepStats::default();
         let (live, generated) = (&mut self.live, &mut self.generated_tokens);
         let mut heard = |id, event| hear(live, generated, id, event);
@@ -144,9 +159,11 @@ impl DecodeBatch for Requests<'_, '_> {
                 let _ = gone.reply.send(Piece::Failed(error.to_string()));
             }
         }
+        self.record(started, before, &stats);
     }
 
     fn step(&mut self) {
+        let (started, before) = (Instant::now(), self.generated_tokens);
         let mut stats = StepStats::default();
         let (live, generated) = (&mut self.live, &mut self.generated_tokens);
         let mut heard = |id, event| hear(live, generated, id, event);
@@ -157,6 +174,30 @@ impl DecodeBatch for Requests<'_, '_> {
                 }
             }
         }
+        self.meter.count_step();
+        self.record(started, before, &stats);
+    }
+
+    fn waiting(&mut self, count: usize) {
+        self.meter.set_waiting(count);
+    }
+}
+
+impl Requests<'_, '_> {
+    /// Tells the instruments what the pass that began at `started` did.
+    fn record(&self, started: Instant, tokens_before: u64, stats: &StepStats) {
+        let now = Instant::now();
+        let pass = Pass {
+            tokens: self.generated_tokens - tokens_before,
+            read_bytes: stats.expert_read_bytes + stats.layer_read_bytes,
+            cache_hits: stats.expert_cache_hits,
+            cache_misses: stats.expert_cache_misses,
+            wall: now.saturating_duration_since(started),
+            io_wait: stats.io_time,
+            batch: self.batch.len(),
+            expert_bytes: self.model.expert_memory().map_or(0, |(held, _)| held),
+        };
+        self.meter.record(pass, now);
     }
 }
 
