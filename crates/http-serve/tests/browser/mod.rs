@@ -110,9 +110,8 @@ impl PageDriver {
         let started = Instant::now();
         loop {
             let value = self.js(expression);
-            let truthy = !matches!(&value, Value::Null | Value::Bool(false))
-                && value != Value::from(0)
-                && value != Value::from("");
+            let truthy =
+                !matches!(&value, Value::Null | Value::Bool(false)) && value != 0 && value != "";
             if truthy {
                 return value;
             }
