@@ -260,6 +260,49 @@ fn the_page_chats_like_run_shows_the_dial_and_the_instruments_and_raises_no_erro
         "the page scrolls sideways at a phone's width"
     );
     page.screenshot("minirun-serve-phone");
+
+    // Clear, then Stop: a long reply stopped while it streams is marked so, and the server lets
+    // it go. (The conversation is cleared first: with it, 200 more tokens would not fit the
+    // fixture's context of 256.)
+    page.click("#clear");
+    assert_eq!(
+        page.js("document.querySelectorAll('#messages article').length"),
+        0
+    );
+    page.retype("#max-tokens", "200");
+    page.type_into("#prompt", "And again, at length.");
+    page.press("Enter");
+    page.wait_for(
+        "the long reply to start",
+        "(() => {
+            const replies = [...document.querySelectorAll('#messages article[data-role=assistant]')];
+            const last = replies[replies.length - 1];
+            return replies.length === 1 && last.dataset.state === 'streaming'
+                && last.querySelector('.content').textContent.length > 0;
+        })()",
+        long,
+    );
+    page.click("#stop");
+    page.wait_for(
+        "the reply to show it was stopped",
+        "[...document.querySelectorAll('#messages article[data-role=assistant]')].pop().dataset.state === 'stopped'",
+        long,
+    );
+    let started = std::time::Instant::now();
+    while server.get("/api/instruments")["batch"] != 0 {
+        assert!(
+            started.elapsed() < long,
+            "the server kept decoding a stopped reply"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let tokens = server.get("/api/instruments")["totals"]["tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        tokens < 2 * generated + 200,
+        "the stopped reply ran to its end"
+    );
     assert!(
         page.errors().is_empty(),
         "the page raised errors: {:#?}",
