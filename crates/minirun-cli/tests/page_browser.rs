@@ -7,15 +7,15 @@
 
 #[path = "../../http-serve/tests/browser/mod.rs"]
 mod browser;
+mod serving;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::Receiver;
+use std::process::Command;
 use std::time::Duration;
 
 use browser::PageDriver;
 use serde_json::Value;
+use serving::Server;
 
 const PROMPT: &str = "Tell me about clocks.";
 const MAX_TOKENS: usize = 24;
@@ -54,62 +54,6 @@ fn packed(dir: &Path) -> PathBuf {
     out
 }
 
-struct Server {
-    child: Child,
-    base: String,
-    _log: Receiver<String>,
-}
-
-impl Server {
-    fn start(artifact: &Path, extra: &[&str]) -> Server {
-        let mut child = minirun()
-            .arg("serve")
-            .arg(artifact)
-            .args(["--port", "0"])
-            .args(extra)
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start minirun serve");
-        let lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let (send, log) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in lines.map_while(Result::ok) {
-                let _ = send.send(line);
-            }
-        });
-        let mut said = Vec::new();
-        let address = loop {
-            let line = log
-                .recv_timeout(Duration::from_secs(120))
-                .unwrap_or_else(|_| panic!("serve printed no address; it said {said:#?}"));
-            if let Some(rest) = line.split("on http://").nth(1) {
-                break rest.split("/v1").next().unwrap().to_string();
-            }
-            said.push(line);
-        };
-        Server {
-            child,
-            base: format!("http://{address}"),
-            _log: log,
-        }
-    }
-
-    fn get(&self, path: &str) -> Value {
-        ureq::get(&format!("{}{path}", self.base))
-            .call()
-            .unwrap()
-            .into_json()
-            .unwrap()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// The text of the last assistant message once it is done streaming (null before).
 const LAST_REPLY_DONE: &str = "(() => {
     const replies = [...document.querySelectorAll('#messages article[data-role=assistant]')];
@@ -133,14 +77,14 @@ fn the_page_chats_like_run_shows_the_dial_and_the_instruments_and_raises_no_erro
     let generated = ran["generated_tokens"].as_u64().unwrap();
     assert!(!expected.is_empty(), "the fixture's reply is empty: {ran}");
 
-    let server = Server::start(&artifact, &["--unverified", "--budget", "floor"]);
+    let server = Server::start(minirun(), &artifact, &["--unverified", "--budget", "floor"]);
     // The page's files come from the binary, and may load nothing from anywhere else.
     for (path, kind) in [
         ("/", "text/html"),
         ("/page/app.js", "text/javascript"),
         ("/page/style.css", "text/css"),
     ] {
-        let response = ureq::get(&format!("{}{path}", server.base)).call().unwrap();
+        let response = ureq::get(&server.url(path)).call().unwrap();
         assert!(
             response.content_type().starts_with(kind),
             "{path}: {}",
@@ -160,7 +104,7 @@ fn the_page_chats_like_run_shows_the_dial_and_the_instruments_and_raises_no_erro
         (about["mode"].as_str(), about["context"].as_u64()),
         (Some("chat"), Some(256))
     );
-    let page = PageDriver::open(&format!("{}/", server.base), (1280, 1700));
+    let page = PageDriver::open(&server.url("/"), (1280, 1700));
     let long = Duration::from_secs(120);
 
     // Who is served, and that nobody vouches for its bytes.

@@ -6,13 +6,13 @@
 //! `tools/requirements-openai.txt`, installed into `target/openai-venv` on first use: that
 //! needs Python >= 3.11 and the PyPI registry).
 
-use std::io::{BufRead, BufReader};
+mod serving;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc::Receiver;
-use std::time::Duration;
+use std::process::{Command, Output};
 
 use serde_json::{Value, json};
+use serving::{Server, post};
 
 fn minirun() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_minirun"));
@@ -69,92 +69,6 @@ fn run_json(
     serde_json::from_slice(&ok(command.output().unwrap()).stdout).unwrap()
 }
 
-struct Server {
-    child: Child,
-    base: String,
-    log: Receiver<String>,
-}
-
-impl Server {
-    fn start(artifact: &Path, extra: &[&str]) -> Server {
-        let mut child = minirun()
-            .arg("serve")
-            .arg(artifact)
-            .args(["--port", "0"])
-            .args(extra)
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start minirun serve");
-        let lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let (send, log) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in lines.map_while(Result::ok) {
-                let _ = send.send(line);
-            }
-        });
-        let mut header = Vec::new();
-        let address = loop {
-            let line = log
-                .recv_timeout(Duration::from_secs(120))
-                .unwrap_or_else(|_| panic!("serve printed no address; it said {header:#?}"));
-            if let Some(rest) = line.split("on http://").nth(1) {
-                break rest.split("/v1").next().unwrap().to_string();
-            }
-            header.push(line);
-        };
-        Server {
-            child,
-            base: format!("http://{address}"),
-            log,
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-
-    fn post(&self, path: &str, body: &Value) -> Result<Value, (u16, Value)> {
-        post(&self.url(path), body)
-    }
-
-    /// The data lines of a streamed answer, in order.
-    fn stream(&self, path: &str, body: &Value) -> Vec<String> {
-        let response = ureq::post(&self.url(path)).send_json(body.clone()).unwrap();
-        assert_eq!(response.content_type(), "text/event-stream");
-        BufReader::new(response.into_reader())
-            .lines()
-            .map(Result::unwrap)
-            .filter_map(|l| l.strip_prefix("data: ").map(str::to_string))
-            .collect()
-    }
-
-    /// SIGTERM; the exit status and what it said from then on.
-    fn stop(mut self) -> (Option<i32>, Vec<String>) {
-        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).unwrap();
-        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-        let status = self.child.wait().unwrap();
-        // Read until the reader thread hangs up at EOF: it may still be forwarding the last lines.
-        let said =
-            std::iter::from_fn(|| self.log.recv_timeout(Duration::from_secs(10)).ok()).collect();
-        (status.code(), said)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn post(url: &str, body: &Value) -> Result<Value, (u16, Value)> {
-    match ureq::post(url).send_json(body.clone()) {
-        Ok(r) => Ok(r.into_json().unwrap()),
-        Err(ureq::Error::Status(code, r)) => Err((code, r.into_json().unwrap())),
-        Err(e) => panic!("transport error {e}"),
-    }
-}
-
 fn text_of(answer: &Value) -> String {
     answer["choices"][0]["text"].as_str().unwrap().to_string()
 }
@@ -163,7 +77,11 @@ fn text_of(answer: &Value) -> String {
 fn serve_answers_what_run_generates_alone_and_together_streams_and_refuses_bad_requests() {
     let dir = tempfile::tempdir().unwrap();
     let artifact = packed(dir.path(), "tiny");
-    let server = Server::start(&artifact, &["--unverified", "--max-concurrent", "8"]);
+    let server = Server::start(
+        minirun(),
+        &artifact,
+        &["--unverified", "--max-concurrent", "8"],
+    );
 
     let health = ureq::get(&server.url("/health")).call().unwrap();
     assert_eq!(health.into_json::<Value>().unwrap()["status"], "ok");
@@ -371,7 +289,11 @@ fn a_prompt_too_long_in_bytes_is_refused_while_others_decode() {
     let dir = tempfile::tempdir().unwrap();
     let artifact = packed_k3_with_tiktoken(dir.path());
     let ran = run_json(&artifact, "The clockmaker", 24, false, &[]);
-    let server = Server::start(&artifact, &["--unverified", "--max-concurrent", "2"]);
+    let server = Server::start(
+        minirun(),
+        &artifact,
+        &["--unverified", "--max-concurrent", "2"],
+    );
     let url = server.url("/v1/completions");
     let body = json!({"prompt": "The clockmaker", "max_tokens": 24, "temperature": 0});
     let word = "lock".repeat(250_000);
@@ -414,7 +336,7 @@ fn a_verified_artifact_is_served_from_its_evidence_and_one_without_is_refused() 
     );
 
     ok(minirun().arg("verify").arg(&artifact).output().unwrap());
-    let server = Server::start(&artifact, &[]);
+    let server = Server::start(minirun(), &artifact, &[]);
     let models: Value = ureq::get(&server.url("/v1/models"))
         .call()
         .unwrap()
@@ -464,7 +386,7 @@ fn the_official_openai_client_chats_streams_and_completes() {
     let python = client_python();
     let dir = tempfile::tempdir().unwrap();
     let artifact = packed(dir.path(), "tiny");
-    let server = Server::start(&artifact, &["--unverified"]);
+    let server = Server::start(minirun(), &artifact, &["--unverified"]);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/openai_chat_check.py");
     let out = Command::new(python)
         .arg(script)
