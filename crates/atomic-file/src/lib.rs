@@ -266,26 +266,32 @@ pub fn create_dirs_beneath(root: &Path, relative: &Path) -> std::io::Result<()> 
                     format!("{} is {what}: refusing to write through it", at.display()),
                 ));
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => match std::fs::create_dir(&at) {
-                Ok(()) => {}
-                // Another writer made it meanwhile: check it as if it had been there.
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    if !std::fs::symlink_metadata(&at)?.file_type().is_dir() {
-                        return Err(std::io::Error::new(
-                            std::io::ErrorKind::InvalidInput,
-                            format!(
-                                "{} is not a folder: refusing to write through it",
-                                at.display()
-                            ),
-                        ));
-                    }
-                }
-                Err(e) => return Err(e),
-            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => create_missing_dir(&at)?,
             Err(e) => return Err(e),
         }
     }
     Ok(())
+}
+
+/// Creates the folder `at`, found missing a moment ago. Another writer may have made it
+/// meanwhile: what is there then is checked as if it had been there before.
+fn create_missing_dir(at: &Path) -> std::io::Result<()> {
+    match std::fs::create_dir(at) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            if std::fs::symlink_metadata(at)?.file_type().is_dir() {
+                return Ok(());
+            }
+            Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "{} is not a folder: refusing to write through it",
+                    at.display()
+                ),
+            ))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 #[cfg(test)]
@@ -451,5 +457,77 @@ mod tests {
             "another file's is left to its own next write"
         );
         assert_eq!(std::fs::read(&path).unwrap(), b"whole");
+    }
+
+    #[test]
+    fn a_bare_file_name_lives_in_the_current_folder() {
+        assert_eq!(parent_dir(Path::new("name.bin")), PathBuf::from("."));
+        assert_eq!(parent_dir(Path::new("a/name.bin")), PathBuf::from("a"));
+    }
+
+    #[test]
+    fn a_folder_that_cannot_be_opened_is_an_error_not_a_flush() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing");
+        assert!(sync_dir(&missing).is_err());
+        assert!(sync_filesystem(&missing).is_err());
+    }
+
+    /// Only a target that is already there means "already there": a rename that fails for
+    /// another reason (here the temporary file vanished) is an error.
+    #[test]
+    fn a_new_file_whose_rename_fails_otherwise_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("new.bin");
+        let placed: Result<Placed, AtomicWriteError> =
+            write_new_with(&path, Options::default(), |_| {
+                for entry in std::fs::read_dir(dir.path()).unwrap().flatten() {
+                    std::fs::remove_file(entry.path()).unwrap();
+                }
+                Ok(())
+            });
+        assert!(placed.is_err(), "{placed:?}");
+        assert!(!path.exists());
+    }
+
+    /// A temporary file of a writer still running (any live process but this one) is its,
+    /// not stale: the next write leaves it.
+    #[test]
+    fn a_running_writers_temporary_file_is_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("payload.bin");
+        let live = format!(".payload.bin.1-abc{TEMP_SUFFIX}");
+        std::fs::write(dir.path().join(&live), b"in progress").unwrap();
+        write_bytes(&path, b"content").unwrap();
+        assert!(dir.path().join(&live).exists(), "{:?}", names(dir.path()));
+    }
+
+    /// What another writer made between the check and the creation is checked in turn: a
+    /// folder is used, anything else refused.
+    #[test]
+    fn a_folder_made_meanwhile_is_used_and_anything_else_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let made = dir.path().join("made");
+        create_missing_dir(&made).unwrap();
+        create_missing_dir(&made).unwrap();
+        assert!(made.is_dir());
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        assert_eq!(
+            create_missing_dir(&file).unwrap_err().kind(),
+            io::ErrorKind::InvalidInput
+        );
+        std::os::unix::fs::symlink(&made, dir.path().join("link")).unwrap();
+        assert_eq!(
+            create_missing_dir(&dir.path().join("link"))
+                .unwrap_err()
+                .kind(),
+            io::ErrorKind::InvalidInput
+        );
+        let orphan = dir.path().join("no/such/parent");
+        assert_eq!(
+            create_missing_dir(&orphan).unwrap_err().kind(),
+            io::ErrorKind::NotFound
+        );
     }
 }

@@ -124,6 +124,23 @@ fn any_flipped_payload_bit_is_a_checksum_error() {
     assert!(decode_err(&corrupt).to_string().contains("checksum"));
 }
 
+/// The limits are exact: a file of exactly the prefix's 24 bytes is long enough to read its
+/// prefix (what is wrong with it comes after), and a header of exactly the largest length
+/// allowed is not too large.
+#[test]
+fn the_layout_limits_are_exact_at_their_boundaries() {
+    let bytes = valid();
+    let prefix_only = &bytes[..24];
+    let err = decode_err(prefix_only);
+    assert!(
+        matches!(err, Error::HeaderPastEnd { file_len: 24, .. }),
+        "{err:?}"
+    );
+    let at_limit = with_prefix(|p| p.header_len = dmexp::layout::MAX_HEADER_LEN);
+    let err = decode_err(&at_limit);
+    assert!(matches!(err, Error::HeaderPastEnd { .. }), "{err:?}");
+}
+
 #[test]
 fn wrong_magic_names_the_file_kind_and_what_to_run() {
     let mut checkpoint = b"DMTRAIN\0".to_vec();

@@ -42,7 +42,36 @@ fn every_dtype_round_trips_with_the_exact_file_length() {
                 assert_eq!(original, back, "f32 must be bit-exact");
             }
         }
+        every_reader_gives_the_same_file_and_values(&encoded, &bytes, export);
     }
+}
+
+/// `write_to` writes what `to_bytes` holds; a view widens each tensor to the values `decode`
+/// gave; `into_tensors` hands over every tensor, in order.
+fn every_reader_gives_the_same_file_and_values(
+    encoded: &dmexp::Encoded,
+    bytes: &[u8],
+    export: dmexp::Export,
+) {
+    let mut written = Vec::new();
+    encoded.write_to(&mut written).unwrap();
+    assert_eq!(written, bytes);
+    let bits = |values: &[f32]| values.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+    let view = dmexp::view(bytes).unwrap();
+    let decoded: Vec<(String, Vec<u32>)> = export
+        .tensors()
+        .map(|(entry, values)| (entry.name.clone(), bits(values)))
+        .collect();
+    for (name, values) in &decoded {
+        let mut widened = vec![f32::NAN; values.len()];
+        view.widen_into(name, &mut widened).unwrap();
+        assert_eq!(&bits(&widened), values, "{name}");
+    }
+    let owned: Vec<(String, Vec<u32>)> = export
+        .into_tensors()
+        .map(|(entry, values)| (entry.name, bits(&values)))
+        .collect();
+    assert_eq!(owned, decoded);
 }
 
 #[test]

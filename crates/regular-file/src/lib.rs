@@ -113,10 +113,21 @@ mod tests {
             (dir.path(), "a directory"),
             (Path::new("/dev/zero"), "a character device"),
         ] {
-            let err = open(path).unwrap_err();
+            let err = open_within(path, std::time::Duration::from_secs(5)).unwrap_err();
             assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
             assert!(err.to_string().contains(what), "{err}");
         }
         assert!(open(&dir.path().join("absent")).is_err());
+    }
+
+    /// [`open`] on another thread, failing the test (instead of hanging it) if the open has
+    /// not returned within `limit`: an open that waits for a FIFO's writer is the bug.
+    fn open_within(path: &Path, limit: std::time::Duration) -> io::Result<File> {
+        let (sent, opened) = std::sync::mpsc::channel();
+        let path = path.to_path_buf();
+        std::thread::spawn(move || sent.send(open(&path)));
+        opened
+            .recv_timeout(limit)
+            .unwrap_or_else(|_| panic!("opening took more than {limit:?}: it waited on the file"))
     }
 }
