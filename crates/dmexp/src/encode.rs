@@ -166,12 +166,15 @@ impl<'a> Plan<'a> {
         let dtype = self.header.dtype;
         let width = dtype.size() as usize;
         let (filled_tx, filled) = mpsc::sync_channel::<(Vec<u8>, usize)>(PIECES_IN_FLIGHT);
-        let (spare_tx, spare) = mpsc::sync_channel::<Vec<u8>>(PIECES_IN_FLIGHT + 1);
         let largest = self.tensors.iter().map(|t| t.values.len()).max();
         let piece_values = STREAM_VALUES.min(largest.unwrap_or(0));
-        for _ in 0..=PIECES_IN_FLIGHT {
-            // Cannot fail: the channel holds exactly this many.
-            let _ = spare_tx.send(vec![0u8; piece_values * width]);
+        let buffers: Vec<Vec<u8>> = (0..=PIECES_IN_FLIGHT)
+            .map(|_| vec![0u8; piece_values * width])
+            .collect();
+        // The pool's channel is sized by the buffers it holds, so handing them in never waits.
+        let (spare_tx, spare) = mpsc::sync_channel::<Vec<u8>>(buffers.len());
+        for buffer in buffers {
+            let _ = spare_tx.send(buffer);
         }
         std::thread::scope(|scope| {
             let narrower = scope.spawn(move || {
@@ -219,14 +222,13 @@ fn write_pieces(
 /// Pieces narrowed ahead of the write.
 const PIECES_IN_FLIGHT: usize = 3;
 
-/// Values from which pass one is split across two threads.
-const PARALLEL_SCAN_VALUES: usize = 1 << 20;
-
 /// Pass one over every value: the statistics, or the first value (in payload order) that
 /// cannot be stored. A large export is scanned as two halves on two threads.
 fn scan_all(tensors: &[TensorRef<'_>], dtype: Dtype) -> Result<StatsAcc, Error> {
+    // Values from which the scan is split across two threads.
+    let parallel_from: usize = 1 << 20;
     let total: usize = tensors.iter().map(|t| t.values.len()).sum();
-    if total < PARALLEL_SCAN_VALUES {
+    if total < parallel_from {
         return scan_pieces(&pieces(tensors, 0, total), dtype);
     }
     let (front, back) = (
@@ -396,5 +398,56 @@ mod tests {
         let crc = plan.write_payload(&mut payload).unwrap();
         assert_eq!(payload.len(), values.len() * 2);
         assert_eq!(crc, crc32fast::hash(&payload));
+    }
+
+    /// A large export's scan runs as two halves on two threads: together they count every
+    /// value once (the values narrowed to zero on both sides of the split, the extremes), as
+    /// the one-thread scan of a small export does.
+    #[test]
+    fn a_large_export_is_scanned_in_halves_that_count_each_value_once() {
+        // Above the size (2^20 values) from which the scan runs as two halves.
+        let n = (1 << 20) + 1001;
+        let mut first = vec![0.5f32; n / 3];
+        let mut second = vec![0.25f32; n - n / 3];
+        // 1e-30 is below f16's smallest subnormal: narrowed to zero, counted as flushed.
+        for i in [0, 7, n / 3 - 1] {
+            first[i] = 1e-30;
+        }
+        let half = n / 2 - n / 3;
+        for i in [half - 1, half, half + 1, second.len() - 1] {
+            second[i] = -1e-30;
+        }
+        second[half + 5] = -3.0;
+        let (d1, d2) = ([first.len() as u64], [second.len() as u64]);
+        let tensors = [
+            TensorRef {
+                name: "a",
+                dims: &d1,
+                values: &first,
+            },
+            TensorRef {
+                name: "b",
+                dims: &d2,
+                values: &second,
+            },
+        ];
+        let halves = scan_all(&tensors, Dtype::F16).unwrap().finish();
+        assert_eq!(halves.flushed, 7);
+        assert_eq!(halves.max_abs, 3.0);
+        let whole = scan_pieces(&pieces(&tensors, 0, n), Dtype::F16)
+            .unwrap()
+            .finish();
+        assert_eq!(
+            (
+                halves.flushed,
+                halves.max_abs.to_bits(),
+                halves.min_nonzero_abs.to_bits()
+            ),
+            (
+                whole.flushed,
+                whole.max_abs.to_bits(),
+                whole.min_nonzero_abs.to_bits()
+            )
+        );
     }
 }

@@ -142,12 +142,13 @@ fn f16_overflow_is_refused_naming_tensor_index_value_and_bf16() {
                 value: v,
                 dtype,
                 suggest,
-                ..
+                max,
             } => {
                 assert_eq!(
                     (tensor.as_str(), *index, *dtype, *suggest),
                     ("w", 2, Dtype::F16, Dtype::Bf16)
                 );
+                assert_eq!(*max, 65504.0, "f16's largest finite value");
                 assert_eq!(v.to_bits(), value.to_bits());
             }
             other => panic!("expected Overflow, got {other:?}"),
@@ -175,8 +176,9 @@ fn bf16_overflow_at_f32_max_is_refused_naming_f32() {
                     dtype: Dtype::Bf16,
                     suggest: Dtype::F32,
                     index: 0,
+                    max,
                     ..
-                }
+                } if max.to_bits() == 0x7F7F_0000
             ),
             "{err:?}"
         );
