@@ -450,4 +450,41 @@ mod tests {
             )
         );
     }
+
+    /// `pieces` cuts the concatenation of the tensors at `start` and `end`, each piece named
+    /// by its tensor and placed by its offset in it.
+    #[test]
+    fn pieces_cut_the_concatenated_values_where_asked() {
+        let values: Vec<f32> = (0..13).map(|i| i as f32).collect();
+        let (a, b, c) = (&values[..4], &values[4..10], &values[10..]);
+        let dims = [[4u64], [6], [3]];
+        let tensors = [
+            TensorRef {
+                name: "a",
+                dims: &dims[0],
+                values: a,
+            },
+            TensorRef {
+                name: "b",
+                dims: &dims[1],
+                values: b,
+            },
+            TensorRef {
+                name: "c",
+                dims: &dims[2],
+                values: c,
+            },
+        ];
+        let cut: Vec<(&str, usize, Vec<f32>)> = pieces(&tensors, 5, 12)
+            .iter()
+            .map(|p| (p.tensor, p.offset, p.values.to_vec()))
+            .collect();
+        assert_eq!(
+            cut,
+            [
+                ("b", 1, vec![5.0, 6.0, 7.0, 8.0, 9.0]),
+                ("c", 0, vec![10.0, 11.0])
+            ]
+        );
+    }
 }

@@ -181,14 +181,14 @@ fn stream_payload(file: &File, start: u64, len: u64) -> std::io::Result<(u32, Un
     let mut hasher = crc32fast::Hasher::new();
     let mut stats = UntypedStats::new();
     let mut buf = vec![0u8; STREAM_CHUNK.min(len as usize)];
-    let mut done = 0u64;
-    while done < len {
-        let n = (len - done).min(buf.len() as u64) as usize;
+    // Offsets by a fixed step: every read advances (a zero step panics at once rather than
+    // looping without reading).
+    for offset in (0..len).step_by(STREAM_CHUNK) {
+        let n = (len - offset).min(buf.len() as u64) as usize;
         let chunk = &mut buf[..n];
-        file.read_exact_at(chunk, start + done)?;
+        file.read_exact_at(chunk, start + offset)?;
         hasher.update(chunk);
         stats.observe(chunk);
-        done += n as u64;
     }
     Ok((hasher.finalize(), stats))
 }

@@ -24,6 +24,45 @@ fn write_fixture(path: &Path) -> dmexp::Written {
     dmexp::encode_to_path(path, &fixture.meta, &fixture.refs(), Dtype::Bf16).unwrap()
 }
 
+/// An export built in memory and written with `write_atomic` is the same file byte for byte.
+#[test]
+fn an_encoded_export_is_written_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("latest.f32.dmexp");
+    let fixture = golden_fixture();
+    let encoded = dmexp::encode(&fixture.meta, &fixture.refs(), Dtype::F32).unwrap();
+    dmexp::write_atomic(&path, &encoded).unwrap();
+    assert_eq!(fs::read(&path).unwrap(), encoded.to_bytes());
+    assert_eq!(names_in(dir.path()), ["latest.f32.dmexp"]);
+}
+
+/// A payload of several 1 MiB reads, the last one short, is checked and read lazily whole.
+#[test]
+fn a_payload_larger_than_one_read_opens_lazily() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("large.f32.dmexp");
+    let values: Vec<f32> = (0..700_001).map(|i| (i % 977) as f32 * 0.25).collect();
+    let dims = [values.len() as u64];
+    let meta = ExportMeta {
+        source: "large.bin@step1".into(),
+        step: 1,
+        config: toml::Table::new(),
+    };
+    let tensors = [TensorRef {
+        name: "w",
+        dims: &dims,
+        values: &values,
+    }];
+    dmexp::encode_to_path(&path, &meta, &tensors, Dtype::F32).unwrap();
+    let lazy = DmexpFile::open(&path).unwrap();
+    let (_, read) = lazy.read_tensor("w").unwrap();
+    assert!(
+        read.iter()
+            .zip(&values)
+            .all(|(r, v)| r.to_bits() == v.to_bits())
+    );
+}
+
 #[test]
 fn written_file_reads_back_whole_and_lazily() {
     let dir = tempfile::tempdir().unwrap();
