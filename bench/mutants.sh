@@ -10,7 +10,7 @@
 # (equivalent code). Any other survivor fails this script.
 #
 #   bench/mutants.sh                  every scope below (hours on a 2-core machine)
-#   bench/mutants.sh --scope dmexp    one scope (repeatable)
+#   bench/mutants.sh --scope dmexp    one scope, by its name in the table (repeatable)
 #   bench/mutants.sh --in-diff REV    only mutants on the lines changed since REV (what CI runs)
 #   bench/mutants.sh --shard K/N      the K-th of N slices of each scope
 #
@@ -23,15 +23,15 @@ cd "$(dirname "$0")/.."
 VERSION=27.1.0
 tools=target/tools
 
-# scope = package[:file,file,...] (no files: the whole package).
+# scope = [label|]package[:file,file,...] (no files: the whole package; no label: the package).
 all_scopes=(
   "dmexp"
   "minirun-format"
   "minirun-store"
   "atomic-file"
   "regular-file"
-  "minirun-pack:crates/minirun-pack/src/check.rs"
-  "minirun-kernels:crates/minirun-kernels/src/row.rs,crates/minirun-kernels/src/int8_fold.rs"
+  "minirun-pack-check|minirun-pack:crates/minirun-pack/src/check.rs"
+  "minirun-kernels-reductions|minirun-kernels:crates/minirun-kernels/src/row.rs,crates/minirun-kernels/src/int8_fold.rs"
 )
 
 scopes=()
@@ -51,27 +51,40 @@ if [ ${#scopes[@]} -eq 0 ]; then
 else
   for i in "${!scopes[@]}"; do
     for full in "${all_scopes[@]}"; do
-      [ "${full%%:*}" = "${scopes[$i]}" ] && scopes[$i]="$full"
+      case "$full" in
+        "${scopes[$i]}|"*|"${scopes[$i]}:"*|"${scopes[$i]}") scopes[$i]="$full" ;;
+      esac
     done
   done
 fi
 
-if ! "$tools/bin/cargo-mutants" mutants --version 2>/dev/null | grep -qx "cargo-mutants $VERSION"; then
-  echo "installing cargo-mutants $VERSION into $tools (a few minutes, once)" >&2
-  cargo install --quiet cargo-mutants --version "$VERSION" --locked --root "$tools"
-fi
-export PATH="$PWD/$tools/bin:$PATH"
-
 # The paths a scope mutates.
 scope_paths() {
-  local package="${1%%:*}" files=""
-  [[ "$1" == *:* ]] && files="${1#*:}"
+  local spec="${1#*|}"
+  local package="${spec%%:*}" files=""
+  [[ "$spec" == *:* ]] && files="${spec#*:}"
   if [ -n "$files" ]; then
     tr ',' '\n' <<<"$files"
   else
     echo "crates/$package/src"
   fi
 }
+
+# With --in-diff and no scope touched there is nothing to mutate: the tool is not even installed.
+touched=1
+if [ -n "$in_diff" ]; then
+  touched=0
+  for scope in "${scopes[@]}"; do
+    mapfile -t paths < <(scope_paths "$scope")
+    git diff --quiet "$in_diff" -- "${paths[@]}" || touched=1
+  done
+fi
+if [ "$touched" = 1 ] \
+    && ! "$tools/bin/cargo-mutants" mutants --version 2>/dev/null | grep -qx "cargo-mutants $VERSION"; then
+  echo "installing cargo-mutants $VERSION into $tools (a few minutes, once)" >&2
+  cargo install --quiet cargo-mutants --version "$VERSION" --locked --root "$tools"
+fi
+export PATH="$PWD/$tools/bin:$PATH"
 
 count() {
   if [ -f "$1" ]; then grep -c . "$1" || true; else echo 0; fi
@@ -80,9 +93,10 @@ count() {
 failed=0
 rows=()
 for scope in "${scopes[@]}"; do
-  package="${scope%%:*}"
-  name="${package}"
-  [[ "$scope" == *:* ]] && name="$package-$(basename "$(scope_paths "$scope" | head -1)" .rs)"
+  spec="${scope#*|}"
+  package="${spec%%:*}"
+  name="${scope%%|*}"
+  name="${name%%:*}"
   out="target/mutants/$name"
   rm -rf "$out" && mkdir -p "$out"
   args=(--package "$package" --output "$out" --jobs 1 --no-shuffle --colors never)
