@@ -22,6 +22,7 @@ use http_serve::lifecycle::{request_seed, unix_now};
 use http_serve::page::{About, ChatMode};
 use http_serve::{ApiError, Finish, ListenArgs};
 use minirun_runtime::budget::{Budget, available_memory};
+use minirun_runtime::model_weights::ModelWeights;
 use minirun_runtime::plan::Plan;
 use minirun_runtime::session::{Session, Trust};
 use minirun_text::Text;
@@ -195,10 +196,11 @@ fn spawn_engine(
                     max_positions,
                 );
                 let (model, meter) = match built {
-                    Ok((model, plan, lines)) => {
+                    Ok((model, plan, weights, lines)) => {
                         let tokens = context.saturating_mul(max_concurrent);
                         let dial = serve_memory::dial(
                             &session,
+                            &weights,
                             &plan,
                             tokens,
                             &shown_artifact,
@@ -241,7 +243,12 @@ fn plan_and_build<'s>(
     context: usize,
     max_concurrent: usize,
     max_positions: usize,
-) -> Result<(minirun_runtime::model::Model<'s>, Plan, Vec<String>)> {
+) -> Result<(
+    minirun_runtime::model::Model<'s>,
+    Plan,
+    ModelWeights,
+    Vec<String>,
+)> {
     if context > max_positions {
         return Err(anyhow!(
             "--context {context} is more than the model's max_position_embeddings {max_positions}"
@@ -259,7 +266,7 @@ fn plan_and_build<'s>(
     lines.push(format!(
         "up to {max_concurrent} requests of at most {context} tokens decode together; each step reads every weight once for all of them"
     ));
-    Ok((model, plan, lines))
+    Ok((model, plan, experts, lines))
 }
 
 async fn listen(args: &ServeArgs, state: Arc<AppState>) -> Result<()> {

@@ -4,6 +4,7 @@
 //! budget would do and the command that runs it; it never claims to change this one.
 
 use minirun_runtime::budget::Budget;
+use minirun_runtime::model_weights::ModelWeights;
 use minirun_runtime::plan::{Mode, Plan};
 use minirun_runtime::session::Session;
 use serde::Serialize;
@@ -48,9 +49,11 @@ pub struct DialPlan {
     pub command: String,
 }
 
-/// The dial for a server running `running`, planned for `context_tokens` like it.
+/// The dial for a server running `running` (planned from `weights`), planned for
+/// `context_tokens` like it.
 pub fn dial(
     session: &Session,
+    weights: &ModelWeights,
     running: &Plan,
     context_tokens: usize,
     artifact: &str,
@@ -69,7 +72,7 @@ pub fn dial(
     for (label, budget) in presets {
         // A preset the planner refuses (none should: each is at or above the floor) is left
         // off the dial rather than shown with made-up figures.
-        if let Ok((plan, _)) = session.plan(budget, context_tokens)
+        if let Ok(plan) = session.plan_for(weights, budget, context_tokens)
             && plans.iter().all(|p| p.budget != plan.budget)
         {
             plans.push(entry(label, &plan, false, artifact));

@@ -199,10 +199,21 @@ impl Session {
             .architecture
             .weights(&self.artifact)
             .map_err(ModelError::from)?;
-        let plan = self
-            .architecture
-            .plan(&self.artifact, &weights, budget, context_tokens)?;
+        let plan = self.plan_for(&weights, budget, context_tokens)?;
         Ok((plan, weights))
+    }
+
+    /// [`Self::plan`] for weights already listed (by an earlier plan of this session): other
+    /// budgets planned for the same model without listing its weights again.
+    pub fn plan_for(
+        &self,
+        weights: &ModelWeights,
+        budget: Budget,
+        context_tokens: usize,
+    ) -> Result<Plan, SessionError> {
+        Ok(self
+            .architecture
+            .plan(&self.artifact, weights, budget, context_tokens)?)
     }
 
     /// The plan for the budget the user gave, or, when they gave none, for everything
