@@ -13,6 +13,7 @@
 #   bench/mutants.sh --scope dmexp    one scope, by its name in the table (repeatable)
 #   bench/mutants.sh --in-diff REV    only mutants on the lines changed since REV (what CI runs)
 #   bench/mutants.sh --shard K/N      the K-th of N slices of each scope
+#   bench/mutants.sh --jobs N         test N mutants at once (each in its own build folder)
 #
 # Prints caught / missed / unviable / timeouts per scope and the missed and timed-out mutants;
 # exits 1 if any scope has a missed or timed-out mutant. Outcomes stay in
@@ -37,12 +38,14 @@ all_scopes=(
 scopes=()
 in_diff=""
 shard=""
+jobs=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --scope) scopes+=("$2"); shift 2 ;;
     --in-diff) in_diff="$2"; shift 2 ;;
     --shard) shard="$2"; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    --jobs) jobs="$2"; shift 2 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 1 ;;
   esac
 done
@@ -99,7 +102,7 @@ for scope in "${scopes[@]}"; do
   name="${name%%:*}"
   out="target/mutants/$name"
   rm -rf "$out" && mkdir -p "$out"
-  args=(--package "$package" --output "$out" --jobs 1 --no-shuffle --colors never)
+  args=(--package "$package" --output "$out" --jobs "$jobs" --no-shuffle --colors never)
   while read -r path; do
     [[ "$path" == *.rs ]] && args+=(--file "$path")
   done < <(scope_paths "$scope")

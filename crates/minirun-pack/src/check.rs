@@ -5,7 +5,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use minirun_format::tile::{HEADER_BYTES, TileContainer};
+use minirun_format::tile::{HEADER_BYTES, Layout, TileContainer};
 use rayon::prelude::*;
 
 use crate::PackError;
@@ -339,23 +339,12 @@ impl Ctx<'_> {
         tile: u64,
         tensor: &str,
     ) -> Result<(), CheckError> {
-        let l = c.layout;
         let start = c
             .tile_range(tile)
             .map_err(|e| self.differs(Some(tile), "header", tensor, 0, e.to_string()))?
             .start;
-        let pads = [
-            (start + l.packed_bytes, l.packed_region - l.packed_bytes),
-            (
-                start + l.scale_offset + l.scale_bytes,
-                l.scale_region - l.scale_bytes,
-            ),
-            (
-                start + l.bias_offset + l.bias_bytes,
-                l.bias_region - l.bias_bytes,
-            ),
-        ];
-        for (at, len) in pads.into_iter().filter(|(_, len)| *len > 0) {
+        for (offset, len) in padding_of(&c.layout) {
+            let at = start + offset;
             let mut buf = vec![0u8; len as usize];
             file.read_exact_at(&mut buf, at)
                 .map_err(|e| PackError::io(self.dir.join(self.file), e))?;
@@ -417,33 +406,198 @@ impl Ctx<'_> {
         region: &str,
         tensor: &str,
     ) -> Result<u64, CheckError> {
-        let mut done = 0;
-        let (mut a, mut b) = (Vec::new(), Vec::new());
-        while done < len {
-            let n = (len - done).min(CHUNK) as usize;
-            a.resize(n, 0);
-            b.resize(n, 0);
-            let read = |f: &File, buf: &mut [u8], off: u64, what: &str| {
-                f.read_exact_at(buf, off).map_err(|e| {
-                    self.differs(
-                        tile,
-                        region,
-                        tensor,
-                        off,
-                        format!("cannot read the {what}: {e}"),
-                    )
-                })
-            };
-            read(ours, &mut a, at + done, "artifact")?;
-            read(src, &mut b, src_at + done, "source")?;
-            if let Some(i) = a.iter().zip(&b).position(|(x, y)| x != y) {
-                let off = done + i as u64;
-                return Err(self.differs(tile, region, tensor, at + off,
-                    format!("byte {off} of the {region} is {:#04x} in the artifact and {:#04x} in the source", a[i], b[i])));
-            }
-            (self.progress)(n as u64);
-            done += n as u64;
+        let spans = Spans {
+            ours_at: at,
+            source_at: src_at,
+            len,
+        };
+        match first_difference(ours, src, spans, CHUNK, self.progress) {
+            Ok(None) => Ok(len),
+            Ok(Some(d)) => Err(self.differs(tile, region, tensor, at + d.offset,
+                format!("byte {} of the {region} is {:#04x} in the artifact and {:#04x} in the source", d.offset, d.ours, d.source))),
+            Err(Unreadable { offset, what, error }) => Err(self.differs(
+                tile,
+                region,
+                tensor,
+                offset,
+                format!("cannot read the {what}: {error}"),
+            )),
         }
-        Ok(len)
+    }
+}
+
+/// The bytes of a tile that hold no data, as (offset from the tile's start, length): each
+/// region's tail past its payload (empty where the payload fills the region).
+fn padding_of(l: &Layout) -> [(u64, u64); 3] {
+    [
+        (l.packed_bytes, l.packed_region - l.packed_bytes),
+        (l.scale_offset + l.scale_bytes, l.scale_region - l.scale_bytes),
+        (l.bias_offset + l.bias_bytes, l.bias_region - l.bias_bytes),
+    ]
+}
+
+/// Where two equal-length byte ranges lie: one in the artifact, one in the source.
+#[derive(Debug, Clone, Copy)]
+struct Spans {
+    ours_at: u64,
+    source_at: u64,
+    len: u64,
+}
+
+/// The first byte at which the two ranges differ, counted from their starts.
+#[derive(Debug, PartialEq, Eq)]
+struct ByteDifference {
+    offset: u64,
+    ours: u8,
+    source: u8,
+}
+
+/// A read that failed, at its offset in the file it was reading.
+#[derive(Debug)]
+struct Unreadable {
+    offset: u64,
+    what: &'static str,
+    error: std::io::Error,
+}
+
+/// Compares the two ranges `chunk` bytes at a time, reporting each chunk to `progress`.
+/// A zero `chunk` panics at once (`step_by`) rather than looping without reading.
+fn first_difference(
+    ours: &File,
+    source: &File,
+    spans: Spans,
+    chunk: u64,
+    progress: &dyn Fn(u64),
+) -> Result<Option<ByteDifference>, Unreadable> {
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for done in (0..spans.len).step_by(chunk as usize) {
+        let n = (spans.len - done).min(chunk) as usize;
+        a.resize(n, 0);
+        b.resize(n, 0);
+        let read = |f: &File, buf: &mut [u8], offset: u64, what: &'static str| {
+            f.read_exact_at(buf, offset).map_err(|error| Unreadable {
+                offset,
+                what,
+                error,
+            })
+        };
+        read(ours, &mut a, spans.ours_at + done, "artifact")?;
+        read(source, &mut b, spans.source_at + done, "source")?;
+        if let Some(i) = a.iter().zip(&b).position(|(x, y)| x != y) {
+            return Ok(Some(ByteDifference {
+                offset: done + i as u64,
+                ours: a[i],
+                source: b[i],
+            }));
+        }
+        progress(n as u64);
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    fn file_of(bytes: &[u8]) -> File {
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(bytes).unwrap();
+        f
+    }
+
+    /// Runs `first_difference` with a 4-byte chunk and returns its answer and the progress sum.
+    fn differ(ours: &[u8], source: &[u8], spans: Spans) -> (Option<ByteDifference>, u64) {
+        let reported = AtomicU64::new(0);
+        let progress = |n: u64| {
+            reported.fetch_add(n, Ordering::Relaxed);
+        };
+        let found = first_difference(&file_of(ours), &file_of(source), spans, 4, &progress)
+            .unwrap_or_else(|e| panic!("read failed at {}: {}", e.offset, e.error));
+        (found, reported.into_inner())
+    }
+
+    #[test]
+    fn padding_is_each_regions_tail_past_its_payload() {
+        let layout = Layout {
+            packed_bytes: 10,
+            scale_bytes: 3,
+            bias_bytes: 5,
+            packed_region: 16,
+            scale_region: 16,
+            bias_region: 16,
+            scale_offset: 16,
+            bias_offset: 32,
+            tile_stride: 48,
+            first_tile_offset: 64,
+            total_bytes: 112,
+        };
+        assert_eq!(padding_of(&layout), [(10, 6), (19, 13), (37, 11)]);
+    }
+
+    const SOURCE: &[u8] = b"..0123456789abcdef";
+    const OURS: &[u8] = b"0123456789abcdef";
+
+    fn spans(len: u64) -> Spans {
+        Spans {
+            ours_at: 0,
+            source_at: 2,
+            len,
+        }
+    }
+
+    #[test]
+    fn equal_ranges_over_several_chunks_report_every_byte_once() {
+        assert_eq!(differ(OURS, SOURCE, spans(16)), (None, 16));
+        // A length that is not a multiple of the chunk: the last chunk is short, not past the end.
+        assert_eq!(differ(&OURS[..10], SOURCE, spans(10)), (None, 10));
+    }
+
+    #[test]
+    fn a_difference_in_a_later_chunk_is_found_at_its_offset_from_the_start() {
+        for at in [0usize, 3, 4, 9, 15] {
+            let mut ours = OURS.to_vec();
+            ours[at] = b'#';
+            let (found, reported) = differ(&ours, SOURCE, spans(16));
+            assert_eq!(
+                found,
+                Some(ByteDifference {
+                    offset: at as u64,
+                    ours: b'#',
+                    source: SOURCE[at + 2],
+                }),
+                "difference at {at}"
+            );
+            assert_eq!(reported, (at as u64 / 4) * 4, "chunks before the difference");
+        }
+    }
+
+    #[test]
+    fn ranges_start_where_their_spans_say() {
+        let ours = b"xyz0123456789abcdef";
+        let found = differ(
+            ours,
+            SOURCE,
+            Spans {
+                ours_at: 3,
+                source_at: 2,
+                len: 16,
+            },
+        );
+        assert_eq!(found, (None, 16));
+    }
+
+    #[test]
+    fn a_range_past_the_end_of_a_file_is_unreadable_at_its_offset() {
+        let err = first_difference(
+            &file_of(OURS),
+            &file_of(SOURCE),
+            spans(17),
+            4,
+            &|_| {},
+        )
+        .unwrap_err();
+        assert_eq!((err.offset, err.what), (16, "artifact"));
     }
 }

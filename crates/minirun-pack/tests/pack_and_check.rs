@@ -582,3 +582,158 @@ fn a_v4_scale_that_scales_no_quantized_tensor_is_refused() {
     );
     assert!(fs::read_dir(out.path()).unwrap().next().is_none());
 }
+
+/// The unit manifests of a packed artifact, with their directories' names.
+fn units(artifact: &Path) -> Vec<UnitManifest> {
+    let mut names: Vec<String> = fs::read_dir(artifact)
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| e.path().join("manifest.json").is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names.iter().map(|n| manifest(artifact, n)).collect()
+}
+
+/// A check counts every byte it compared with the source: each container's packed, scale and
+/// bias streams and each blob's members, once.
+#[test]
+fn check_reports_every_source_byte_it_compared() {
+    for name in ["mlx-affine4", "gptoss-mxfp4", "deepseek-fp8"] {
+        let out = tempfile::tempdir().unwrap();
+        pack_into(&fixture(name), out.path());
+        let mut expected = 0;
+        for unit in units(out.path()) {
+            for file in &unit.files {
+                expected += match file {
+                    FileEntry::TileContainer {
+                        packed,
+                        scales,
+                        biases,
+                        ..
+                    } => packed.bytes + scales.bytes + biases.as_ref().map_or(0, |b| b.bytes),
+                    FileEntry::Blob { bytes, .. } => *bytes,
+                };
+            }
+        }
+        let reported = std::sync::atomic::AtomicU64::new(0);
+        let progress = |n: u64| {
+            reported.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        };
+        let report = check(out.path(), &fixture(name), &progress).unwrap();
+        assert!(expected > 0, "{name}");
+        assert_eq!(report.bytes_compared, expected, "{name}");
+        assert_eq!(reported.into_inner(), expected, "{name}: progress");
+    }
+}
+
+/// Every padding byte must be zero: a nonzero byte at the first or the last byte of a tile's
+/// packed or scale padding is found, at its offset. (Only fp8-e4m3-block containers pad; affine,
+/// the only mode with biases, fills whole pages, so there is no bias padding to plant a byte in.)
+#[test]
+fn check_finds_a_nonzero_byte_anywhere_in_a_tiles_padding() {
+    let src = tempfile::tempdir().unwrap();
+    // 64 x 192 bytes in 64 x 64 blocks is three quarters of a page: the packed region ends in
+    // a quarter page of padding, and the 3 scales in a page less 3 bytes.
+    let weight: Vec<u8> = (0..64 * 192).map(|i| (i * 7 % 251) as u8).collect();
+    let scales: Vec<u8> = (0..3).map(|i| 120 + i as u8).collect();
+    let views = vec![
+        (
+            "model.layers.0.self_attn.wq.weight".to_string(),
+            TensorView::new(Dtype::F8_E4M3, vec![64, 192], &weight).unwrap(),
+        ),
+        (
+            "model.layers.0.self_attn.wq.weight_scale_inv".to_string(),
+            TensorView::new(Dtype::F8_E8M0, vec![1, 3], &scales).unwrap(),
+        ),
+    ];
+    safetensors::serialize_to_file(views, None, &src.path().join("model.safetensors")).unwrap();
+    let config = r#"{"model_type": "deepseek_v4", "quantization_config": {"quant_method": "fp8", "weight_block_size": [64, 64]}}"#;
+    fs::write(src.path().join("config.json"), config).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    pack(src.path(), out.path(), &PackOptions::default(), &|_| {}).unwrap();
+    let path = out
+        .path()
+        .join("layer00/model.layers.0.self_attn.wq.fp8tile");
+    let bytes = fs::read(&path).unwrap();
+    let c = TileContainer::parse(&bytes[..HEADER_BYTES as usize], bytes.len() as u64).unwrap();
+    let l = c.layout;
+    let start = c.tile_range(0).unwrap().start;
+    let pads = [
+        ("packed", start + l.packed_bytes, l.packed_region - l.packed_bytes),
+        (
+            "scales",
+            start + l.scale_offset + l.scale_bytes,
+            l.scale_region - l.scale_bytes,
+        ),
+    ];
+    for (region, at, len) in pads {
+        assert!(len > 0, "{region}: no padding to plant a byte in");
+        for byte in [at, at + len - 1] {
+            let f = fs::OpenOptions::new().write(true).open(&path).unwrap();
+            f.write_all_at(&[0x01], byte).unwrap();
+            match check(out.path(), src.path(), &|_| {}) {
+                Err(CheckError::Differs(d)) => assert_eq!(
+                    (d.region.as_str(), d.tile, d.file_offset),
+                    ("padding", Some(0), byte),
+                    "{region} padding"
+                ),
+                other => panic!("{region} padding at {byte}: {other:?}"),
+            }
+            f.write_all_at(&[0x00], byte).unwrap();
+        }
+    }
+    check(out.path(), src.path(), &|_| {}).unwrap();
+}
+
+/// A manifest whose source reference differs from the checkpoint's tensor in any one field is
+/// refused, even when every other field matches.
+#[test]
+fn a_source_reference_wrong_in_one_field_is_refused() {
+    let out = tempfile::tempdir().unwrap();
+    pack_into(&fixture("mlx-affine4"), out.path());
+    let path = out.path().join("layer00/manifest.json");
+    let original = fs::read(&path).unwrap();
+    let lies: [(&str, serde_json::Value); 5] = [
+        ("dtype", "F16".into()),
+        ("shape", serde_json::json!([1, 1])),
+        ("shard", "other.safetensors".into()),
+        ("shard_offset", 8.into()),
+        ("bytes", 4.into()),
+    ];
+    for (field, lie) in lies {
+        let mut json: serde_json::Value = serde_json::from_slice(&original).unwrap();
+        let packed = json["files"]
+            .as_array_mut()
+            .unwrap()
+            .iter_mut()
+            .find_map(|f| f.get_mut("packed"))
+            .expect("a tile container in layer00");
+        packed[field] = lie;
+        fs::write(&path, serde_json::to_vec(&json).unwrap()).unwrap();
+        let err = check(out.path(), &fixture("mlx-affine4"), &|_| {}).unwrap_err();
+        assert!(
+            matches!(&err, CheckError::Differs(d) if d.region == "manifest"),
+            "{field}: {err}"
+        );
+    }
+    fs::write(&path, &original).unwrap();
+    check(out.path(), &fixture("mlx-affine4"), &|_| {}).unwrap();
+}
+
+/// A blob with bytes after its last member is refused, though every member matches.
+#[test]
+fn a_blob_longer_than_its_members_is_refused() {
+    let out = tempfile::tempdir().unwrap();
+    pack_into(&fixture("mlx-affine4"), out.path());
+    let blob = out.path().join("layer00/layer00-plain.blob");
+    let mut bytes = fs::read(&blob).unwrap();
+    bytes.push(0);
+    fs::write(&blob, &bytes).unwrap();
+    let err = check(out.path(), &fixture("mlx-affine4"), &|_| {}).unwrap_err();
+    assert!(
+        matches!(&err, CheckError::Differs(d) if d.region == "member"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("the file has"), "{err}");
+}
