@@ -229,3 +229,61 @@ pub fn write(root: &Path, evidence: &Evidence, key: &SealKey) -> std::io::Result
 pub fn erase(root: &Path) {
     let _ = std::fs::remove_file(evidence_path(root));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use minirun_format::tree::RepoFile;
+
+    fn file(path: &str, size: u64, algorithm: &str, hex: &str) -> (String, RepoFile) {
+        let digest = FileDigest::parse(algorithm, hex).unwrap();
+        let file = RepoFile {
+            path: path.to_string(),
+            size,
+            digest,
+        };
+        (path.to_string(), file)
+    }
+
+    /// The digest plan's identity, computed independently with Python's hashlib from the
+    /// definition above.
+    #[test]
+    fn the_tree_identity_is_sha256_over_the_length_prefixed_plan() {
+        let tree = Tree {
+            repo: "team/model".into(),
+            revision: "0123456789abcdef0123456789abcdef01234567".into(),
+            files: [
+                file(
+                    "layer00/w.tile",
+                    3,
+                    "sha256",
+                    "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad",
+                ),
+                file(
+                    "index.json",
+                    2,
+                    "git-blob-sha1",
+                    "9e26dfeeb6e641a33dae4961196235bdb965b21b",
+                ),
+            ]
+            .into_iter()
+            .collect(),
+        };
+        assert_eq!(
+            tree_identity(&tree),
+            "66ed720c9082e6b8b339d11ac213342b4b15aab8eb4c8e37bb827c634b2e2b0a"
+        );
+    }
+
+    #[test]
+    fn evidence_lives_in_the_artifacts_own_folder_and_erasing_removes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = evidence_path(dir.path());
+        assert_eq!(path, dir.path().join(".minirun/evidence.json"));
+        std::fs::create_dir(dir.path().join(".minirun")).unwrap();
+        std::fs::write(&path, b"{}").unwrap();
+        erase(dir.path());
+        assert!(!path.exists());
+        erase(dir.path());
+    }
+}

@@ -72,3 +72,53 @@ fn nanos_since_epoch(time: std::time::SystemTime) -> i128 {
         Err(before) => -(before.duration().as_nanos() as i128),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    #[test]
+    fn times_are_whole_nanoseconds_since_the_epoch_on_either_side_of_it() {
+        let after = UNIX_EPOCH + Duration::new(2, 250_000_000);
+        let before = UNIX_EPOCH - Duration::new(1, 500_000_000);
+        assert_eq!(nanos_since_epoch(after), 2_250_000_000);
+        assert_eq!(nanos_since_epoch(before), -1_500_000_000);
+        assert_eq!(nanos_since_epoch(UNIX_EPOCH), 0);
+    }
+
+    #[test]
+    fn a_files_identity_carries_its_times_to_the_nanosecond() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let made_after = SystemTime::now() - Duration::from_secs(1);
+        std::fs::write(&path, b"12345").unwrap();
+        let file = std::fs::File::options().write(true).open(&path).unwrap();
+        let mtime = UNIX_EPOCH + Duration::new(1_700_000_000, 123_456_789);
+        file.set_modified(mtime).unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        let id = FileIdentity::of(&meta);
+        assert_eq!(id.mtime_ns, 1_700_000_000_123_456_789);
+        assert_eq!((id.device, id.inode, id.size), (meta.dev(), meta.ino(), 5));
+        // The status-change time is the kernel's clock when the mtime was set: now, give or
+        // take a second, and split into the seconds and nanoseconds stat reports.
+        let now = nanos_since_epoch(SystemTime::now() + Duration::from_secs(1));
+        assert!(
+            (nanos_since_epoch(made_after)..now).contains(&id.ctime_ns),
+            "{id:?}"
+        );
+        assert_eq!(
+            (
+                id.ctime_ns.div_euclid(1_000_000_000),
+                id.ctime_ns.rem_euclid(1_000_000_000)
+            ),
+            (i128::from(meta.ctime()), i128::from(meta.ctime_nsec()))
+        );
+        if let Some(birth) = id.birth_ns {
+            assert!(
+                (nanos_since_epoch(made_after)..now).contains(&birth),
+                "{id:?}"
+            );
+        }
+    }
+}

@@ -361,4 +361,77 @@ mod tests {
             Err(LayoutError::Evidence(StoreError::Changed { .. }))
         ));
     }
+
+    #[test]
+    fn a_buffer_knows_its_length_and_what_it_holds_in_memory() {
+        let empty = AlignedBuf::new(0);
+        assert!(empty.is_empty());
+        assert_eq!(empty.allocated(), SLOT_ALIGN);
+        let five = AlignedBuf::new(5);
+        assert!(!five.is_empty());
+        assert_eq!((five.len(), five.allocated()), (5, 5 + SLOT_ALIGN));
+    }
+
+    #[test]
+    fn a_pool_at_exactly_its_limit_keeps_what_it_holds() {
+        let pool = BufferPool::new();
+        let held = (40_000 + SLOT_ALIGN) as u64;
+        pool.set_limit(held);
+        drop(pool.buffer(40_000));
+        assert_eq!(pool.kept_bytes(), held);
+        pool.set_limit(held);
+        assert_eq!(pool.kept_bytes(), held, "nothing is over the limit");
+        pool.set_limit(held - 1);
+        assert_eq!(pool.kept_bytes(), 0);
+    }
+
+    /// Whether this folder's filesystem takes `O_DIRECT` opens (tmpfs does not).
+    fn takes_direct(path: &std::path::Path) -> bool {
+        rustix::fs::open(
+            path,
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECT,
+            rustix::fs::Mode::empty(),
+        )
+        .is_ok()
+    }
+
+    /// Aligned reads bypass the page cache where the filesystem allows it; a read aligned at
+    /// one end only goes through the cache (an `O_DIRECT` read of it would be refused).
+    #[test]
+    fn only_reads_aligned_at_both_ends_go_direct() {
+        let dir = tempfile::tempdir().unwrap();
+        let content: Vec<u8> = (0..65536u32).map(|i| (i % 253) as u8).collect();
+        let path = dir.path().join("w.tile");
+        std::fs::write(&path, &content).unwrap();
+        std::fs::write(dir.path().join("empty.tile"), b"").unwrap();
+        let files = ArtifactFiles::unverified(dir.path()).unwrap();
+        let file = files.open_streamed("w.tile").unwrap();
+        assert_eq!(
+            (file.path(), file.len(), file.is_empty()),
+            ("w.tile", 65536, false)
+        );
+        let direct = takes_direct(&path);
+        assert_eq!(file.supports_direct(), direct);
+        let block = DIRECT_BLOCK as usize;
+        let expected = if direct {
+            ReadPath::Direct
+        } else {
+            ReadPath::BufferedDontNeed
+        };
+        for (offset, len, path) in [
+            (block, 2 * block, expected),
+            (0, 100, ReadPath::BufferedDontNeed),
+            (100, block, ReadPath::BufferedDontNeed),
+        ] {
+            let mut buf = AlignedBuf::new(len);
+            assert_eq!(
+                file.read_into(offset as u64, &mut buf).unwrap(),
+                path,
+                "{len} at {offset}"
+            );
+            assert_eq!(buf.as_slice(), &content[offset..offset + len]);
+        }
+        let empty = files.open_streamed("empty.tile").unwrap();
+        assert_eq!((empty.len(), empty.is_empty()), (0, true));
+    }
 }

@@ -389,4 +389,160 @@ mod tests {
         assert!(root.open_component_wise("../x").is_err());
         assert!(root.open_component_wise("real//f").is_err());
     }
+
+    /// (close-on-exec, the file status flags) of an open descriptor.
+    fn flags_of(fd: impl rustix::fd::AsFd) -> (bool, OFlags) {
+        let cloexec = rustix::io::fcntl_getfd(&fd)
+            .unwrap()
+            .contains(rustix::io::FdFlags::CLOEXEC);
+        (cloexec, rustix::fs::fcntl_getfl(&fd).unwrap())
+    }
+
+    fn tree() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("real")).unwrap();
+        std::fs::write(dir.path().join("real/f"), b"0123456789").unwrap();
+        std::fs::write(dir.path().join("top"), b"t").unwrap();
+        std::os::unix::fs::symlink("real", dir.path().join("linked")).unwrap();
+        std::os::unix::fs::symlink("top", dir.path().join("top-link")).unwrap();
+        std::os::unix::fs::symlink("f", dir.path().join("real/g")).unwrap();
+        dir
+    }
+
+    /// No descriptor the root opens leaks into a child process, and files are opened without
+    /// blocking (a FIFO planted in the artifact cannot hang an open).
+    #[test]
+    fn every_descriptor_is_close_on_exec_and_files_open_without_blocking() {
+        let dir = tree();
+        let root = Root::open(dir.path()).unwrap();
+        assert!(flags_of(&root.dir).0, "the root directory");
+        let (file, _) = root.open_file("real/f").unwrap();
+        let fallback = root.open_component_wise("real/f").unwrap();
+        for (what, (cloexec, status)) in [
+            ("openat2", flags_of(&file)),
+            ("component-wise", flags_of(&fallback)),
+        ] {
+            assert!(cloexec, "{what}");
+            assert!(status.contains(OFlags::NONBLOCK), "{what}: {status:?}");
+        }
+    }
+
+    #[test]
+    fn the_root_must_be_a_directory_and_knows_its_device_inode_and_filesystem() {
+        let dir = tree();
+        assert!(Root::open(&dir.path().join("top")).is_err());
+        let root = Root::open(dir.path()).unwrap();
+        let meta = std::fs::metadata(dir.path()).unwrap();
+        assert_eq!((root.device(), root.inode()), (meta.dev(), meta.ino()));
+        assert_eq!(root.fsid(), rustix::fs::statvfs(dir.path()).unwrap().f_fsid);
+        assert_eq!(root.path(), dir.path());
+    }
+
+    /// Where the filesystem derives its id from the superblock's UUID, the root has a volume
+    /// identity; elsewhere it may have none.
+    #[test]
+    fn a_root_on_a_uuid_filesystem_names_its_volume() {
+        let dir = tree();
+        let root = Root::open(dir.path()).unwrap();
+        let kind = rustix::fs::statfs(dir.path()).unwrap().f_type as u64;
+        let volume = root.volume();
+        if UUID_DERIVED_FSID.contains(&kind) {
+            let volume = volume.expect("a volume identity on ext4, XFS or Btrfs");
+            let fsid = format!("fsid:{kind:x}:{:016x}", root.fsid());
+            assert!(
+                volume.starts_with("uuid:") && volume.len() > "uuid:".len() || volume == fsid,
+                "{volume}"
+            );
+        }
+    }
+
+    /// A block device node in /dev, if this machine shows one.
+    fn some_block_device() -> Option<(PathBuf, u64)> {
+        std::fs::read_dir("/dev").ok()?.flatten().find_map(|entry| {
+            let meta = std::fs::metadata(entry.path()).ok()?;
+            meta.file_type()
+                .is_block_device()
+                .then(|| (entry.path(), meta.rdev()))
+        })
+    }
+
+    #[test]
+    fn a_volume_is_named_by_the_link_to_its_block_device_only() {
+        let Some((device, rdev)) = some_block_device() else {
+            eprintln!("no block device node in /dev: nothing to name a volume by");
+            return;
+        };
+        let by_uuid = tempfile::tempdir().unwrap();
+        let null_rdev = std::fs::metadata("/dev/null").unwrap().rdev();
+        std::os::unix::fs::symlink("/dev/null", by_uuid.path().join("a-char-device")).unwrap();
+        std::os::unix::fs::symlink(&device, by_uuid.path().join("the-volume")).unwrap();
+        std::fs::write(by_uuid.path().join("a-file"), b"").unwrap();
+        assert_eq!(
+            volume_by_uuid(by_uuid.path(), rdev).as_deref(),
+            Some("the-volume")
+        );
+        assert_eq!(volume_by_uuid(by_uuid.path(), null_rdev), None);
+        assert_eq!(volume_by_uuid(by_uuid.path(), rdev ^ 0xFFFF_0000), None);
+        assert_eq!(volume_by_uuid(&by_uuid.path().join("missing"), rdev), None);
+    }
+
+    #[test]
+    fn entries_are_listed_by_what_they_are_not_by_what_they_point_to() {
+        let dir = tree();
+        let root = Root::open(dir.path()).unwrap();
+        assert_eq!(root.subdirectories().unwrap(), ["real"]);
+        assert_eq!(root.files_at_top().unwrap(), ["top"]);
+        assert_eq!(root.entry_kind("linked").unwrap(), EntryKind::SymbolicLink);
+        assert_eq!(root.entry_kind("real/g").unwrap(), EntryKind::SymbolicLink);
+        assert_eq!(root.entry_kind("real").unwrap(), EntryKind::Directory);
+        assert_eq!(root.entry_kind("top").unwrap(), EntryKind::File);
+        assert_eq!(root.entry_kind("nothing").unwrap(), EntryKind::Absent);
+    }
+
+    #[test]
+    fn the_component_wise_fallback_refuses_dot_components_before_opening_anything() {
+        let dir = tree();
+        std::fs::create_dir(dir.path().join("inner")).unwrap();
+        std::fs::write(dir.path().join("outside"), b"o").unwrap();
+        let root = Root::open(&dir.path().join("inner")).unwrap();
+        std::fs::create_dir(dir.path().join("inner/d")).unwrap();
+        std::fs::write(dir.path().join("inner/d/f"), b"f").unwrap();
+        assert!(root.open_component_wise("d/f").is_ok());
+        for bad in ["../outside", "./d/f", "d/./f", "d/../d/f", "d//f", "", "."] {
+            match root.open_component_wise(bad) {
+                Err(OpenError::Io { error, .. }) => {
+                    assert_eq!(error.kind(), std::io::ErrorKind::InvalidInput, "{bad:?}")
+                }
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+    }
+
+    /// `O_DIRECT` where the filesystem takes it (the same open the caller would get with the
+    /// flag by hand), never through a link, and always close-on-exec and non-blocking.
+    #[test]
+    fn a_direct_open_bypasses_the_cache_where_the_filesystem_allows_and_follows_no_link() {
+        let dir = tree();
+        let root = Root::open(dir.path()).unwrap();
+        let supported = rustix::fs::open(
+            dir.path().join("real/f"),
+            OFlags::RDONLY | OFlags::DIRECT,
+            Mode::empty(),
+        )
+        .is_ok();
+        let direct = root.open_direct("real/f");
+        assert_eq!(direct.is_some(), supported);
+        if let Some((file, identity)) = direct {
+            let (cloexec, status) = flags_of(&file);
+            assert!(cloexec);
+            assert!(
+                status.contains(OFlags::DIRECT | OFlags::NONBLOCK),
+                "{status:?}"
+            );
+            assert_eq!(identity, root.open_file("real/f").unwrap().1);
+        }
+        assert!(root.open_direct("linked/f").is_none());
+        assert!(root.open_direct("real/g").is_none());
+        assert!(root.open_direct("../x").is_none());
+    }
 }

@@ -130,7 +130,12 @@ impl SealKey {
 }
 
 fn default_path() -> Result<PathBuf, KeyError> {
-    let set = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    default_path_in(|name| std::env::var_os(name))
+}
+
+/// [`default_path`] with the environment read through `var` (an empty value counts as unset).
+fn default_path_in(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> Result<PathBuf, KeyError> {
+    let set = |name: &str| var(name).filter(|v| !v.is_empty());
     if let Some(path) = set(KEY_ENV) {
         return Ok(PathBuf::from(path));
     }
@@ -168,7 +173,7 @@ fn check_folder(path: &Path) -> Result<(), KeyError> {
         )));
     }
     let me = rustix::process::geteuid().as_raw();
-    if meta.uid() != me && meta.uid() != 0 {
+    if !may_own_the_key_folder(meta.uid(), me) {
         return Err(open(format!(
             "belongs to user {}, not to this user ({me})",
             meta.uid()
@@ -181,6 +186,12 @@ fn check_folder(path: &Path) -> Result<(), KeyError> {
         )));
     }
     Ok(())
+}
+
+/// The user and root may own the key's folder (a root-owned folder is as safe as the user's own:
+/// root can read the key anyway); anyone else could swap the key.
+fn may_own_the_key_folder(owner: u32, me: u32) -> bool {
+    owner == me || owner == 0
 }
 
 fn load(path: &Path) -> Result<SealKey, KeyError> {
@@ -292,6 +303,87 @@ mod tests {
             key.seal("minirun-evidence-seal/2", br#"{"schema":"example"}"#),
             "61aecfbaed27ab372ab1af0edfc3d70c873a9ce401cf8817dd3893369717dccb"
         );
+    }
+
+    #[test]
+    fn the_key_lives_where_the_environment_says_in_order() {
+        let env = |vars: &[(&'static str, &'static str)]| {
+            default_path_in(move |name| {
+                vars.iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| std::ffi::OsString::from(v))
+            })
+        };
+        let home = [("HOME", "/home/u")];
+        assert_eq!(
+            env(&home).unwrap(),
+            Path::new("/home/u/.config/minirun/evidence.key")
+        );
+        let xdg = [("HOME", "/home/u"), ("XDG_CONFIG_HOME", "/cfg")];
+        assert_eq!(env(&xdg).unwrap(), Path::new("/cfg/minirun/evidence.key"));
+        let set = [("HOME", "/home/u"), ("MINIRUN_EVIDENCE_KEY", "/keys/k")];
+        assert_eq!(env(&set).unwrap(), Path::new("/keys/k"));
+        let empty = [
+            ("HOME", "/home/u"),
+            ("MINIRUN_EVIDENCE_KEY", ""),
+            ("XDG_CONFIG_HOME", ""),
+        ];
+        assert_eq!(
+            env(&empty).unwrap(),
+            Path::new("/home/u/.config/minirun/evidence.key")
+        );
+        assert!(matches!(env(&[]), Err(KeyError::NoHome)));
+    }
+
+    #[test]
+    fn only_the_user_or_root_may_own_the_key_folder() {
+        assert!(may_own_the_key_folder(1000, 1000));
+        assert!(may_own_the_key_folder(0, 1000));
+        assert!(may_own_the_key_folder(0, 0));
+        assert!(!may_own_the_key_folder(1001, 1000));
+        assert!(!may_own_the_key_folder(1001, 0));
+    }
+
+    #[test]
+    fn a_missing_key_folder_is_fine_and_an_unreadable_one_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(check_folder(&dir.path().join("not-yet/k")).is_ok());
+        std::fs::write(dir.path().join("file"), b"").unwrap();
+        let below_a_file = dir.path().join("file/sub/k");
+        match check_folder(&below_a_file) {
+            Err(KeyError::Io { path, .. }) => {
+                assert_eq!(path, dir.path().join("file/sub").display().to_string())
+            }
+            other => panic!("{other:?}"),
+        }
+        // A missing key is Missing only when nothing is there; a link is an error of its own.
+        std::os::unix::fs::symlink("elsewhere", dir.path().join("link")).unwrap();
+        assert!(matches!(
+            SealKey::existing(&dir.path().join("link")),
+            Err(KeyError::Io { .. })
+        ));
+    }
+
+    #[test]
+    fn a_key_shows_its_path_and_never_its_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k");
+        let key = SealKey::load_or_create(&path).unwrap();
+        let shown = format!("{key:?}");
+        assert!(shown.starts_with("SealKey"), "{shown}");
+        assert!(shown.contains(&path.display().to_string()), "{shown}");
+        let hex = std::fs::read_to_string(&path).unwrap();
+        assert!(!shown.contains(hex.trim()), "{shown}");
+        assert!(!shown.contains(&hex.trim()[..8]), "{shown}");
+    }
+
+    #[test]
+    fn unhex_takes_even_length_lowercase_hex_only() {
+        assert_eq!(unhex("0aff"), Some(vec![0x0a, 0xff]));
+        assert_eq!(unhex(""), Some(vec![]));
+        for bad in ["abc", "0AFF", "zz", "0g", " 0a"] {
+            assert_eq!(unhex(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

@@ -51,4 +51,14 @@ mod tests {
         let owner = other_writers(0, 0o600, me).unwrap();
         assert_eq!(owner, "its owner (uid 0; you are uid 1000)");
     }
+
+    /// A file the process makes is owned by the user the kernel checks its writes against.
+    #[test]
+    fn the_caller_is_the_owner_of_what_it_makes() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("mine"), b"").unwrap();
+        let owner = std::fs::metadata(dir.path().join("mine")).unwrap().uid();
+        assert_eq!(caller(), owner);
+    }
 }

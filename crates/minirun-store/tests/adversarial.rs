@@ -652,3 +652,84 @@ fn a_file_from_the_named_upstream_is_verified_against_its_tree_and_recorded_with
         Err(LayoutError::NotEvidenced { .. })
     ));
 }
+
+/// Revision B claims, for a file unchanged on disk, another digest of the same size or the same
+/// digest at another size: revision A's record of the file is not reused, the file is hashed
+/// again, and the pass fails naming it.
+#[test]
+fn an_earlier_record_is_reused_only_for_the_same_claimed_size_and_digest() {
+    for lie in ["digest", "size"] {
+        let (dir, tree) = verified();
+        let mut next = tree.clone();
+        next.revision = "f".repeat(40);
+        let entry = next.files.get_mut(W1).unwrap();
+        if lie == "digest" {
+            entry.digest = FileDigest::Sha256([7; 32]);
+        } else {
+            entry.size += 1;
+        }
+        let err = verify(dir.path(), &next, &key(), &|_| {}, &AtomicBool::new(false)).unwrap_err();
+        assert!(err.to_string().contains(W1), "{lie}: {err}");
+    }
+}
+
+/// An interrupted pass's checkpoint is for its own publication: a pass against another
+/// revision starts from nothing.
+#[test]
+fn a_checkpoint_of_another_revision_is_not_taken_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = artifact(dir.path());
+    verify_stopping_after(dir.path(), &tree, 300_000).unwrap_err();
+    let mut next = tree.clone();
+    next.revision = "f".repeat(40);
+    let fresh = verify(dir.path(), &next, &key(), &|_| {}, &AtomicBool::new(false)).unwrap();
+    assert_eq!((fresh.reused, fresh.carried), (0, 0));
+}
+
+/// The small artifact with an index that pins config.json by `bytes` and `sha256`.
+fn artifact_pinning_config(dir: &Path, bytes: u64, sha256: &str) -> Tree {
+    let mut tree = artifact(dir);
+    let config = b"{\"model_type\": \"x\"}\n".to_vec();
+    let index = format!(
+        r#"{{"format": "quantized_tile_container", "configuration": {{"file": "config.json", "bytes": {bytes}, "sha256": "{sha256}", "source_repo": "team/model", "source_revision": "{PIN}"}}}}"#
+    );
+    for (path, content) in [("config.json", config), ("index.json", index.into_bytes())] {
+        fs::write(dir.join(path), &content).unwrap();
+        tree.files.insert(
+            path.to_string(),
+            RepoFile {
+                path: path.to_string(),
+                size: content.len() as u64,
+                digest: digest_of(&content, false),
+            },
+        );
+    }
+    tree
+}
+
+/// A configuration file the index pins must be exactly the pinned bytes, even where the
+/// published tree agrees with the file (digest computed with Python's hashlib).
+#[test]
+fn a_file_the_index_pins_must_be_exactly_the_pinned_bytes() {
+    let right = "8575c51f02273b9201e4a6e8800e1f1dd62c6dd0eff6696dd0d0038c02c03da8";
+    let dir = tempfile::tempdir().unwrap();
+    let tree = artifact_pinning_config(dir.path(), 20, right);
+    verify(dir.path(), &tree, &key(), &|_| {}, &AtomicBool::new(false)).unwrap();
+    let wrong = "0".repeat(64);
+    for (bytes, sha256, what) in [(21, right, "21"), (20, wrong.as_str(), "SHA-256")] {
+        let dir = tempfile::tempdir().unwrap();
+        let tree = artifact_pinning_config(dir.path(), bytes, sha256);
+        let err = verify(dir.path(), &tree, &key(), &|_| {}, &AtomicBool::new(false)).unwrap_err();
+        match &err {
+            VerifyError::PinnedIdentity {
+                path,
+                role,
+                what: said,
+            } => {
+                assert_eq!((path.as_str(), *role), ("config.json", "configuration"));
+                assert!(said.contains(what), "{err}");
+            }
+            other => panic!("{other}"),
+        }
+    }
+}
