@@ -413,9 +413,21 @@ impl Ctx<'_> {
         };
         match first_difference(ours, src, spans, CHUNK, self.progress) {
             Ok(None) => Ok(len),
-            Ok(Some(d)) => Err(self.differs(tile, region, tensor, at + d.offset,
-                format!("byte {} of the {region} is {:#04x} in the artifact and {:#04x} in the source", d.offset, d.ours, d.source))),
-            Err(Unreadable { offset, what, error }) => Err(self.differs(
+            Ok(Some(d)) => Err(self.differs(
+                tile,
+                region,
+                tensor,
+                at + d.offset,
+                format!(
+                    "byte {} of the {region} is {:#04x} in the artifact and {:#04x} in the source",
+                    d.offset, d.ours, d.source
+                ),
+            )),
+            Err(Unreadable {
+                offset,
+                what,
+                error,
+            }) => Err(self.differs(
                 tile,
                 region,
                 tensor,
@@ -431,7 +443,10 @@ impl Ctx<'_> {
 fn padding_of(l: &Layout) -> [(u64, u64); 3] {
     [
         (l.packed_bytes, l.packed_region - l.packed_bytes),
-        (l.scale_offset + l.scale_bytes, l.scale_region - l.scale_bytes),
+        (
+            l.scale_offset + l.scale_bytes,
+            l.scale_region - l.scale_bytes,
+        ),
         (l.bias_offset + l.bias_bytes, l.bias_region - l.bias_bytes),
     ]
 }
@@ -569,7 +584,11 @@ mod tests {
                 }),
                 "difference at {at}"
             );
-            assert_eq!(reported, (at as u64 / 4) * 4, "chunks before the difference");
+            assert_eq!(
+                reported,
+                (at as u64 / 4) * 4,
+                "chunks before the difference"
+            );
         }
     }
 
@@ -590,14 +609,8 @@ mod tests {
 
     #[test]
     fn a_range_past_the_end_of_a_file_is_unreadable_at_its_offset() {
-        let err = first_difference(
-            &file_of(OURS),
-            &file_of(SOURCE),
-            spans(17),
-            4,
-            &|_| {},
-        )
-        .unwrap_err();
+        let err =
+            first_difference(&file_of(OURS), &file_of(SOURCE), spans(17), 4, &|_| {}).unwrap_err();
         assert_eq!((err.offset, err.what), (16, "artifact"));
     }
 }

@@ -660,7 +660,11 @@ fn check_finds_a_nonzero_byte_anywhere_in_a_tiles_padding() {
     let l = c.layout;
     let start = c.tile_range(0).unwrap().start;
     let pads = [
-        ("packed", start + l.packed_bytes, l.packed_region - l.packed_bytes),
+        (
+            "packed",
+            start + l.packed_bytes,
+            l.packed_region - l.packed_bytes,
+        ),
         (
             "scales",
             start + l.scale_offset + l.scale_bytes,
