@@ -385,7 +385,17 @@ mod tests {
         assert_eq!(pool.kept_bytes(), 0);
     }
 
-    /// Whether this folder's filesystem takes `O_DIRECT` opens (tmpfs does not).
+    /// A file on a filesystem that refuses `O_DIRECT` (procfs) is streamed through the cache,
+    /// and says so.
+    #[test]
+    fn a_file_the_filesystem_cannot_read_directly_does_not_claim_direct_reads() {
+        let files = ArtifactFiles::unverified(std::path::Path::new("/proc")).unwrap();
+        let file = files.open_streamed("version").unwrap();
+        assert!(!takes_direct(std::path::Path::new("/proc/version")));
+        assert!(!file.supports_direct());
+    }
+
+    /// Whether this folder's filesystem takes `O_DIRECT` opens.
     fn takes_direct(path: &std::path::Path) -> bool {
         rustix::fs::open(
             path,

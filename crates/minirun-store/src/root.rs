@@ -284,12 +284,9 @@ impl Root {
     /// not (tmpfs, some overlays) or the kernel lacks `openat2`. The caller compares the
     /// identity with its first open's.
     pub fn open_direct(&self, relative: &str) -> Option<(File, FileIdentity)> {
-        let flags = OFlags::RDONLY
-            | OFlags::CLOEXEC
-            | OFlags::NOFOLLOW
-            | OFlags::NOCTTY
-            | OFlags::NONBLOCK
-            | OFlags::DIRECT;
+        // No O_NOFOLLOW: RESOLVE_NO_SYMLINKS refuses a link in every component, the last included.
+        let flags =
+            OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK | OFlags::DIRECT;
         let resolve = ResolveFlags::NO_SYMLINKS | ResolveFlags::BENEATH;
         let fd = rustix::fs::openat2(&self.dir, relative, flags, Mode::empty(), resolve).ok()?;
         let file = File::from(fd);
@@ -300,8 +297,8 @@ impl Root {
     /// With `O_NONBLOCK`, so that a FIFO planted in the artifact is refused as not regular
     /// instead of blocking the open (regular files ignore the flag).
     fn open_beneath(&self, relative: &str) -> Result<OwnedFd, OpenError> {
-        let flags =
-            OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NOCTTY | OFlags::NONBLOCK;
+        // No O_NOFOLLOW: RESOLVE_NO_SYMLINKS refuses a link in every component, the last included.
+        let flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK;
         let resolve = ResolveFlags::NO_SYMLINKS | ResolveFlags::BENEATH;
         match rustix::fs::openat2(&self.dir, relative, flags, Mode::empty(), resolve) {
             Ok(fd) => Ok(fd),
