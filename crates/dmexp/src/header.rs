@@ -310,3 +310,40 @@ fn check_statistics(
     }
     Ok((max, min))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(max_abs: f64, min_nonzero_abs: f64, flushed: u64, num_params: u64) -> bool {
+        matches!(
+            check_statistics(max_abs, min_nonzero_abs, flushed, num_params),
+            Err(Error::ImpossibleStatistics { .. })
+        )
+    }
+
+    #[test]
+    fn statistics_are_non_negative_finite_f32_values() {
+        assert_eq!(check_statistics(2.5, 0.5, 0, 1).unwrap(), (2.5, 0.5));
+        assert!(refused(-2.5, 0.5, 0, 1), "a negative max");
+        assert!(refused(2.5, -0.5, 0, 1), "a negative min");
+        assert!(refused(f64::INFINITY, 0.5, 0, 1), "an infinite max");
+        assert!(refused(f64::NAN, 0.5, 0, 1), "a NaN max");
+        assert!(refused(0.1, 0.5, 0, 1), "0.1 is no f32");
+    }
+
+    #[test]
+    fn the_smallest_must_fit_the_largest() {
+        assert!(refused(1.0, 2.0, 0, 1), "min above max");
+        assert!(refused(1.0, 0.0, 0, 1), "a zero min beside a non-zero max");
+        assert!(refused(0.0, 1.0, 0, 1), "a non-zero min beside a zero max");
+        assert_eq!(check_statistics(0.0, 0.0, 0, 1).unwrap(), (0.0, 0.0));
+        assert_eq!(check_statistics(1.0, 1.0, 0, 1).unwrap(), (1.0, 1.0));
+    }
+
+    #[test]
+    fn every_value_may_be_flushed_but_no_more() {
+        assert!(check_statistics(1.0, 0.5, 7, 7).is_ok());
+        assert!(refused(1.0, 0.5, 8, 7));
+    }
+}

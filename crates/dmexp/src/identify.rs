@@ -277,6 +277,61 @@ mod tests {
         );
     }
 
+    /// A safetensors header length is taken up to the 100 MB safetensors itself accepts, and
+    /// only with the JSON header's `{` after it.
+    #[test]
+    fn a_safetensors_header_is_a_bounded_length_then_a_brace() {
+        let with = |len: u64, next: u8| {
+            let mut bytes = len.to_le_bytes().to_vec();
+            bytes.push(next);
+            identify(&bytes)
+        };
+        assert_eq!(with(100_000_000, b'{'), FileKind::Safetensors);
+        assert_eq!(with(2, b'{'), FileKind::Safetensors);
+        for (len, next) in [(100_000_001, b'{'), (1, b'{'), (64, b'[')] {
+            assert!(
+                matches!(with(len, next), FileKind::Unknown { .. }),
+                "{len} then {next}"
+            );
+        }
+    }
+
+    #[test]
+    fn eight_unknown_bytes_are_unknown_and_seven_too_short() {
+        assert_eq!(
+            identify(b"12345678"),
+            FileKind::Unknown {
+                first_bytes: b"12345678".to_vec()
+            }
+        );
+        assert_eq!(identify(b"1234567"), FileKind::TooShort { len: 7 });
+    }
+
+    /// The labels are what `--json` prints for scripts: each kind has its own, fixed.
+    #[test]
+    fn every_kind_has_its_own_label() {
+        let kinds = [
+            (FileKind::Export { version: 1 }, "dmexp-export"),
+            (FileKind::TrainingCheckpoint, "dormouse-training-checkpoint"),
+            (FileKind::EngramSidecar, "dormouse-engram-sidecar"),
+            (FileKind::OriginalCheckpoint, "original-dormouse-checkpoint"),
+            (FileKind::TileContainer, "tile-container"),
+            (FileKind::Safetensors, "safetensors"),
+            (FileKind::Gguf, "gguf"),
+            (FileKind::Zip, "zip"),
+            (FileKind::TooShort { len: 0 }, "too-short"),
+            (
+                FileKind::Unknown {
+                    first_bytes: vec![],
+                },
+                "unknown",
+            ),
+        ];
+        for (kind, label) in kinds {
+            assert_eq!(kind.label(), label);
+        }
+    }
+
     #[test]
     fn unknown_bytes_are_shown_escaped() {
         let kind = identify(b"\x00\x01hello!!");

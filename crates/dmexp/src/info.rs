@@ -209,3 +209,42 @@ fn grouped(n: u64) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16_verdict_names_the_range_each_weight_falls_in() {
+        let tiny = f16_bits_to_f32(0x0001);
+        let normal = f16_bits_to_f32(0x0400);
+        let cases = [
+            (0.0, "no non-zero weights"),
+            (tiny / 2.0, "below f16's smallest subnormal"),
+            (tiny, "are f16 subnormals"),
+            (normal / 2.0, "are f16 subnormals"),
+            (normal, "every non-zero weight is an f16 normal"),
+        ];
+        for (min, expected) in cases {
+            let verdict = f16_verdict(1.0, min);
+            assert!(verdict.contains(expected), "{min:e}: {verdict}");
+            assert!(verdict.starts_with("max |w| stays finite"), "{verdict}");
+        }
+        assert!(f16_verdict(65520.0, 1.0).contains("would overflow f16"));
+        assert!(f16_verdict(65519.0, 1.0).contains("stays finite"));
+    }
+
+    #[test]
+    fn numbers_are_grouped_by_thousands() {
+        let cases = [
+            (0, "0"),
+            (999, "999"),
+            (1000, "1,000"),
+            (123_456, "123,456"),
+            (1_234_567, "1,234,567"),
+        ];
+        for (n, shown) in cases {
+            assert_eq!(grouped(n), shown);
+        }
+    }
+}

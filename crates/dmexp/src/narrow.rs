@@ -390,3 +390,31 @@ pub(crate) fn widen(dtype: Dtype, bytes: &[u8]) -> Vec<f32> {
     widen_to(dtype, bytes, &mut out, &mut StatsAcc::new(dtype));
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_problem_found_in_a_piece_is_placed_after_the_values_before_it() {
+        let nan = ValueProblem::NonFiniteInput {
+            index: 3,
+            value: f32::NAN,
+        };
+        match nan.after(10) {
+            ValueProblem::NonFiniteInput { index, value } => {
+                assert_eq!(index, 13);
+                assert!(value.is_nan());
+            }
+            other => panic!("{other:?}"),
+        }
+        let overflow = ValueProblem::Overflow {
+            index: 3,
+            value: 1e6,
+        };
+        assert!(matches!(
+            overflow.after(10),
+            ValueProblem::Overflow { index: 13, value } if value == 1e6
+        ));
+    }
+}

@@ -22,7 +22,12 @@ fn child_makes_the_users_key() {
 fn make_key_with(env: &[(&str, &Path)]) -> std::process::Output {
     let mut child = Command::new(std::env::current_exe().unwrap());
     child
-        .args(["--exact", "child_makes_the_users_key", "--ignored", "--nocapture"])
+        .args([
+            "--exact",
+            "child_makes_the_users_key",
+            "--ignored",
+            "--nocapture",
+        ])
         .env_clear();
     for (name, value) in env {
         child.env(name, value);
@@ -35,7 +40,10 @@ fn assert_private_key_at(path: &Path, output: &std::process::Output) {
     let meta = std::fs::metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let text = std::fs::read_to_string(path).unwrap();
     let hex = text.strip_suffix('\n').unwrap_or("not one line");
-    assert!(hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()), "{text:?}");
+    assert!(
+        hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{text:?}"
+    );
     assert_eq!(meta.permissions().mode() & 0o777, 0o600);
 }
 
@@ -46,7 +54,10 @@ fn the_key_variable_names_the_key_file() {
     let home = dir.path().join("home");
     let output = make_key_with(&[(KEY_ENV, &key), ("HOME", &home)]);
     assert_private_key_at(&key, &output);
-    assert!(!home.exists(), "nothing is made in HOME when the variable is set");
+    assert!(
+        !home.exists(),
+        "nothing is made in HOME when the variable is set"
+    );
 }
 
 #[test]
