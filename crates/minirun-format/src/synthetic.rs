@@ -61,18 +61,17 @@ pub fn derive(seed: u64, label: u64) -> u64 {
     mix(seed ^ mix(label.wrapping_add(DERIVE_OFFSET)))
 }
 
-/// Fills `out` with the content of `seed` starting at byte `offset`.
+/// Fills `out` with the content of `seed` starting at byte `offset`: the bytes up to the next
+/// word boundary, then whole words. Every loop is bounded by `out`'s length, so no arithmetic
+/// slip can make it spin in place.
 pub fn fill_content(seed: u64, offset: u64, out: &mut [u8]) {
-    let mut position = offset;
-    let mut rest = out;
-    while !rest.is_empty() {
-        let word = value(seed, position / 8).to_le_bytes();
-        let skip = (position % 8) as usize;
-        let take = (8 - skip).min(rest.len());
-        let (head, tail) = rest.split_at_mut(take);
-        head.copy_from_slice(&word[skip..skip + take]);
-        rest = tail;
-        position += take as u64;
+    let skip = (offset % 8) as usize;
+    let head = ((8 - skip) % 8).min(out.len());
+    let (first, rest) = out.split_at_mut(head);
+    first.copy_from_slice(&value(seed, offset / 8).to_le_bytes()[skip..skip + head]);
+    let next_word = (offset + head as u64) / 8;
+    for (word, chunk) in (next_word..).zip(rest.chunks_mut(8)) {
+        chunk.copy_from_slice(&value(seed, word).to_le_bytes()[..chunk.len()]);
     }
 }
 
@@ -207,5 +206,25 @@ pub fn regenerate_check(
                  checkpoint's bytes, as in the published Kimi K3 experts: check it against a digest instead)"
             },
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Content is one stream: any window of it, at any offset and length, is the same bytes
+    /// as that window of the whole.
+    #[test]
+    fn any_window_of_the_content_is_that_window_of_the_whole() {
+        let mut whole = [0u8; 48];
+        fill_content(7, 0, &mut whole);
+        for offset in 0..24 {
+            for len in 0..=24 {
+                let mut window = vec![0u8; len];
+                fill_content(7, offset as u64, &mut window);
+                assert_eq!(window, whole[offset..offset + len], "{offset}+{len}");
+            }
+        }
     }
 }
