@@ -390,6 +390,28 @@ fn documents_over_the_limit_are_refused_before_parsing() {
 }
 
 #[test]
+fn a_document_of_exactly_the_limit_is_read() {
+    let mut exact = vec![b' '; MAX_INDEX_BYTES];
+    let body = br#"{"source_repo": "o/r""#;
+    exact[..body.len()].copy_from_slice(body);
+    exact[MAX_INDEX_BYTES - 1] = b'}';
+    let index = ArtifactIndex::parse(&exact);
+    assert_eq!(index.parse_problem, None);
+    assert_eq!(index.sources[0].repo, "o/r");
+}
+
+/// One entry of a sources map keeps its key on show: only a single unnamed source is shown as
+/// one line.
+#[test]
+fn a_sources_map_of_one_entry_is_described_with_its_key() {
+    let index = parse_value(&json!({"sources": {"text": {"repo": "owner/t"}}}));
+    let text = index.describe();
+    assert!(text.contains("sources (1):\n  text: owner/t"), "{text}");
+    let single = parse_value(&json!({"source_repo": "owner/t"})).describe();
+    assert!(single.contains("source: owner/t"), "{single}");
+}
+
+#[test]
 fn duplicate_keys_keep_the_last_value() {
     let index = ArtifactIndex::parse(br#"{"source_repo": "o/first", "source_repo": "o/last"}"#);
     assert_eq!(index.sources[0].repo, "o/last");

@@ -5,8 +5,9 @@ use std::io::Cursor;
 
 use minirun_format::synthetic::{self, RegenerationError};
 use minirun_format::tile::{
-    ContainerSpec, ContainerWriter, ContentKind, Flags, Geometry, GeometryError, QuantMode,
-    ScaleDtype, TileContainer, TileError, WriteError, hex,
+    CHECK_CHUNK, ContainerSpec, ContainerWriter, ContentKind, Flags, Geometry, GeometryError,
+    QuantMode, ScaleDtype, TileCheck, TileCheckError, TileContainer, TileError, WriteError,
+    digest_capacity, hex,
 };
 use sha2::{Digest, Sha256};
 
@@ -363,6 +364,53 @@ fn geometry_rules_each_have_their_own_error() {
     }
 }
 
+/// Each mode's requirement is named by the rule the geometry breaks, not by a later one.
+#[test]
+fn each_mode_requirement_is_named_when_it_alone_is_broken() {
+    let mxfp4 = geometry(QuantMode::Mxfp4, 512, 1024, 1);
+    let fp8 = geometry(QuantMode::Fp8E4m3Block, 512, 512, 1);
+    let cases = [
+        (
+            Geometry {
+                group_size: 64,
+                ..mxfp4
+            },
+            "group size 32 (fixed by OCP MX)",
+        ),
+        (Geometry { bits: 8, ..mxfp4 }, "4-bit elements"),
+        (
+            Geometry {
+                scale_dtype: ScaleDtype::F16,
+                ..mxfp4
+            },
+            "uint8-e8m0 scales",
+        ),
+        (Geometry { bits: 4, ..fp8 }, "8-bit elements"),
+        (
+            Geometry {
+                scale_dtype: ScaleDtype::Bf16,
+                ..fp8
+            },
+            "uint8-e8m0 block scales",
+        ),
+        (
+            Geometry {
+                scale_block_rows: 1,
+                ..fp8
+            },
+            "a 2-D scale grid: more than one row per scale",
+        ),
+    ];
+    for (g, expected) in cases {
+        match g.layout() {
+            Err(GeometryError::Mode { mode, requirement }) => {
+                assert_eq!((mode, requirement), (g.mode, expected));
+            }
+            other => panic!("{g:?}: {other:?}"),
+        }
+    }
+}
+
 /// Whether an error is the one a case expects.
 type IsGeometryError = fn(&GeometryError) -> bool;
 type IsTileError = fn(&TileError) -> bool;
@@ -399,6 +447,52 @@ fn headers() -> (Vec<u8>, Vec<u8>, Vec<u8>) {
         v2.encode_header().unwrap().0,
         v3.encode_header().unwrap().0,
     )
+}
+
+/// A file holding the whole header but no tiles is short of its tiles, not truncated.
+#[test]
+fn a_header_alone_is_a_file_too_short_for_its_tiles() {
+    let (_, v2, _) = headers();
+    let err = TileContainer::parse(&v2, 16_384).unwrap_err();
+    assert!(
+        matches!(err, TileError::FileTooShort { len: 16_384, .. }),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_digest_table_may_fill_the_header_exactly() {
+    for (mode, version) in [(QuantMode::Affine, 2), (QuantMode::Fp8E4m3Block, 3)] {
+        let capacity = digest_capacity(version);
+        let g = geometry(mode, 512, 4096, capacity as u32);
+        let (header, container) = spec(g, ContentKind::CheckpointDerived, true)
+            .encode_header()
+            .unwrap();
+        assert_eq!(container.version, version);
+        let read = TileContainer::parse(&header, container.layout.total_bytes).unwrap();
+        assert_eq!(read.digests.map(|d| d.len() as u64), Some(capacity));
+    }
+}
+
+/// Each payload range sits at its offset inside its own tile, and only affine tiles have biases.
+#[test]
+fn payload_ranges_sit_inside_their_tile() {
+    let (v1, v2, _) = headers();
+    for (header, biases) in [(v2, true), (v1, false)] {
+        let c = TileContainer::parse(&header, 1 << 40).unwrap();
+        let l = c.layout;
+        let tile = c.tile_range(1).unwrap();
+        assert_eq!(tile.start, 16_384 + l.tile_stride);
+        assert_eq!(
+            c.packed_range(1).unwrap(),
+            tile.start..tile.start + l.packed_bytes
+        );
+        let scales = tile.start + l.scale_offset;
+        assert_eq!(c.scale_range(1).unwrap(), scales..scales + l.scale_bytes);
+        let bias = tile.start + l.bias_offset;
+        let expected = biases.then(|| bias..bias + l.bias_bytes);
+        assert_eq!(c.bias_range(1).unwrap(), expected);
+    }
 }
 
 #[test]
@@ -671,6 +765,97 @@ fn the_writer_places_the_header_where_the_container_starts() {
         ),
         "{err}"
     );
+}
+
+/// A tile larger than the check's chunk is read in whole chunks, front to back, every byte
+/// once, and a byte changed anywhere in it is found.
+#[test]
+fn a_large_tile_is_checked_in_bounded_chunks_covering_every_byte() {
+    let g = geometry(QuantMode::Fp8E4m3Block, 1152, 4096, 2);
+    let layout = g.layout().unwrap();
+    let mut writer = ContainerWriter::new(
+        Cursor::new(Vec::new()),
+        g,
+        ContentKind::CheckpointDerived,
+        0,
+        true,
+    )
+    .unwrap();
+    for tile in 0..2u8 {
+        let packed: Vec<u8> = (0..layout.packed_bytes)
+            .map(|i| (i % 251) as u8 ^ tile)
+            .collect();
+        writer
+            .push_tile(&packed, &vec![127; layout.scale_bytes as usize], &[])
+            .unwrap();
+    }
+    let (out, container) = writer.finish().unwrap();
+    let mut bytes = out.into_inner();
+    let range = container.tile_range(1).unwrap();
+    assert!(
+        range.end - range.start > CHECK_CHUNK,
+        "the tile spans chunks"
+    );
+    assert_eq!(
+        TileCheck::method(&container).unwrap(),
+        "SHA-256 against the header's digests"
+    );
+
+    let mut reads = Vec::new();
+    let mut reported = 0;
+    let checked = container.check_tile_from(
+        1,
+        |at, buf| {
+            reads.push((at, buf.len() as u64));
+            buf.copy_from_slice(&bytes[at as usize..at as usize + buf.len()]);
+            Ok(())
+        },
+        |n| reported += n,
+    );
+    assert_eq!(checked.unwrap(), TileCheck::Digest);
+    assert_eq!(reads[0], (range.start, CHECK_CHUNK));
+    let mut next = range.start;
+    for &(at, len) in &reads {
+        assert_eq!(at, next, "reads are contiguous");
+        assert!(len <= CHECK_CHUNK && len > 0);
+        next = at + len;
+    }
+    assert_eq!((next, reported), (range.end, range.end - range.start));
+
+    bytes[(range.start + CHECK_CHUNK + 5) as usize] ^= 1;
+    let read_at = |at: u64, buf: &mut [u8]| {
+        buf.copy_from_slice(&bytes[at as usize..at as usize + buf.len()]);
+        Ok(())
+    };
+    assert!(matches!(
+        container.check_tile_from(1, read_at, |_| {}),
+        Err(TileCheckError::Tile(TileError::DigestMismatch { .. }))
+    ));
+}
+
+#[test]
+fn the_check_method_follows_the_digests_and_the_content_kind() {
+    let g = geometry(QuantMode::Mxfp4, 512, 1024, 1);
+    let layout = g.layout().unwrap();
+    let method = |kind, digests| {
+        let mut w = ContainerWriter::new(Cursor::new(Vec::new()), g, kind, 3, digests).unwrap();
+        let packed = vec![0; layout.packed_bytes as usize];
+        w.push_tile(&packed, &vec![127; layout.scale_bytes as usize], &[])
+            .unwrap();
+        TileCheck::method(&w.finish().unwrap().1)
+    };
+    assert_eq!(
+        method(ContentKind::SyntheticDeterministic, false).unwrap(),
+        "regenerating the synthetic content"
+    );
+    assert_eq!(
+        method(ContentKind::CheckpointDerived, true).unwrap(),
+        "SHA-256 against the header's digests"
+    );
+    assert!(matches!(
+        method(ContentKind::CheckpointDerived, false),
+        Err(RegenerationError::CheckpointDerived)
+    ));
 }
 
 #[test]

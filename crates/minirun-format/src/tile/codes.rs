@@ -198,3 +198,66 @@ impl fmt::Display for Flags {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names people read are the names manifests store.
+    #[test]
+    fn each_code_is_named_and_shown_as_manifests_spell_it() {
+        fn spelled(value: impl Serialize) -> String {
+            serde_json::to_value(value)
+                .unwrap()
+                .as_str()
+                .unwrap()
+                .to_owned()
+        }
+        let modes = [QuantMode::Mxfp4, QuantMode::Affine, QuantMode::Fp8E4m3Block];
+        let names: Vec<_> = modes.iter().map(|m| m.name()).collect();
+        assert_eq!(names, ["mxfp4", "affine", "fp8-e4m3-block"]);
+        for mode in modes {
+            assert_eq!(
+                (mode.to_string(), spelled(mode)),
+                (mode.name().into(), mode.name().into())
+            );
+        }
+        let dtypes = [
+            ScaleDtype::E8m0,
+            ScaleDtype::F16,
+            ScaleDtype::Bf16,
+            ScaleDtype::F32,
+        ];
+        let names: Vec<_> = dtypes.iter().map(|d| d.name()).collect();
+        assert_eq!(names, ["uint8-e8m0", "float16", "bfloat16", "float32"]);
+        for dtype in dtypes {
+            assert_eq!(
+                (dtype.to_string(), spelled(dtype)),
+                (dtype.name().into(), dtype.name().into())
+            );
+        }
+        let kinds = [
+            ContentKind::SyntheticDeterministic,
+            ContentKind::CheckpointDerived,
+        ];
+        let names: Vec<_> = kinds.iter().map(|k| k.name()).collect();
+        assert_eq!(names, ["synthetic-deterministic", "checkpoint-derived"]);
+        for kind in kinds {
+            assert_eq!(
+                (kind.to_string(), spelled(kind)),
+                (kind.name().into(), kind.name().into())
+            );
+        }
+    }
+
+    #[test]
+    fn flags_are_shown_as_the_word_and_the_names_of_its_bits() {
+        assert_eq!(Flags(0).names(), Vec::<&str>::new());
+        assert_eq!(Flags(0).to_string(), "0x0 (none)");
+        assert_eq!(Flags(0xA).names(), ["tile-digests", "padded-subregions"]);
+        assert_eq!(
+            Flags(0xF).to_string(),
+            "0xf (biases, tile-digests, block-scales-2d, padded-subregions)"
+        );
+    }
+}
