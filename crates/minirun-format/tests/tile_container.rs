@@ -767,6 +767,36 @@ fn the_writer_places_the_header_where_the_container_starts() {
     );
 }
 
+#[test]
+fn a_tile_past_the_declared_count_is_refused_and_counted() {
+    let g = geometry(QuantMode::Mxfp4, 512, 1024, 1);
+    let l = g.layout().unwrap();
+    let mut writer = ContainerWriter::new(
+        Cursor::new(Vec::new()),
+        g,
+        ContentKind::CheckpointDerived,
+        0,
+        false,
+    )
+    .unwrap();
+    let (packed, scales) = (
+        vec![0; l.packed_bytes as usize],
+        vec![127; l.scale_bytes as usize],
+    );
+    writer.push_tile(&packed, &scales, &[]).unwrap();
+    let err = writer.push_tile(&packed, &scales, &[]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            WriteError::TileCount {
+                written: 2,
+                declared: 1
+            }
+        ),
+        "{err}"
+    );
+}
+
 /// A tile larger than the check's chunk is read in whole chunks, front to back, every byte
 /// once, and a byte changed anywhere in it is found.
 #[test]

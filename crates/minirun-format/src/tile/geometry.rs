@@ -240,26 +240,66 @@ impl Geometry {
         Flags(bits)
     }
 
-    /// Whether version 1, which stores no mode, kind, flags or scale type, can express it.
-    fn v1_expressible(&self) -> bool {
-        self.mode == QuantMode::Mxfp4
-            && self.bits == 4
-            && self.group_size == MXFP4_GROUP
-            && self.scale_dtype == ScaleDtype::E8m0
-            && self.scale_block_rows == 1
-    }
-
-    /// The lowest format version that can express this geometry with this content.
+    /// The lowest format version that can express this geometry (one [`Geometry::layout`]
+    /// accepts) with this content. FP8, the one mode with a 2-D scale grid, needs version 3.
+    /// Version 1 stores no mode, kind, flags or scale type: it reads as synthetic MXFP4
+    /// without flags, so checkpoint-derived content or any flag (affine always has biases)
+    /// needs version 2.
     pub fn lowest_version(&self, kind: ContentKind, with_digests: bool) -> u32 {
-        if self.scale_block_rows != 1 || self.mode == QuantMode::Fp8E4m3Block {
+        if self.mode == QuantMode::Fp8E4m3Block {
             3
-        } else if !self.v1_expressible()
-            || kind == ContentKind::CheckpointDerived
-            || self.derived_flags(with_digests).0 != 0
+        } else if kind == ContentKind::CheckpointDerived || self.derived_flags(with_digests).0 != 0
         {
             2
         } else {
             1
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn valid(mode: QuantMode) -> Geometry {
+        let (group_size, bits, scale_dtype, scale_block_rows) = match mode {
+            QuantMode::Mxfp4 => (32, 4, ScaleDtype::E8m0, 1),
+            QuantMode::Affine => (64, 4, ScaleDtype::Bf16, 1),
+            QuantMode::Fp8E4m3Block => (128, 8, ScaleDtype::E8m0, 128),
+        };
+        let g = Geometry {
+            mode,
+            rows: 512,
+            cols: 1024,
+            group_size,
+            bits,
+            scale_dtype,
+            scale_block_rows,
+            tile_count: 1,
+        };
+        g.layout().unwrap();
+        g
+    }
+
+    /// Version 1 only for synthetic MXFP4 without flags; version 3 for FP8 whatever the rest.
+    #[test]
+    fn the_lowest_version_is_the_first_that_records_everything() {
+        use ContentKind::{CheckpointDerived as Derived, SyntheticDeterministic as Synthetic};
+        let cases = [
+            (QuantMode::Mxfp4, Synthetic, false, 1),
+            (QuantMode::Mxfp4, Synthetic, true, 2),
+            (QuantMode::Mxfp4, Derived, false, 2),
+            (QuantMode::Affine, Synthetic, false, 2),
+            (QuantMode::Affine, Derived, true, 2),
+            (QuantMode::Fp8E4m3Block, Synthetic, false, 3),
+            (QuantMode::Fp8E4m3Block, Derived, true, 3),
+        ];
+        for (mode, kind, digests, version) in cases {
+            assert_eq!(
+                valid(mode).lowest_version(kind, digests),
+                version,
+                "{mode} {kind} digests {digests}"
+            );
         }
     }
 }

@@ -302,6 +302,18 @@ mod tests {
         assert_eq!(tree.total_bytes(), 2_348_810_240 + 19_459);
     }
 
+    /// A listing may write `"lfs": null` for a file kept in git itself: it is a plain file.
+    #[test]
+    fn an_lfs_field_of_null_is_a_plain_file() {
+        let mut b = TreeBuilder::default();
+        b.add_page(&page(&PLAIN.replace(r#""size""#, r#""lfs":null,"size""#)))
+            .unwrap();
+        let tree = b.finish("o/r", &"a".repeat(40));
+        let plain = &tree.files[".gitattributes"];
+        assert_eq!(plain.digest.algorithm(), "git-blob-sha1");
+        assert!(plain.digest.hex().starts_with("9238e459"));
+    }
+
     #[test]
     fn bad_entries_are_refused() {
         let refuse = |entries: &str| {
