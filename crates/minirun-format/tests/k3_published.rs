@@ -3,7 +3,7 @@
 //! row-band table refused when broken, and the expert containers' geometry with K3's own sizes.
 
 use minirun_format::artifact::k3_published::{
-    BandDtype, K3Experts, K3LayerManifest, K3LayoutError, check_globals, slot_order,
+    BandDtype, K3Experts, K3LayerManifest, K3LayoutError, MAX_UNITS, check_globals, slot_order,
 };
 use minirun_format::tile::RawHeader;
 use serde_json::Value;
@@ -183,4 +183,158 @@ fn globals_are_checked_by_length() {
     );
     assert!(check_globals(163_840, 7168, dense - 2, dense, 49_152).is_err());
     assert!(check_globals(163_840, 7168, dense, dense, 49_153).is_err());
+}
+
+fn without_role_totals(v: &mut Value) {
+    v["nonexpert"]
+        .as_object_mut()
+        .expect("nonexpert is an object")
+        .remove("bytes_by_role");
+}
+
+#[test]
+fn a_band_of_another_dtype_than_its_tensors_is_refused() {
+    refused(
+        |v| {
+            unit(v, 1)["dtype"] = "F32".into();
+            unit(v, 1)["rows"] = 32.into();
+        },
+        "unit 0 is 64 x 128 BF16 (attention), unit 1 32 x 128 F32 (attention)",
+    );
+}
+
+#[test]
+fn a_band_of_another_role_than_its_tensors_is_refused() {
+    refused(
+        |v| {
+            unit(v, 1)["role"] = "router".into();
+            without_role_totals(v);
+        },
+        "unit 0 is 64 x 128 BF16 (attention), unit 1 64 x 128 BF16 (router)",
+    );
+}
+
+#[test]
+fn a_band_of_zero_rows_is_refused() {
+    refused(
+        |v| unit(v, 1)["rows"] = 0.into(),
+        "unit 1 (language_model.model.layers.1.self_attn.q_proj.weight): a band of no rows or no columns",
+    );
+}
+
+#[test]
+fn a_band_of_zero_columns_is_refused() {
+    refused(
+        |v| unit(v, 1)["cols"] = 0.into(),
+        "unit 1 (language_model.model.layers.1.self_attn.q_proj.weight): a band of no rows or no columns",
+    );
+}
+
+#[test]
+fn a_band_of_an_unaligned_length_is_refused() {
+    refused(
+        |v| unit(v, 9)["length"] = (16_384 + 1).into(),
+        "offset 163840 and length 16385 must be positive multiples of 16384",
+    );
+}
+
+#[test]
+fn a_band_of_zero_length_is_refused() {
+    refused(
+        |v| unit(v, 9)["length"] = 0.into(),
+        "offset 163840 and length 0 must be positive multiples of 16384",
+    );
+}
+
+/// Every unit here is malformed, so which error comes back says whether the count was refused.
+fn units_of(count: usize) -> Value {
+    let mut v = golden();
+    v["nonexpert"]["units"] = Value::Array(vec![Value::from(0); count]);
+    v
+}
+
+#[test]
+fn a_manifest_of_max_units_is_not_refused_for_its_count() {
+    let err = parse(&units_of(MAX_UNITS)).expect_err("its units are malformed");
+    assert_eq!(
+        err,
+        K3LayoutError::Manifest {
+            path: PATH.to_string(),
+            reason: "`nonexpert.units[0]`: `dtype` is missing or empty".to_string(),
+        }
+    );
+}
+
+#[test]
+fn a_manifest_of_more_than_max_units_is_refused_for_its_count() {
+    let err = parse(&units_of(MAX_UNITS + 1)).expect_err("too many units");
+    assert_eq!(
+        err,
+        K3LayoutError::Manifest {
+            path: PATH.to_string(),
+            reason: "more than 1048576 units".to_string(),
+        }
+    );
+}
+
+#[test]
+fn experts_of_no_inner_width_are_refused() {
+    let w13 = header(1024, 3584, 2688, 1_949_696);
+    let w2 = header(512, 0, 6272, 835_584);
+    assert_eq!(
+        K3Experts::from_headers(5, &w13, &w13, &w2),
+        Err(K3LayoutError::Experts {
+            layer: 5,
+            reason: "w1's 0 output rows are not whole bands of 1024".to_string(),
+        })
+    );
+}
+
+#[test]
+fn experts_of_no_latent_width_are_refused() {
+    let w13 = header(1024, 0, 2688, 1_949_696);
+    let w2 = header(512, 3072, 6272, 835_584);
+    assert_eq!(
+        K3Experts::from_headers(5, &w13, &w13, &w2),
+        Err(K3LayoutError::Experts {
+            layer: 5,
+            reason: "w2's 0 output rows are not whole bands of 512".to_string(),
+        })
+    );
+}
+
+#[test]
+fn an_experts_bytes_are_its_slots_tiles_after_the_header() {
+    let w13 = header(1024, 3584, 2688, 1_949_696);
+    let w2 = header(512, 3072, 6272, 835_584);
+    let e = K3Experts::from_headers(5, &w13, &w13, &w2).expect("K3's geometry");
+    // Expert 2 is in slot 112: w1 tiles 336..339.
+    assert_eq!(
+        e.byte_range("w1", 2, 1_949_696),
+        Some(655_114_240..660_963_328)
+    );
+    // Expert 0 is in slot 0: its bands start right after the header.
+    assert_eq!(e.byte_range("w2", 0, 835_584), Some(16_384..5_865_472));
+    assert_eq!(e.byte_range("w4", 0, 835_584), None);
+}
+
+#[test]
+fn a_final_vector_filling_its_unit_is_accepted() {
+    let dense = 4 * 8192 * 2;
+    assert_eq!(
+        check_globals(4, 8192, dense, dense, 49_152),
+        Ok([0, 16_384, 32_768])
+    );
+}
+
+#[test]
+fn a_final_vector_overflowing_its_unit_is_refused() {
+    let dense = 4 * 8193 * 2;
+    assert_eq!(
+        check_globals(4, 8193, dense, dense, 49_152),
+        Err(K3LayoutError::Global {
+            file: "final.bin".to_string(),
+            reason: "49152 bytes, not three 16 KiB units each holding 8193 BF16 values".to_string(),
+        })
+    );
 }

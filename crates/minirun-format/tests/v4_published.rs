@@ -3,7 +3,9 @@
 //! sizes describe it: 13 files of 3,596,391,128 bytes, the totals its `index.json` records) reads
 //! as that layer; each broken rule on an edited copy is refused, naming what broke.
 
-use minirun_format::artifact::v4_published::{PlainDtype, UnitKind, V4File, V4UnitManifest};
+use minirun_format::artifact::v4_published::{
+    PlainDtype, PlainTensor, UnitKind, V4File, V4UnitManifest,
+};
 use serde_json::{Value, json};
 
 fn golden() -> Value {
@@ -163,4 +165,202 @@ fn each_broken_rule_is_refused_by_name() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("more than"), "{err}");
+}
+
+const SHA: &str = "5f0b8c3d5f0b8c3d5f0b8c3d5f0b8c3d5f0b8c3d5f0b8c3d5f0b8c3d5f0b8c3d";
+
+/// A `global00` manifest listing `files`.
+fn global(files: Value) -> Value {
+    json!({
+        "unit": "global00",
+        "source_repo": "deepseek-ai/DeepSeek-V4-Flash-0731",
+        "source_revision": "7872f01b1d1fe23eabc4c98b48bffcef5a386062",
+        "files": files,
+    })
+}
+
+/// A blob holding one tensor of `dtype` and `shape`, the whole of its `bytes`.
+fn standalone(dtype: &str, shape: Value, bytes: u64) -> Value {
+    json!({
+        "name": "global00-norm.bin",
+        "kind": "blob",
+        "bytes": bytes,
+        "sha256": SHA,
+        "source_tensor": "norm.weight",
+        "dtype": dtype,
+        "shape": shape,
+    })
+}
+
+#[test]
+fn plain_dtypes_are_named_as_manifests_spell_them() {
+    assert_eq!(PlainDtype::Bf16.name(), "BF16");
+    assert_eq!(PlainDtype::F32.name(), "F32");
+    assert_eq!(PlainDtype::I64.name(), "I64");
+}
+
+#[test]
+fn layer_unit_names_pad_the_layer_to_two_digits() {
+    assert_eq!(UnitKind::layer_unit(2), "layers02");
+    assert_eq!(UnitKind::layer_unit(42), "layers42");
+    assert_eq!(UnitKind::layer_unit(100), "layers100");
+    assert_eq!(
+        UnitKind::of(&UnitKind::layer_unit(7)),
+        Some(UnitKind::Layer(7))
+    );
+}
+
+#[test]
+fn unit_numbers_of_one_digit_or_with_a_sign_are_not_units() {
+    assert_eq!(UnitKind::of("layers2"), None);
+    assert_eq!(UnitKind::of("mtp1"), None);
+    assert_eq!(UnitKind::of("layers+5"), None);
+    assert_eq!(UnitKind::of("mtp10"), Some(UnitKind::Mtp(10)));
+}
+
+#[test]
+fn a_sha256_of_64_non_hex_characters_is_refused() {
+    let err = refused(|v| v["files"][12]["sha256"] = json!("g".repeat(64)));
+    assert!(
+        err.contains("sha256 is not 64 lowercase hex digits"),
+        "{err}"
+    );
+    let err = refused(|v| v["files"][12]["sha256"] = json!(SHA.to_uppercase()));
+    assert!(
+        err.contains("sha256 is not 64 lowercase hex digits"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_sha256_of_short_lowercase_hex_is_refused() {
+    let err = refused(|v| v["files"][12]["sha256"] = json!(&SHA[..63]));
+    assert!(
+        err.contains("sha256 is not 64 lowercase hex digits"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_manifest_of_exactly_the_size_limit_is_read() {
+    let mut text = golden().to_string().into_bytes();
+    text.resize(8 << 20, b' ');
+    let m = V4UnitManifest::parse(&text, "layers02").unwrap();
+    assert_eq!(m.files.len(), 13);
+}
+
+#[test]
+fn an_empty_file_list_is_refused() {
+    let err = refused(|v| v["files"] = json!([]));
+    assert!(
+        err.contains("files must be a list of 1 to 65536 entries"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_file_name_inside_a_directory_is_refused() {
+    let err = refused(|v| v["files"][0]["name"] = json!("sub/layers02-attn.fp8tile"));
+    assert!(
+        err.contains("file sub/layers02-attn.fp8tile: is not a plain file name"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_file_of_zero_bytes_is_refused() {
+    let err = refused(|v| v["files"][0]["bytes"] = json!(0));
+    assert!(err.contains("has no positive bytes"), "{err}");
+}
+
+#[test]
+fn a_global_blob_of_bf16_or_f32_tensors_is_read() {
+    for (dtype, expected) in [("F32", PlainDtype::F32), ("BF16", PlainDtype::Bf16)] {
+        let width = expected.width();
+        let m = parse(
+            &global(json!([standalone(dtype, json!([2048]), 2048 * width)])),
+            "global00",
+        )
+        .unwrap();
+        let Some(V4File::Blob { tensors, .. }) = m.file("global00-norm.bin") else {
+            panic!("the blob");
+        };
+        assert_eq!(
+            tensors,
+            &vec![PlainTensor {
+                name: "norm.weight".to_string(),
+                dtype: expected,
+                shape: vec![2048],
+                offset: 0,
+                bytes: 2048 * width,
+            }]
+        );
+    }
+}
+
+#[test]
+fn a_global_blob_with_an_i64_tensor_is_refused() {
+    let err = parse(
+        &global(json!([standalone("I64", json!([1024]), 8192)])),
+        "global00",
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("global00 holds BF16 and F32 tensors only"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_standalone_tensor_that_does_not_fill_its_blob_is_refused() {
+    let err = parse(
+        &global(json!([standalone("F32", json!([2048]), 8196)])),
+        "global00",
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("norm.weight holds 8192 bytes, the file 8196"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_tensor_with_no_dims_is_refused() {
+    let err = parse(
+        &global(json!([standalone("F32", json!([]), 4)])),
+        "global00",
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("norm.weight: shape must be 1 to 8 positive dims"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_tensor_with_a_zero_dim_is_refused() {
+    let blob = json!({
+        "name": "global00-plain.bin",
+        "kind": "blob",
+        "bytes": 8192,
+        "sha256": SHA,
+        "members": [
+            {"source_tensor": "empty", "dtype": "F32", "shape": [0], "offset": 0, "bytes": 0},
+            {"source_tensor": "norm.weight", "dtype": "F32", "shape": [2048], "offset": 0, "bytes": 8192},
+        ],
+    });
+    let err = parse(&global(json!([blob])), "global00").unwrap_err();
+    assert!(
+        err.contains("empty: shape must be 1 to 8 positive dims"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_empty_member_list_is_refused() {
+    let err = refused(|v| v["files"][12]["members"] = json!([]));
+    assert!(
+        err.contains("members must be a list of 1 to 65536"),
+        "{err}"
+    );
 }

@@ -139,4 +139,17 @@ mod tests {
         let failing = |_: &str| Err::<Option<Vec<u8>>, _>("unreadable");
         assert_eq!(Layout::detect(failing), Err("unreadable"));
     }
+
+    #[test]
+    fn each_layout_is_described_by_name() {
+        assert_eq!(Layout::Own.describe(), "minirun's own layout");
+        assert_eq!(
+            Layout::K3Published.describe(),
+            "the published Kimi K3 layout"
+        );
+        assert_eq!(
+            Layout::V4Published.describe(),
+            "the published DeepSeek V4 layout"
+        );
+    }
 }

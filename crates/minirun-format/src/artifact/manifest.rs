@@ -118,3 +118,33 @@ pub struct UnitManifest {
     pub source_revision: Option<String>,
     pub files: Vec<FileEntry>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_blobs_length_and_digest_are_its_own() {
+        let entry: FileEntry = serde_json::from_str(
+            r#"{"kind":"blob","name":"a.blob","bytes":7,"sha256":"ab12","members":[]}"#,
+        )
+        .expect("a blob entry");
+        assert_eq!(
+            (entry.name(), entry.bytes(), entry.sha256()),
+            ("a.blob", 7, "ab12")
+        );
+    }
+
+    #[test]
+    fn a_tile_containers_length_and_digest_are_its_own() {
+        let source = r#"{"source_tensor":"w","dtype":"U8","shape":[1],"shard":"s","shard_offset":0,"bytes":1}"#;
+        let entry: FileEntry = serde_json::from_str(&format!(
+            r#"{{"kind":"tile-container","name":"w.tile","bytes":32768,"sha256":"cd34","layout":"mxfp4","scheme":"x","rows":1,"cols":32,"count":1,"element_bits":4,"group":32,"block_rows":1,"scale_dtype":"uint8-e8m0","packed":{source},"scales":{source}}}"#
+        ))
+        .expect("a tile container entry");
+        assert_eq!(
+            (entry.name(), entry.bytes(), entry.sha256()),
+            ("w.tile", 32768, "cd34")
+        );
+    }
+}

@@ -163,4 +163,51 @@ mod tests {
         ));
         assert!(is_unit_name("layer00") && !is_unit_name(".minirun") && !is_unit_name("a/b"));
     }
+
+    #[test]
+    fn a_units_manifest_is_its_manifest_json() {
+        assert_eq!(manifest_path("layer07"), "layer07/manifest.json");
+    }
+
+    /// A valid manifest padded with whitespace to `len` bytes.
+    fn manifest_of_length(len: usize) -> Vec<u8> {
+        let mut doc = br#"{"unit":"layer00","files":[]}"#.to_vec();
+        doc.resize(len, b' ');
+        doc
+    }
+
+    #[test]
+    fn a_manifest_of_the_largest_accepted_size_is_read() {
+        let doc = manifest_of_length(MAX_MANIFEST_BYTES as usize);
+        assert_eq!(
+            parse_manifest("layer00", &doc),
+            Ok(UnitManifest {
+                unit: "layer00".to_string(),
+                source_repo: None,
+                source_revision: None,
+                files: vec![],
+            })
+        );
+    }
+
+    #[test]
+    fn a_manifest_one_byte_over_the_limit_is_too_large() {
+        let doc = manifest_of_length(MAX_MANIFEST_BYTES as usize + 1);
+        assert_eq!(
+            parse_manifest("layer00", &doc),
+            Err(ManifestError::TooLarge {
+                path: "layer00/manifest.json".to_string()
+            })
+        );
+    }
+
+    #[test]
+    fn a_manifest_of_distinct_files_is_read() {
+        let doc = br#"{"unit":"layer00","files":[
+            {"kind":"blob","name":"a.blob","bytes":7,"sha256":"aa","members":[]},
+            {"kind":"blob","name":"b.blob","bytes":9,"sha256":"bb","members":[]}]}"#;
+        let manifest = parse_manifest("layer00", doc).expect("two distinct files");
+        let names: Vec<&str> = manifest.files.iter().map(|f| f.name()).collect();
+        assert_eq!(names, ["a.blob", "b.blob"]);
+    }
 }

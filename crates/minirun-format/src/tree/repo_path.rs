@@ -65,4 +65,13 @@ mod tests {
             assert!(check_repo_path(bad).is_err(), "{bad:?}");
         }
     }
+
+    #[test]
+    fn a_path_may_be_4096_bytes_long_and_no_longer() {
+        let longest = format!("a/{}", "b".repeat(4094));
+        assert!(check_repo_path(&longest).is_ok());
+        let err = check_repo_path(&format!("{longest}c")).unwrap_err();
+        assert_eq!(err.reason, "empty or longer than 4096 bytes");
+        assert_eq!(check_repo_path("").unwrap_err().reason, err.reason);
+    }
 }
