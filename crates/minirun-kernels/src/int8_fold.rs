@@ -38,7 +38,8 @@ pub(crate) fn fold(
             let h = mxfp4_half_scale(m.scales[index]);
             acc[g % 8] += (h * x.steps[g]) * i as f32;
         }
-        _ => acc[g % 8] = f32::NAN,
+        // Reached only by a caller's mistake: the whole row turns NaN rather than a number.
+        _ => acc.fill(f32::NAN),
     }
 }
 
@@ -46,4 +47,30 @@ pub(crate) fn fold(
 #[inline(always)]
 pub(crate) fn combine(a: [f32; 8]) -> f32 {
     ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::FloatType;
+
+    /// A format the 8-bit fold has no step for turns the row NaN, never a plausible number.
+    #[test]
+    fn a_format_without_an_8_bit_fold_poisons_the_row() {
+        let packed = [0u8; 4 * 32];
+        let m = QMatrix {
+            format: Format::Dense(FloatType::F32),
+            rows: 1,
+            cols: 32,
+            packed: &packed,
+            scales: &[],
+            biases: &[],
+            fp8_nan_codes: false,
+            activations: crate::Activations::Int8,
+        };
+        let x = Int8Vector::quantize(&[1.0; 32], MXFP4_GROUP).unwrap();
+        let mut acc = [0.0f32; 8];
+        fold(&m, 0, &mut acc, 5, &x, 0);
+        assert!(combine(acc).is_nan());
+    }
 }
