@@ -15,7 +15,7 @@
 #      targets llama-bench and llama-quantize only, CPU backend, native instructions.
 #   2. The weights: bench/mlx_decode.py build writes the MLX affine checkpoints minirun runs
 #      (4-bit: the one bench/decode_vs_mlx.sh uses, target/decode-bench/checkpoint; 8-bit:
-#      target/llamacpp-bench/checkpoint-affine8); bench/mlx_decode.py hf writes the same
+#      target/llamacpp-bench/checkpoint-q8_0); bench/mlx_decode.py hf writes the same
 #      draws unquantized (BF16, Hugging Face layout). bench/gpt_oss_bench.py build writes the
 #      gpt-oss checkpoint (target/llamacpp-bench/checkpoint-mxfp4), which both engines take.
 #   3. llama.cpp's own convert_hf_to_gguf.py (from the same sdist, run with

@@ -58,11 +58,10 @@ def parse_args():
 
 
 def greedy_ids(a, artifact, threads, activations):
-    out = a.work / "ids.json"
-    rounds.measure([a.minirun, "run", artifact, "--unverified", "--json", "--prompt", a.prompt,
-                    "--max-tokens", str(a.tokens + 1), "--ignore-eos", "--threads", str(threads),
-                    "--activations", activations], out)
-    return json.loads(out.read_text())["generated_token_ids"]
+    done = subprocess.run([a.minirun, "run", artifact, "--unverified", "--json", "--prompt", a.prompt,
+                           "--max-tokens", str(a.tokens + 1), "--ignore-eos", "--threads", str(threads),
+                           "--activations", activations], capture_output=True, check=True)
+    return json.loads(done.stdout)["generated_token_ids"]
 
 
 def check_ids(a, threads, when):
