@@ -14,24 +14,47 @@
 #     reader's measured throughput, peak RSS against the budget;
 #   - the mmap baseline (crates/minirun-mmap-baseline: the same model and kernels, every
 #     container mapped, the page cache deciding what stays) inside a cgroup of the same limit,
-#     which is how mmap-based runtimes run a model that does not fit; its tokens must equal
-#     minirun's.
+#     which is how mmap-based runtimes run a model that does not fit;
+#   - llama.cpp itself (llama-bench, mmap as it defaults, all cores) on the same weights,
+#     requantized to Q4_0 (bench/mlx_to_gguf.py through llama.cpp's own converter, then
+#     llama-quantize --pure), inside a cgroup of the same limit: what a user would run instead.
+#     First with its defaults; if the limit kills that run (by default llama.cpp copies Q4_0
+#     weights into repacked anonymous memory at load), again with --repack 0, which leaves
+#     every weight in the map. llama-bench decodes from an empty context, without the prompt.
+# Every run's bytes read from the device are counted (/proc/diskstats of the device holding
+# target/, before and after the run: the machine should be otherwise idle) beside its tok/s.
+# minirun's runs and the mmap baseline must compute the same logits bit for bit (SHA-256 over
+# the prompt's and every step's logits, as `minirun run --json` and mmap-baseline print it):
+# any difference makes the script exit 1 after the table.
 # Before each run the artifact's pages are dropped from the page cache (posix_fadvise
 # DONTNEED on every file), so no run reads what an earlier one left cached.
 # Everything lives under target/stream-bench (about 2x the artifact size on disk while it is
-# made). The cgroups need root and a writable cgroup v1 memory controller or cgroup v2
-# memory.max; without them the script says so and runs without a limit.
+# made, and about 5x more while llama.cpp's GGUF is converted). The cgroups need root and a
+# writable cgroup v1 memory controller or cgroup v2 memory.max; without them the script says so
+# and runs without a limit.
 #
-#   bench/stream_under_budget.sh [GB] [BUDGET] [TOKENS]
+#   bench/stream_under_budget.sh [GB] [BUDGET] [TOKENS] [--without-llamacpp]
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-GB="${1:-8.2}"
-BUDGET="${2:-1GiB}"
-TOKENS="${3:-16}"
+positional=()
+LLAMACPP=1
+for arg in "$@"; do
+  case "$arg" in
+    --without-llamacpp) LLAMACPP=0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "unknown option $arg (see --help)" >&2; exit 2 ;;
+    *) positional+=("$arg") ;;
+  esac
+done
+GB="${positional[0]:-8.2}"
+BUDGET="${positional[1]:-1GiB}"
+TOKENS="${positional[2]:-16}"
 WORK="$ROOT/target/stream-bench"
 MINIRUN="$ROOT/target/release/minirun"
 BASELINE="$ROOT/target/release/mmap-baseline"
 SYNTH="$ROOT/target/release/examples/synth_deepseek"
+LLAMA_BENCH="$ROOT/target/llamacpp-bench/build/bin/llama-bench"
+LLAMA_QUANTIZE="$ROOT/target/llamacpp-bench/build/bin/llama-quantize"
 PROMPT="The clockmaker opened the"
 OVERHEAD=$((64 << 20))
 
@@ -39,25 +62,60 @@ cd "$ROOT"
 cargo build --release -q -p minirun-cli -p minirun-mmap-baseline
 cargo build --release -q -p minirun-pack --example synth_deepseek
 mkdir -p "$WORK"
-if [ ! -f "$WORK/artifact/index.json" ]; then
-  rm -rf "$WORK/checkpoint" "$WORK/artifact"
-  "$SYNTH" "$WORK/checkpoint" "$GB" 2048 64 8
-  "$MINIRUN" pack --source "$WORK/checkpoint" --out "$WORK/artifact" >/dev/null
+# The generator is deterministic (a fixed seed): a checkpoint made again holds the same weights.
+make_checkpoint() {
   rm -rf "$WORK/checkpoint"
+  "$SYNTH" "$WORK/checkpoint" "$GB" 2048 64 8
+}
+GGUF="$WORK/model-q4_0.gguf"
+if [ ! -f "$WORK/artifact/index.json" ] || [ "$(cat "$WORK/artifact.gb" 2>/dev/null)" != "$GB" ]; then
+  rm -rf "$WORK/artifact" "$GGUF"
+  make_checkpoint
+  "$MINIRUN" pack --source "$WORK/checkpoint" --out "$WORK/artifact" >/dev/null
+  echo "$GB" > "$WORK/artifact.gb"
 fi
+if [ "$LLAMACPP" = 1 ] && [ ! -f "$GGUF" ]; then
+  LLAMA_SRC=$(bench/llamacpp_build.sh)
+  TORCH=$(tools/python-venv.sh torch-oracle)
+  [ -d "$WORK/checkpoint" ] || make_checkpoint
+  echo "== the same weights for llama.cpp: a BF16 GGUF by its converter, then llama-quantize --pure Q4_0"
+  PYTHONPATH="$LLAMA_SRC:$LLAMA_SRC/gguf-py" "$TORCH" bench/mlx_to_gguf.py \
+    "$WORK/checkpoint" "$WORK/model-bf16.gguf" > "$WORK/convert.log" 2>&1 ||
+    { echo "the conversion failed: see $WORK/convert.log" >&2; exit 1; }
+  "$LLAMA_QUANTIZE" --pure "$WORK/model-bf16.gguf" "$GGUF.partial" Q4_0 > "$WORK/quantize.log" 2>&1 ||
+    { echo "llama-quantize failed: see $WORK/quantize.log" >&2; exit 1; }
+  mv "$GGUF.partial" "$GGUF"
+  rm -f "$WORK/model-bf16.gguf"
+fi
+rm -rf "$WORK/checkpoint"
 # Every time: evidence from an earlier build may be in a format this one no longer reads.
 "$MINIRUN" verify "$WORK/artifact" 2>&1 | tail -1
 du -sh "$WORK/artifact"
 
 drop_cache() {
-  python3 - "$WORK/artifact" <<'PY'
+  python3 - "$WORK/artifact" "$@" <<'PY'
 import os, sys
 for d, _, files in os.walk(sys.argv[1]):
     for f in files:
         fd = os.open(os.path.join(d, f), os.O_RDONLY)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         os.close(fd)
+for f in sys.argv[2:]:
+    fd = os.open(f, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
 PY
+}
+
+# Bytes read so far by the block device that holds $WORK (/proc/diskstats counts 512-byte
+# sectors); -1 where the device has no row there.
+device_read_bytes() {
+  python3 -c '
+import os, sys
+dev = os.stat(sys.argv[1]).st_dev
+rows = [l.split() for l in open("/proc/diskstats")]
+print(next((int(f[5]) * 512 for f in rows if (int(f[0]), int(f[1])) == (os.major(dev), os.minor(dev))), -1))
+' "$WORK"
 }
 
 # A fresh memory cgroup limited to $1 bytes; prints its folder, or nothing if none can be made.
@@ -76,22 +134,31 @@ make_cgroup() {
   fi
 }
 
-# Runs "$@" inside a cgroup of $1 bytes (or unlimited, saying so), stdout to $2.
+# Runs "$@" inside a cgroup of $1 bytes (or unlimited, saying so) with the page cache of the
+# weights dropped first, stdout to $2; the bytes the device read meanwhile go to $2 with .json
+# replaced by .device. Returns the command's exit status.
 in_cgroup() {
-  local limit="$1" out="$2" dir
+  local limit="$1" out="$2" dir before status=0
   shift 2
   dir=$(make_cgroup "$limit" "$(basename "$out" .json)")
-  drop_cache
+  if [ -f "$GGUF" ]; then drop_cache "$GGUF"; else drop_cache; fi
+  before=$(device_read_bytes)
   if [ -n "$dir" ]; then
-    sh -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$dir" "$@" > "$out"
+    sh -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$dir" "$@" > "$out" || status=$?
     for f in memory.peak memory.max_usage_in_bytes; do
       [ -f "$dir/$f" ] && echo "  cgroup limit $((limit >> 20)) MiB, cgroup peak $(( $(cat "$dir/$f") >> 20 )) MiB (page cache included)"
     done
     rmdir "$dir" 2>/dev/null || true
   else
     echo "  (no memory cgroup could be made here: run without a limit)"
-    "$@" > "$out"
+    "$@" > "$out" || status=$?
   fi
+  if [ "$before" -ge 0 ]; then
+    echo $(( $(device_read_bytes) - before )) > "${out%.json}.device"
+  else
+    echo -1 > "${out%.json}.device"
+  fi
+  return "$status"
 }
 
 # dd over about 2 GB of expert containers (one file is too short a sample).
@@ -140,21 +207,36 @@ else
   echo "== (skipping the resident run: MemAvailable $((available >> 20)) MiB < the artifact)"
   echo '{}' > "$WORK/run-resident.json"
 fi
+rm -f "$WORK"/run-llamacpp-*
 
 floor=$(plan_field floor floor)
 budget_bytes=$(plan_field "$BUDGET" budget)
+limit=$((budget_bytes + OVERHEAD))
 echo "== minirun run --budget floor"
 in_cgroup $((floor + OVERHEAD)) "$WORK/run-floor.json" "${RUN[@]}" --budget floor
 echo "== minirun run --budget $BUDGET"
-in_cgroup $((budget_bytes + OVERHEAD)) "$WORK/run-budget.json" "${RUN[@]}" --budget "$BUDGET"
+in_cgroup "$limit" "$WORK/run-budget.json" "${RUN[@]}" --budget "$BUDGET"
 echo "== mmap baseline"
-in_cgroup $((budget_bytes + OVERHEAD)) "$WORK/run-mmap.json" \
+in_cgroup "$limit" "$WORK/run-mmap.json" \
   "$BASELINE" "$WORK/artifact" --prompt "$PROMPT" --max-tokens "$TOKENS"
+if [ "$LLAMACPP" = 1 ]; then
+  LLAMA=("$LLAMA_BENCH" -m "$GGUF" -p 0 -n "$TOKENS" -r 1 --no-warmup -t "$(nproc)" -o json)
+  echo "== llama.cpp (llama-bench, mmap), its defaults"
+  if ! in_cgroup "$limit" "$WORK/run-llamacpp-defaults.json" "${LLAMA[@]}" 2> "$WORK/llamacpp-defaults.log"; then
+    echo "  it failed under the limit: $(tail -n 2 "$WORK/llamacpp-defaults.log" | tr '\n' ' ')"
+    echo "== llama.cpp (llama-bench, mmap), --repack 0: every weight stays in the map"
+    in_cgroup "$limit" "$WORK/run-llamacpp-map.json" "${LLAMA[@]}" --repack 0 2> "$WORK/llamacpp-map.log" ||
+      echo "  it failed too: see $WORK/llamacpp-map.log"
+  fi
+fi
 
-python3 - "$WORK" "$BUDGET" "$dd_bps" <<'PY'
-import json, sys
-work, budget_name, dd_bps = sys.argv[1], sys.argv[2], float(sys.argv[3])
+python3 - "$WORK" "$BUDGET" "$dd_bps" "$TOKENS" <<'PY'
+import json, os, sys
+work, budget_name, dd_bps, tokens = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
 load = lambda n: json.load(open(f"{work}/{n}.json"))
+def device(n):
+    path = f"{work}/{n}.device"
+    return int(open(path).read()) if os.path.exists(path) else -1
 storage, rotating = load("storage"), load("storage-rotating")
 resident, mmap = load("run-resident"), load("run-mmap")
 mib = 2**20
@@ -168,9 +250,13 @@ compute = 1 / resident["tokens_per_second"] if resident.get("tokens_per_second")
 if compute:
     print(f"compute: {compute*1e3:.0f} ms/token fully resident ({resident['tokens_per_second']:.2f} tok/s)")
 print("\nI/O busy: wall time the run's own reads kept storage busy per token (overlaps once);"
-      " I/O at bench: the bytes read at the one-buffer bench's best throughput.")
-print("\n| run | budget | weights / budget | expert bytes/token (plan without cache hits) | layer bytes/token (plan) | I/O busy ms | I/O at bench ms | compute ms | ms/token | vs max(I/O busy, compute) | vs max(I/O at bench, compute) | tok/s | peak RSS |")
-print("|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+      " I/O at bench: the bytes read at the one-buffer bench's best throughput;"
+      " device read: what /proc/diskstats counted for the whole run (prompt and loading included).")
+print("\n| run | budget | weights / budget | expert bytes/token (plan without cache hits) | layer bytes/token (plan) | I/O busy ms | I/O at bench ms | compute ms | ms/token | vs max(I/O busy, compute) | vs max(I/O at bench, compute) | tok/s | device read | peak RSS |")
+print("|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+def read_cell(n):
+    b = device(n)
+    return f"{b/mib:.0f} MiB" if b >= 0 else "n/a"
 for name, label in [("run-floor", "minirun --budget floor"), ("run-budget", f"minirun --budget {budget_name}")]:
     r = load(name)
     p = r["plan"]
@@ -183,15 +269,44 @@ for name, label in [("run-floor", "minirun --budget floor"), ("run-budget", f"mi
           f"{r['expert_read_bytes_per_token']/mib:.1f} MiB ({p['uncached_read_per_token']/mib:.1f}) | "
           f"{r['layer_read_bytes_per_token']/mib:.1f} MiB ({p['layer_read_per_token']/mib:.1f}) | {busy*1e3:.0f} | {at_bench*1e3:.0f} | "
           f"{compute*1e3 if compute else float('nan'):.0f} | {per*1e3:.0f} | {per/max(busy, c):.2f}x | {per/max(at_bench, c):.2f}x | "
-          f"{r['tokens_per_second']:.2f} | {r['peak_rss_bytes']/mib:.0f} MiB |")
+          f"{r['tokens_per_second']:.2f} | {read_cell(name)} | {r['peak_rss_bytes']/mib:.0f} MiB |")
     print(f"  (its reads ran at {(r['expert_read_bytes_per_token'] + r['layer_read_bytes_per_token'])/busy/1e9:.2f} GB/s while storage was busy)", file=sys.stderr)
-    if r["generated_token_ids"] != mmap["generated_token_ids"]:
-        print(f"  !! {label} and the mmap baseline generated different tokens")
+print(f"| mmap baseline | same cgroup | | | | | | | {1e3/mmap['tokens_per_second']:.0f} | | | {mmap['tokens_per_second']:.2f} | "
+      f"{read_cell('run-mmap')} | {mmap['peak_rss_bytes']/mib:.0f} MiB |")
+llama = None
+for name, label in [("run-llamacpp-defaults", "llama.cpp Q4_0, mmap, defaults"),
+                    ("run-llamacpp-map", "llama.cpp Q4_0, mmap, --repack 0")]:
+    if not os.path.exists(f"{work}/{name}.json"):
+        continue
+    try:
+        rows = [row for row in load(name) if row.get("n_gen", 0) > 0]
+    except (json.JSONDecodeError, TypeError):
+        rows = []
+    if not rows:
+        print(f"| {label} | same cgroup | | | | | | | failed | | | | {read_cell(name)} | |")
+        continue
+    llama = rows[0]["avg_ts"]
+    print(f"| {label} | same cgroup | | | | | | | {1e3/llama:.0f} | | | {llama:.2f} | {read_cell(name)} | |")
+
 budget_run = load("run-budget")
-print(f"| mmap baseline | same cgroup | | | | | | | {1e3/mmap['tokens_per_second']:.0f} | | | {mmap['tokens_per_second']:.2f} | {mmap['peak_rss_bytes']/mib:.0f} MiB |")
 print(f"\nminirun --budget {budget_name} vs the mmap baseline under the same limit: "
-      f"{budget_run['tokens_per_second']/mmap['tokens_per_second']:.2f}x tokens/s; same tokens: "
-      f"{budget_run['generated_token_ids'] == mmap['generated_token_ids']}")
-if resident.get("generated_token_ids"):
-    print(f"same tokens as the resident run: {budget_run['generated_token_ids'] == resident['generated_token_ids']}")
+      f"{budget_run['tokens_per_second']/mmap['tokens_per_second']:.2f}x tokens/s")
+if llama:
+    print(f"minirun --budget {budget_name} vs llama.cpp under the same limit: "
+          f"{budget_run['tokens_per_second']/llama:.2f}x tokens/s (llama.cpp decodes {tokens} tokens "
+          f"from an empty context, minirun after the prompt)")
+# The same logits, bit for bit, or the figures above are of different computations.
+runs = {"minirun --budget floor": load("run-floor"), f"minirun --budget {budget_name}": budget_run,
+        "mmap baseline": mmap}
+if resident.get("logits_sha256"):
+    runs["resident"] = resident
+digests = {label: r.get("logits_sha256") for label, r in runs.items()}
+distinct = len(set(budget_run["generated_token_ids"]))
+print(f"logits SHA-256 of every run: {next(iter(digests.values()))}; "
+      f"{distinct} distinct ids among {len(budget_run['generated_token_ids'])} generated")
+if len(set(digests.values())) != 1 or None in digests.values():
+    for label, digest in digests.items():
+        print(f"  !! {label}: logits SHA-256 {digest}")
+    print("!! the runs computed different logits: the figures above compare different computations")
+    sys.exit(1)
 PY

@@ -207,6 +207,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             "provenance": session.artifact.provenance,
             "prompt_token_ids": generation.prompt_ids,
             "generated_token_ids": generation.generated_ids,
+            "logits_sha256": figures.logits_sha256_hex(),
             "text": generation.text,
             "prompt_tokens": figures.prompt_tokens,
             "prompt_seconds": figures.prompt_time.as_secs_f64(),

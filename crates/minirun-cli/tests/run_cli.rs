@@ -199,6 +199,8 @@ fn a_run_at_the_floor_streams_and_equals_the_resident_run() {
         floor["generated_token_ids"],
         resident["generated_token_ids"]
     );
+    assert_eq!(floor["logits_sha256"], resident["logits_sha256"]);
+    assert_eq!(floor["logits_sha256"].as_str().map(str::len), Some(64));
     assert_eq!(
         floor["expert_read_bytes_per_token"],
         floor["plan"]["uncached_read_per_token"]
@@ -271,6 +273,8 @@ fn a_kimi_k3_artifact_runs_verified_and_streams_at_the_floor() {
         floor["generated_token_ids"],
         resident["generated_token_ids"]
     );
+    assert_eq!(floor["logits_sha256"], resident["logits_sha256"]);
+    assert_eq!(floor["logits_sha256"].as_str().map(str::len), Some(64));
     assert_eq!(
         floor["expert_read_bytes_per_token"],
         floor["plan"]["uncached_read_per_token"]
@@ -327,6 +331,8 @@ fn a_deepseek_v4_artifact_runs_verified_and_streams_at_the_floor() {
         floor["generated_token_ids"],
         resident["generated_token_ids"]
     );
+    assert_eq!(floor["logits_sha256"], resident["logits_sha256"]);
+    assert_eq!(floor["logits_sha256"].as_str().map(str::len), Some(64));
     assert_eq!(
         floor["expert_read_bytes_per_token"],
         floor["plan"]["uncached_read_per_token"]

@@ -60,6 +60,7 @@ fn run(args: &Args) -> Result<()> {
         "baseline": "mmap",
         "prompt_token_ids": generation.prompt_ids,
         "generated_token_ids": generation.generated_ids,
+        "logits_sha256": figures.logits_sha256_hex(),
         "decode_steps": figures.decode_steps,
         "decode_seconds": figures.decode_time.as_secs_f64(),
         "tokens_per_second": figures.tokens_per_second(),

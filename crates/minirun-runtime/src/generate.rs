@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use minirun_format::synthetic::SplitMix64;
+use sha2::{Digest, Sha256};
 
 use crate::decoder::Decoder;
 use crate::step::{ModelError, StepStats};
@@ -118,6 +119,10 @@ pub struct Figures {
     pub prompt_io: StepStats,
     pub steps: Vec<StepRecord>,
     pub stop_reason: StopReason,
+    /// SHA-256 of the bits of every logits vector the generation computed (the prompt's last,
+    /// then each step's, each as little-endian f32): two runs agree bit for bit exactly when
+    /// these agree, even where greedy decoding repeats one token.
+    pub logits_sha256: [u8; 32],
 }
 
 impl Figures {
@@ -127,6 +132,14 @@ impl Figures {
 
     pub fn weight_bytes_per_token(&self) -> u64 {
         self.decode_weight_bytes / (self.decode_steps as u64).max(1)
+    }
+
+    /// [`Figures::logits_sha256`] in lowercase hex.
+    pub fn logits_sha256_hex(&self) -> String {
+        self.logits_sha256
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
     }
 
     /// Routed-expert bytes read from storage per decode step.
@@ -175,6 +188,8 @@ pub fn generate<D: Decoder>(
     let started = Instant::now();
     let mut logits = model.prefill(prompt, &mut cache, &mut figures.prompt_io)?;
     figures.prompt_time = started.elapsed();
+    let mut digest = Sha256::new();
+    hash_bits(&mut digest, &logits);
     let mut out = Vec::new();
     while out.len() < max_tokens {
         let token = sampler.sample(&logits);
@@ -196,6 +211,7 @@ pub fn generate<D: Decoder>(
         let position = model.cached(&cache);
         logits = model.step(token, &mut cache, &mut stats)?;
         let seconds = step.elapsed();
+        hash_bits(&mut digest, &logits);
         figures.decode_time += seconds;
         figures.decode_weight_bytes += stats.weight_bytes;
         figures.decode_steps += 1;
@@ -213,5 +229,11 @@ pub fn generate<D: Decoder>(
         });
     }
     figures.generated_tokens = out.len();
+    figures.logits_sha256 = digest.finalize().into();
     Ok((out, figures))
+}
+
+fn hash_bits(digest: &mut Sha256, logits: &[f32]) {
+    let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+    digest.update(&bytes);
 }

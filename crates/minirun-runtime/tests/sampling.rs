@@ -85,3 +85,39 @@ fn a_stop_token_ends_the_output_without_being_emitted() {
         ));
     });
 }
+
+#[test]
+fn the_logits_digest_covers_the_prompt_and_every_step_in_order() {
+    use minirun_runtime::decoder::Decoder;
+    use minirun_runtime::step::StepStats;
+    use sha2::{Digest, Sha256};
+    with_model(|model| {
+        let greedy = Sampling {
+            temperature: 0.0,
+            top_p: 1.0,
+            seed: 0,
+        };
+        let (ids, figures) = generate(model, &PROMPT, 6, greedy, &[], |_, _| {}).unwrap();
+        let mut cache = model.new_cache();
+        let mut stats = StepStats::default();
+        let mut computed = vec![model.prefill(&PROMPT, &mut cache, &mut stats).unwrap()];
+        for &id in &ids[..ids.len() - 1] {
+            computed.push(model.step(id, &mut cache, &mut stats).unwrap());
+        }
+        let digest_of = |vectors: &[Vec<f32>]| -> [u8; 32] {
+            let mut digest = Sha256::new();
+            for v in vectors {
+                for x in v {
+                    digest.update(x.to_bits().to_le_bytes());
+                }
+            }
+            digest.finalize().into()
+        };
+        assert_eq!(figures.logits_sha256, digest_of(&computed));
+        assert_eq!(figures.logits_sha256_hex().len(), 64);
+        computed.swap(1, 2);
+        assert_ne!(figures.logits_sha256, digest_of(&computed), "order counts");
+        let (_, shorter) = generate(model, &PROMPT, 5, greedy, &[], |_, _| {}).unwrap();
+        assert_ne!(shorter.logits_sha256, figures.logits_sha256);
+    });
+}
