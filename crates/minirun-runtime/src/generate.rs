@@ -136,10 +136,7 @@ impl Figures {
 
     /// [`Figures::logits_sha256`] in lowercase hex.
     pub fn logits_sha256_hex(&self) -> String {
-        self.logits_sha256
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
+        minirun_format::tile::hex(&self.logits_sha256)
     }
 
     /// Routed-expert bytes read from storage per decode step.
@@ -233,7 +230,14 @@ pub fn generate<D: Decoder>(
     Ok((out, figures))
 }
 
+/// Feeds the logits' little-endian bytes to `digest` through a small stack buffer, so a step
+/// allocates nothing for its digest whatever the vocabulary.
 fn hash_bits(digest: &mut Sha256, logits: &[f32]) {
-    let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
-    digest.update(&bytes);
+    let mut bytes = [0u8; 4096];
+    for chunk in logits.chunks(bytes.len() / 4) {
+        for (out, value) in bytes.chunks_exact_mut(4).zip(chunk) {
+            out.copy_from_slice(&value.to_le_bytes());
+        }
+        digest.update(&bytes[..chunk.len() * 4]);
+    }
 }
