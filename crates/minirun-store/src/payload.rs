@@ -75,23 +75,30 @@ impl Drop for AlignedBuf {
         if let Some(pool) = self.pool.take()
             && let Ok(mut free) = pool.lock()
         {
-            free.keep(self.len, std::mem::take(&mut self.raw), self.start);
+            let raw = std::mem::take(&mut self.raw);
+            free.lent = free.lent.saturating_sub(raw.len() as u64);
+            free.keep(self.len, raw, self.start);
         }
     }
 }
 
-/// Buffers kept for the next read of the same length.
+/// Buffers kept for the next read of the same length, and the bytes of the pool's buffers in
+/// use: kept and lent together stay within the limit, so that keeping buffers never adds to
+/// the memory the reads in flight take.
 #[derive(Debug, Default)]
 struct FreeList {
     by_len: HashMap<usize, Vec<(Vec<u8>, usize)>>,
+    /// Bytes kept.
     bytes: u64,
+    /// Bytes of the buffers handed out and not yet dropped.
+    lent: u64,
     limit: u64,
 }
 
 impl FreeList {
     fn keep(&mut self, len: usize, raw: Vec<u8>, start: usize) {
         let size = raw.len() as u64;
-        if self.bytes + size <= self.limit {
+        if self.bytes + self.lent + size <= self.limit {
             self.bytes += size;
             self.by_len.entry(len).or_default().push((raw, start));
         }
@@ -101,6 +108,24 @@ impl FreeList {
         let (raw, start) = self.by_len.get_mut(&len)?.pop()?;
         self.bytes -= raw.len() as u64;
         Some((raw, start))
+    }
+
+    /// Kept buffers (of other lengths) given up until `size` more bytes lent fit the limit
+    /// beside what is kept, or nothing is kept; returned to be freed outside the lock.
+    fn make_room(&mut self, size: u64) -> Vec<Vec<u8>> {
+        let mut freed = Vec::new();
+        while self.bytes > 0 && self.bytes + self.lent + size > self.limit {
+            let Some(&len) = self.by_len.keys().next() else {
+                break;
+            };
+            match self.take(len) {
+                Some((raw, _)) => freed.push(raw),
+                None => {
+                    self.by_len.remove(&len);
+                }
+            }
+        }
+        freed
     }
 }
 
@@ -140,7 +165,20 @@ impl BufferPool {
 
     /// A buffer of `len` usable bytes: a kept one of that length if there is one.
     pub fn buffer(&self, len: usize) -> AlignedBuf {
-        let kept = self.0.lock().ok().and_then(|mut free| free.take(len));
+        let (kept, freed) = match self.0.lock() {
+            Ok(mut free) => {
+                let kept = free.take(len);
+                let size = kept.as_ref().map_or(len + SLOT_ALIGN, |(raw, _)| raw.len());
+                let freed = match kept {
+                    Some(_) => Vec::new(),
+                    None => free.make_room(size as u64),
+                };
+                free.lent += size as u64;
+                (kept, freed)
+            }
+            Err(_) => (None, Vec::new()),
+        };
+        drop(freed);
         let mut buf = match kept {
             Some((raw, start)) => AlignedBuf {
                 raw,
@@ -323,12 +361,34 @@ mod tests {
         drop((again, other));
         assert_eq!(pool.kept_bytes(), (60_000 + 2 * SLOT_ALIGN) as u64);
 
-        // Over the limit, a dropped buffer is freed, not kept; a lower limit drops kept ones.
-        let big = pool.buffer(90_000);
+        // A read of another length gets room first: kept buffers are freed until what is kept
+        // and what is lent fit the limit together. Over the limit, a dropped buffer is freed.
+        let big = pool.buffer(70_000);
+        assert_eq!(
+            pool.kept_bytes(),
+            0,
+            "86,384 lent leaves no room to keep 92,768"
+        );
         drop(big);
+        assert_eq!(pool.kept_bytes(), (70_000 + SLOT_ALIGN) as u64);
+        let (a, b) = (pool.buffer(20_000), pool.buffer(20_000));
+        assert_eq!(pool.kept_bytes(), 0);
+        drop(a);
+        assert_eq!(
+            pool.kept_bytes(),
+            (20_000 + SLOT_ALIGN) as u64,
+            "kept beside the one still lent: 72,768 in all"
+        );
+        let c = pool.buffer(40_000);
+        assert_eq!(
+            pool.kept_bytes(),
+            0,
+            "the kept buffer gives way: beside 36,384 lent and 56,384 more it would pass the limit"
+        );
+        drop((b, c));
         assert_eq!(pool.kept_bytes(), (60_000 + 2 * SLOT_ALIGN) as u64);
-        pool.set_limit(50_000);
-        assert!(pool.kept_bytes() <= 50_000);
+        pool.set_limit(30_000);
+        assert!(pool.kept_bytes() <= 30_000);
     }
 
     #[test]
