@@ -184,6 +184,8 @@ impl Command {
 }
 
 fn main() -> ExitCode {
+    // Before any thread starts: a budget is kept in pages touched, not in 2 MiB pages.
+    let _ = minirun_runtime::budget::count_only_used_pages();
     let cli = Cli::parse();
     if let Some(threads) = cli.command.threads()
         && let Err(err) = threads::init(threads)

@@ -71,6 +71,8 @@ fn run(args: &Args) -> Result<()> {
 }
 
 fn main() -> ExitCode {
+    // As `minirun run` does, so that both are held to a memory limit in the same pages.
+    let _ = minirun_runtime::budget::count_only_used_pages();
     let args = Args::parse();
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,

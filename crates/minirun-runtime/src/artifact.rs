@@ -96,7 +96,9 @@ pub(crate) enum Location {
     Member {
         file: usize,
         member: Box<Member>,
-        resident: OnceLock<Vec<u8>>,
+        /// The member's bytes, kept in the buffer they were read into (a copy would double the
+        /// memory of a large member, an embedding or a head, while it is made).
+        resident: OnceLock<AlignedBuf>,
     },
     /// A container's tiles, all of them (a matrix or a stack), or only `tile` (one routed
     /// expert of the published DeepSeek V4 layout, whose containers order experts by
@@ -770,12 +772,11 @@ impl Artifact {
             .tensors
             .values()
             .filter_map(|l| match l {
-                Location::Member { resident, .. } | Location::Banded { resident, .. } => {
-                    resident.get()
-                }
+                Location::Member { resident, .. } => resident.get().map(AlignedBuf::len),
+                Location::Banded { resident, .. } => resident.get().map(Vec::len),
                 Location::Tiled { .. } => None,
             })
-            .map(|b| b.len() as u64)
+            .map(|len| len as u64)
             .sum();
         files + members
     }
@@ -807,14 +808,42 @@ impl Artifact {
     /// is read.
     pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ArtifactError> {
         let dtype = self.check_vector(name, len)?;
-        let (bytes, _) = self.member(name)?;
-        if Some(bytes.len()) != len.checked_mul(dtype.size()) {
-            return Err(tensor_err(
-                name,
-                format!("read {} bytes; the config needs {len} floats", bytes.len()),
-            ));
+        self.with_member(name, |bytes, _| {
+            if Some(bytes.len()) != len.checked_mul(dtype.size()) {
+                return Err(tensor_err(
+                    name,
+                    format!("read {} bytes; the config needs {len} floats", bytes.len()),
+                ));
+            }
+            Ok((0..len).map(|i| dtype.read(bytes, i)).collect())
+        })
+    }
+
+    /// `f` of a member's bytes, for a tensor that is held converted (a vector, a table): the
+    /// bytes a matrix already holds, else read for `f` alone and dropped after it, so that the
+    /// run does not hold the tensor twice.
+    fn with_member<T>(
+        &self,
+        name: &str,
+        f: impl FnOnce(&[u8], &Member) -> Result<T, ArtifactError>,
+    ) -> Result<T, ArtifactError> {
+        match self.tensors.get(name) {
+            Some(Location::Member {
+                file,
+                member,
+                resident,
+            }) => match resident.get() {
+                Some(held) => f(held.as_slice(), member),
+                None => {
+                    let read = self.read_aligned(*file, member.offset, member.source.bytes)?;
+                    f(read.as_slice(), member)
+                }
+            },
+            _ => {
+                let (bytes, member) = self.member(name)?;
+                f(bytes, member)
+            }
         }
-        Ok((0..len).map(|i| dtype.read(bytes, i)).collect())
     }
 
     /// Checks, without reading it, that `name` is a plain float tensor of `len` elements;
@@ -896,39 +925,41 @@ impl Artifact {
     /// A plain integer tensor of `len` elements (I64 or I32, little-endian), widened to i64:
     /// DeepSeek V4's `tid2eid` tables.
     pub fn integers(&self, name: &str, len: usize) -> Result<Vec<i64>, ArtifactError> {
-        let (bytes, member) = self.member(name)?;
-        let width = match member.source.dtype.as_str() {
-            "I64" => 8,
-            "I32" => 4,
-            other => {
+        self.with_member(name, |bytes, member| {
+            let width = match member.source.dtype.as_str() {
+                "I64" => 8,
+                "I32" => 4,
+                other => {
+                    return Err(tensor_err(
+                        name,
+                        format!("is {other}, not an integer tensor"),
+                    ));
+                }
+            };
+            let shape_len = member
+                .source
+                .shape
+                .iter()
+                .try_fold(1usize, |n, &d| n.checked_mul(d));
+            if shape_len != Some(len) || bytes.len() != len * width || member.quantization.is_some()
+            {
                 return Err(tensor_err(
                     name,
-                    format!("is {other}, not an integer tensor"),
+                    format!(
+                        "has shape {:?} in {} bytes; the config needs {len} integers",
+                        member.source.shape,
+                        bytes.len()
+                    ),
                 ));
             }
-        };
-        let shape_len = member
-            .source
-            .shape
-            .iter()
-            .try_fold(1usize, |n, &d| n.checked_mul(d));
-        if shape_len != Some(len) || bytes.len() != len * width || member.quantization.is_some() {
-            return Err(tensor_err(
-                name,
-                format!(
-                    "has shape {:?} in {} bytes; the config needs {len} integers",
-                    member.source.shape,
-                    bytes.len()
-                ),
-            ));
-        }
-        Ok(bytes
-            .chunks_exact(width)
-            .map(|b| match b.try_into() {
-                Ok(eight) => i64::from_le_bytes(eight),
-                Err(_) => i64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-            })
-            .collect())
+            Ok(bytes
+                .chunks_exact(width)
+                .map(|b| match b.try_into() {
+                    Ok(eight) => i64::from_le_bytes(eight),
+                    Err(_) => i64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+                })
+                .collect())
+        })
     }
 
     /// A blob member's description, without reading it.
@@ -948,9 +979,9 @@ impl Artifact {
                 resident,
             }) => {
                 let bytes = once(resident, || {
-                    self.read_vec(*file, member.offset, member.source.bytes)
+                    self.read_aligned(*file, member.offset, member.source.bytes)
                 })?;
-                Ok((bytes, member))
+                Ok((bytes.as_slice(), member))
             }
             Some(Location::Banded {
                 member: Some(member),
