@@ -223,6 +223,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             "layer_read_bytes_per_token": figures.layer_read_bytes_per_token(),
             "decode_io_seconds": io.io_time.as_secs_f64(),
             "decode_read_busy_seconds": io.read_busy.as_secs_f64(),
+            "decode_outside_layers_seconds": io.outside_layers.as_secs_f64(),
             "expert_cache_hits": io.expert_cache_hits,
             "expert_cache_misses": io.expert_cache_misses,
             "direct_reads": io.direct_reads,

@@ -201,6 +201,11 @@ fn a_run_at_the_floor_streams_and_equals_the_resident_run() {
     );
     assert_eq!(floor["logits_sha256"], resident["logits_sha256"]);
     assert_eq!(floor["logits_sha256"].as_str().map(str::len), Some(64));
+    // The embedding and the logits take part of a step, never all of it.
+    for run in [&floor, &resident] {
+        let outside = run["decode_outside_layers_seconds"].as_f64().unwrap();
+        assert!(outside > 0.0 && outside < run["decode_seconds"].as_f64().unwrap());
+    }
     assert_eq!(
         floor["expert_read_bytes_per_token"],
         floor["plan"]["uncached_read_per_token"]

@@ -178,7 +178,9 @@ impl<'a, A: Layered<'a>> LayeredModel<'a, A> {
         logits: Logits,
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let started = std::time::Instant::now();
         let hidden = self.arch.embed(tokens, stats)?;
+        stats.outside_layers += started.elapsed();
         let mut state = (hidden, caches);
         self.stream.run(
             self.artifact,
@@ -211,7 +213,10 @@ impl<'a, A: Layered<'a>> LayeredModel<'a, A> {
                 if wanted.is_empty() {
                     return Ok(Vec::new());
                 }
-                self.arch.logits(hidden, &wanted, stats)
+                let started = std::time::Instant::now();
+                let out = self.arch.logits(hidden, &wanted, stats);
+                stats.outside_layers += started.elapsed();
+                out
             },
         )
     }

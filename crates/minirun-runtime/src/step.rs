@@ -46,6 +46,10 @@ pub struct StepStats {
     /// Wall time during which at least one of the step's reads was in flight (overlapping
     /// reads count once): the I/O the step needed, whether or not compute hid it.
     pub read_busy: Duration,
+    /// Wall time outside the layers: the embedding before them and the logits after them.
+    /// What is left of a step is the layers' (benchmarks extrapolate a model's time per token
+    /// to more layers from it).
+    pub outside_layers: Duration,
 }
 
 impl StepStats {
@@ -60,5 +64,6 @@ impl StepStats {
         self.buffered_reads += other.buffered_reads;
         self.io_time += other.io_time;
         self.read_busy += other.read_busy;
+        self.outside_layers += other.outside_layers;
     }
 }
