@@ -9,6 +9,7 @@ pub mod pack;
 pub mod recognize;
 pub mod shard;
 pub mod synthetic_model;
+pub mod synthetic_v4;
 pub mod v4_published;
 
 pub use check::{CheckError, CheckReport, Difference, check};

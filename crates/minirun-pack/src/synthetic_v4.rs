@@ -1,0 +1,455 @@
+//! A random DeepSeek V4 checkpoint in DeepSeek's own storage (FP8 e4m3 matrices with one E8M0
+//! scale per 128 x 128 block, FP4 experts with one E8M0 scale per 32 columns, BF16 and F32
+//! plain tensors) at the geometry an upstream `config.json` gives, the published V4 Flash's
+//! included, cut to its first `layers` layers: for measuring streaming at the sizes the
+//! published artifact has (`minirun pack --layout deepseek-v4-published` turns it into that layout).
+//!
+//! Not a model of anything: its outputs mean nothing, but they are exactly determined by its
+//! bytes. Values are scaled so that activations stay finite through the layers.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use minirun_format::synthetic::{SplitMix64, fill_content};
+use safetensors::tensor::{Dtype, TensorView};
+use serde_json::{Value, json};
+
+use crate::PackError;
+
+/// The most bytes of tensors one shard is built from in memory.
+const SHARD_BYTES: usize = 512 << 20;
+/// Hyper-connection mixing terms per stream: pre, post and the `hc x hc` residual mix.
+const fn hc_mix(hc: usize) -> usize {
+    (2 + hc) * hc
+}
+
+/// The geometry of a V4 checkpoint, as its `config.json` states it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct V4Geometry {
+    pub hidden: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub q_lora: usize,
+    pub o_groups: usize,
+    pub o_lora: usize,
+    pub index_heads: usize,
+    pub index_dim: usize,
+    pub inner: usize,
+    pub experts: usize,
+    pub experts_per_token: usize,
+    pub vocab: usize,
+    pub hash_layers: usize,
+    pub hc: usize,
+    /// Per layer: 0 (the sliding window only), 4 (compressed sparse) or another rate
+    /// (heavily compressed).
+    pub compress_ratios: Vec<usize>,
+}
+
+fn field(config: &Value, key: &str) -> Result<usize, PackError> {
+    config
+        .get(key)
+        .and_then(Value::as_u64)
+        .map(|v| v as usize)
+        .ok_or_else(|| PackError::Refused {
+            what: format!("config.json {key}"),
+            reason: "missing or not an unsigned integer".into(),
+        })
+}
+
+impl V4Geometry {
+    /// The geometry of `config` (the upstream `compress_ratios` form) cut to its first
+    /// `layers` layers.
+    pub fn from_config(config: &Value, layers: usize) -> Result<V4Geometry, PackError> {
+        let ratios: Vec<usize> = config
+            .get("compress_ratios")
+            .and_then(Value::as_array)
+            .map(|r| r.iter().filter_map(Value::as_u64).map(|v| v as usize))
+            .into_iter()
+            .flatten()
+            .take(layers)
+            .collect();
+        if layers == 0 || ratios.len() != layers || layers > field(config, "num_hidden_layers")? {
+            return Err(PackError::Refused {
+                what: "config.json compress_ratios".into(),
+                reason: format!(
+                    "{layers} layers asked for; the config must have at least that many layers and a rate for each"
+                ),
+            });
+        }
+        Ok(V4Geometry {
+            hidden: field(config, "hidden_size")?,
+            heads: field(config, "num_attention_heads")?,
+            head_dim: field(config, "head_dim")?,
+            q_lora: field(config, "q_lora_rank")?,
+            o_groups: field(config, "o_groups")?,
+            o_lora: field(config, "o_lora_rank")?,
+            index_heads: field(config, "index_n_heads")?,
+            index_dim: field(config, "index_head_dim")?,
+            inner: field(config, "moe_intermediate_size")?,
+            experts: field(config, "n_routed_experts")?,
+            experts_per_token: field(config, "num_experts_per_tok")?,
+            vocab: field(config, "vocab_size")?,
+            hash_layers: field(config, "num_hash_layers")?,
+            hc: field(config, "hc_mult")?,
+            compress_ratios: ratios,
+        })
+    }
+
+    fn layers(&self) -> usize {
+        self.compress_ratios.len()
+    }
+}
+
+type Tensor = (String, Dtype, Vec<usize>, Vec<u8>);
+
+struct Writer {
+    rng: SplitMix64,
+    seed: u64,
+}
+
+impl Writer {
+    fn unit(&mut self) -> f32 {
+        (self.rng.next().unwrap_or(0) >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+
+    fn random(&mut self, len: usize) -> Vec<u8> {
+        self.seed += 1;
+        let mut out = vec![0u8; len];
+        fill_content(self.seed, 0, &mut out);
+        out
+    }
+
+    fn f32(&mut self, name: String, shape: Vec<usize>, mean: f32, spread: f32) -> Tensor {
+        let n: usize = shape.iter().product();
+        let data = (0..n)
+            .flat_map(|_| (mean + spread * self.unit()).to_le_bytes())
+            .collect();
+        (name, Dtype::F32, shape, data)
+    }
+
+    /// A norm's weights: BF16 near `1`, as the published checkpoint stores them.
+    fn norm(&mut self, name: String, len: usize) -> Tensor {
+        let data = (0..len)
+            .flat_map(|_| {
+                let bits = (1.0 + 0.1 * self.unit()).to_bits();
+                ((bits >> 16) as u16).to_le_bytes()
+            })
+            .collect();
+        (name, Dtype::BF16, vec![len], data)
+    }
+
+    fn bf16(&mut self, name: String, rows: usize, cols: usize) -> Tensor {
+        let spread = 1.0 / (cols as f32).sqrt();
+        let data = (0..rows * cols)
+            .flat_map(|_| {
+                let bits = (spread * self.unit()).to_bits();
+                ((bits >> 16) as u16).to_le_bytes()
+            })
+            .collect();
+        (name, Dtype::BF16, vec![rows, cols], data)
+    }
+
+    /// E4M3 codes of magnitude below 1 (no NaN can occur) and one E8M0 scale per 128 x 128
+    /// block near `1 / sqrt(cols)`.
+    fn fp8(&mut self, module: &str, rows: usize, cols: usize) -> Vec<Tensor> {
+        let mut codes = self.random(rows * cols);
+        for c in &mut codes {
+            *c = ((*c & 0x7F) % 0x38) | (*c & 0x80);
+        }
+        let grid = (rows.div_ceil(128), cols.div_ceil(128));
+        let exponent = 127 - (cols as f32).log2().ceil() as u8 / 2;
+        vec![
+            (
+                format!("{module}.weight"),
+                Dtype::F8_E4M3,
+                vec![rows, cols],
+                codes,
+            ),
+            (
+                format!("{module}.scale"),
+                Dtype::F8_E8M0,
+                vec![grid.0, grid.1],
+                vec![exponent; grid.0 * grid.1],
+            ),
+        ]
+    }
+
+    /// FP4 codes two a byte and E8M0 scales per 32 columns.
+    fn fp4(&mut self, module: &str, rows: usize, cols: usize) -> Vec<Tensor> {
+        let exponent = 125 - (cols as f32).log2().ceil() as u8 / 2;
+        vec![
+            (
+                format!("{module}.weight"),
+                Dtype::I8,
+                vec![rows, cols / 2],
+                self.random(rows * cols / 2),
+            ),
+            (
+                format!("{module}.scale"),
+                Dtype::F8_E8M0,
+                vec![rows, cols / 32],
+                vec![exponent; rows * cols / 32],
+            ),
+        ]
+    }
+}
+
+/// Shards of at most about [`SHARD_BYTES`] each, written as they fill, and the index of where
+/// every tensor went.
+struct Shards<'o> {
+    out: &'o Path,
+    pending: Vec<Tensor>,
+    pending_bytes: usize,
+    written: usize,
+    weight_map: serde_json::Map<String, Value>,
+}
+
+impl Shards<'_> {
+    fn push(&mut self, tensors: Vec<Tensor>) -> Result<(), PackError> {
+        for t in tensors {
+            self.pending_bytes += t.3.len();
+            self.pending.push(t);
+            if self.pending_bytes >= SHARD_BYTES {
+                self.flush()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), PackError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        self.written += 1;
+        let name = format!("model-{:05}.safetensors", self.written);
+        let path = self.out.join(&name);
+        let bad = |e: safetensors::SafeTensorError| PackError::BadShard {
+            path: path.clone(),
+            reason: e.to_string(),
+        };
+        let views = self
+            .pending
+            .iter()
+            .map(|(n, dtype, dims, bytes)| {
+                TensorView::new(*dtype, dims.clone(), bytes).map(|v| (n.clone(), v))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(bad)?;
+        for (n, _) in &views {
+            self.weight_map.insert(n.clone(), json!(name));
+        }
+        let metadata: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
+        safetensors::serialize_to_file(views, Some(metadata), &path).map_err(bad)?;
+        self.pending.clear();
+        self.pending_bytes = 0;
+        Ok(())
+    }
+}
+
+fn globals(w: &mut Writer, g: &V4Geometry) -> Vec<Tensor> {
+    let (h, hc) = (g.hidden, g.hc);
+    vec![
+        w.bf16("embed.weight".into(), g.vocab, h),
+        w.bf16("head.weight".into(), g.vocab, h),
+        w.norm("norm.weight".into(), h),
+        w.f32("hc_head_fn".into(), vec![hc, hc * h], 0.0, 0.05),
+        w.f32("hc_head_base".into(), vec![hc], 0.0, 0.5),
+        w.f32("hc_head_scale".into(), vec![1], 1.0, 0.2),
+    ]
+}
+
+/// Layer `i`'s tensors but its routed experts.
+fn layer_dense(w: &mut Writer, g: &V4Geometry, i: usize) -> Vec<Tensor> {
+    let p = format!("layers.{i}.");
+    let (h, hd) = (g.hidden, g.head_dim);
+    let mut t = Vec::new();
+    for which in ["attn", "ffn"] {
+        let mix = hc_mix(g.hc);
+        t.push(w.f32(format!("{p}hc_{which}_fn"), vec![mix, g.hc * h], 0.0, 0.05));
+        t.push(w.f32(format!("{p}hc_{which}_base"), vec![mix], 0.0, 0.5));
+        t.push(w.f32(format!("{p}hc_{which}_scale"), vec![3], 1.0, 0.2));
+        t.push(w.norm(format!("{p}{which}_norm.weight"), h));
+    }
+    t.extend(w.fp8(&format!("{p}attn.wq_a"), g.q_lora, h));
+    t.push(w.norm(format!("{p}attn.q_norm.weight"), g.q_lora));
+    t.extend(w.fp8(&format!("{p}attn.wq_b"), g.heads * hd, g.q_lora));
+    t.extend(w.fp8(&format!("{p}attn.wkv"), hd, h));
+    t.push(w.norm(format!("{p}attn.kv_norm.weight"), hd));
+    let o_cols = g.heads * hd / g.o_groups;
+    t.extend(w.fp8(&format!("{p}attn.wo_a"), g.o_groups * g.o_lora, o_cols));
+    t.extend(w.fp8(&format!("{p}attn.wo_b"), h, g.o_groups * g.o_lora));
+    t.push(w.f32(format!("{p}attn.attn_sink"), vec![g.heads], 0.0, 1.0));
+    t.push(w.bf16(format!("{p}ffn.gate.weight"), g.experts, h));
+    for (name, rows, cols) in [("w1", g.inner, h), ("w3", g.inner, h), ("w2", h, g.inner)] {
+        t.extend(w.fp8(&format!("{p}ffn.shared_experts.{name}"), rows, cols));
+    }
+    if i < g.hash_layers {
+        t.push(hash_table(g, &p));
+    } else {
+        t.push(w.f32(format!("{p}ffn.gate.bias"), vec![g.experts], 0.0, 0.1));
+    }
+    let mut compressor = |prefix: String, rate: usize, dim: usize, width: usize| {
+        vec![
+            w.bf16(format!("{prefix}.wkv.weight"), width, h),
+            w.bf16(format!("{prefix}.wgate.weight"), width, h),
+            w.f32(format!("{prefix}.ape"), vec![rate, width], 0.0, 0.5),
+            w.norm(format!("{prefix}.norm.weight"), dim),
+        ]
+    };
+    match g.compress_ratios[i] {
+        0 => {}
+        4 => {
+            t.extend(compressor(format!("{p}attn.compressor"), 4, hd, 2 * hd));
+            let (ih, id) = (g.index_heads, g.index_dim);
+            t.extend(compressor(
+                format!("{p}attn.indexer.compressor"),
+                4,
+                id,
+                2 * id,
+            ));
+            t.extend(w.fp8(&format!("{p}attn.indexer.wq_b"), ih * id, g.q_lora));
+            t.push(w.bf16(format!("{p}attn.indexer.weights_proj.weight"), ih, h));
+        }
+        rate => t.extend(compressor(format!("{p}attn.compressor"), rate, hd, hd)),
+    }
+    t
+}
+
+/// A hash-routed layer's token-to-experts table: `experts_per_token` distinct experts per
+/// token, spread over all of them.
+fn hash_table(g: &V4Geometry, prefix: &str) -> Tensor {
+    let k = g.experts_per_token;
+    let table = (0..g.vocab)
+        .flat_map(|t| {
+            let first = t * 7 % g.experts;
+            (0..k).flat_map(move |j| {
+                (((first + j * (g.experts / k).max(1)) % g.experts) as i64).to_le_bytes()
+            })
+        })
+        .collect();
+    (
+        format!("{prefix}ffn.gate.tid2eid"),
+        Dtype::I64,
+        vec![g.vocab, k],
+        table,
+    )
+}
+
+/// The config of the cut checkpoint: `upstream` with its layer count and rates cut to the
+/// geometry's, and without the stages that are not generated (multi-token prediction, the
+/// speculative decoder's layer picks).
+fn cut_config(upstream: &Value, g: &V4Geometry) -> Value {
+    let mut config = upstream.clone();
+    if let Some(map) = config.as_object_mut() {
+        map.insert("num_hidden_layers".into(), json!(g.layers()));
+        map.insert("compress_ratios".into(), json!(g.compress_ratios));
+        map.insert("num_nextn_predict_layers".into(), json!(0));
+        map.retain(|k, _| !k.starts_with("dspark_"));
+    }
+    config
+}
+
+/// Writes the first `layers` layers of a random checkpoint of `upstream`'s geometry into `out`
+/// (shards of about 512 MiB, built one at a time), with `upstream` cut to them as its config
+/// and the tokenizer files of `tokenizer_from` beside it. `progress` hears each layer written.
+pub fn write_synthetic_v4(
+    out: &Path,
+    upstream: &Value,
+    layers: usize,
+    tokenizer_from: &Path,
+    progress: &dyn Fn(usize),
+) -> Result<V4Geometry, PackError> {
+    let g = V4Geometry::from_config(upstream, layers)?;
+    std::fs::create_dir_all(out).map_err(|e| PackError::io(out, e))?;
+    let mut w = Writer {
+        rng: SplitMix64::new(42),
+        seed: 42 << 20,
+    };
+    let mut shards = Shards {
+        out,
+        pending: Vec::new(),
+        pending_bytes: 0,
+        written: 0,
+        weight_map: serde_json::Map::new(),
+    };
+    shards.push(globals(&mut w, &g))?;
+    for i in 0..layers {
+        shards.push(layer_dense(&mut w, &g, i))?;
+        for e in 0..g.experts {
+            for (name, rows, cols) in [
+                ("w1", g.inner, g.hidden),
+                ("w3", g.inner, g.hidden),
+                ("w2", g.hidden, g.inner),
+            ] {
+                shards.push(w.fp4(&format!("layers.{i}.ffn.experts.{e}.{name}"), rows, cols))?;
+            }
+        }
+        progress(i);
+    }
+    shards.flush()?;
+    let index = json!({ "metadata": {}, "weight_map": shards.weight_map });
+    let write = |name: &str, bytes: &[u8]| {
+        let path = out.join(name);
+        std::fs::write(&path, bytes).map_err(|e| PackError::io(&path, e))
+    };
+    let json_bytes = |v: &Value| serde_json::to_vec_pretty(v).unwrap_or_default();
+    write("model.safetensors.index.json", &json_bytes(&index))?;
+    write("config.json", &json_bytes(&cut_config(upstream, &g)))?;
+    for file in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    ] {
+        let from = tokenizer_from.join(file);
+        std::fs::copy(&from, out.join(file)).map_err(|e| PackError::io(&from, e))?;
+    }
+    write(
+        "LICENSE",
+        b"Synthetic test data made by minirun-pack; not a model.\n",
+    )?;
+    Ok(g)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upstream() -> Value {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../minirun-runtime/tests/data/deepseek-v4/config.json");
+        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn the_geometry_is_the_published_flash_s_cut_to_the_layers_asked_for() {
+        let g = V4Geometry::from_config(&upstream(), 5).unwrap();
+        assert_eq!(
+            (g.hidden, g.heads, g.head_dim, g.inner, g.experts, g.vocab),
+            (4096, 64, 512, 2048, 256, 129280)
+        );
+        assert_eq!(g.compress_ratios, [0, 0, 4, 128, 4]);
+        let config = cut_config(&upstream(), &g);
+        assert_eq!(config["num_hidden_layers"], 5);
+        assert_eq!(config["num_nextn_predict_layers"], 0);
+        assert!(config.get("dspark_target_layer_ids").is_none());
+        assert!(V4Geometry::from_config(&upstream(), 0).is_err());
+        assert!(V4Geometry::from_config(&upstream(), 44).is_err());
+    }
+
+    #[test]
+    fn a_hash_table_names_distinct_experts_for_every_token() {
+        let g = V4Geometry::from_config(&upstream(), 1).unwrap();
+        let (_, _, dims, bytes) = hash_table(&g, "layers.0.");
+        assert_eq!(dims, [129280, 6]);
+        for row in bytes.chunks_exact(6 * 8).take(1000) {
+            let mut ids: Vec<i64> = row
+                .chunks_exact(8)
+                .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+                .collect();
+            assert!(ids.iter().all(|&e| (0..256).contains(&e)));
+            ids.sort();
+            ids.dedup();
+            assert_eq!(ids.len(), 6);
+        }
+    }
+}
