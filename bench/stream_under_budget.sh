@@ -95,74 +95,10 @@ rm -rf "$WORK/checkpoint"
 "$MINIRUN" verify "$WORK/artifact" 2>&1 | tail -1
 du -sh "$WORK/artifact"
 
-drop_cache() {
-  python3 - "$WORK/artifact" "$@" <<'PY'
-import os, sys
-for d, _, files in os.walk(sys.argv[1]):
-    for f in files:
-        fd = os.open(os.path.join(d, f), os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
-for f in sys.argv[2:]:
-    fd = os.open(f, os.O_RDONLY)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    os.close(fd)
-PY
-}
-
-# Bytes read so far by the block device that holds $WORK (/proc/diskstats counts 512-byte
-# sectors); -1 where the device has no row there.
-device_read_bytes() {
-  python3 -c '
-import os, sys
-dev = os.stat(sys.argv[1]).st_dev
-rows = [l.split() for l in open("/proc/diskstats")]
-print(next((int(f[5]) * 512 for f in rows if (int(f[0]), int(f[1])) == (os.major(dev), os.minor(dev))), -1))
-' "$WORK"
-}
-
-# A fresh memory cgroup limited to $1 bytes; prints its folder, or nothing if none can be made.
-make_cgroup() {
-  local name="minirun-bench-$$-$2" dir
-  if grep -qs memory /sys/fs/cgroup/cgroup.controllers; then
-    dir="/sys/fs/cgroup/$name"
-    mkdir "$dir" 2>/dev/null && echo "$1" > "$dir/memory.max" 2>/dev/null && echo 0 > "$dir/memory.swap.max" 2>/dev/null || true
-    [ -f "$dir/memory.max" ] && echo "$dir"
-  else
-    dir="/sys/fs/cgroup/memory/$name"
-    if mkdir "$dir" 2>/dev/null && echo "$1" > "$dir/memory.limit_in_bytes" 2>/dev/null; then
-      echo "$1" > "$dir/memory.memsw.limit_in_bytes" 2>/dev/null || true
-      echo "$dir"
-    fi
-  fi
-}
-
-# Runs "$@" inside a cgroup of $1 bytes (or unlimited, saying so) with the page cache of the
-# weights dropped first, stdout to $2; the bytes the device read meanwhile go to $2 with .json
-# replaced by .device. Returns the command's exit status.
-in_cgroup() {
-  local limit="$1" out="$2" dir before status=0
-  shift 2
-  dir=$(make_cgroup "$limit" "$(basename "$out" .json)")
-  if [ -f "$GGUF" ]; then drop_cache "$GGUF"; else drop_cache; fi
-  before=$(device_read_bytes)
-  if [ -n "$dir" ]; then
-    sh -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$dir" "$@" > "$out" || status=$?
-    for f in memory.peak memory.max_usage_in_bytes; do
-      [ -f "$dir/$f" ] && echo "  cgroup limit $((limit >> 20)) MiB, cgroup peak $(( $(cat "$dir/$f") >> 20 )) MiB (page cache included)"
-    done
-    rmdir "$dir" 2>/dev/null || true
-  else
-    echo "  (no memory cgroup could be made here: run without a limit)"
-    "$@" > "$out" || status=$?
-  fi
-  if [ "$before" -ge 0 ]; then
-    echo $(( $(device_read_bytes) - before )) > "${out%.json}.device"
-  else
-    echo -1 > "${out%.json}.device"
-  fi
-  return "$status"
-}
+# shellcheck source=bench/stream_common.sh
+. "$ROOT/bench/stream_common.sh"
+drop_cache() { drop_cache_of "$WORK/artifact" "$@"; }
+before_run() { if [ -f "$GGUF" ]; then drop_cache "$GGUF"; else drop_cache; fi; }
 
 # dd over about 2 GB of expert containers (one file is too short a sample).
 mapfile -t big < <(find "$WORK/artifact" -name '*.affinetile' -size +50M | sort | head -n 28)
