@@ -20,6 +20,8 @@ use minirun_runtime::budget::{Budget, human};
 use minirun_store::{AlignedBuf, ArtifactFiles, EntryKind, PayloadFile, ReadPath};
 use serde::Serialize;
 
+use crate::storage_calibration as calibration;
+
 #[derive(Subcommand)]
 pub enum BenchCommand {
     /// Measure the storage under a directory (an artifact, or any folder of large files) as
@@ -53,7 +55,15 @@ impl BenchCommand {
 #[derive(Args)]
 pub struct StorageArgs {
     /// The directory whose files are read (every regular file in it and in its unit folders).
-    dir: PathBuf,
+    #[arg(required_unless_present = "show")]
+    dir: Option<PathBuf>,
+    /// Print the calibration kept for each device (the best rate of its last measurement, from
+    /// which `minirun run` projects read time per token) and stop.
+    #[arg(long, conflicts_with = "dir")]
+    show: bool,
+    /// Do not keep this measurement as its device's calibration.
+    #[arg(long)]
+    no_save: bool,
     /// Bytes per read: a tile's size (a multiple of 16 KiB).
     #[arg(long, default_value = "1MiB")]
     read_size: Budget,
@@ -90,6 +100,9 @@ pub fn run(command: &BenchCommand) -> Result<ExitCode> {
 }
 
 fn storage(args: &StorageArgs) -> Result<ExitCode> {
+    let Some(dir) = &args.dir else {
+        return show_calibrations();
+    };
     let Budget::Bytes(read_size) = args.read_size else {
         bail!("--read-size takes bytes (e.g. 1MiB), not a preset");
     };
@@ -112,12 +125,12 @@ fn storage(args: &StorageArgs) -> Result<ExitCode> {
             human(available)
         );
     }
-    let files = ArtifactFiles::unverified(&args.dir)?;
+    let files = ArtifactFiles::unverified(dir)?;
     let targets = large_files(&files, read_size)?;
     if targets.is_empty() {
         bail!(
             "{} holds no file of at least {} to read: point it at an artifact or a folder of large files",
-            args.dir.display(),
+            dir.display(),
             human(read_size)
         );
     }
@@ -135,9 +148,21 @@ fn storage(args: &StorageArgs) -> Result<ExitCode> {
     let results: Vec<DepthResult> = (1..=8)
         .map(|depth| measure(&targets, read_size, buffers, depth, args.seconds))
         .collect::<Result<_>>()?;
+    let calibration = match (direct, args.no_save) {
+        (true, false) => keep_calibration(dir, read_size, &results)?,
+        (false, false) => {
+            warnings.push(
+                "not kept as this device's calibration: the reads went through the page cache"
+                    .into(),
+            );
+            None
+        }
+        (_, true) => None,
+    };
     if args.json {
-        let doc = serde_json::json!({ "dir": args.dir.display().to_string(), "files": targets.len(),
-            "bytes": total, "read_size": read_size, "buffers": buffers, "direct": direct, "warnings": warnings, "depths": results });
+        let doc = serde_json::json!({ "dir": dir.display().to_string(), "files": targets.len(),
+            "bytes": total, "read_size": read_size, "buffers": buffers, "direct": direct, "warnings": warnings,
+            "depths": results, "calibration": calibration });
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(ExitCode::SUCCESS);
     }
@@ -145,7 +170,7 @@ fn storage(args: &StorageArgs) -> Result<ExitCode> {
         "{} files, {} in {}; {} reads of {} at random 16 KiB-aligned offsets, each reader rotating through {} buffer{}",
         targets.len(),
         human(total),
-        args.dir.display(),
+        dir.display(),
         if direct { "O_DIRECT" } else { "buffered" },
         human(read_size),
         buffers,
@@ -159,8 +184,80 @@ fn storage(args: &StorageArgs) -> Result<ExitCode> {
             r.queue_depth, r.reads, r.gb_per_second, r.p50_ms, r.p95_ms, r.p99_ms
         );
     }
+    if let Some(kept) = &calibration {
+        println!(
+            "kept as the calibration of {}: {:.3} GB/s at queue depth {} (in {}); `minirun run` projects read time per token from it",
+            kept["device"].as_str().unwrap_or_default(),
+            kept["bytes_per_second"].as_f64().unwrap_or_default() / 1e9,
+            kept["queue_depth"],
+            kept["store"].as_str().unwrap_or_default(),
+        );
+    }
     for w in &warnings {
         eprintln!("warning: {w}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Keeps the best depth of `results` as the calibration of the device holding `dir`; what was
+/// kept, where, or `None` where there is no place for it (said on stderr).
+fn keep_calibration(
+    dir: &std::path::Path,
+    read_size: u64,
+    results: &[DepthResult],
+) -> Result<Option<serde_json::Value>> {
+    let Some(best) = results
+        .iter()
+        .max_by(|a, b| a.gb_per_second.total_cmp(&b.gb_per_second))
+    else {
+        return Ok(None);
+    };
+    let Some(store) = calibration::store_path() else {
+        eprintln!("warning: not kept as a calibration: neither XDG_STATE_HOME nor HOME is set");
+        return Ok(None);
+    };
+    let device = calibration::device_of(dir)?;
+    let kept = calibration::Calibration {
+        read_size,
+        queue_depth: best.queue_depth,
+        bytes_per_second: best.bytes as f64 / best.seconds,
+        measured_at: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    };
+    calibration::save(&store, &device, kept.clone())?;
+    let mut doc = serde_json::to_value(&kept)?;
+    doc["device"] = device.into();
+    doc["store"] = store.display().to_string().into();
+    Ok(Some(doc))
+}
+
+/// `minirun bench storage --show`.
+fn show_calibrations() -> Result<ExitCode> {
+    let store = calibration::store_path()
+        .context("neither XDG_STATE_HOME nor HOME is set: there is no calibration store")?;
+    let devices = calibration::all(&store)?;
+    if devices.is_empty() {
+        println!(
+            "no storage calibrated yet (the store is {}): run `minirun bench storage DIR` on a folder of the device",
+            store.display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    println!("calibrations in {}:", store.display());
+    println!("| device | GB/s | queue depth | read size | measured |");
+    println!("|---|---:|---:|---:|---|");
+    for (device, c) in &devices {
+        println!(
+            "| {device} | {:.3} | {} | {} | {:.1} h ago |",
+            c.bytes_per_second / 1e9,
+            c.queue_depth,
+            human(c.read_size),
+            now.saturating_sub(c.measured_at) as f64 / 3600.0
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

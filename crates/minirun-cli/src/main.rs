@@ -14,6 +14,7 @@ mod serve_meter;
 mod serve_prompt;
 mod serve_requests;
 mod sign_cmd;
+mod storage_calibration;
 mod synth;
 mod threads;
 mod timed_passes;

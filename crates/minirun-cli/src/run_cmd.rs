@@ -14,6 +14,8 @@ use minirun_runtime::generate::{Figures, Sampling, StepRecord, StopReason};
 use minirun_runtime::plan::{Mode, Plan};
 use minirun_runtime::session::{Session, TokenEvent, Trust};
 
+use crate::storage_calibration as calibration;
+
 #[derive(Clone, Copy, clap::ValueEnum)]
 pub enum ActivationsArg {
     F32,
@@ -108,6 +110,59 @@ pub(crate) fn planned_within_memory(
     Ok((plan, weights))
 }
 
+/// A streamed plan's reads per token at the rate `minirun bench storage` measured on the
+/// artifact's device; none without a calibration, or for a resident run, which reads nothing
+/// per token.
+struct Projection {
+    seconds: Option<f64>,
+    calibration: Option<calibration::Calibration>,
+    bytes_per_token: u64,
+    why_none: Option<String>,
+}
+
+impl Projection {
+    fn of(plan: &Plan, artifact: &std::path::Path) -> Projection {
+        let bytes_per_token = plan.uncached_read_per_token + plan.layer_read_per_token;
+        let found = match plan.mode {
+            Mode::Streamed => calibration::for_artifact(artifact),
+            _ => Ok(None),
+        };
+        let (calibration, why_none) = match found {
+            Ok(Some(c)) => (Some(c), None),
+            Ok(None) if plan.mode == Mode::Streamed => (
+                None,
+                Some(
+                    "this device has no storage calibration: `minirun bench storage DIR` makes one"
+                        .into(),
+                ),
+            ),
+            Ok(None) => (None, None),
+            Err(why) => (None, Some(why)),
+        };
+        Projection {
+            seconds: calibration
+                .as_ref()
+                .map(|c| calibration::projected_read_seconds(bytes_per_token, c)),
+            calibration,
+            bytes_per_token,
+            why_none,
+        }
+    }
+
+    fn describe(&self) -> Option<String> {
+        match (&self.calibration, self.seconds, &self.why_none) {
+            (Some(c), Some(seconds), _) => Some(format!(
+                "projected reads: {seconds:.3} s/token ({} a token at the {:.2} GB/s `minirun bench storage` measured here at queue depth {})",
+                human(self.bytes_per_token),
+                c.bytes_per_second / 1e9,
+                c.queue_depth
+            )),
+            (_, _, Some(why)) => Some(format!("no projection of read time: {why}")),
+            _ => None,
+        }
+    }
+}
+
 /// One line, rewritten in place, while a streamed run decodes on a terminal.
 fn live_line(step: &StepRecord, expert_memory: Option<(u64, u64)>, budget: u64) {
     let (held, peak) = expert_memory.unwrap_or((0, 0));
@@ -161,9 +216,11 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     };
     let (plan, experts) = plan(&session, args, prompt.len())?;
     let model = session.planned_model(&plan, &experts)?;
+    let projection = Projection::of(&plan, &args.artifact);
     if !args.json {
         let mark = if args.unverified { "[UNVERIFIED] " } else { "" };
-        for line in session.header().into_iter().chain(plan.describe()) {
+        let lines = session.header().into_iter().chain(plan.describe());
+        for line in lines.chain(projection.describe()) {
             eprintln!("{mark}{line}");
         }
     }
@@ -232,6 +289,8 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             "expert_bytes_peak": experts_peak,
             "peak_rss_bytes": minirun_runtime::budget::peak_rss(),
             "stop_reason": figures.stop_reason,
+            "projected_read_seconds_per_token": projection.seconds,
+            "storage_calibration": projection.calibration,
         });
         let _ = writeln!(stdout, "{report}");
         return Ok(ExitCode::SUCCESS);

@@ -3,8 +3,14 @@
 
 use std::process::Command;
 
+/// `minirun` with a calibration store of this test's own (a measurement is kept as its
+/// device's calibration: never in the user's).
 fn minirun(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_minirun"))
+        .env(
+            "XDG_STATE_HOME",
+            std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench_storage-state"),
+        )
         .args(args)
         .output()
         .expect("minirun runs")
