@@ -64,6 +64,9 @@ PROMPT="The clockmaker opened the"
 # Beyond the budget the process needs its binary, stacks and allocator slack: 73 MiB measured
 # at this geometry under --budget balanced (docs/runtime.md).
 OVERHEAD=$((128 << 20))
+# The storage calibration `minirun bench storage` keeps, and the runs project their reads from:
+# this script's own, from its own measurement.
+export XDG_STATE_HOME="$WORK/state"
 # The expert tile of the published V4 containers: 2048 x 4096 FP4 codes and scales, page aligned.
 TILE_KIB=4352
 
@@ -207,8 +210,9 @@ if resident:
 mib = 2**20
 rows = []
 print("\n| geometry | budget | layers | s/token | bytes/token (experts + layers) | expert bytes/token vs the reference's, scaled | "
-      "limit s/token (bytes / bandwidth) | ratio to limit | device read | s/token at 43 layers (extrapolated) | bits = resident |")
-print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+      "limit s/token (bytes / bandwidth) | ratio to limit | projected reads s/token (measured / projected) | device read | "
+      "s/token at 43 layers (extrapolated) | bits = resident |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 for run in ("floor", "balanced", "floor-unverified"):
     r = load(f"run-{run}")
     budget = run.removesuffix("-unverified")
@@ -231,11 +235,14 @@ for run in ("floor", "balanced", "floor-unverified"):
         "bytes_per_token_model_layers": round(bytes_token * MODEL_LAYERS / layers),
         "outside_layers_s_per_token": outside, "device_read_bytes": device,
         "tokens": r["decode_steps"], "verified": r["verified"], "bits_equal_resident": equal,
+        "projected_read_s_per_token": r.get("projected_read_seconds_per_token"),
     }
     rows.append(row)
     ratio = f"{row['ratio_to_limit']:.2f}x" if limit else "n/a"
+    projected = row["projected_read_s_per_token"]
+    projection = f"{projected:.3f} ({s_token / projected:.2f}x)" if projected else "none"
     print(f"| v4-flash | {budget} ({r['plan']['budget']/mib:.0f} MiB){'' if r['verified'] else ', unverified'} | {layers} | {s_token:.3f} | "
-          f"{bytes_token/mib:.1f} MiB | {r['expert_read_bytes_per_token']/reference:.4f} | {limit:.3f} | {ratio} | "
+          f"{bytes_token/mib:.1f} MiB | {r['expert_read_bytes_per_token']/reference:.4f} | {limit:.3f} | {ratio} | {projection} | "
           f"{device/mib:.0f} MiB | {s_model:.2f} | {equal} |")
 if as_json:
     print(json.dumps({"rows": rows}))
