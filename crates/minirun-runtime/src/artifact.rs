@@ -142,6 +142,8 @@ pub struct Artifact {
     read_clock: ReadClock,
     /// The arithmetic of every matrix handed out (resident or streamed).
     activations: Activations,
+    /// Bytes of tensors read once and handed out converted, not held as read (routing tables).
+    held_converted: std::sync::atomic::AtomicU64,
 }
 
 /// A matrix, or a stack of equally shaped matrices (experts, attention heads), as stored.
@@ -548,6 +550,7 @@ impl Artifact {
             read_buffers: BufferPool::new(),
             read_clock: ReadClock::new(),
             activations: Activations::F32,
+            held_converted: Default::default(),
         };
         for manifest in &manifests {
             for entry in &manifest.files {
@@ -758,7 +761,8 @@ impl Artifact {
         self.files.held().map(|held| held.evidence())
     }
 
-    /// Bytes of payload held resident (read by the model, and kept; mapped files do not count).
+    /// Bytes of payload held resident (read by the model, and kept as read or converted; mapped
+    /// files do not count).
     pub fn payload_bytes(&self) -> u64 {
         let files: u64 = self
             .payload
@@ -778,7 +782,11 @@ impl Artifact {
             })
             .map(|len| len as u64)
             .sum();
-        files + members
+        files
+            + members
+            + self
+                .held_converted
+                .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The length of payload file `file` (an index a [`PartLayout`] names).
@@ -808,20 +816,21 @@ impl Artifact {
     /// is read.
     pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ArtifactError> {
         let dtype = self.check_vector(name, len)?;
-        self.with_member(name, |bytes, _| {
-            if Some(bytes.len()) != len.checked_mul(dtype.size()) {
-                return Err(tensor_err(
-                    name,
-                    format!("read {} bytes; the config needs {len} floats", bytes.len()),
-                ));
-            }
-            Ok((0..len).map(|i| dtype.read(bytes, i)).collect())
-        })
+        // Held as read: a streamed layer is built again every step, its norms from these bytes.
+        let (bytes, _) = self.member(name)?;
+        if Some(bytes.len()) != len.checked_mul(dtype.size()) {
+            return Err(tensor_err(
+                name,
+                format!("read {} bytes; the config needs {len} floats", bytes.len()),
+            ));
+        }
+        Ok((0..len).map(|i| dtype.read(bytes, i)).collect())
     }
 
-    /// `f` of a member's bytes, for a tensor that is held converted (a vector, a table): the
-    /// bytes a matrix already holds, else read for `f` alone and dropped after it, so that the
-    /// run does not hold the tensor twice.
+    /// `f` of a member's bytes, for a tensor the model asks for once and holds converted (a
+    /// routing table): the bytes a matrix already holds, else read for `f` alone and dropped
+    /// after it, so that the run does not hold the tensor twice. What is read so counts as held
+    /// ([`Artifact::payload_bytes`]): the model holds it, converted.
     fn with_member<T>(
         &self,
         name: &str,
@@ -836,6 +845,8 @@ impl Artifact {
                 Some(held) => f(held.as_slice(), member),
                 None => {
                     let read = self.read_aligned(*file, member.offset, member.source.bytes)?;
+                    self.held_converted
+                        .fetch_add(member.source.bytes, std::sync::atomic::Ordering::Relaxed);
                     f(read.as_slice(), member)
                 }
             },
