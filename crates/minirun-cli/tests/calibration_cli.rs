@@ -17,23 +17,24 @@ fn minirun_with_state(state: &Path, args: &[&str]) -> Output {
         .expect("minirun runs")
 }
 
-fn run_json(state: &Path, artifact: &str) -> serde_json::Value {
-    let out = minirun_with_state(
-        state,
-        &[
-            "run",
-            artifact,
-            "--prompt",
-            "The clock",
-            "--max-tokens",
-            "2",
-            "--budget",
-            "floor",
-            "--unverified",
-            "--json",
-        ],
-    );
+/// `minirun run` of two tokens, unverified, with `extra` arguments.
+fn run(state: &Path, artifact: &str, extra: &[&str]) -> Output {
+    let args = [
+        "run",
+        artifact,
+        "--prompt",
+        "The clock",
+        "--max-tokens",
+        "2",
+        "--unverified",
+    ];
+    let out = minirun_with_state(state, &[&args[..], extra].concat());
     assert!(out.status.success(), "{}", stderr(&out));
+    out
+}
+
+fn run_json(state: &Path, artifact: &str, budget: &[&str]) -> serde_json::Value {
+    let out = run(state, artifact, &[budget, &["--json"]].concat());
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
@@ -43,7 +44,7 @@ fn a_measured_device_gives_streamed_runs_a_projection_and_an_unmeasured_one_none
     let path = artifact.path().to_str().unwrap();
     let state = tempfile::tempdir().unwrap();
 
-    let none = run_json(state.path(), path);
+    let none = run_json(state.path(), path, &["--budget", "floor"]);
     assert_eq!(none["plan"]["mode"], "streamed");
     assert!(none["projected_read_seconds_per_token"].is_null());
     assert!(none["storage_calibration"].is_null());
@@ -92,7 +93,7 @@ fn a_measured_device_gives_streamed_runs_a_projection_and_an_unmeasured_one_none
     let table = String::from_utf8_lossy(&shown.stdout).into_owned();
     assert!(table.contains(device), "{table}");
 
-    let projected = run_json(state.path(), path);
+    let projected = run_json(state.path(), path, &["--budget", "floor"]);
     let plan = &projected["plan"];
     let bytes = plan["uncached_read_per_token"].as_u64().unwrap()
         + plan["layer_read_per_token"].as_u64().unwrap();
@@ -113,39 +114,9 @@ fn a_measured_device_gives_streamed_runs_a_projection_and_an_unmeasured_one_none
     );
 
     // The text header says the same, and a resident run projects nothing.
-    let out = minirun_with_state(
-        state.path(),
-        &[
-            "run",
-            path,
-            "--prompt",
-            "The clock",
-            "--max-tokens",
-            "2",
-            "--budget",
-            "floor",
-            "--unverified",
-        ],
-    );
-    assert!(
-        stderr(&out).contains("projected reads:"),
-        "{}",
-        stderr(&out)
-    );
-    let resident = minirun_with_state(
-        state.path(),
-        &[
-            "run",
-            path,
-            "--prompt",
-            "The clock",
-            "--max-tokens",
-            "2",
-            "--unverified",
-            "--json",
-        ],
-    );
-    let resident: serde_json::Value = serde_json::from_slice(&resident.stdout).unwrap();
+    let text = stderr(&run(state.path(), path, &["--budget", "floor"]));
+    assert!(text.contains("projected reads:"), "{text}");
+    let resident = run_json(state.path(), path, &[]);
     assert_eq!(resident["plan"]["mode"], "resident");
     assert!(resident["projected_read_seconds_per_token"].is_null());
 }
