@@ -114,7 +114,7 @@ impl FreeList {
     /// beside what is kept, or nothing is kept; returned to be freed outside the lock.
     fn make_room(&mut self, size: u64) -> Vec<Vec<u8>> {
         let mut freed = Vec::new();
-        while self.bytes > 0 && self.bytes + self.lent + size > self.limit {
+        while self.bytes + self.lent + size > self.limit {
             let Some(&len) = self.by_len.keys().next() else {
                 break;
             };
@@ -389,6 +389,34 @@ mod tests {
         assert_eq!(pool.kept_bytes(), (60_000 + 2 * SLOT_ALIGN) as u64);
         pool.set_limit(30_000);
         assert!(pool.kept_bytes() <= 30_000);
+    }
+
+    #[test]
+    fn a_pool_keeps_what_fits_beside_what_it_lends_and_no_more() {
+        // 4,000 and 8,000 usable bytes take 20,384 and 24,384 with the alignment slack.
+        let (small, large) = ((4_000 + SLOT_ALIGN) as u64, (8_000 + SLOT_ALIGN) as u64);
+        let pool = BufferPool::new();
+        pool.set_limit(small + large);
+        drop(pool.buffer(4_000));
+        assert_eq!(pool.kept_bytes(), small);
+        let exact = pool.buffer(8_000);
+        assert_eq!(
+            pool.kept_bytes(),
+            small,
+            "kept and lent fill the limit exactly: nothing is freed"
+        );
+        drop(exact);
+        assert_eq!(pool.kept_bytes(), small + large);
+
+        // Dropped while others are still lent: kept where kept + lent + it fit.
+        let pool = BufferPool::new();
+        pool.set_limit(4 * small);
+        let (x, y, z) = (pool.buffer(4_000), pool.buffer(4_000), pool.buffer(4_000));
+        drop(x);
+        drop(y);
+        assert_eq!(pool.kept_bytes(), 2 * small, "two kept beside the one lent");
+        drop(z);
+        assert_eq!(pool.kept_bytes(), 3 * small);
     }
 
     #[test]
