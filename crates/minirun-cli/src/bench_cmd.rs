@@ -187,10 +187,10 @@ fn storage(args: &StorageArgs) -> Result<ExitCode> {
     if let Some(kept) = &calibration {
         println!(
             "kept as the calibration of {}: {:.3} GB/s at queue depth {} (in {}); `minirun run` projects read time per token from it",
-            kept["device"].as_str().unwrap_or_default(),
-            kept["bytes_per_second"].as_f64().unwrap_or_default() / 1e9,
-            kept["queue_depth"],
-            kept["store"].as_str().unwrap_or_default(),
+            kept.device,
+            kept.calibration.bytes_per_second / 1e9,
+            kept.calibration.queue_depth,
+            kept.store,
         );
     }
     for w in &warnings {
@@ -205,7 +205,7 @@ fn keep_calibration(
     dir: &std::path::Path,
     read_size: u64,
     results: &[DepthResult],
-) -> Result<Option<serde_json::Value>> {
+) -> Result<Option<calibration::Kept>> {
     let Some(best) = results
         .iter()
         .max_by(|a, b| a.gb_per_second.total_cmp(&b.gb_per_second))
@@ -226,10 +226,11 @@ fn keep_calibration(
             .map_or(0, |d| d.as_secs()),
     };
     calibration::save(&store, &device, kept.clone())?;
-    let mut doc = serde_json::to_value(&kept)?;
-    doc["device"] = device.into();
-    doc["store"] = store.display().to_string().into();
-    Ok(Some(doc))
+    Ok(Some(calibration::Kept {
+        device,
+        store: store.display().to_string(),
+        calibration: kept,
+    }))
 }
 
 /// `minirun bench storage --show`.

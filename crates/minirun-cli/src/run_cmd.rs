@@ -114,7 +114,6 @@ pub(crate) fn planned_within_memory(
 /// artifact's device; none without a calibration, or for a resident run, which reads nothing
 /// per token.
 struct Projection {
-    seconds: Option<f64>,
     calibration: Option<calibration::Calibration>,
     bytes_per_token: u64,
     why_none: Option<String>,
@@ -140,17 +139,21 @@ impl Projection {
             Err(why) => (None, Some(why)),
         };
         Projection {
-            seconds: calibration
-                .as_ref()
-                .map(|c| calibration::projected_read_seconds(bytes_per_token, c)),
             calibration,
             bytes_per_token,
             why_none,
         }
     }
 
+    /// Seconds a token's reads take at the calibrated rate.
+    fn seconds(&self) -> Option<f64> {
+        self.calibration
+            .as_ref()
+            .map(|c| calibration::projected_read_seconds(self.bytes_per_token, c))
+    }
+
     fn describe(&self) -> Option<String> {
-        match (&self.calibration, self.seconds, &self.why_none) {
+        match (&self.calibration, self.seconds(), &self.why_none) {
             (Some(c), Some(seconds), _) => Some(format!(
                 "projected reads: {seconds:.3} s/token ({} a token at the {:.2} GB/s `minirun bench storage` measured here at queue depth {})",
                 human(self.bytes_per_token),
@@ -289,7 +292,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             "expert_bytes_peak": experts_peak,
             "peak_rss_bytes": minirun_runtime::budget::peak_rss(),
             "stop_reason": figures.stop_reason,
-            "projected_read_seconds_per_token": projection.seconds,
+            "projected_read_seconds_per_token": projection.seconds(),
             "storage_calibration": projection.calibration,
         });
         let _ = writeln!(stdout, "{report}");

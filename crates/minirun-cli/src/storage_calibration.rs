@@ -28,6 +28,15 @@ pub struct Calibration {
     pub measured_at: u64,
 }
 
+/// A calibration as `minirun bench storage` kept it: for which device, in which store.
+#[derive(Debug, Clone, Serialize)]
+pub struct Kept {
+    pub device: String,
+    pub store: String,
+    #[serde(flatten)]
+    pub calibration: Calibration,
+}
+
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Store {
     version: u32,

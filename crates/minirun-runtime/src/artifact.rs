@@ -836,25 +836,20 @@ impl Artifact {
         name: &str,
         f: impl FnOnce(&[u8], &Member) -> Result<T, ArtifactError>,
     ) -> Result<T, ArtifactError> {
-        match self.tensors.get(name) {
-            Some(Location::Member {
-                file,
-                member,
-                resident,
-            }) => match resident.get() {
-                Some(held) => f(held.as_slice(), member),
-                None => {
-                    let read = self.read_aligned(*file, member.offset, member.source.bytes)?;
-                    self.held_converted
-                        .fetch_add(member.source.bytes, std::sync::atomic::Ordering::Relaxed);
-                    f(read.as_slice(), member)
-                }
-            },
-            _ => {
-                let (bytes, member) = self.member(name)?;
-                f(bytes, member)
-            }
+        if let Some(Location::Member {
+            file,
+            member,
+            resident,
+        }) = self.tensors.get(name)
+            && resident.get().is_none()
+        {
+            let read = self.read_aligned(*file, member.offset, member.source.bytes)?;
+            self.held_converted
+                .fetch_add(member.source.bytes, std::sync::atomic::Ordering::Relaxed);
+            return f(read.as_slice(), member);
         }
+        let (bytes, member) = self.member(name)?;
+        f(bytes, member)
     }
 
     /// Checks, without reading it, that `name` is a plain float tensor of `len` elements;

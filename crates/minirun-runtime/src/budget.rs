@@ -112,7 +112,8 @@ pub fn peak_rss() -> Option<u64> {
 /// resident memory is the pages it touched. The allocator asks the kernel for 2 MiB pages over
 /// its arenas; a 4.25 MiB expert buffer then holds three of them, 6 MiB resident: at DeepSeek
 /// V4 Flash's geometry a run at `--budget balanced` was 252 MiB past its budget with them and 85
-/// MiB without (`bench/stream_real_geometry.sh`), at the same speed. Where the kernel refuses,
+/// MiB without (peak RSS of `minirun run --budget balanced --json` on the artifact
+/// `bench/stream_real_geometry.sh` makes, mimalloc's THP option at 1 and 0), at the same speed. Where the kernel refuses,
 /// the run goes on with the kernel's default.
 pub fn count_only_used_pages() -> std::io::Result<()> {
     rustix::thread::disable_transparent_huge_pages(true).map_err(std::io::Error::from)

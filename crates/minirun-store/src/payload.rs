@@ -113,8 +113,13 @@ impl FreeList {
     /// Kept buffers (of other lengths) given up until `size` more bytes lent fit the limit
     /// beside what is kept, or nothing is kept; returned to be freed outside the lock.
     fn make_room(&mut self, size: u64) -> Vec<Vec<u8>> {
+        self.keep_at_most(self.limit.saturating_sub(self.lent + size))
+    }
+
+    /// Kept buffers given up until at most `target` bytes are kept; returned to be freed.
+    fn keep_at_most(&mut self, target: u64) -> Vec<Vec<u8>> {
         let mut freed = Vec::new();
-        while self.bytes + self.lent + size > self.limit {
+        while self.bytes > target {
             let Some(&len) = self.by_len.keys().next() else {
                 break;
             };
@@ -147,14 +152,7 @@ impl BufferPool {
     pub fn set_limit(&self, limit: u64) {
         if let Ok(mut free) = self.0.lock() {
             free.limit = limit;
-            while free.bytes > limit {
-                let Some(&len) = free.by_len.keys().next() else {
-                    break;
-                };
-                if free.take(len).is_none() {
-                    free.by_len.remove(&len);
-                }
-            }
+            free.keep_at_most(limit);
         }
     }
 
