@@ -7,17 +7,14 @@
 //! Not a model of anything: its outputs mean nothing, but they are exactly determined by its
 //! bytes. Values are scaled so that activations stay finite through the layers.
 
-use std::collections::HashMap;
 use std::path::Path;
 
-use minirun_format::synthetic::{SplitMix64, fill_content};
-use safetensors::tensor::{Dtype, TensorView};
+use safetensors::tensor::Dtype;
 use serde_json::{Value, json};
 
 use crate::PackError;
+use crate::synthetic_writer::{Shards, Tensor, Writer};
 
-/// The most bytes of tensors one shard is built from in memory.
-const SHARD_BYTES: usize = 512 << 20;
 /// Hyper-connection mixing terms per stream: pre, post and the `hc x hc` residual mix.
 const fn hc_mix(hc: usize) -> usize {
     (2 + hc) * hc
@@ -100,150 +97,48 @@ impl V4Geometry {
     }
 }
 
-type Tensor = (String, Dtype, Vec<usize>, Vec<u8>);
-
-struct Writer {
-    rng: SplitMix64,
-    seed: u64,
+/// E4M3 codes of magnitude below 1 (no NaN can occur) and one E8M0 scale per 128 x 128
+/// block near `1 / sqrt(cols)`.
+fn fp8(w: &mut Writer, module: &str, rows: usize, cols: usize) -> Vec<Tensor> {
+    let mut codes = w.random(rows * cols);
+    for c in &mut codes {
+        *c = ((*c & 0x7F) % 0x38) | (*c & 0x80);
+    }
+    let grid = (rows.div_ceil(128), cols.div_ceil(128));
+    let exponent = 127 - (cols as f32).log2().ceil() as u8 / 2;
+    vec![
+        (
+            format!("{module}.weight"),
+            Dtype::F8_E4M3,
+            vec![rows, cols],
+            codes,
+        ),
+        (
+            format!("{module}.scale"),
+            Dtype::F8_E8M0,
+            vec![grid.0, grid.1],
+            vec![exponent; grid.0 * grid.1],
+        ),
+    ]
 }
 
-impl Writer {
-    fn unit(&mut self) -> f32 {
-        (self.rng.next().unwrap_or(0) >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-
-    fn random(&mut self, len: usize) -> Vec<u8> {
-        self.seed += 1;
-        let mut out = vec![0u8; len];
-        fill_content(self.seed, 0, &mut out);
-        out
-    }
-
-    fn f32(&mut self, name: String, shape: Vec<usize>, mean: f32, spread: f32) -> Tensor {
-        let n: usize = shape.iter().product();
-        let data = (0..n)
-            .flat_map(|_| (mean + spread * self.unit()).to_le_bytes())
-            .collect();
-        (name, Dtype::F32, shape, data)
-    }
-
-    /// A norm's weights: BF16 near `1`, as the published checkpoint stores them.
-    fn norm(&mut self, name: String, len: usize) -> Tensor {
-        let data = (0..len)
-            .flat_map(|_| {
-                let bits = (1.0 + 0.1 * self.unit()).to_bits();
-                ((bits >> 16) as u16).to_le_bytes()
-            })
-            .collect();
-        (name, Dtype::BF16, vec![len], data)
-    }
-
-    fn bf16(&mut self, name: String, rows: usize, cols: usize) -> Tensor {
-        let spread = 1.0 / (cols as f32).sqrt();
-        let data = (0..rows * cols)
-            .flat_map(|_| {
-                let bits = (spread * self.unit()).to_bits();
-                ((bits >> 16) as u16).to_le_bytes()
-            })
-            .collect();
-        (name, Dtype::BF16, vec![rows, cols], data)
-    }
-
-    /// E4M3 codes of magnitude below 1 (no NaN can occur) and one E8M0 scale per 128 x 128
-    /// block near `1 / sqrt(cols)`.
-    fn fp8(&mut self, module: &str, rows: usize, cols: usize) -> Vec<Tensor> {
-        let mut codes = self.random(rows * cols);
-        for c in &mut codes {
-            *c = ((*c & 0x7F) % 0x38) | (*c & 0x80);
-        }
-        let grid = (rows.div_ceil(128), cols.div_ceil(128));
-        let exponent = 127 - (cols as f32).log2().ceil() as u8 / 2;
-        vec![
-            (
-                format!("{module}.weight"),
-                Dtype::F8_E4M3,
-                vec![rows, cols],
-                codes,
-            ),
-            (
-                format!("{module}.scale"),
-                Dtype::F8_E8M0,
-                vec![grid.0, grid.1],
-                vec![exponent; grid.0 * grid.1],
-            ),
-        ]
-    }
-
-    /// FP4 codes two a byte and E8M0 scales per 32 columns.
-    fn fp4(&mut self, module: &str, rows: usize, cols: usize) -> Vec<Tensor> {
-        let exponent = 125 - (cols as f32).log2().ceil() as u8 / 2;
-        vec![
-            (
-                format!("{module}.weight"),
-                Dtype::I8,
-                vec![rows, cols / 2],
-                self.random(rows * cols / 2),
-            ),
-            (
-                format!("{module}.scale"),
-                Dtype::F8_E8M0,
-                vec![rows, cols / 32],
-                vec![exponent; rows * cols / 32],
-            ),
-        ]
-    }
-}
-
-/// Shards of at most about [`SHARD_BYTES`] each, written as they fill, and the index of where
-/// every tensor went.
-struct Shards<'o> {
-    out: &'o Path,
-    pending: Vec<Tensor>,
-    pending_bytes: usize,
-    written: usize,
-    weight_map: serde_json::Map<String, Value>,
-}
-
-impl Shards<'_> {
-    fn push(&mut self, tensors: Vec<Tensor>) -> Result<(), PackError> {
-        for t in tensors {
-            self.pending_bytes += t.3.len();
-            self.pending.push(t);
-            if self.pending_bytes >= SHARD_BYTES {
-                self.flush()?;
-            }
-        }
-        Ok(())
-    }
-
-    fn flush(&mut self) -> Result<(), PackError> {
-        if self.pending.is_empty() {
-            return Ok(());
-        }
-        self.written += 1;
-        let name = format!("model-{:05}.safetensors", self.written);
-        let path = self.out.join(&name);
-        let bad = |e: safetensors::SafeTensorError| PackError::BadShard {
-            path: path.clone(),
-            reason: e.to_string(),
-        };
-        let views = self
-            .pending
-            .iter()
-            .map(|(n, dtype, dims, bytes)| {
-                TensorView::new(*dtype, dims.clone(), bytes).map(|v| (n.clone(), v))
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(bad)?;
-        for (n, _) in &views {
-            self.weight_map.insert(n.clone(), json!(name));
-        }
-        let metadata: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
-        safetensors::serialize_to_file(views, Some(metadata), &path).map_err(bad)?;
-        self.pending.clear();
-        self.pending_bytes = 0;
-        Ok(())
-    }
+/// FP4 codes two a byte and E8M0 scales per 32 columns.
+fn fp4(w: &mut Writer, module: &str, rows: usize, cols: usize) -> Vec<Tensor> {
+    let exponent = 125 - (cols as f32).log2().ceil() as u8 / 2;
+    vec![
+        (
+            format!("{module}.weight"),
+            Dtype::I8,
+            vec![rows, cols / 2],
+            w.random(rows * cols / 2),
+        ),
+        (
+            format!("{module}.scale"),
+            Dtype::F8_E8M0,
+            vec![rows, cols / 32],
+            vec![exponent; rows * cols / 32],
+        ),
+    ]
 }
 
 fn globals(w: &mut Writer, g: &V4Geometry) -> Vec<Tensor> {
@@ -270,18 +165,23 @@ fn layer_dense(w: &mut Writer, g: &V4Geometry, i: usize) -> Vec<Tensor> {
         t.push(w.f32(format!("{p}hc_{which}_scale"), vec![3], 1.0, 0.2));
         t.push(w.norm(format!("{p}{which}_norm.weight"), h));
     }
-    t.extend(w.fp8(&format!("{p}attn.wq_a"), g.q_lora, h));
+    t.extend(fp8(w, &format!("{p}attn.wq_a"), g.q_lora, h));
     t.push(w.norm(format!("{p}attn.q_norm.weight"), g.q_lora));
-    t.extend(w.fp8(&format!("{p}attn.wq_b"), g.heads * hd, g.q_lora));
-    t.extend(w.fp8(&format!("{p}attn.wkv"), hd, h));
+    t.extend(fp8(w, &format!("{p}attn.wq_b"), g.heads * hd, g.q_lora));
+    t.extend(fp8(w, &format!("{p}attn.wkv"), hd, h));
     t.push(w.norm(format!("{p}attn.kv_norm.weight"), hd));
     let o_cols = g.heads * hd / g.o_groups;
-    t.extend(w.fp8(&format!("{p}attn.wo_a"), g.o_groups * g.o_lora, o_cols));
-    t.extend(w.fp8(&format!("{p}attn.wo_b"), h, g.o_groups * g.o_lora));
+    t.extend(fp8(
+        w,
+        &format!("{p}attn.wo_a"),
+        g.o_groups * g.o_lora,
+        o_cols,
+    ));
+    t.extend(fp8(w, &format!("{p}attn.wo_b"), h, g.o_groups * g.o_lora));
     t.push(w.f32(format!("{p}attn.attn_sink"), vec![g.heads], 0.0, 1.0));
     t.push(w.bf16(format!("{p}ffn.gate.weight"), g.experts, h));
     for (name, rows, cols) in [("w1", g.inner, h), ("w3", g.inner, h), ("w2", h, g.inner)] {
-        t.extend(w.fp8(&format!("{p}ffn.shared_experts.{name}"), rows, cols));
+        t.extend(fp8(w, &format!("{p}ffn.shared_experts.{name}"), rows, cols));
     }
     if i < g.hash_layers {
         t.push(hash_table(g, &p));
@@ -307,7 +207,7 @@ fn layer_dense(w: &mut Writer, g: &V4Geometry, i: usize) -> Vec<Tensor> {
                 id,
                 2 * id,
             ));
-            t.extend(w.fp8(&format!("{p}attn.indexer.wq_b"), ih * id, g.q_lora));
+            t.extend(fp8(w, &format!("{p}attn.indexer.wq_b"), ih * id, g.q_lora));
             t.push(w.bf16(format!("{p}attn.indexer.weights_proj.weight"), ih, h));
         }
         rate => t.extend(compressor(format!("{p}attn.compressor"), rate, hd, hd)),
@@ -360,18 +260,8 @@ pub fn write_synthetic_v4(
     progress: &dyn Fn(usize),
 ) -> Result<V4Geometry, PackError> {
     let g = V4Geometry::from_config(upstream, layers)?;
-    std::fs::create_dir_all(out).map_err(|e| PackError::io(out, e))?;
-    let mut w = Writer {
-        rng: SplitMix64::new(42),
-        seed: 42 << 20,
-    };
-    let mut shards = Shards {
-        out,
-        pending: Vec::new(),
-        pending_bytes: 0,
-        written: 0,
-        weight_map: serde_json::Map::new(),
-    };
+    let mut w = Writer::new(42);
+    let mut shards = Shards::new(out)?;
     shards.push(globals(&mut w, &g))?;
     for i in 0..layers {
         shards.push(layer_dense(&mut w, &g, i))?;
@@ -381,20 +271,13 @@ pub fn write_synthetic_v4(
                 ("w3", g.inner, g.hidden),
                 ("w2", g.hidden, g.inner),
             ] {
-                shards.push(w.fp4(&format!("layers.{i}.ffn.experts.{e}.{name}"), rows, cols))?;
+                let module = format!("layers.{i}.ffn.experts.{e}.{name}");
+                shards.push(fp4(&mut w, &module, rows, cols))?;
             }
         }
         progress(i);
     }
-    shards.flush()?;
-    let index = json!({ "metadata": {}, "weight_map": shards.weight_map });
-    let write = |name: &str, bytes: &[u8]| {
-        let path = out.join(name);
-        std::fs::write(&path, bytes).map_err(|e| PackError::io(&path, e))
-    };
-    let json_bytes = |v: &Value| serde_json::to_vec_pretty(v).unwrap_or_default();
-    write("model.safetensors.index.json", &json_bytes(&index))?;
-    write("config.json", &json_bytes(&cut_config(upstream, &g)))?;
+    shards.finish(&cut_config(upstream, &g))?;
     for file in [
         "tokenizer.json",
         "tokenizer_config.json",
@@ -403,10 +286,6 @@ pub fn write_synthetic_v4(
         let from = tokenizer_from.join(file);
         std::fs::copy(&from, out.join(file)).map_err(|e| PackError::io(&from, e))?;
     }
-    write(
-        "LICENSE",
-        b"Synthetic test data made by minirun-pack; not a model.\n",
-    )?;
     Ok(g)
 }
 

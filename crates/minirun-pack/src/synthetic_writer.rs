@@ -1,0 +1,163 @@
+//! What the random real-geometry checkpoints ([`crate::synthetic_v4`], [`crate::synthetic_k3`])
+//! share: seeded random tensors scaled so that activations stay finite, and safetensors shards
+//! of about 512 MiB written as they fill, with the index of where every tensor went.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use minirun_format::synthetic::{SplitMix64, fill_content};
+use safetensors::tensor::{Dtype, TensorView};
+use serde_json::{Value, json};
+
+use crate::PackError;
+
+/// The most bytes of tensors one shard is built from in memory.
+const SHARD_BYTES: usize = 512 << 20;
+
+/// One tensor: name, dtype, shape and its little-endian bytes.
+pub(crate) type Tensor = (String, Dtype, Vec<usize>, Vec<u8>);
+
+/// Seeded random tensors.
+pub(crate) struct Writer {
+    rng: SplitMix64,
+    seed: u64,
+}
+
+fn bf16_bits(value: f32) -> [u8; 2] {
+    ((value.to_bits() >> 16) as u16).to_le_bytes()
+}
+
+impl Writer {
+    pub(crate) fn new(seed: u64) -> Writer {
+        Writer {
+            rng: SplitMix64::new(seed),
+            seed: seed << 20,
+        }
+    }
+
+    /// Uniform in [-1, 1).
+    pub(crate) fn unit(&mut self) -> f32 {
+        (self.rng.next().unwrap_or(0) >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+
+    /// `len` random bytes (a fresh stream each call).
+    pub(crate) fn random(&mut self, len: usize) -> Vec<u8> {
+        self.seed += 1;
+        let mut out = vec![0u8; len];
+        fill_content(self.seed, 0, &mut out);
+        out
+    }
+
+    /// F32 values uniform in `mean ± spread`.
+    pub(crate) fn f32(
+        &mut self,
+        name: String,
+        shape: Vec<usize>,
+        mean: f32,
+        spread: f32,
+    ) -> Tensor {
+        let n: usize = shape.iter().product();
+        let data = (0..n)
+            .flat_map(|_| (mean + spread * self.unit()).to_le_bytes())
+            .collect();
+        (name, Dtype::F32, shape, data)
+    }
+
+    /// A norm's weights: BF16 near `1`, as the published checkpoints store them.
+    pub(crate) fn norm(&mut self, name: String, len: usize) -> Tensor {
+        let data = (0..len)
+            .flat_map(|_| bf16_bits(1.0 + 0.1 * self.unit()))
+            .collect();
+        (name, Dtype::BF16, vec![len], data)
+    }
+
+    /// A BF16 matrix of values within `1 / sqrt(cols)`.
+    pub(crate) fn bf16(&mut self, name: String, rows: usize, cols: usize) -> Tensor {
+        let spread = 1.0 / (cols as f32).sqrt();
+        let data = (0..rows * cols)
+            .flat_map(|_| bf16_bits(spread * self.unit()))
+            .collect();
+        (name, Dtype::BF16, vec![rows, cols], data)
+    }
+}
+
+/// Shards of at most about [`SHARD_BYTES`] each, written as they fill, and the index of where
+/// every tensor went.
+pub(crate) struct Shards<'o> {
+    out: &'o Path,
+    pending: Vec<Tensor>,
+    pending_bytes: usize,
+    written: usize,
+    weight_map: serde_json::Map<String, Value>,
+}
+
+impl<'o> Shards<'o> {
+    pub(crate) fn new(out: &'o Path) -> Result<Shards<'o>, PackError> {
+        std::fs::create_dir_all(out).map_err(|e| PackError::io(out, e))?;
+        Ok(Shards {
+            out,
+            pending: Vec::new(),
+            pending_bytes: 0,
+            written: 0,
+            weight_map: serde_json::Map::new(),
+        })
+    }
+
+    pub(crate) fn push(&mut self, tensors: Vec<Tensor>) -> Result<(), PackError> {
+        for t in tensors {
+            self.pending_bytes += t.3.len();
+            self.pending.push(t);
+            if self.pending_bytes >= SHARD_BYTES {
+                self.flush()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), PackError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        self.written += 1;
+        let name = format!("model-{:05}.safetensors", self.written);
+        let path = self.out.join(&name);
+        let bad = |e: safetensors::SafeTensorError| PackError::BadShard {
+            path: path.clone(),
+            reason: e.to_string(),
+        };
+        let views = self
+            .pending
+            .iter()
+            .map(|(n, dtype, dims, bytes)| {
+                TensorView::new(*dtype, dims.clone(), bytes).map(|v| (n.clone(), v))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(bad)?;
+        for (n, _) in &views {
+            self.weight_map.insert(n.clone(), json!(name));
+        }
+        let metadata: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
+        safetensors::serialize_to_file(views, Some(metadata), &path).map_err(bad)?;
+        self.pending.clear();
+        self.pending_bytes = 0;
+        Ok(())
+    }
+
+    /// Writes the last shard, the shards' index, `config` as `config.json` and a licence that
+    /// says what the data is.
+    pub(crate) fn finish(mut self, config: &Value) -> Result<(), PackError> {
+        self.flush()?;
+        let index = json!({ "metadata": {}, "weight_map": self.weight_map });
+        let write = |name: &str, bytes: &[u8]| {
+            let path = self.out.join(name);
+            std::fs::write(&path, bytes).map_err(|e| PackError::io(&path, e))
+        };
+        let json_bytes = |v: &Value| serde_json::to_vec_pretty(v).unwrap_or_default();
+        write("model.safetensors.index.json", &json_bytes(&index))?;
+        write("config.json", &json_bytes(config))?;
+        write(
+            "LICENSE",
+            b"Synthetic test data made by minirun-pack; not a model.\n",
+        )
+    }
+}
