@@ -1,103 +1,144 @@
 #!/usr/bin/env bash
-# minirun streaming at the published DeepSeek V4 Flash's real geometry, against the device's
-# own read limit:
-#   - a random checkpoint at V4 Flash's geometry (its upstream config.json: hidden 4096, 256
-#     FP4 experts of 2048 x 4096 a layer, FP8 attention, vocabulary 129,280) cut to its first
-#     LAYERS layers (default 5: two sliding-window hash-routed layers, a compressed-sparse
-#     hash-routed one, then heavily compressed and compressed-sparse router-driven ones), written
-#     by crates/minirun-pack/examples/synth_v4_flash.rs and packed into the published layout
-#     (`minirun pack --layout deepseek-v4-published`, under a synthetic repository id). Every file the
-#     published artifact also has (layersNN containers and blobs, the embedding and head) must
-#     have that file's size in the recorded Hub tree (crates/minirun-hub/tests/data/hf/
-#     DeepSeek-V4-Flash-0731-minirun), or the script stops: the geometry is the real one;
+# minirun streaming at the real geometry of the published DeepSeek V4 Flash and Kimi K3, against
+# the device's own read limit. For each geometry:
+#   - a random checkpoint at the model's geometry (its upstream config.json) cut to its first
+#     LAYERS layers, written by crates/minirun-pack/examples/synth_v4_flash.rs or synth_k3.rs
+#     and packed into the published layout (`minirun pack --layout deepseek-v4-published` or
+#     `kimi-k3-published`, under a synthetic repository id):
+#       v4-flash: hidden 4096, 256 FP4 experts of 2048 x 4096 a layer, FP8 attention, vocabulary
+#         129,280; default 5 layers (two sliding-window hash-routed layers, a compressed-sparse
+#         hash-routed one, then heavily compressed and compressed-sparse router-driven ones);
+#       k3: hidden 7168, 896 MXFP4 experts of 3072 x 3584 a layer in row bands, BF16 KDA and MLA
+#         attention, vocabulary 163,840; default 2 layers (the dense first layer, then a KDA
+#         layer with its mixture of experts).
+#     Every file the published artifact also has (the layers' blobs and expert containers, the
+#     embedding and head) must have that file's size in the recorded Hub tree
+#     (crates/minirun-hub/tests/data/hf/DeepSeek-V4-Flash-0731-minirun, .../Kimi-K3-minirun), or
+#     the script stops: the geometry is the real one;
 #   - the artifact verified, against a tree listing of its own files in the Hub's format (the
 #     stand-in for a publisher a synthetic artifact lacks), so that runs read as a user of the
 #     verified published artifact does: without hashing every tile again;
-#   - the device's read bandwidth at the experts' read size (one expert tile, 4,352 KiB): the
-#     best of `dd iflag=direct` over the expert containers and `minirun bench storage` over
-#     its queue depths, before the runs and after them; the runs read at the best depth;
+#   - the device's read bandwidth at the experts' read size (one expert projection: 4,352 KiB
+#     for V4, 5,712 KiB for K3): the best of `dd iflag=direct` over the expert containers and
+#     `minirun bench storage` over its queue depths, before the runs and after them; the runs
+#     read at the best depth;
 #   - minirun run at --budget floor and at --budget balanced (halfway from the floor to
 #     everything resident), and at the floor unverified (every tile hashed as it is read), each
 #     inside a memory cgroup of its budget + 192 MiB, the page cache of the artifact dropped
 #     first: time per token, bytes read per token (routed experts and streamed layers), the
 #     device's bytes read (/proc/diskstats), and the ratio of time per token to the limit the
 #     bytes set at the device's bandwidth;
-#   - a fully resident run of the same tokens (outside any cgroup; skipped when MemAvailable is
-#     smaller than the artifact), whose logits must be the streamed runs' bit for bit (SHA-256
-#     over every logits vector): a difference makes the script exit 1.
-# The time per token for LAYERS layers is extrapolated to the model's 43: the time outside the
-# layers (embedding and head, which `minirun run --json` reports) plus the rest scaled by
-# 43 / LAYERS; bytes per token scale by 43 / LAYERS. The expert bytes per token are set beside
-# the reference runtime's published figure (3,449,340,288 bytes a token over 43 layers) scaled
-# to LAYERS.
-# Everything lives under target/stream-real (about 2 x 20 GB on disk while the artifact is
-# made, 20 GB after). The cgroups need root and a writable memory controller; without them the
-# script says so and runs without a limit.
+#   - the same tokens computed with every weight in memory, outside any cgroup: `minirun run
+#     --budget generous` where MemAvailable holds the artifact, else the mmap baseline
+#     (crates/minirun-mmap-baseline: the same model with every expert container memory-mapped,
+#     nothing streamed); its logits must be the streamed runs' bit for bit (SHA-256 over every
+#     logits vector): a difference makes the script exit 1.
+# The time per token for LAYERS layers is extrapolated to the model's 43 (V4) or 93 (K3) layers:
+# the time outside the layers (embedding and head, which `minirun run --json` reports) plus the
+# rest scaled by the layer count (for K3 this overstates: its first layer is the dense 2.3 GB
+# one, the others 0.8 to 1.3 GB and their experts); bytes per token scale the same way. The
+# expert bytes per token are set beside the reference runtime's figure: V4, its published
+# 3,449,340,288 expert bytes a token over 43 layers, scaled to LAYERS; K3, 16 experts x three
+# projections of 5,849,088 bytes (the published containers' stride) per mixture-of-experts layer,
+# the part of its published 136,990,303,232 bytes a token that the experts are.
+# Everything lives under target/stream-real: V4 Flash about 2 x 20 GB on disk while the artifact
+# is made, 20 GB after; K3 about 2 x 24 GB, then 24 GB. The cgroups need root and a writable
+# memory controller; without them the script says so and runs without a limit.
 #
-#   bench/stream_real_geometry.sh [--layers N] [--tokens T] [--json]
+#   bench/stream_real_geometry.sh [--geometry v4-flash|k3|all] [--layers N] [--tokens T] [--json]
 #
-# --json ends the output with one line {"rows": [...]}: a row per geometry and budget with
-# geometry, budget, layers, s_per_token, bytes_per_token, read_bandwidth (bytes/s, the
-# device's best), ratio_to_limit (s_per_token / (bytes_per_token / read_bandwidth)),
-# verified, bits_equal_resident (null where no resident run was possible), and the
-# extrapolation.
+# --layers applies to one geometry (--geometry v4-flash or k3). --json ends the output with one
+# line {"rows": [...]}: a row per geometry and budget with geometry, budget, layers, s_per_token,
+# bytes_per_token, read_bandwidth (bytes/s, the device's best), ratio_to_limit (s_per_token /
+# (bytes_per_token / read_bandwidth)), verified, bits_equal_resident (null where no run with
+# every weight in memory was possible), resident_check (minirun-resident or mmap-baseline), and
+# the extrapolation.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-LAYERS=5
+GEOMETRY=all
+LAYERS_ASKED=""
 TOKENS=8
 JSON=0
 while [ $# -gt 0 ]; do
   case "$1" in
-    --layers) LAYERS="$2"; shift 2 ;;
+    --geometry) GEOMETRY="$2"; shift 2 ;;
+    --layers) LAYERS_ASKED="$2"; shift 2 ;;
     --tokens) TOKENS="$2"; shift 2 ;;
     --json) JSON=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
+case "$GEOMETRY" in
+  v4-flash|k3) GEOMETRIES=("$GEOMETRY") ;;
+  all) GEOMETRIES=(v4-flash k3) ;;
+  *) echo "unknown geometry $GEOMETRY: v4-flash, k3 or all" >&2; exit 2 ;;
+esac
+if [ -n "$LAYERS_ASKED" ] && [ "${#GEOMETRIES[@]}" -ne 1 ]; then
+  echo "--layers applies to one geometry: add --geometry v4-flash or --geometry k3" >&2; exit 2
+fi
 WORK="$ROOT/target/stream-real"
-ART="$WORK/v4-flash-$LAYERS"
 MINIRUN="$ROOT/target/release/minirun"
-SYNTH="$ROOT/target/release/examples/synth_v4_flash"
-TREE="$ROOT/crates/minirun-hub/tests/data/hf/DeepSeek-V4-Flash-0731-minirun"
+BASELINE="$ROOT/target/release/mmap-baseline"
+HUB_DATA="$ROOT/crates/minirun-hub/tests/data/hf"
 PROMPT="The clockmaker opened the"
+REVISION=0000000000000000000000000000000000000000
 # Beyond the budget the process needs its binary, stacks and allocator slack (85 MiB of RSS
-# measured at this geometry under --budget balanced), and a cgroup also counts the kernel's page
-# tables for what the process holds (8 bytes a 4 KiB page: 22 MiB at 11 GB): docs/runtime.md.
+# measured at V4 Flash's geometry under --budget balanced), and a cgroup also counts the kernel's
+# page tables for what the process holds (8 bytes a 4 KiB page: 22 MiB at 11 GB):
+# docs/runtime.md.
 OVERHEAD=$((192 << 20))
 # The storage calibration `minirun bench storage` keeps, and the runs project their reads from:
 # this script's own, from its own measurement.
 export XDG_STATE_HOME="$WORK/state"
-# The expert tile of the published V4 containers: 2048 x 4096 FP4 codes and scales, page aligned.
-TILE_KIB=4352
+
+# The constants of geometry $1: its generator, layout, recorded Hub tree, default layer count and
+# the read size of one expert projection in its published containers (V4: 2048 x 4096 FP4 codes
+# and scales, page aligned; K3: 3072 x 3584 MXFP4 codes and scales, three bands of 1,024 rows).
+use_geometry() {
+  case "$1" in
+    v4-flash)
+      SYNTH=synth_v4_flash; LAYOUT=deepseek-v4-published; LAYERS=${LAYERS_ASKED:-5}
+      TREE="$HUB_DATA/DeepSeek-V4-Flash-0731-minirun"; TILE_KIB=4352 ;;
+    k3)
+      SYNTH=synth_k3; LAYOUT=kimi-k3-published; LAYERS=${LAYERS_ASKED:-2}
+      TREE="$HUB_DATA/Kimi-K3-minirun"; TILE_KIB=5712 ;;
+  esac
+  REPO="minirun-bench/synthetic-$1"
+  ART="$WORK/$1-$LAYERS"
+  RUNS="$WORK/$1-runs"
+}
 
 cd "$ROOT"
-cargo build --release -q -p minirun-cli
-cargo build --release -q -p minirun-pack --example synth_v4_flash
+cargo build --release -q -p minirun-cli -p minirun-mmap-baseline
+cargo build --release -q -p minirun-pack --example synth_v4_flash --example synth_k3
 mkdir -p "$WORK"
 # shellcheck source=bench/stream_common.sh
 . "$ROOT/bench/stream_common.sh"
 before_run() { drop_cache_of "$ART"; }
 
 echo "== CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
-if [ ! -f "$ART/index.json" ]; then
+
+# The artifact of the current geometry, generated and packed unless already there.
+make_artifact() {
+  [ -f "$ART/index.json" ] && return 0
   rm -rf "$ART" "$ART.partial" "$WORK/checkpoint"
-  echo "== a random checkpoint at V4 Flash's geometry, $LAYERS layers"
-  "$SYNTH" "$WORK/checkpoint" "$LAYERS"
+  echo "== a random checkpoint at $1's geometry, $LAYERS layers"
+  "$ROOT/target/release/examples/$SYNTH" "$WORK/checkpoint" "$LAYERS"
   echo "== packed into the published layout"
-  "$MINIRUN" pack --source "$WORK/checkpoint" --out "$ART.partial" --layout deepseek-v4-published \
-    --source-repo minirun-bench/synthetic-v4-flash \
-    --source-revision 0000000000000000000000000000000000000000 > /dev/null
+  "$MINIRUN" pack --source "$WORK/checkpoint" --out "$ART.partial" --layout "$LAYOUT" \
+    --source-repo "$REPO" --source-revision "$REVISION" > /dev/null
   rm -rf "$WORK/checkpoint"
   mv "$ART.partial" "$ART"
-fi
-du -sh "$ART"
+}
+
 # The runs read as a user who verified the published artifact does: with full evidence, tiles
 # are not hashed again on every read (an unverified run hashes each tile it reads; one such run
 # is measured too). A synthetic artifact has no publisher, so its evidence is against a tree
 # listing of its own files, made here in the Hub's format: the bench's stand-in for the Hub.
-if [ ! -f "$ART/.minirun/evidence.json" ]; then
-  python3 - "$ART" > "$WORK/tree.json" <<'PY'
+verify_artifact() {
+  [ -f "$ART/.minirun/evidence.json" ] && return 0
+  python3 - "$ART" > "$RUNS/tree.json" <<'PY'
 import hashlib, json, os, sys
 art, entries = sys.argv[1], []
 for d, dirs, files in os.walk(art):
@@ -113,12 +154,12 @@ for d, dirs, files in os.walk(art):
                         "oid": "0" * 40, "lfs": {"oid": digest.hexdigest(), "size": size}})
 json.dump(entries, sys.stdout)
 PY
-  "$MINIRUN" verify "$ART" --repo minirun-bench/synthetic-v4-flash \
-    --revision 0000000000000000000000000000000000000000 --tree "$WORK/tree.json" | tail -n 1
-fi
+  "$MINIRUN" verify "$ART" --repo "$REPO" --revision "$REVISION" --tree "$RUNS/tree.json" | tail -n 1
+}
 
-echo "== file sizes against the published artifact's tree"
-python3 - "$ART" "$TREE" <<'PY'
+check_sizes() {
+  echo "== file sizes against the published artifact's tree"
+  python3 - "$ART" "$TREE" <<'PY'
 import glob, json, os, sys
 art, tree = sys.argv[1], sys.argv[2]
 published = {}
@@ -143,14 +184,14 @@ print(f"  {compared} files compared, {differ} of another size than the published
 if differ or compared == 0:
     sys.exit("!! the generated artifact is not at the published geometry")
 PY
+}
 
 # The device's read bandwidth at the experts' read size: dd over three expert containers and
 # minirun bench storage over its queue depths, before the runs and again after them (a virtual
 # disk's rate drifts); the best figure of all is the limit the runs are held to.
-dd_bps=0
 measure_device() {
   echo "== device read bandwidth at the expert read size ($TILE_KIB KiB), $1 the runs"
-  local experts start end bytes
+  local experts start end bytes dd_bps
   mapfile -t experts < <(find "$ART" -name '*.mxfp4tile' | sort | head -n 3)
   before_run
   start=$(date +%s.%N); bytes=0
@@ -159,95 +200,138 @@ measure_device() {
     bytes=$((bytes + $(stat -c %s "$f")))
   done
   end=$(date +%s.%N)
-  dd_bps=$(python3 -c "print(max($dd_bps, $bytes / ($end - $start)))")
-  echo "dd iflag=direct bs=${TILE_KIB}k: $(python3 -c "print(f'{$bytes / ($end - $start) / 1e9:.2f} GB/s')")"
-  "$MINIRUN" bench storage "$ART" --read-size "${TILE_KIB}KiB" --seconds 3 --json > "$WORK/storage-$1.json"
+  dd_bps=$(python3 -c "print($bytes / ($end - $start))")
+  echo "$dd_bps" > "$RUNS/dd-$1.bps"
+  echo "dd iflag=direct bs=${TILE_KIB}k: $(python3 -c "print(f'{$dd_bps / 1e9:.2f} GB/s')")"
+  "$MINIRUN" bench storage "$ART" --read-size "${TILE_KIB}KiB" --seconds 3 --json > "$RUNS/storage-$1.json"
   python3 -c "
-import json; d = json.load(open('$WORK/storage-$1.json'))['depths']
+import json; d = json.load(open('$RUNS/storage-$1.json'))['depths']
 print('minirun bench storage: ' + ', '.join(f\"{r['gb_per_second']:.2f} GB/s at depth {r['queue_depth']}\" for r in d))"
 }
-measure_device before
-DEPTH=$(python3 -c "import json; d = json.load(open('$WORK/storage-before.json'))['depths']; print(max(d, key=lambda r: r['gb_per_second'])['queue_depth'])")
-echo "reads in flight for the runs: $DEPTH"
 
-RUN=("$MINIRUN" run "$ART" --prompt "$PROMPT" --max-tokens "$TOKENS" --ignore-eos --json
-     --reads-in-flight "$DEPTH")
-available=$(( $(awk '/MemAvailable/ {print $2}' /proc/meminfo) * 1024 ))
-artifact_bytes=$(du -sb "$ART" | cut -f1)
-if [ "$available" -gt $((artifact_bytes + (2 << 30))) ]; then
-  echo "== minirun run fully resident (no cgroup)"
+# Every weight in memory, outside any cgroup: minirun resident where the artifact fits in
+# MemAvailable, else the mmap baseline (the page cache holds what it maps).
+resident_run() {
+  local available artifact_bytes
+  available=$(( $(awk '/MemAvailable/ {print $2}' /proc/meminfo) * 1024 ))
+  artifact_bytes=$(du -sb "$ART" | cut -f1)
   before_run
-  "${RUN[@]}" --budget generous > "$WORK/run-resident.json"
-else
-  echo "== (no resident run: MemAvailable $((available >> 20)) MiB < the artifact + 2 GiB)"
-  echo '{}' > "$WORK/run-resident.json"
-fi
-for run in floor balanced floor-unverified; do
-  budget=${run%-unverified}
-  extra=()
-  [ "$run" = "$budget" ] || extra=(--unverified)
-  bytes=$("$MINIRUN" run "$ART" --prompt "$PROMPT" --max-tokens 1 --json --budget "$budget" \
-    | python3 -c "import json, sys; print(json.load(sys.stdin)['plan']['budget'])")
-  echo "== minirun run --budget $budget ${extra[*]} ($((bytes >> 20)) MiB)"
-  in_cgroup $((bytes + OVERHEAD)) "$WORK/run-$run.json" "${RUN[@]}" --budget "$budget" "${extra[@]}"
-done
-measure_device after
+  if [ "$available" -gt $((artifact_bytes + (2 << 30))) ]; then
+    echo "== minirun run fully resident (no cgroup)"
+    "${RUN[@]}" --budget generous > "$RUNS/run-resident.json"
+    echo minirun-resident > "$RUNS/resident-check"
+  else
+    echo "== mmap baseline, every expert container mapped (no cgroup; MemAvailable $((available >> 20)) MiB < the artifact + 2 GiB)"
+    "$BASELINE" "$ART" --prompt "$PROMPT" --max-tokens "$TOKENS" > "$RUNS/run-resident.json"
+    echo mmap-baseline > "$RUNS/resident-check"
+  fi
+}
 
-python3 - "$WORK" "$LAYERS" "$dd_bps" "$JSON" <<'PY'
-import json, os, sys
-work, layers, dd_bps, as_json = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "1"
-MODEL_LAYERS = 43
-# The reference runtime's routed-expert bytes per V4 Flash token, all 43 layers.
-REFERENCE_EXPERT_BYTES = 3_449_340_288
-load = lambda n: json.load(open(f"{work}/{n}.json"))
-depths = load("storage-before")["depths"] + load("storage-after")["depths"]
-best = max(depths, key=lambda d: d["gb_per_second"])
-bandwidth = max(best["gb_per_second"] * 1e9, dd_bps)
-print(f"\nread bandwidth, the best before and after the runs: {bandwidth/1e9:.2f} GB/s (minirun bench storage "
-      f"{best['gb_per_second']:.2f} GB/s at depth {best['queue_depth']}, dd iflag=direct {dd_bps/1e9:.2f} GB/s)")
-resident = load("run-resident")
-if resident:
-    print(f"compute, fully resident: {1e3/resident['tokens_per_second']:.0f} ms/token")
+measure_geometry() {
+  use_geometry "$1"
+  mkdir -p "$RUNS"
+  rm -f "$RUNS"/*.json "$RUNS"/*.device "$RUNS"/*.bps "$RUNS/resident-check"
+  make_artifact "$1"
+  du -sh "$ART"
+  verify_artifact
+  check_sizes
+  measure_device before
+  local depth budget bytes run extra
+  depth=$(python3 -c "import json; d = json.load(open('$RUNS/storage-before.json'))['depths']; print(max(d, key=lambda r: r['gb_per_second'])['queue_depth'])")
+  echo "reads in flight for the runs: $depth"
+  RUN=("$MINIRUN" run "$ART" --prompt "$PROMPT" --max-tokens "$TOKENS" --ignore-eos --json
+       --reads-in-flight "$depth")
+  resident_run
+  for run in floor balanced floor-unverified; do
+    budget=${run%-unverified}
+    extra=()
+    [ "$run" = "$budget" ] || extra=(--unverified)
+    bytes=$("$MINIRUN" run "$ART" --prompt "$PROMPT" --max-tokens 1 --json --budget "$budget" \
+      | python3 -c "import json, sys; print(json.load(sys.stdin)['plan']['budget'])")
+    echo "== minirun run --budget $budget ${extra[*]} ($((bytes >> 20)) MiB)"
+    in_cgroup $((bytes + OVERHEAD)) "$RUNS/run-$run.json" "${RUN[@]}" --budget "$budget" "${extra[@]}"
+  done
+  measure_device after
+  echo "$LAYERS" > "$RUNS/layers"
+}
+
+for geometry in "${GEOMETRIES[@]}"; do
+  echo
+  echo "######## $geometry"
+  measure_geometry "$geometry"
+done
+
+python3 - "$WORK" "$JSON" "${GEOMETRIES[@]}" <<'PY'
+import json, sys
+work, as_json, geometries = sys.argv[1], sys.argv[2] == "1", sys.argv[3:]
+MODEL_LAYERS = {"v4-flash": 43, "k3": 93}
+def reference_expert_bytes(geometry, layers):
+    if geometry == "v4-flash":
+        # The reference runtime's routed-expert bytes per V4 Flash token, all 43 layers.
+        return 3_449_340_288 * layers / 43
+    # K3: 16 experts x w1, w3, w2 of 5,849,088 bytes in each mixture-of-experts layer (all but
+    # the first, dense one), the experts' part of the reference's 136,990,303,232 bytes a token.
+    return 16 * 3 * 5_849_088 * (layers - 1)
 mib = 2**20
 rows = []
-print("\n| geometry | budget | layers | s/token | bytes/token (experts + layers) | expert bytes/token vs the reference's, scaled | "
+print("\n| geometry | budget | layers | s/token | bytes/token (experts + layers) | expert bytes/token vs the reference's | "
       "limit s/token (bytes / bandwidth) | ratio to limit | projected reads s/token (measured / projected) | device read | "
-      "s/token at 43 layers (extrapolated) | bits = resident |")
+      "s/token at the model's layers (extrapolated) | bits = all in memory |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-for run in ("floor", "balanced", "floor-unverified"):
-    r = load(f"run-{run}")
-    budget = run.removesuffix("-unverified")
-    steps = max(r["decode_steps"], 1)
-    s_token = 1 / r["tokens_per_second"]
-    bytes_token = r["expert_read_bytes_per_token"] + r["layer_read_bytes_per_token"]
-    limit = bytes_token / bandwidth
-    outside = r["decode_outside_layers_seconds"] / steps
-    s_model = outside + (s_token - outside) * MODEL_LAYERS / layers
-    reference = REFERENCE_EXPERT_BYTES * layers / MODEL_LAYERS
-    equal = (r["logits_sha256"] == resident["logits_sha256"]) if resident else None
-    device = int(open(f"{work}/run-{run}.device").read())
-    row = {
-        "geometry": "v4-flash", "budget": budget, "budget_bytes": r["plan"]["budget"],
-        "layers": layers, "s_per_token": s_token, "bytes_per_token": bytes_token,
-        "expert_bytes_per_token": r["expert_read_bytes_per_token"],
-        "reference_expert_bytes_per_token_scaled": round(reference),
-        "read_bandwidth": bandwidth, "ratio_to_limit": s_token / limit if limit else None,
-        "s_per_token_model_layers": s_model, "model_layers": MODEL_LAYERS,
-        "bytes_per_token_model_layers": round(bytes_token * MODEL_LAYERS / layers),
-        "outside_layers_s_per_token": outside, "device_read_bytes": device,
-        "tokens": r["decode_steps"], "verified": r["verified"], "bits_equal_resident": equal,
-        "projected_read_s_per_token": r.get("projected_read_seconds_per_token"),
-    }
-    rows.append(row)
-    ratio = f"{row['ratio_to_limit']:.2f}x" if limit else "n/a"
-    projected = row["projected_read_s_per_token"]
-    projection = f"{projected:.3f} ({s_token / projected:.2f}x)" if projected else "none"
-    print(f"| v4-flash | {budget} ({r['plan']['budget']/mib:.0f} MiB){'' if r['verified'] else ', unverified'} | {layers} | {s_token:.3f} | "
-          f"{bytes_token/mib:.1f} MiB | {r['expert_read_bytes_per_token']/reference:.4f} | {limit:.3f} | {ratio} | {projection} | "
-          f"{device/mib:.0f} MiB | {s_model:.2f} | {equal} |")
+notes = []
+for geometry in geometries:
+    runs = f"{work}/{geometry}-runs"
+    load = lambda n: json.load(open(f"{runs}/{n}.json"))
+    layers = int(open(f"{runs}/layers").read())
+    model_layers = MODEL_LAYERS[geometry]
+    depths = load("storage-before")["depths"] + load("storage-after")["depths"]
+    best = max(depths, key=lambda d: d["gb_per_second"])
+    dd_bps = max(float(open(f"{runs}/dd-{w}.bps").read()) for w in ("before", "after"))
+    bandwidth = max(best["gb_per_second"] * 1e9, dd_bps)
+    check = open(f"{runs}/resident-check").read().strip()
+    resident = load("run-resident")
+    notes.append(f"{geometry}: read bandwidth, the best before and after the runs: {bandwidth/1e9:.2f} GB/s "
+                 f"(minirun bench storage {best['gb_per_second']:.2f} GB/s at depth {best['queue_depth']}, "
+                 f"dd iflag=direct {dd_bps/1e9:.2f} GB/s); every weight in memory ({check}): "
+                 f"{1e3/resident['tokens_per_second']:.0f} ms/token")
+    for run in ("floor", "balanced", "floor-unverified"):
+        r = load(f"run-{run}")
+        budget = run.removesuffix("-unverified")
+        steps = max(r["decode_steps"], 1)
+        s_token = 1 / r["tokens_per_second"]
+        bytes_token = r["expert_read_bytes_per_token"] + r["layer_read_bytes_per_token"]
+        limit = bytes_token / bandwidth
+        outside = r["decode_outside_layers_seconds"] / steps
+        s_model = outside + (s_token - outside) * model_layers / layers
+        reference = reference_expert_bytes(geometry, layers)
+        equal = r["logits_sha256"] == resident["logits_sha256"]
+        device = int(open(f"{runs}/run-{run}.device").read())
+        row = {
+            "geometry": geometry, "budget": budget, "budget_bytes": r["plan"]["budget"],
+            "layers": layers, "s_per_token": s_token, "bytes_per_token": bytes_token,
+            "expert_bytes_per_token": r["expert_read_bytes_per_token"],
+            "reference_expert_bytes_per_token_scaled": round(reference),
+            "read_bandwidth": bandwidth, "ratio_to_limit": s_token / limit if limit else None,
+            "s_per_token_model_layers": s_model, "model_layers": model_layers,
+            "bytes_per_token_model_layers": round(bytes_token * model_layers / layers),
+            "outside_layers_s_per_token": outside, "device_read_bytes": device,
+            "tokens": r["decode_steps"], "verified": r["verified"], "bits_equal_resident": equal,
+            "resident_check": check,
+            "projected_read_s_per_token": r.get("projected_read_seconds_per_token"),
+        }
+        rows.append(row)
+        ratio = f"{row['ratio_to_limit']:.2f}x" if limit else "n/a"
+        projected = row["projected_read_s_per_token"]
+        projection = f"{projected:.3f} ({s_token / projected:.2f}x)" if projected else "none"
+        print(f"| {geometry} | {budget} ({r['plan']['budget']/mib:.0f} MiB){'' if r['verified'] else ', unverified'} | {layers} | {s_token:.3f} | "
+              f"{bytes_token/mib:.1f} MiB | {r['expert_read_bytes_per_token']/reference:.4f} | {limit:.3f} | {ratio} | {projection} | "
+              f"{device/mib:.0f} MiB | {s_model:.2f} | {equal} |")
+print()
+for note in notes:
+    print(note)
 if as_json:
     print(json.dumps({"rows": rows}))
 if any(row["bits_equal_resident"] is False for row in rows):
-    print("!! a streamed run computed other logits than the resident run", file=sys.stderr)
+    print("!! a streamed run computed other logits than the run with every weight in memory", file=sys.stderr)
     sys.exit(1)
 PY

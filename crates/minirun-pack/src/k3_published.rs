@@ -7,8 +7,8 @@
 //! back exactly ([`crate::k3_names`]). The expert containers are the same bytes either way.
 //!
 //! The band heights are this writer's choice (the layout's readers depend only on the band
-//! table and the container headers): a deterministic tensor's bands are as many rows as fit in
-//! `band_bytes`, an expert's as `expert_band_rows` says.
+//! table and the container headers): a deterministic tensor's bands are the most rows that fit
+//! in `band_bytes` rounded down to a power of two, an expert's as `expert_band_rows` says.
 
 use std::collections::BTreeMap;
 use std::io::{BufWriter, Write};
@@ -33,7 +33,7 @@ use crate::shard::TensorSource;
 /// Band heights.
 #[derive(Debug, Clone, Copy)]
 pub struct BandSizes {
-    /// The most bytes of one deterministic band (at least one row).
+    /// The most bytes of one deterministic band (at least one row; the rows are a power of two).
     pub band_bytes: u64,
     /// Rows per band of w1/w3 and of w2.
     pub expert_band_rows: (usize, usize),
@@ -288,7 +288,7 @@ fn write_layer(
         for t in &plan.deterministic {
             let (rows, cols) = rows_cols(t);
             let row_bytes = cols * width(t)?;
-            let per_band = (bands.band_bytes / row_bytes).max(1);
+            let per_band = band_rows_of(bands.band_bytes, row_bytes);
             let data = t.piece.read(ckpt)?;
             if data.len() as u64 != rows * row_bytes {
                 return Err(refused(&t.name, "holds other than its shape's bytes"));
@@ -343,6 +343,16 @@ fn write_layer(
 }
 
 /// Rows per band of projection `k`: w2's own size, or w1's and w3's.
+/// Rows in one band of a tensor whose rows are `row_bytes` long: the most rows that fit in
+/// `band_bytes`, rounded down to a power of two (at least one). The published K3's blobs have
+/// exactly the sizes this gives: a power-of-two band of a K3 tensor fills whole 16 KiB pages,
+/// where as many rows as fit would leave padding in every band of, say, a 12,288-wide
+/// `o_proj`.
+fn band_rows_of(band_bytes: u64, row_bytes: u64) -> u64 {
+    let fit = (band_bytes / row_bytes.max(1)).max(1);
+    1 << fit.ilog2()
+}
+
 fn band_rows(k: usize, bands: BandSizes) -> usize {
     match EXPERT_PROJECTIONS[k].0 {
         "w2" => bands.expert_band_rows.1,
@@ -445,4 +455,24 @@ fn write_experts(
         Ok::<(), PackError>(())
     })?;
     Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::band_rows_of;
+
+    #[test]
+    fn deterministic_bands_are_the_most_rows_that_fit_rounded_to_a_power_of_two() {
+        let band = 256 * 7168 * 2;
+        // K3's 7,168-wide BF16 tensors: 256 rows, the whole band.
+        assert_eq!(band_rows_of(band, 7168 * 2), 256);
+        // A 12,288-wide o_proj: 149 rows would fit; 128 fill whole pages.
+        assert_eq!(band_rows_of(band, 12288 * 2), 128);
+        // The dense layer's 33,792-wide down_proj: 54 would fit.
+        assert_eq!(band_rows_of(band, 33792 * 2), 32);
+        // A row longer than a band is a band of its own.
+        assert_eq!(band_rows_of(16384, 40000), 1);
+        assert_eq!(band_rows_of(16384, 16384), 1);
+        assert_eq!(band_rows_of(16384, 8192), 2);
+    }
 }

@@ -340,17 +340,48 @@ fn cut_config(upstream: &Value, g: &K3Geometry) -> Value {
     config
 }
 
+/// K3's reserved ids, after the mergeable tokens.
+const RESERVED_TOKENS: usize = 256;
+
+/// A byte-pair vocabulary in `tiktoken.model` form (`base64(bytes) SP rank` lines) of
+/// `mergeable` tokens: the 256 single bytes, then two-byte and three-byte strings in
+/// lexicographic order. Every token is made by merging its parts in rank order, so it is a
+/// vocabulary a byte-pair encoder takes; every id a model of `mergeable` + 256 ids can pick
+/// decodes.
+pub fn tiktoken_model(mergeable: usize) -> Vec<u8> {
+    use base64::Engine;
+    let strings = (0..=255u8)
+        .map(|b| vec![b])
+        .chain((0..=u16::MAX).map(|v| v.to_be_bytes().to_vec()))
+        .chain((0..1u32 << 24).map(|v| v.to_be_bytes()[1..].to_vec()));
+    let mut out = Vec::new();
+    for (rank, token) in strings.take(mergeable).enumerate() {
+        let encoded = base64::engine::general_purpose::STANDARD.encode(token);
+        out.extend_from_slice(format!("{encoded} {rank}\n").as_bytes());
+    }
+    out
+}
+
 /// Writes the first `layers` layers of a random checkpoint of `upstream`'s geometry into `out`
 /// (shards of about 512 MiB, built one at a time), with `upstream` cut to them as its config
-/// and `tokenizer`'s `tiktoken.model` beside it. `progress` hears each layer written.
+/// and a `tiktoken.model` of the config's vocabulary ([`tiktoken_model`]: the vocabulary less
+/// K3's 256 reserved ids) beside it. `progress` hears each layer written.
 pub fn write_synthetic_k3(
     out: &Path,
     upstream: &Value,
     layers: usize,
-    tokenizer: &Path,
     progress: &dyn Fn(usize),
 ) -> Result<K3Geometry, PackError> {
     let g = K3Geometry::from_config(upstream, layers)?;
+    if g.vocab <= RESERVED_TOKENS {
+        return Err(refused(
+            "vocab_size",
+            format!(
+                "{} leaves no ids beside K3's {RESERVED_TOKENS} reserved ones",
+                g.vocab
+            ),
+        ));
+    }
     let mut w = Writer::new(43);
     let mut shards = Shards::new(out)?;
     shards.push(globals(&mut w, &g))?;
@@ -368,8 +399,9 @@ pub fn write_synthetic_k3(
         progress(i);
     }
     shards.finish(&cut_config(upstream, &g))?;
-    let from = tokenizer.join("tiktoken.model");
-    std::fs::copy(&from, out.join("tiktoken.model")).map_err(|e| PackError::io(&from, e))?;
+    let tokenizer = out.join("tiktoken.model");
+    std::fs::write(&tokenizer, tiktoken_model(g.vocab - RESERVED_TOKENS))
+        .map_err(|e| PackError::io(&tokenizer, e))?;
     Ok(g)
 }
 
@@ -442,7 +474,7 @@ mod tests {
         let layers = upstream["text_config"]["num_hidden_layers"]
             .as_u64()
             .unwrap() as usize;
-        write_synthetic_k3(out.path(), &upstream, layers, &data("tiktoken"), &|_| {}).unwrap();
+        write_synthetic_k3(out.path(), &upstream, layers, &|_| {}).unwrap();
         let index: Value = serde_json::from_slice(
             &std::fs::read(out.path().join("model.safetensors.index.json")).unwrap(),
         )
@@ -480,6 +512,19 @@ mod tests {
                 &K3Geometry::from_config(&upstream, layers).unwrap()
             )
         );
+    }
+
+    #[test]
+    fn the_vocabulary_is_single_bytes_then_pairs_then_triples() {
+        let model = String::from_utf8(tiktoken_model(256 + 65536 + 2)).unwrap();
+        let lines: Vec<&str> = model.lines().collect();
+        assert_eq!(lines.len(), 256 + 65536 + 2);
+        assert_eq!(lines[0], "AA== 0");
+        assert_eq!(lines[255], "/w== 255");
+        assert_eq!(lines[256], "AAA= 256");
+        assert_eq!(lines[256 + 65535], "//8= 65791");
+        assert_eq!(lines[256 + 65536], "AAAA 65792");
+        assert_eq!(lines[256 + 65537], "AAAB 65793");
     }
 
     fn config_of(dir: &Path) -> Value {

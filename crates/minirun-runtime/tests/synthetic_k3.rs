@@ -62,14 +62,7 @@ fn narrow_upstream() -> serde_json::Value {
 #[test]
 fn a_generated_checkpoint_runs_in_the_published_layout_streamed_with_the_resident_bits() {
     let checkpoint = tempfile::tempdir().unwrap();
-    let g = write_synthetic_k3(
-        checkpoint.path(),
-        &narrow_upstream(),
-        LAYERS,
-        &data().join("tiktoken"),
-        &|_| {},
-    )
-    .unwrap();
+    let g = write_synthetic_k3(checkpoint.path(), &narrow_upstream(), LAYERS, &|_| {}).unwrap();
     assert_eq!(g.mixers, [Mixer::Kda, Mixer::Kda, Mixer::Kda, Mixer::Mla]);
     assert_eq!(g.first_dense, 1);
     let published = tempfile::tempdir().unwrap();
