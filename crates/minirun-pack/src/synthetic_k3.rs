@@ -304,7 +304,7 @@ fn layer_dense(w: &mut Writer, g: &K3Geometry, i: usize) -> Vec<Tensor> {
 
 /// One routed expert's matrix in compressed-tensors `mxfp4-pack-quantized` storage.
 fn mxfp4(w: &mut Writer, module: &str, rows: usize, cols: usize) -> Vec<Tensor> {
-    let exponent = 125 - (cols as f32).log2().ceil() as u8 / 2;
+    let (codes, scales) = w.fp4_codes(rows, cols);
     let shape = [rows as i64, cols as i64]
         .iter()
         .flat_map(|d| d.to_le_bytes())
@@ -314,13 +314,13 @@ fn mxfp4(w: &mut Writer, module: &str, rows: usize, cols: usize) -> Vec<Tensor> 
             format!("{module}.weight_packed"),
             Dtype::U8,
             vec![rows, cols / 2],
-            w.random(rows * cols / 2),
+            codes,
         ),
         (
             format!("{module}.weight_scale"),
             Dtype::U8,
             vec![rows, cols / 32],
-            vec![exponent; rows * cols / 32],
+            scales,
         ),
         (format!("{module}.weight_shape"), Dtype::I64, vec![2], shape),
     ]

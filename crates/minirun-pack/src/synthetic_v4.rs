@@ -122,21 +122,21 @@ fn fp8(w: &mut Writer, module: &str, rows: usize, cols: usize) -> Vec<Tensor> {
     ]
 }
 
-/// FP4 codes two a byte and E8M0 scales per 32 columns.
+/// FP4 codes two a byte and E8M0 scales per 32 columns, in DeepSeek's dtypes.
 fn fp4(w: &mut Writer, module: &str, rows: usize, cols: usize) -> Vec<Tensor> {
-    let exponent = 125 - (cols as f32).log2().ceil() as u8 / 2;
+    let (codes, scales) = w.fp4_codes(rows, cols);
     vec![
         (
             format!("{module}.weight"),
             Dtype::I8,
             vec![rows, cols / 2],
-            w.random(rows * cols / 2),
+            codes,
         ),
         (
             format!("{module}.scale"),
             Dtype::F8_E8M0,
             vec![rows, cols / 32],
-            vec![exponent; rows * cols / 32],
+            scales,
         ),
     ]
 }

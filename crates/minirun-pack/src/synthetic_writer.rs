@@ -71,6 +71,16 @@ impl Writer {
         (name, Dtype::BF16, vec![len], data)
     }
 
+    /// A `rows x cols` FP4 (E2M1) matrix: random codes two a byte, and one E8M0 scale per 32
+    /// columns near `1 / sqrt(cols)`.
+    pub(crate) fn fp4_codes(&mut self, rows: usize, cols: usize) -> (Vec<u8>, Vec<u8>) {
+        let exponent = 125 - (cols as f32).log2().ceil() as u8 / 2;
+        (
+            self.random(rows * cols / 2),
+            vec![exponent; rows * cols / 32],
+        )
+    }
+
     /// A BF16 matrix of values within `1 / sqrt(cols)`.
     pub(crate) fn bf16(&mut self, name: String, rows: usize, cols: usize) -> Tensor {
         let spread = 1.0 / (cols as f32).sqrt();

@@ -232,3 +232,16 @@ pub fn follow_oracle<D: minirun_runtime::decoder::Decoder>(
     }
     (greedy, worst)
 }
+
+/// Logits of a generated random-weight model are worth comparing: all finite, not one value.
+pub fn assert_logits_mean_something(bits: &[u32]) {
+    assert!(
+        bits.iter().all(|&b| f32::from_bits(b).is_finite()),
+        "the generated weights keep the logits finite"
+    );
+    assert!(
+        bits.iter()
+            .any(|&b| f32::from_bits(b) != f32::from_bits(bits[0])),
+        "the logits are not all one value"
+    );
+}
