@@ -342,7 +342,6 @@ fn write_layer(
     Ok((4, total))
 }
 
-/// Rows per band of projection `k`: w2's own size, or w1's and w3's.
 /// Rows in one band of a tensor whose rows are `row_bytes` long: the most rows that fit in
 /// `band_bytes`, rounded down to a power of two (at least one). The published K3's blobs have
 /// exactly the sizes this gives: a power-of-two band of a K3 tensor fills whole 16 KiB pages,
@@ -353,6 +352,7 @@ fn band_rows_of(band_bytes: u64, row_bytes: u64) -> u64 {
     1 << fit.ilog2()
 }
 
+/// Rows per band of projection `k`: w2's own size, or w1's and w3's.
 fn band_rows(k: usize, bands: BandSizes) -> usize {
     match EXPERT_PROJECTIONS[k].0 {
         "w2" => bands.expert_band_rows.1,

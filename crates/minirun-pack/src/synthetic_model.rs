@@ -5,12 +5,13 @@
 //! outputs mean nothing, but they are exactly determined by its bytes, which is what a
 //! streamed-versus-resident comparison needs.
 
-use std::collections::HashMap;
 use std::path::Path;
 
 use minirun_format::synthetic::{SplitMix64, fill_content};
-use safetensors::tensor::{Dtype, TensorView};
+use safetensors::tensor::Dtype;
 use serde_json::json;
+
+use crate::synthetic_writer::{write_root_files, write_shard};
 
 const GROUP: usize = 64;
 const HEADS: usize = 4;
@@ -355,28 +356,12 @@ pub fn write_synthetic(
             i => layer(&mut w, shape, architecture, i - 1),
         };
         let shard = format!("model-{:05}-of-{shards:05}.safetensors", shard_index + 1);
-        let views = tensors
-            .iter()
-            .map(|(name, dtype, dims, bytes)| {
-                TensorView::new(*dtype, dims.clone(), bytes).map(|v| (name.clone(), v))
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(io)?;
-        for (name, _) in &views {
+        write_shard(&out.join(&shard), &tensors, "mlx").map_err(io)?;
+        for (name, ..) in &tensors {
             weight_map.insert(name.clone(), json!(shard));
         }
-        let metadata: HashMap<String, String> = [("format".to_string(), "mlx".to_string())].into();
-        safetensors::serialize_to_file(views, Some(metadata), &out.join(&shard)).map_err(io)?;
     }
-    let index = json!({ "metadata": {}, "weight_map": weight_map });
-    std::fs::write(
-        out.join("model.safetensors.index.json"),
-        serde_json::to_vec_pretty(&index)?,
-    )?;
-    std::fs::write(
-        out.join("config.json"),
-        serde_json::to_vec_pretty(&config(shape, architecture))?,
-    )?;
+    write_root_files(out, weight_map, &config(shape, architecture)).map_err(io)?;
     for file in ["tokenizer.json", "tokenizer_config.json"] {
         std::fs::copy(tokenizer_from.join(file), out.join(file))?;
     }

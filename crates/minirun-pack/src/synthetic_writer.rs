@@ -130,24 +130,10 @@ impl<'o> Shards<'o> {
         }
         self.written += 1;
         let name = format!("model-{:05}.safetensors", self.written);
-        let path = self.out.join(&name);
-        let bad = |e: safetensors::SafeTensorError| PackError::BadShard {
-            path: path.clone(),
-            reason: e.to_string(),
-        };
-        let views = self
-            .pending
-            .iter()
-            .map(|(n, dtype, dims, bytes)| {
-                TensorView::new(*dtype, dims.clone(), bytes).map(|v| (n.clone(), v))
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(bad)?;
-        for (n, _) in &views {
+        write_shard(&self.out.join(&name), &self.pending, "pt")?;
+        for (n, ..) in &self.pending {
             self.weight_map.insert(n.clone(), json!(name));
         }
-        let metadata: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
-        safetensors::serialize_to_file(views, Some(metadata), &path).map_err(bad)?;
         self.pending.clear();
         self.pending_bytes = 0;
         Ok(())
@@ -157,17 +143,44 @@ impl<'o> Shards<'o> {
     /// says what the data is.
     pub(crate) fn finish(mut self, config: &Value) -> Result<(), PackError> {
         self.flush()?;
-        let index = json!({ "metadata": {}, "weight_map": self.weight_map });
-        let write = |name: &str, bytes: &[u8]| {
-            let path = self.out.join(name);
-            std::fs::write(&path, bytes).map_err(|e| PackError::io(&path, e))
-        };
-        let json_bytes = |v: &Value| serde_json::to_vec_pretty(v).unwrap_or_default();
-        write("model.safetensors.index.json", &json_bytes(&index))?;
-        write("config.json", &json_bytes(config))?;
-        write(
-            "LICENSE",
-            b"Synthetic test data made by minirun-pack; not a model.\n",
-        )
+        write_root_files(self.out, self.weight_map, config)
     }
+}
+
+/// Writes `tensors` as one safetensors file at `path`, its metadata's `format` being `format`.
+pub(crate) fn write_shard(path: &Path, tensors: &[Tensor], format: &str) -> Result<(), PackError> {
+    let bad = |e: safetensors::SafeTensorError| PackError::BadShard {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    };
+    let views = tensors
+        .iter()
+        .map(|(n, dtype, dims, bytes)| {
+            TensorView::new(*dtype, dims.clone(), bytes).map(|v| (n.clone(), v))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(bad)?;
+    let metadata: HashMap<String, String> = [("format".to_string(), format.to_string())].into();
+    safetensors::serialize_to_file(views, Some(metadata), path).map_err(bad)
+}
+
+/// Writes the shards' index (`weight_map`: tensor name to shard file), `config` as
+/// `config.json` and a licence that says what the data is.
+pub(crate) fn write_root_files(
+    out: &Path,
+    weight_map: serde_json::Map<String, Value>,
+    config: &Value,
+) -> Result<(), PackError> {
+    let index = json!({ "metadata": {}, "weight_map": weight_map });
+    let write = |name: &str, bytes: &[u8]| {
+        let path = out.join(name);
+        std::fs::write(&path, bytes).map_err(|e| PackError::io(&path, e))
+    };
+    let json_bytes = |v: &Value| serde_json::to_vec_pretty(v).unwrap_or_default();
+    write("model.safetensors.index.json", &json_bytes(&index))?;
+    write("config.json", &json_bytes(config))?;
+    write(
+        "LICENSE",
+        b"Synthetic test data made by minirun-pack; not a model.\n",
+    )
 }
