@@ -33,10 +33,12 @@
 #     (crates/minirun-mmap-baseline: the same model with every expert container memory-mapped,
 #     nothing streamed); its logits must be the streamed runs' bit for bit (SHA-256 over every
 #     logits vector): a difference makes the script exit 1.
-# The time per token for LAYERS layers is extrapolated to the model's 43 (V4) or 93 (K3) layers:
-# the time outside the layers (embedding and head, which `minirun run --json` reports) plus the
-# rest scaled by the layer count (for K3 this overstates: its first layer is the dense 2.3 GB
-# one, the others 0.8 to 1.3 GB and their experts); bytes per token scale the same way. The
+# Where a run streams every layer (as any run of the whole model at these budgets must), its time
+# per token for LAYERS layers is extrapolated to the model's 43 (V4) or 93 (K3) layers: the time
+# outside the layers (embedding and head, which `minirun run --json` reports) plus the rest
+# scaled by the layer count (for K3 this overstates: its first layer is the dense 2.3 GB one, the
+# others 0.8 to 1.3 GB and their experts); bytes per token scale the same way. A run that holds
+# layers has none (null). The
 # expert bytes per token are set beside the reference runtime's figure: V4, its published
 # 3,449,340,288 expert bytes a token over 43 layers, scaled to LAYERS; K3, 16 experts x three
 # projections of 5,849,088 bytes (the published containers' stride) per mixture-of-experts layer,
@@ -302,7 +304,11 @@ for geometry in geometries:
         bytes_token = r["expert_read_bytes_per_token"] + r["layer_read_bytes_per_token"]
         limit = bytes_token / bandwidth
         outside = r["decode_outside_layers_seconds"] / steps
-        s_model = outside + (s_token - outside) * model_layers / layers
+        # Scaling by the layer count holds only where every layer streams, as it must at the
+        # model's size: a run that holds layers its model could not hold at that budget would
+        # extrapolate to a figure nobody could measure.
+        every_layer_streams = len(r["plan"]["streamed_layers"]) == layers
+        s_model = outside + (s_token - outside) * model_layers / layers if every_layer_streams else None
         reference = reference_expert_bytes(geometry, layers)
         equal = r["logits_sha256"] == resident["logits_sha256"]
         device = int(open(f"{runs}/run-{run}.device").read())
@@ -313,7 +319,7 @@ for geometry in geometries:
             "reference_expert_bytes_per_token_scaled": round(reference),
             "read_bandwidth": bandwidth, "ratio_to_limit": s_token / limit if limit else None,
             "s_per_token_model_layers": s_model, "model_layers": model_layers,
-            "bytes_per_token_model_layers": round(bytes_token * model_layers / layers),
+            "bytes_per_token_model_layers": round(bytes_token * model_layers / layers) if every_layer_streams else None,
             "outside_layers_s_per_token": outside, "device_read_bytes": device,
             "tokens": r["decode_steps"], "verified": r["verified"], "bits_equal_resident": equal,
             "resident_check": check,
@@ -325,7 +331,7 @@ for geometry in geometries:
         projection = f"{projected:.3f} ({s_token / projected:.2f}x)" if projected else "none"
         print(f"| {geometry} | {budget} ({r['plan']['budget']/mib:.0f} MiB){'' if r['verified'] else ', unverified'} | {layers} | {s_token:.3f} | "
               f"{bytes_token/mib:.1f} MiB | {r['expert_read_bytes_per_token']/reference:.4f} | {limit:.3f} | {ratio} | {projection} | "
-              f"{device/mib:.0f} MiB | {s_model:.2f} | {equal} |")
+              f"{device/mib:.0f} MiB | {f'{s_model:.2f}' if s_model is not None else 'n/a (layers held)'} | {equal} |")
 print()
 for note in notes:
     print(note)
