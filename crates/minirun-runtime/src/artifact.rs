@@ -255,6 +255,33 @@ impl PartLayout {
         self.read_bytes() + reads * minirun_store::SLOT_ALIGN as u64
     }
 
+    /// The lengths of the buffers a loaded copy of this part keeps (a banded part's read is
+    /// given back once its bands are joined).
+    pub fn held_lengths(&self) -> Vec<usize> {
+        match self {
+            PartLayout::Tile { tile, .. } => vec![(tile.end - tile.start) as usize],
+            PartLayout::Bands { .. } => vec![joined_len(self)],
+            PartLayout::Pieces {
+                packed,
+                scales,
+                biases,
+            } => [Some(packed), scales.as_ref(), biases.as_ref()]
+                .into_iter()
+                .flatten()
+                .map(|p| p.len as usize)
+                .collect(),
+        }
+    }
+
+    /// Bytes a loaded copy of this part keeps in memory, alignment slack included.
+    pub fn held_bytes(&self) -> u64 {
+        let slack = minirun_store::SLOT_ALIGN;
+        self.held_lengths()
+            .iter()
+            .map(|&len| (len + slack) as u64)
+            .sum()
+    }
+
     /// Bytes of its packed elements, its scales and its biases, as a matrix computes from
     /// them (a banded part's joined).
     pub fn byte_lengths(&self) -> [usize; 3] {
@@ -1117,9 +1144,20 @@ impl Artifact {
     }
 
     /// Keeps up to `limit` bytes of dropped read buffers for the next read of the same length
-    /// (a streamed run gives what its plan sets aside for reads in flight).
+    /// (a streamed run gives what its plan sets aside for reads in flight and for its cache).
     pub fn keep_read_buffers(&self, limit: u64) {
         self.read_buffers.set_limit(limit);
+    }
+
+    /// Bytes of read buffers kept now for the next reads.
+    pub fn kept_read_buffer_bytes(&self) -> u64 {
+        self.read_buffers.kept_bytes()
+    }
+
+    /// Makes up to `sets` sets of read buffers of `lengths` now, every page written, for reads
+    /// to take later (within the limit [`Artifact::keep_read_buffers`] set); the bytes made.
+    pub fn prepare_read_buffers(&self, lengths: &[usize], sets: usize) -> u64 {
+        self.read_buffers.prefill(lengths, sets)
     }
 
     /// Wall time during which at least one streamed read ([`Artifact::load_part`]) was in
@@ -1618,5 +1656,59 @@ fn tensor_err(name: &str, reason: String) -> ArtifactError {
     ArtifactError::Tensor {
         name: name.to_string(),
         reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SLACK: u64 = minirun_store::SLOT_ALIGN as u64;
+
+    fn piece(len: u64) -> Piece {
+        Piece {
+            tensor: "w".into(),
+            file: 0,
+            offset: 0,
+            start: 0,
+            len,
+        }
+    }
+
+    /// A cache counts what a loaded part keeps; loading it may take more at once (a banded
+    /// part's read beside its joined copy).
+    #[test]
+    fn a_loaded_part_keeps_its_buffers_and_a_banded_one_only_its_joined_copy() {
+        let tile = PartLayout::Tile {
+            file: 0,
+            index: 0,
+            tile: 16384..49152,
+            packed: 0..30000,
+            scales: 30000..32000,
+            biases: None,
+        };
+        assert_eq!(tile.held_lengths(), vec![32768]);
+        assert_eq!(tile.held_bytes(), 32768 + SLACK);
+        assert_eq!(tile.held_bytes(), tile.allocated_bytes());
+
+        let pieces = PartLayout::Pieces {
+            packed: piece(1000),
+            scales: Some(piece(100)),
+            biases: None,
+        };
+        assert_eq!(pieces.held_lengths(), vec![1000, 100]);
+        assert_eq!(pieces.held_bytes(), 1100 + 2 * SLACK);
+        assert_eq!(pieces.held_bytes(), pieces.allocated_bytes());
+
+        // Two bands of 3,000 packed bytes and 100 of scales each, with padding between them.
+        let bands = PartLayout::Bands {
+            file: 0,
+            range: 0..16384,
+            packed: vec![0..3000, 8192..11192],
+            scales: vec![4096..4196, 12288..12388],
+        };
+        assert_eq!(bands.held_lengths(), vec![6200]);
+        assert_eq!(bands.held_bytes(), 6200 + SLACK);
+        assert_eq!(bands.allocated_bytes(), 2 * (16384 + SLACK));
     }
 }

@@ -84,10 +84,23 @@ impl ExpertParts {
         self.parts().iter().map(|p| p.part.read_bytes()).sum()
     }
 
-    /// Bytes one loaded copy of this expert holds in memory (each read's buffer is aligned,
-    /// which may cost up to one alignment unit more).
+    /// Bytes loading this expert takes at once (each read's buffer is aligned, which may cost
+    /// up to one alignment unit more; a banded part's read and its joined copy together).
     pub fn allocated_bytes(&self) -> u64 {
         self.parts().iter().map(|p| p.part.allocated_bytes()).sum()
+    }
+
+    /// Bytes a loaded copy of this expert keeps once loaded: what a cache of it holds.
+    pub fn held_bytes(&self) -> u64 {
+        self.parts().iter().map(|p| p.part.held_bytes()).sum()
+    }
+
+    /// The lengths of the buffers a loaded copy of this expert keeps, its parts in order.
+    pub fn held_lengths(&self) -> Vec<usize> {
+        self.parts()
+            .iter()
+            .flat_map(|p| p.part.held_lengths())
+            .collect()
     }
 }
 
@@ -276,6 +289,22 @@ impl ExpertCache {
         }
     }
 
+    /// Makes the buffers this cache will hold before the first token: for each streamed layer
+    /// (`None` in `map` for one that holds its experts) as many copies of its first expert's
+    /// buffers as its share of the cache holds, every page written. The first reads then take
+    /// memory already found instead of faulting it in, page by page, while a token waits.
+    /// Returns the bytes made.
+    pub fn prepare(&self, artifact: &Artifact, map: &[Option<Vec<ExpertParts>>]) -> u64 {
+        map.iter()
+            .flatten()
+            .filter_map(|experts| experts.first())
+            .map(|expert| {
+                let sets = self.per_layer / expert.held_bytes().max(1);
+                artifact.prepare_read_buffers(&expert.held_lengths(), sets as usize)
+            })
+            .sum()
+    }
+
     /// Bytes of experts held now, and the most ever held at once (cache and in-flight loads).
     pub fn usage(&self) -> (u64, u64) {
         self.state
@@ -425,7 +454,7 @@ pub fn with_fetched<R>(
     let misses: Vec<usize> = (0..chosen.len()).filter(|&i| cached[i].is_none()).collect();
     let sizes: Vec<(usize, u64)> = misses
         .iter()
-        .map(|&i| (chosen[i], parts[i].allocated_bytes()))
+        .map(|&i| (chosen[i], parts[i].held_bytes()))
         .collect();
     let keep = cache.will_keep(layer, &sizes);
     let reads = TileReads::new(artifact, &parts, &misses);
@@ -458,7 +487,7 @@ pub fn with_fetched<R>(
         reads.stop();
         let (kept, waited) = result?;
         let kept: Vec<_> = kept.into_iter().map(|(i, x)| (chosen[i], x)).collect();
-        let read = sizes.iter().map(|&(_, size)| size).sum();
+        let read = misses.iter().map(|&i| parts[i].allocated_bytes()).sum();
         cache.keep_in_order(layer, read, &kept);
         Ok((value, waited))
     })

@@ -11,6 +11,7 @@ use minirun_runtime::artifact::{Access, Artifact};
 use minirun_runtime::budget::Budget;
 use minirun_runtime::decoder::Decoder;
 use minirun_runtime::generate::argmax;
+use minirun_runtime::model_weights::ModelWeights;
 use minirun_runtime::models::deepseek_v3::DeepSeekV3;
 use minirun_runtime::models::deepseek_v3::DeepSeekV3Config;
 use minirun_runtime::plan::{Mode, Plan, PlanError};
@@ -110,6 +111,17 @@ fn streamed_runs_at_every_budget_and_thread_count_have_the_resident_bits() {
             for threads in [1, 2] {
                 let model =
                     DeepSeekV3::load_planned(&artifact, config.clone(), &plan, &experts).unwrap();
+                if budget == middle && threads == 1 {
+                    // Opened afresh: the runs above left their own buffers in this one's pool.
+                    let fresh = Artifact::open(dir.path(), Access::Unverified).unwrap();
+                    let _model =
+                        DeepSeekV3::load_planned(&fresh, config.clone(), &plan, &experts).unwrap();
+                    assert_eq!(
+                        fresh.kept_read_buffer_bytes(),
+                        prepared_cache_bytes(&plan, &experts),
+                        "{fixture}: the cache's buffers are made at load"
+                    );
+                }
                 let (bits, got, decode) = on_threads(threads, || run(&model));
                 assert_eq!(got, ids, "{fixture} {budget} {threads} threads: tokens");
                 assert!(
@@ -166,6 +178,28 @@ fn streamed_runs_at_every_budget_and_thread_count_have_the_resident_bits() {
             }
         }
     }
+}
+
+/// The bytes of buffers a streamed run under `plan` makes for its cache at load: for every
+/// streamed MoE layer, as many loaded copies of its first expert as the layer's share holds.
+fn prepared_cache_bytes(plan: &Plan, weights: &ModelWeights) -> u64 {
+    let streamed = (plan.moe_layers - plan.held_layers.len()) as u64;
+    let share = plan.cache_bytes / streamed;
+    let held: Vec<u64> = weights
+        .expert_map()
+        .iter()
+        .enumerate()
+        .filter(|(layer, _)| !plan.held_layers.contains(layer))
+        .filter_map(|(_, experts)| experts.as_ref()?.first().map(|e| e.held_bytes()))
+        .collect();
+    assert_eq!(
+        held.len() as u64,
+        streamed,
+        "one size per streamed MoE layer"
+    );
+    let prepared = held.iter().map(|&size| share / size * size).sum();
+    assert!(prepared > 0, "a cache with room prepares buffers");
+    prepared
 }
 
 /// A generated DeepSeek-V3-shaped artifact several times larger than its floor: streamed at

@@ -23,6 +23,10 @@ pub const SLOT_ALIGN: usize = 16384;
 /// 4 KiB covers the devices this runs on (512-byte and 4 KiB sectors).
 const DIRECT_BLOCK: u64 = 4096;
 
+/// What [`AlignedBuf::touched`] writes: not zero, so that no compiler can leave out the writes
+/// to memory it knows is zeroed.
+const TOUCHED: u8 = 0xA5;
+
 /// A heap buffer whose bytes start on a [`SLOT_ALIGN`] boundary: zeroed when new, or handed
 /// back by a [`BufferPool`] with the bytes of its last read (which the next read overwrites
 /// whole). Safe code only (it over-allocates and starts at the first aligned byte).
@@ -61,6 +65,20 @@ impl AlignedBuf {
         self.raw.len()
     }
 
+    /// A buffer of `len` usable bytes whose every page is written now: the kernel has found
+    /// its memory before any read needs it (a zeroed buffer's pages are found on first write,
+    /// one fault per 4 KiB, which inside a virtual machine can cost as much as the read).
+    pub fn touched(len: usize) -> AlignedBuf {
+        let raw = vec![TOUCHED; len + SLOT_ALIGN];
+        let start = (SLOT_ALIGN - raw.as_ptr() as usize % SLOT_ALIGN) % SLOT_ALIGN;
+        AlignedBuf {
+            raw,
+            start,
+            len,
+            pool: None,
+        }
+    }
+
     pub fn as_slice(&self) -> &[u8] {
         &self.raw[self.start..self.start + self.len]
     }
@@ -77,7 +95,7 @@ impl Drop for AlignedBuf {
         {
             let raw = std::mem::take(&mut self.raw);
             free.lent = free.lent.saturating_sub(raw.len() as u64);
-            free.keep(self.len, raw, self.start);
+            let _kept_or_freed = free.keep(self.len, raw, self.start);
         }
     }
 }
@@ -96,12 +114,19 @@ struct FreeList {
 }
 
 impl FreeList {
-    fn keep(&mut self, len: usize, raw: Vec<u8>, start: usize) {
+    /// Keeps the buffer if it fits beside what is kept and lent; whether it was kept.
+    fn keep(&mut self, len: usize, raw: Vec<u8>, start: usize) -> bool {
         let size = raw.len() as u64;
-        if self.bytes + self.lent + size <= self.limit {
+        let fits = self.fits(size);
+        if fits {
             self.bytes += size;
             self.by_len.entry(len).or_default().push((raw, start));
         }
+        fits
+    }
+
+    fn fits(&self, size: u64) -> bool {
+        self.bytes + self.lent + size <= self.limit
     }
 
     fn take(&mut self, len: usize) -> Option<(Vec<u8>, usize)> {
@@ -154,6 +179,37 @@ impl BufferPool {
             free.limit = limit;
             free.keep_at_most(limit);
         }
+    }
+
+    /// Keeps up to `sets` sets of [`AlignedBuf::touched`] buffers, one of each length in
+    /// `lengths` a set (the buffers one loaded expert holds), each set only where all of it fits
+    /// the limit beside what is kept and lent. A streamed run that will hold read experts in a
+    /// cache takes its buffers from here, already in memory, instead of waiting for the kernel
+    /// at every first read. Returns the bytes added.
+    pub fn prefill(&self, lengths: &[usize], sets: usize) -> u64 {
+        let set_bytes: u64 = lengths.iter().map(|&len| (len + SLOT_ALIGN) as u64).sum();
+        let mut added = 0;
+        for _ in 0..sets {
+            if !self.0.lock().is_ok_and(|free| free.fits(set_bytes)) {
+                break;
+            }
+            // Written outside the lock: finding the memory is the slow part.
+            let set: Vec<AlignedBuf> = lengths
+                .iter()
+                .map(|&len| AlignedBuf::touched(len))
+                .collect();
+            let Ok(mut free) = self.0.lock() else {
+                break;
+            };
+            for mut buf in set {
+                let raw = std::mem::take(&mut buf.raw);
+                let size = raw.len() as u64;
+                if free.keep(buf.len, raw, buf.start) {
+                    added += size;
+                }
+            }
+        }
+        added
     }
 
     /// Bytes of free buffers kept now.
@@ -415,6 +471,51 @@ mod tests {
         assert_eq!(pool.kept_bytes(), 2 * small, "two kept beside the one lent");
         drop(z);
         assert_eq!(pool.kept_bytes(), 3 * small);
+    }
+
+    #[test]
+    fn a_prefilled_pool_holds_whole_written_sets_within_its_limit() {
+        // One set: 4,000 and 8,000 usable bytes, 44,768 with the alignment slack.
+        let lengths = [4_000, 8_000];
+        let set = (12_000 + 2 * SLOT_ALIGN) as u64;
+        let pool = BufferPool::new();
+        assert_eq!(pool.prefill(&lengths, 3), 0, "no limit, nothing kept");
+
+        pool.set_limit(2 * set + set / 2);
+        assert_eq!(pool.prefill(&lengths, 1), set, "one set asked, one kept");
+        assert_eq!(
+            pool.prefill(&lengths, 5),
+            set,
+            "then only one more fits whole"
+        );
+        assert_eq!(pool.kept_bytes(), 2 * set);
+
+        let written = |b: &AlignedBuf| b.as_slice().iter().all(|&x| x == TOUCHED);
+        let taken: Vec<AlignedBuf> = (0..2).map(|_| pool.buffer(8_000)).collect();
+        assert!(
+            taken.iter().all(written),
+            "the prefilled buffers come back, written"
+        );
+        assert!(
+            taken
+                .iter()
+                .all(|b| (b.as_slice().as_ptr() as usize).is_multiple_of(SLOT_ALIGN))
+        );
+        assert_eq!(pool.kept_bytes(), 2 * set - 2 * (8_000 + SLOT_ALIGN) as u64);
+        let fresh = pool.buffer(8_000);
+        assert!(
+            fresh.as_slice().iter().all(|&x| x == 0),
+            "a third is a new one"
+        );
+
+        // What is lent counts against the limit too.
+        drop(fresh);
+        let pool = BufferPool::new();
+        pool.set_limit(2 * set);
+        let lent = pool.buffer(20_000);
+        assert_eq!(pool.prefill(&lengths, 2), set);
+        drop(lent);
+        assert_eq!(pool.prefill(&[], 4), 0, "an empty set adds nothing");
     }
 
     #[test]
