@@ -53,8 +53,11 @@
 # line {"rows": [...]}: a row per geometry and budget with geometry, budget, layers, s_per_token,
 # bytes_per_token, read_bandwidth (bytes/s, the device's best), ratio_to_limit (s_per_token /
 # (bytes_per_token / read_bandwidth)), verified, bits_equal_resident (null where no run with
-# every weight in memory was possible), resident_check (minirun-resident or mmap-baseline), and
-# the extrapolation.
+# every weight in memory was possible), resident_check (minirun-resident or mmap-baseline), the
+# extrapolation, read_wait_s_per_token (the time a token waited for reads), and ratio_to_bound:
+# s_per_token over the larger of the read limit and all_in_memory_s_per_token (the same tokens
+# with every weight in memory), with bound naming which is larger ("reads" or "compute"): where
+# computing a token takes longer than reading its bytes, no streaming reaches the read limit.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 GEOMETRY=all
@@ -277,9 +280,10 @@ def reference_expert_bytes(geometry, layers):
 mib = 2**20
 rows = []
 print("\n| geometry | budget | layers | s/token | bytes/token (experts + layers) | expert bytes/token vs the reference's | "
-      "limit s/token (bytes / bandwidth) | ratio to limit | projected reads s/token (measured / projected) | device read | "
+      "limit s/token (bytes / bandwidth) | ratio to limit | waiting for reads s/token | ratio to max(limit, all in memory) | "
+      "projected reads s/token (measured / projected) | device read | "
       "s/token at the model's layers (extrapolated) | bits = all in memory |")
-print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 notes = []
 for geometry in geometries:
     runs = f"{work}/{geometry}-runs"
@@ -292,6 +296,7 @@ for geometry in geometries:
     bandwidth = max(best["gb_per_second"] * 1e9, dd_bps)
     check = open(f"{runs}/resident-check").read().strip()
     resident = load("run-resident")
+    in_memory = 1 / resident["tokens_per_second"]
     notes.append(f"{geometry}: read bandwidth, the best before and after the runs: {bandwidth/1e9:.2f} GB/s "
                  f"(minirun bench storage {best['gb_per_second']:.2f} GB/s at depth {best['queue_depth']}, "
                  f"dd iflag=direct {dd_bps/1e9:.2f} GB/s); every weight in memory ({check}): "
@@ -303,6 +308,10 @@ for geometry in geometries:
         s_token = 1 / r["tokens_per_second"]
         bytes_token = r["expert_read_bytes_per_token"] + r["layer_read_bytes_per_token"]
         limit = bytes_token / bandwidth
+        # What no streamed run can beat: its reads at the device's best, or the same tokens
+        # computed with every weight in memory, whichever takes longer.
+        bound = max(limit, in_memory)
+        waiting = r["decode_io_seconds"] / steps
         outside = r["decode_outside_layers_seconds"] / steps
         # Scaling by the layer count holds only where every layer streams, as it must at the
         # model's size: a run that holds layers its model could not hold at that budget would
@@ -318,6 +327,9 @@ for geometry in geometries:
             "expert_bytes_per_token": r["expert_read_bytes_per_token"],
             "reference_expert_bytes_per_token_scaled": round(reference),
             "read_bandwidth": bandwidth, "ratio_to_limit": s_token / limit if limit else None,
+            "all_in_memory_s_per_token": in_memory, "ratio_to_bound": s_token / bound,
+            "bound": "reads" if limit >= in_memory else "compute",
+            "read_wait_s_per_token": waiting,
             "s_per_token_model_layers": s_model, "model_layers": model_layers,
             "bytes_per_token_model_layers": round(bytes_token * model_layers / layers) if every_layer_streams else None,
             "outside_layers_s_per_token": outside, "device_read_bytes": device,
@@ -330,7 +342,8 @@ for geometry in geometries:
         projected = row["projected_read_s_per_token"]
         projection = f"{projected:.3f} ({s_token / projected:.2f}x)" if projected else "none"
         print(f"| {geometry} | {budget} ({r['plan']['budget']/mib:.0f} MiB){'' if r['verified'] else ', unverified'} | {layers} | {s_token:.3f} | "
-              f"{bytes_token/mib:.1f} MiB | {r['expert_read_bytes_per_token']/reference:.4f} | {limit:.3f} | {ratio} | {projection} | "
+              f"{bytes_token/mib:.1f} MiB | {r['expert_read_bytes_per_token']/reference:.4f} | {limit:.3f} | {ratio} | {waiting:.3f} | "
+              f"{row['ratio_to_bound']:.2f}x ({row['bound']}) | {projection} | "
               f"{device/mib:.0f} MiB | {f'{s_model:.2f}' if s_model is not None else 'n/a (layers held)'} | {equal} |")
 print()
 for note in notes:
