@@ -4,7 +4,9 @@
 //! where supported, else dropped from the page cache afterwards). With `--buffers N` each
 //! reader rotates through N buffers, as a run's reads land in a pool of buffers that stay
 //! filled until their experts are computed or cached; on some virtual disks that is slower
-//! than reading into one buffer over and over.
+//! than reading into one buffer over and over. `--engine io-uring` (or `both`) issues the same
+//! reads from one thread through an io_uring ring into registered buffers (`crates/uring-reads`),
+//! to measure whether the kernel's asynchronous interface would read faster than threads.
 //!
 //! `minirun bench model` lives in `bench_model.rs`.
 
@@ -75,9 +77,35 @@ pub struct StorageArgs {
     /// cache, e.g. 24 for eight experts of three tiles). Costs 8 x N x --read-size of memory.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
     buffers: u32,
+    /// How the reads are issued: `threads` (one positioned read per thread, as `minirun run`
+    /// reads), `io-uring` (one thread keeping the queue depth of reads in flight through an
+    /// io_uring ring into registered buffers), or `both`, alternating at each depth. Only
+    /// `threads` is kept as the device's calibration.
+    #[arg(long, value_enum, default_value = "threads")]
+    engine: Engine,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+}
+
+/// How `minirun bench storage` issues its reads.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Engine {
+    Threads,
+    IoUring,
+    Both,
+}
+
+impl Engine {
+    /// The engines measured at `depth`, in the order they run: alternated from depth to depth,
+    /// so that a device whose rate drifts favours neither.
+    fn order(self, depth: usize) -> Vec<Engine> {
+        match (self, depth % 2) {
+            (Engine::Both, 1) => vec![Engine::Threads, Engine::IoUring],
+            (Engine::Both, _) => vec![Engine::IoUring, Engine::Threads],
+            (one, _) => vec![one],
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -144,10 +172,34 @@ fn storage(args: &StorageArgs) -> Result<ExitCode> {
             human(total)
         ));
     }
+    if args.engine != Engine::Threads && !direct {
+        bail!(
+            "--engine io-uring reads with O_DIRECT, which the filesystem under {} does not take: measure with --engine threads",
+            dir.display()
+        );
+    }
     let targets = Arc::new(targets);
-    let results: Vec<DepthResult> = (1..=8)
-        .map(|depth| measure(&targets, read_size, buffers, depth, args.seconds))
-        .collect::<Result<_>>()?;
+    let (mut results, mut ring_results) = (Vec::new(), Vec::new());
+    for depth in 1..=8 {
+        for engine in args.engine.order(depth) {
+            match engine {
+                Engine::IoUring => ring_results.push(measure_ring(
+                    &targets,
+                    read_size,
+                    buffers,
+                    depth,
+                    args.seconds,
+                )?),
+                _ => results.push(measure(&targets, read_size, buffers, depth, args.seconds)?),
+            }
+        }
+    }
+    if args.engine == Engine::IoUring && !args.no_save {
+        warnings.push(
+            "not kept as this device's calibration: `minirun run` reads with threads (measure with --engine threads or both)"
+                .into(),
+        );
+    }
     let calibration = match (direct, args.no_save) {
         (true, false) => keep_calibration(dir, read_size, &results)?,
         (false, false) => {
@@ -160,9 +212,10 @@ fn storage(args: &StorageArgs) -> Result<ExitCode> {
         (_, true) => None,
     };
     if args.json {
+        let ring = (args.engine != Engine::Threads).then_some(&ring_results);
         let doc = serde_json::json!({ "dir": dir.display().to_string(), "files": targets.len(),
             "bytes": total, "read_size": read_size, "buffers": buffers, "direct": direct, "warnings": warnings,
-            "depths": results, "calibration": calibration });
+            "depths": results, "io_uring_depths": ring, "calibration": calibration });
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(ExitCode::SUCCESS);
     }
@@ -176,11 +229,12 @@ fn storage(args: &StorageArgs) -> Result<ExitCode> {
         buffers,
         if buffers == 1 { "" } else { "s" },
     );
-    println!("| queue depth | reads | GB/s | p50 ms | p95 ms | p99 ms |");
-    println!("|---:|---:|---:|---:|---:|---:|");
-    for r in &results {
+    println!("| engine | queue depth | reads | GB/s | p50 ms | p95 ms | p99 ms |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    let rows = results.iter().map(|r| ("threads", r));
+    for (engine, r) in rows.chain(ring_results.iter().map(|r| ("io_uring", r))) {
         println!(
-            "| {} | {} | {:.3} | {:.3} | {:.3} | {:.3} |",
+            "| {engine} | {} | {} | {:.3} | {:.3} | {:.3} | {:.3} |",
             r.queue_depth, r.reads, r.gb_per_second, r.p50_ms, r.p95_ms, r.p99_ms
         );
     }
@@ -335,12 +389,9 @@ fn measure(
                     let mut latencies = Vec::new();
                     while started.elapsed() < deadline {
                         let buf = &mut pool[latencies.len() % buffers];
-                        let r = rng.next().unwrap_or(0);
-                        let file = &files[(r % files.len() as u64) as usize];
-                        let slots = (file.len() - read_size) / 16384 + 1;
-                        let offset = (r >> 20) % slots * 16384;
+                        let (file, offset) = random_read(&mut rng, &files, read_size);
                         let t = Instant::now();
-                        let path = file.read_into(offset, buf)?;
+                        let path = files[file].read_into(offset, buf)?;
                         latencies.push(t.elapsed());
                         debug_assert!(matches!(
                             path,
@@ -364,6 +415,71 @@ fn measure(
     for w in per_worker {
         latencies.extend(w?);
     }
+    Ok(summary(latencies, read_size, depth, elapsed))
+}
+
+/// A random read of `read_size` bytes: which of `files`, at which 16 KiB-aligned offset.
+fn random_read(rng: &mut SplitMix64, files: &[PayloadFile], read_size: u64) -> (usize, u64) {
+    let r = rng.next().unwrap_or(0);
+    let index = (r % files.len() as u64) as usize;
+    let slots = (files[index].len() - read_size) / 16384 + 1;
+    (index, (r >> 20) % slots * 16384)
+}
+
+/// The reads of one queue depth through an io_uring ring: one thread keeps `depth` reads in
+/// flight into `depth` x `buffers` registered buffers (each of the `depth` lanes rotating
+/// through its own `buffers`), at the same random offsets as the threads' reads, through the
+/// files' `O_DIRECT` handles.
+fn measure_ring(
+    files: &[PayloadFile],
+    read_size: u64,
+    buffers: usize,
+    depth: usize,
+    seconds: f64,
+) -> Result<DepthResult> {
+    let direct: Vec<&std::fs::File> = files
+        .iter()
+        .map(|f| {
+            f.direct_file()
+                .with_context(|| format!("{} cannot be read with O_DIRECT", f.path()))
+        })
+        .collect::<Result<_>>()?;
+    let total = depth * buffers;
+    let mut ring = uring_reads::FixedReads::new(total, read_size as usize)?;
+    let mut rng = SplitMix64::new(depth as u64 * 104_729 + 1);
+    let mut submitted = vec![Instant::now(); total];
+    let deadline = Duration::from_secs_f64(seconds);
+    let started = Instant::now();
+    for (slot, at) in submitted.iter_mut().enumerate().take(depth) {
+        let (file, offset) = random_read(&mut rng, files, read_size);
+        *at = Instant::now();
+        ring.submit(slot, direct[file], offset)?;
+    }
+    let mut latencies = Vec::new();
+    while ring.in_flight() > 0 {
+        let done = ring.complete()?;
+        if done.bytes as u64 != read_size {
+            bail!("a read of {read_size} bytes returned {}", done.bytes);
+        }
+        latencies.push(submitted[done.slot].elapsed());
+        if started.elapsed() < deadline {
+            let slot = (done.slot + depth) % total;
+            let (file, offset) = random_read(&mut rng, files, read_size);
+            submitted[slot] = Instant::now();
+            ring.submit(slot, direct[file], offset)?;
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    Ok(summary(latencies, read_size, depth, elapsed))
+}
+
+/// Throughput and latency percentiles of one depth's reads.
+fn summary(
+    mut latencies: Vec<Duration>,
+    read_size: u64,
+    depth: usize,
+    elapsed: f64,
+) -> DepthResult {
     latencies.sort();
     let pct = |p: f64| {
         latencies
@@ -371,7 +487,7 @@ fn measure(
             .map_or(0.0, |d| d.as_secs_f64() * 1e3)
     };
     let bytes = latencies.len() as u64 * read_size;
-    Ok(DepthResult {
+    DepthResult {
         queue_depth: depth,
         reads: latencies.len(),
         bytes,
@@ -380,5 +496,5 @@ fn measure(
         p50_ms: pct(0.50),
         p95_ms: pct(0.95),
         p99_ms: pct(0.99),
-    })
+    }
 }

@@ -84,3 +84,54 @@ fn storage_is_measured_at_every_queue_depth() {
     assert_eq!(none.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&none.stderr).contains("no file"));
 }
+
+/// `--engine both` measures io_uring reads beside the threads' at every depth (where the
+/// filesystem takes `O_DIRECT` and the kernel io_uring), and only the threads' figures can become
+/// the device's calibration.
+#[test]
+fn io_uring_reads_are_measured_beside_the_threads() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    std::fs::write(dir.path().join("w.tile"), vec![7u8; 1 << 20]).unwrap();
+    let path = dir.path().to_str().unwrap();
+    let args = [
+        "bench",
+        "storage",
+        path,
+        "--read-size",
+        "64KiB",
+        "--seconds",
+        "0.05",
+    ];
+    let both = minirun(&[&args[..], &["--engine", "both", "--no-save", "--json"]].concat());
+    let stderr = String::from_utf8_lossy(&both.stderr);
+    if stderr.contains("does not take") || stderr.contains("io_uring is not available") {
+        // Refused, with the engine that works named: this filesystem or kernel cannot do it.
+        assert_eq!(both.status.code(), Some(1));
+        assert!(stderr.contains("--engine threads") || stderr.contains("threads instead"));
+        return;
+    }
+    assert!(both.status.success(), "{stderr}");
+    let doc: serde_json::Value = serde_json::from_slice(&both.stdout).unwrap();
+    for engine in ["depths", "io_uring_depths"] {
+        let depths = doc[engine].as_array().unwrap();
+        assert_eq!(depths.len(), 8, "{engine}");
+        for (i, d) in depths.iter().enumerate() {
+            assert_eq!(d["queue_depth"], i + 1, "{engine}");
+            assert!(d["reads"].as_u64().unwrap() > 0, "{engine}");
+            assert_eq!(d["bytes"], d["reads"].as_u64().unwrap() * 65536, "{engine}");
+        }
+    }
+    let threads = minirun(&[&args[..], &["--no-save", "--json"]].concat());
+    let doc: serde_json::Value = serde_json::from_slice(&threads.stdout).unwrap();
+    assert!(doc["io_uring_depths"].is_null(), "threads alone by default");
+
+    let ring = minirun(&[&args[..], &["--engine", "io-uring", "--json"]].concat());
+    assert!(ring.status.success());
+    let doc: serde_json::Value = serde_json::from_slice(&ring.stdout).unwrap();
+    assert_eq!(doc["depths"].as_array().unwrap().len(), 0);
+    assert!(
+        doc["calibration"].is_null(),
+        "io_uring figures are not a calibration"
+    );
+    assert!(doc["warnings"].to_string().contains("reads with threads"));
+}

@@ -299,6 +299,12 @@ impl PayloadFile {
         self.direct.is_some()
     }
 
+    /// The file opened with `O_DIRECT` (its identity the recorded one when opened), for a
+    /// reader that issues its own reads; `None` where the filesystem does not take it.
+    pub fn direct_file(&self) -> Option<&File> {
+        self.direct.as_ref()
+    }
+
     /// The file's length when it was opened (its identity's size).
     pub fn len(&self) -> u64 {
         self.identity.size
@@ -580,6 +586,7 @@ mod tests {
         let file = files.open_streamed("version").unwrap();
         assert!(!takes_direct(std::path::Path::new("/proc/version")));
         assert!(!file.supports_direct());
+        assert!(file.direct_file().is_none());
     }
 
     /// Whether this folder's filesystem takes `O_DIRECT` opens.
@@ -609,6 +616,7 @@ mod tests {
         );
         let direct = takes_direct(&path);
         assert_eq!(file.supports_direct(), direct);
+        assert_eq!(file.direct_file().is_some(), direct);
         let block = DIRECT_BLOCK as usize;
         let expected = if direct {
             ReadPath::Direct
