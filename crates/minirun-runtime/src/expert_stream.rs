@@ -18,6 +18,13 @@ pub struct ExpertStream<'a> {
 }
 
 impl ExpertStream<'_> {
+    /// Makes the cache's buffers now (see [`ExpertCache::prepare`]), at most `limit` bytes:
+    /// once the model's resident weights are in, so that what the memory then available says
+    /// bounds it. Returns the bytes made.
+    pub fn prepare_cache(&self, limit: u64) -> u64 {
+        self.cache.prepare(self.artifact, &self.map, limit)
+    }
+
     /// Bytes of routed experts the cache holds now, and the most it held at once.
     pub fn usage(&self) -> (u64, u64) {
         self.cache.usage()

@@ -289,20 +289,24 @@ impl ExpertCache {
         }
     }
 
-    /// Makes the buffers this cache will hold before the first token: for each streamed layer
-    /// (`None` in `map` for one that holds its experts) as many copies of its first expert's
-    /// buffers as its share of the cache holds, every page written. The first reads then take
-    /// memory already found instead of faulting it in, page by page, while a token waits.
-    /// Returns the bytes made.
-    pub fn prepare(&self, artifact: &Artifact, map: &[Option<Vec<ExpertParts>>]) -> u64 {
-        map.iter()
-            .flatten()
-            .filter_map(|experts| experts.first())
-            .map(|expert| {
-                let sets = self.per_layer / expert.held_bytes().max(1);
-                artifact.prepare_read_buffers(&expert.held_lengths(), sets as usize)
-            })
-            .sum()
+    /// Makes the buffers this cache will hold before the first token, at most `limit` bytes of
+    /// them: for each streamed layer (`None` in `map` for one that holds its experts) as many
+    /// copies of its first expert's buffers as its share of the cache holds, every page
+    /// written. The first reads then take memory already found instead of faulting it in, page
+    /// by page, while a token waits. Returns the bytes made.
+    pub fn prepare(
+        &self,
+        artifact: &Artifact,
+        map: &[Option<Vec<ExpertParts>>],
+        limit: u64,
+    ) -> u64 {
+        let mut made = 0;
+        for expert in map.iter().flatten().filter_map(|experts| experts.first()) {
+            let size = expert.held_bytes().max(1);
+            let sets = (self.per_layer / size).min(limit.saturating_sub(made) / size);
+            made += artifact.prepare_read_buffers(&expert.held_lengths(), sets as usize);
+        }
+        made
     }
 
     /// Bytes of experts held now, and the most ever held at once (cache and in-flight loads).

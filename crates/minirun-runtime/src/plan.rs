@@ -31,7 +31,7 @@ use crate::artifact::{Artifact, ArtifactError, PartLayout};
 use crate::budget::{Budget, human};
 use crate::experts::{ExpertCache, ExpertParts};
 use crate::layer_stream;
-use crate::model_weights::{ExpertMap, ModelWeights};
+use crate::model_weights::ModelWeights;
 
 /// Activations, the tokenizer and the runtime's own heap, beside the KV cache.
 pub const FIXED_RESERVE: u64 = 16 << 20;
@@ -375,15 +375,13 @@ impl Plan {
         spare
     }
 
-    /// The expert cache of a streamed run under this plan, for the layers not held (`None` in
-    /// `map`), its buffers made now. The artifact keeps what a step frees (its uncached
-    /// experts, its streamed layers, the experts the cache lets go) for the next read into
-    /// again: the plan set that much aside for reads in flight and for the cache.
-    pub(crate) fn start_streaming(&self, artifact: &Artifact, map: &ExpertMap) -> ExpertCache {
+    /// The expert cache of a streamed run under this plan, for the layers not held. The
+    /// artifact keeps what a step frees (its uncached experts, its streamed layers, the experts
+    /// the cache lets go) for the next read into again: the plan set that much aside for reads
+    /// in flight and for the cache.
+    pub(crate) fn start_streaming(&self, artifact: &Artifact) -> ExpertCache {
         artifact.keep_read_buffers(self.slot_pool_bytes + self.layer_pool_bytes + self.cache_bytes);
-        let cache = ExpertCache::new(self.cache_bytes, self.moe_layers - self.held_layers.len());
-        cache.prepare(artifact, map);
-        cache
+        ExpertCache::new(self.cache_bytes, self.moe_layers - self.held_layers.len())
     }
 
     /// The plan in lines, for the run's header.

@@ -309,7 +309,7 @@ impl<'a> Placement<'a> {
             read_ahead: plan.read_ahead,
             experts: Some(Arc::new(ExpertStream {
                 artifact,
-                cache: plan.start_streaming(artifact, &map),
+                cache: plan.start_streaming(artifact),
                 reads_in_flight: plan.reads_in_flight,
                 slots: plan.experts_per_token,
                 map,

@@ -10,6 +10,7 @@ use minirun_kernels::Activations;
 use minirun_runtime::artifact::{Access, Artifact};
 use minirun_runtime::budget::Budget;
 use minirun_runtime::decoder::Decoder;
+use minirun_runtime::experts::ExpertCache;
 use minirun_runtime::generate::argmax;
 use minirun_runtime::model_weights::ModelWeights;
 use minirun_runtime::models::deepseek_v3::DeepSeekV3;
@@ -361,4 +362,41 @@ fn eight_bit_activations_stream_with_their_resident_bits() {
         assert!(bits == reference, "{threads} threads: logit bits differ");
         assert!(decode.expert_read_bytes > 0, "the floor streamed nothing");
     }
+}
+
+/// A cache's buffers are made for its share of every streamed layer, and never past the limit
+/// the memory available sets.
+#[test]
+fn a_cache_makes_its_buffers_within_its_limit() {
+    let dir = packed(FIXTURES[0]);
+    let artifact = Artifact::open(dir.path(), Access::Unverified).unwrap();
+    let config = DeepSeekV3Config::parse(&artifact.config_json).unwrap();
+    let map = DeepSeekV3::weights(&artifact, &config)
+        .unwrap()
+        .expert_map();
+    let held: Vec<u64> = map
+        .iter()
+        .flatten()
+        .map(|experts| experts[0].held_bytes())
+        .collect();
+    assert!(held.len() > 1, "a fixture with several MoE layers");
+    assert!(held.windows(2).all(|w| w[0] == w[1]), "experts of one size");
+    let (layers, expert) = (held.len() as u64, held[0]);
+    let cache = ExpertCache::new(3 * expert * layers, layers as usize);
+
+    let fresh = || {
+        let artifact = Artifact::open(dir.path(), Access::Unverified).unwrap();
+        artifact.keep_read_buffers(4 * expert * layers);
+        artifact
+    };
+    let whole = fresh();
+    assert_eq!(cache.prepare(&whole, &map, u64::MAX), 3 * expert * layers);
+    assert_eq!(whole.kept_read_buffer_bytes(), 3 * expert * layers);
+    let limited = fresh();
+    assert_eq!(
+        cache.prepare(&limited, &map, 5 * expert + expert / 2),
+        5 * expert,
+        "three for the first layer, two for the next, none past the limit"
+    );
+    assert_eq!(limited.kept_read_buffer_bytes(), 5 * expert);
 }
