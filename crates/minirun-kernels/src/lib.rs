@@ -131,7 +131,7 @@ impl pulp::WithSimd for RowsOp<'_, '_> {
 /// Runs the kernel `make` builds compiled for AVX2, and for F16C too where the matrix takes
 /// the token and the machine has it: f16 and FP8 rows without NaN codes widen each chunk through
 /// `vcvtph2ps` instead of a dozen or ten integer operations (the same values, so the same bits),
-/// and FP8, affine and MXFP4 rows prefetch their bytes through it (a hint). `make` gets the
+/// and FP8, affine, MXFP4 and dense BF16 and F32 rows prefetch their bytes through it (a hint). `make` gets the
 /// token to hand the kernel, or `None`.
 #[cfg(target_arch = "x86_64")]
 fn run_avx2<K: pulp::WithSimd<Output = ()>>(
@@ -140,10 +140,8 @@ fn run_avx2<K: pulp::WithSimd<Output = ()>>(
     make: impl FnOnce(Option<x86_f16c::F16c>) -> K,
 ) {
     let takes_token = match m.format {
-        Format::Dense(FloatType::F16) => true,
         Format::Fp8Block { .. } => !m.fp8_nan_codes,
-        Format::Affine { .. } | Format::Mxfp4 => true,
-        _ => false,
+        Format::Dense(_) | Format::Affine { .. } | Format::Mxfp4 => true,
     };
     let f16c = takes_token.then(x86_f16c::F16c::try_new).flatten();
     match f16c {
