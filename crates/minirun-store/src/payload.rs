@@ -42,14 +42,7 @@ pub struct AlignedBuf {
 impl AlignedBuf {
     /// A buffer of `len` usable bytes.
     pub fn new(len: usize) -> AlignedBuf {
-        let raw = vec![0u8; len + SLOT_ALIGN];
-        let start = (SLOT_ALIGN - raw.as_ptr() as usize % SLOT_ALIGN) % SLOT_ALIGN;
-        AlignedBuf {
-            raw,
-            start,
-            len,
-            pool: None,
-        }
+        AlignedBuf::within(vec![0u8; len + SLOT_ALIGN], len)
     }
 
     pub fn len(&self) -> usize {
@@ -69,7 +62,11 @@ impl AlignedBuf {
     /// its memory before any read needs it (a zeroed buffer's pages are found on first write,
     /// one fault per 4 KiB, which inside a virtual machine can cost as much as the read).
     pub fn touched(len: usize) -> AlignedBuf {
-        let raw = vec![TOUCHED; len + SLOT_ALIGN];
+        AlignedBuf::within(vec![TOUCHED; len + SLOT_ALIGN], len)
+    }
+
+    /// `len` bytes of `raw` (`len` + [`SLOT_ALIGN`] long), from its first aligned byte.
+    fn within(raw: Vec<u8>, len: usize) -> AlignedBuf {
         let start = (SLOT_ALIGN - raw.as_ptr() as usize % SLOT_ALIGN) % SLOT_ALIGN;
         AlignedBuf {
             raw,
