@@ -741,7 +741,7 @@ fn fp8_across(
     }
 }
 
-/// Four dense rows (BF16 or F32): `segmented4` with the whole row as its one segment, as
+/// Four dense rows (F32, F16 or BF16): `segmented4` with the whole row as its one segment, as
 /// `row.rs` sums a dense row, so the same operations in the same order and the same bits; where
 /// `k` prefetches, each row's stream asks for its bytes `PREFETCH_DISTANCE` ahead, a cache line
 /// at a time, through the row. A dense row is one segment, so `segmented4`'s prefetches (all of
@@ -809,14 +809,9 @@ fn dot4(
             }
         }
         Format::Dense(format) => match (format, f16c) {
-            (FloatType::F16, Some(f16c)) => segmented4::<16, _>(
-                v3,
-                rows,
-                &[],
-                x,
-                m.cols,
-                &[(); 4].map(|_| DenseF16c { f16c }),
-            ),
+            (FloatType::F16, Some(f16c)) => {
+                dense4::<16, _>(v3, rows, tail, x, &Prefetching(DenseF16c { f16c }, f16c))
+            }
             (_, Some(f16c)) => {
                 dense4::<16, _>(v3, rows, tail, x, &Prefetching(Dense { v3, format }, f16c))
             }
