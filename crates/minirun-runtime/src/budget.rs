@@ -124,6 +124,17 @@ pub fn only_used_pages_counted() -> bool {
     rustix::thread::transparent_huge_pages_are_disabled().unwrap_or(false)
 }
 
+/// Memory kept free of a cache's prepared buffers, beyond them: the process's stacks, the
+/// allocator's slack and the system's own needs.
+const PREPARE_HEADROOM: u64 = 1 << 30;
+
+/// How much of an expert cache's buffers a model may make at load: what the system says is
+/// available now (its resident weights in), less headroom. A budget larger than the machine's
+/// memory would otherwise be made whole at load; the cache then fills the rest as it reads.
+pub(crate) fn preparable_memory() -> u64 {
+    available_memory().map_or(u64::MAX, |a| a.saturating_sub(PREPARE_HEADROOM))
+}
+
 /// The memory the system says a new allocation can have without swapping (`MemAvailable` of
 /// `/proc/meminfo`), in bytes; `None` where the system does not say.
 pub fn available_memory() -> Option<u64> {

@@ -78,17 +78,6 @@ pub trait Layered<'a>: Sized + Send + Sync {
     }
 }
 
-/// Memory kept free of a cache's prepared buffers, beyond them: the process's stacks, the
-/// allocator's slack and the system's own needs.
-const PREPARE_HEADROOM: u64 = 1 << 30;
-
-/// How much of the cache's buffers a model may make at load: what the system says is available
-/// now (its resident weights in), less headroom. A budget larger than the machine's memory
-/// would otherwise be made whole at load; the cache then fills the rest as it reads.
-fn preparable_memory() -> u64 {
-    crate::budget::available_memory().map_or(u64::MAX, |a| a.saturating_sub(PREPARE_HEADROOM))
-}
-
 /// An architecture's model: its layers held or streamed as a plan says.
 pub struct LayeredModel<'a, A: Layered<'a>> {
     arch: A,
@@ -150,7 +139,7 @@ impl<'a, A: Layered<'a>> LayeredModel<'a, A> {
             .collect::<Result<Vec<_>, ArtifactError>>()?;
         let arch = A::new(config, &Weights::resident(artifact, None, None))?;
         if let Some(stream) = &experts {
-            stream.prepare_cache(preparable_memory());
+            stream.prepare_cache(crate::budget::preparable_memory());
         }
         Ok(LayeredModel {
             arch,

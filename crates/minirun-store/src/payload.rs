@@ -184,6 +184,9 @@ impl BufferPool {
     /// cache takes its buffers from here, already in memory, instead of waiting for the kernel
     /// at every first read. Returns the bytes added.
     pub fn prefill(&self, lengths: &[usize], sets: usize) -> u64 {
+        if lengths.is_empty() {
+            return 0;
+        }
         let set_bytes: u64 = lengths.iter().map(|&len| (len + SLOT_ALIGN) as u64).sum();
         let mut added = 0;
         for _ in 0..sets {
