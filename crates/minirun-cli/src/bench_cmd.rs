@@ -153,6 +153,13 @@ fn storage(args: &StorageArgs) -> Result<ExitCode> {
             human(available)
         );
     }
+    if args.engine != Engine::Threads && 8 * buffers > uring_reads::MAX_BUFFERS {
+        bail!(
+            "--engine io-uring registers 8 x --buffers buffers at queue depth 8, at most {}: give --buffers {} or fewer",
+            uring_reads::MAX_BUFFERS,
+            uring_reads::MAX_BUFFERS / 8
+        );
+    }
     let files = ArtifactFiles::unverified(dir)?;
     let targets = large_files(&files, read_size)?;
     if targets.is_empty() {

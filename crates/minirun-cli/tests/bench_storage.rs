@@ -102,6 +102,9 @@ fn io_uring_reads_are_measured_beside_the_threads() {
         "--seconds",
         "0.05",
     ];
+    let many = minirun(&[&args[..], &["--engine", "both", "--buffers", "200"]].concat());
+    assert_eq!(many.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&many.stderr).contains("--buffers 128 or fewer"));
     let both = minirun(&[&args[..], &["--engine", "both", "--no-save", "--json"]].concat());
     let stderr = String::from_utf8_lossy(&both.stderr);
     if stderr.contains("does not take") || stderr.contains("io_uring is not available") {

@@ -110,22 +110,23 @@ pub struct FixedReads<'files> {
     files: PhantomData<&'files File>,
 }
 
-/// The most buffers one registration takes (the kernel's `UIO_MAXIOV`).
-const MAX_DEPTH: usize = 1024;
+/// The most buffers a ring registers: the limit of the kernels that take the fewest (their
+/// `UIO_MAXIOV`; newer ones take 16,384).
+pub const MAX_BUFFERS: usize = 1024;
 
 impl<'files> FixedReads<'files> {
     /// A ring of `depth` buffers of `len` bytes, every page written before it is registered.
     pub fn new(depth: usize, len: usize) -> Result<FixedReads<'files>, RingError> {
-        if !(1..=MAX_DEPTH).contains(&depth) || len == 0 || u32::try_from(len).is_err() {
+        if !(1..=MAX_BUFFERS).contains(&depth) || len == 0 || u32::try_from(len).is_err() {
             return Err(RingError::Shape {
                 depth,
                 len,
-                max: MAX_DEPTH,
+                max: MAX_BUFFERS,
             });
         }
         let entries = depth.next_power_of_two() as u32;
         let ring = IoUring::new(entries).map_err(RingError::Unavailable)?;
-        let slots: Vec<Slot> = (0..depth)
+        let mut slots: Vec<Slot> = (0..depth)
             .map(|_| {
                 let raw = vec![TOUCHED; len + ALIGN];
                 let start = (ALIGN - raw.as_ptr() as usize % ALIGN) % ALIGN;
@@ -136,10 +137,11 @@ impl<'files> FixedReads<'files> {
                 }
             })
             .collect();
+        // Mutable pointers, as `submit`'s are: the kernel writes through them.
         let iovecs: Vec<libc::iovec> = slots
-            .iter()
+            .iter_mut()
             .map(|s| libc::iovec {
-                iov_base: s.raw[s.start..].as_ptr() as *mut libc::c_void,
+                iov_base: s.raw[s.start..].as_mut_ptr().cast::<libc::c_void>(),
                 iov_len: len,
             })
             .collect();
