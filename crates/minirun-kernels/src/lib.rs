@@ -131,8 +131,8 @@ impl pulp::WithSimd for RowsOp<'_, '_> {
 /// Runs the kernel `make` builds compiled for AVX2, and for F16C too where the matrix takes
 /// the token and the machine has it: f16 and FP8 rows without NaN codes widen each chunk through
 /// `vcvtph2ps` instead of a dozen or ten integer operations (the same values, so the same bits),
-/// and FP8, affine, MXFP4 and dense BF16 and F32 rows prefetch their bytes through it (a hint). `make` gets the
-/// token to hand the kernel, or `None`.
+/// and FP8, affine, MXFP4 and dense rows prefetch their bytes through it (a hint). `make` gets
+/// the token to hand the kernel, or `None`.
 #[cfg(target_arch = "x86_64")]
 fn run_avx2<K: pulp::WithSimd<Output = ()>>(
     v3: pulp::x86::V3,
