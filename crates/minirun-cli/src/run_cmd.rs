@@ -71,6 +71,14 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", default_value_t = minirun_runtime::plan::DEFAULT_READS_IN_FLIGHT as u16,
           value_parser = clap::value_parser!(u16).range(1..=64))]
     reads_in_flight: u16,
+    /// Streamed MoE layers whose experts a decode step may read ahead on a guess at once
+    /// (0-2): their routers applied to the row's state a layer or two early, the guessed
+    /// experts read while the layers before them compute. A wrong guess costs its read, never
+    /// a result. 2 needs a second slot pool, taken from the expert cache where the budget
+    /// holds one (else 1). 0 reads only what a router chose.
+    #[arg(long, value_name = "N", default_value_t = minirun_runtime::plan::GUESSED_LAYERS as u8,
+          value_parser = clap::value_parser!(u8).range(0..=2))]
+    guessed_layers: u8,
     /// Arithmetic of the products: f32 (exact: every weight decoded to f32) or int8 (affine
     /// 4- and 8-bit and MXFP4 matrices take their input quantized to 8 bits per group and sum
     /// in integers: faster, deterministic, not the f32 path's bits; other formats stay f32).
@@ -94,7 +102,10 @@ fn plan(
     prompt_tokens: usize,
 ) -> Result<(Plan, minirun_runtime::model_weights::ModelWeights)> {
     let context = prompt_tokens + args.max_tokens;
-    planned_within_memory(session, args.budget, context, args.reads_in_flight)
+    let (mut plan, weights) =
+        planned_within_memory(session, args.budget, context, args.reads_in_flight)?;
+    plan.guess_ahead(usize::from(args.guessed_layers));
+    Ok((plan, weights))
 }
 
 /// The plan for `budget` (generous when not given, refused if that is more than the memory
@@ -286,6 +297,10 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             "decode_outside_layers_seconds": io.outside_layers.as_secs_f64(),
             "expert_cache_hits": io.expert_cache_hits,
             "expert_cache_misses": io.expert_cache_misses,
+            "expert_guessed": io.expert_guessed,
+            "expert_guess_hits": io.expert_guess_hits,
+            "expert_guess_read_bytes": io.expert_guess_read_bytes,
+            "expert_guess_wasted_bytes": io.expert_guess_wasted_bytes(),
             "direct_reads": io.direct_reads,
             "buffered_reads": io.buffered_reads,
             "expert_bytes_held": experts_held,
@@ -324,7 +339,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     );
     if plan.mode == Mode::Streamed {
         eprintln!(
-            "streamed: {} of routed experts read per token (the plan's {} without cache hits), {} of streamed layers' attention, routers and shared experts (the plan's {}); {:.2} s of {:.2} s decoding waited for reads, while storage was busy for {:.2} s; expert cache {} hits / {} misses; {} direct (O_DIRECT) and {} buffered (then dropped from the page cache) reads; resident {} + experts peak {} within budget {}; process peak RSS {}",
+            "streamed: {} of routed experts read per token (the plan's {} without cache hits), {} of streamed layers' attention, routers and shared experts (the plan's {}); {:.2} s of {:.2} s decoding waited for reads, while storage was busy for {:.2} s; expert cache {} hits / {} misses; {} experts read ahead on a guess, {} of them chosen, {} read for none; {} direct (O_DIRECT) and {} buffered (then dropped from the page cache) reads; resident {} + experts peak {} within budget {}; process peak RSS {}",
             human(figures.expert_read_bytes_per_token()),
             human(plan.uncached_read_per_token),
             human(figures.layer_read_bytes_per_token()),
@@ -334,6 +349,9 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             io.read_busy.as_secs_f64(),
             io.expert_cache_hits,
             io.expert_cache_misses,
+            io.expert_guessed,
+            io.expert_guess_hits,
+            human(io.expert_guess_wasted_bytes()),
             io.direct_reads,
             io.buffered_reads,
             human(session.artifact.payload_bytes()),

@@ -5,11 +5,13 @@
 //! what a resident run computes from, so its output has the same bits.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use crate::artifact::{Artifact, ArtifactError, LoadedPart, MatrixPart, StackLayout};
+use crate::expert_stream::ExpertStream;
+use crate::guessed_experts::Settled;
 
 /// A gated MLP's projections: gate and up, each its own matrix or one matrix whose rows
 /// interleave them (gpt-oss: gate row `i` at row `2i`, up row `i` at `2i + 1`), then down. The
@@ -249,9 +251,32 @@ impl LoadedExpert {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Fetch {
     pub hit: bool,
+    /// Read ahead on a guess of the router's choice, before the router chose it.
+    pub guessed: bool,
     pub read_bytes: u64,
     pub direct_reads: u64,
     pub buffered_reads: u64,
+}
+
+impl Fetch {
+    fn cached() -> Fetch {
+        Fetch {
+            hit: true,
+            ..Fetch::default()
+        }
+    }
+
+    /// `expert`, stored as `parts`, read from storage.
+    fn read(parts: &ExpertParts, expert: &LoadedExpert, guessed: bool) -> Fetch {
+        let (direct, buffered) = expert.read_kinds();
+        Fetch {
+            hit: false,
+            guessed,
+            read_bytes: parts.read_bytes(),
+            direct_reads: direct,
+            buffered_reads: buffered,
+        }
+    }
 }
 
 struct Entry {
@@ -315,6 +340,14 @@ impl ExpertCache {
             .lock()
             .map(|s| (s.used, s.peak))
             .unwrap_or((0, 0))
+    }
+
+    /// Whether expert `key` (layer, expert) is held, without counting it as a use.
+    pub(crate) fn holds(&self, key: (usize, usize)) -> bool {
+        self.state
+            .lock()
+            .map(|s| s.entries.contains_key(&key))
+            .unwrap_or(false)
     }
 
     fn get(&self, key: (usize, usize)) -> Option<Arc<LoadedExpert>> {
@@ -423,27 +456,27 @@ impl ExpertCache {
 }
 
 /// The experts the router picked for one token at one layer: the cached ones taken from the
-/// cache first (before any read could evict one), the others read from storage by
-/// `reads_in_flight` threads that take their tiles from one queue, in the router's order, so the
-/// first expert is complete after its own reads, not after every reader's first. While they
-/// are read, `meanwhile` runs (the shared expert's products), then `each` for the cached experts
-/// and for each read expert as soon as its last tile arrives, so compute overlaps the reads still
-/// in flight. The order of the calls does not matter to the result: each expert's output is kept
-/// by its position and added in the router's order later. Read experts enter the cache in the
-/// router's order once all of them are in, so what stays cached, and so what the next token reads,
-/// depends neither on the number of readers nor on which read finished first. Returns
-/// `meanwhile`'s value and the time spent waiting for reads.
-#[allow(clippy::too_many_arguments)]
-pub fn with_fetched<R>(
-    artifact: &Artifact,
-    cache: &ExpertCache,
+/// cache first (before any read could evict one), then the ones `guessed` read ahead on a guess
+/// of this choice (see [`crate::guessed_experts`]), read whole or still arriving, the others
+/// read from storage by the stream's `reads_in_flight` threads that take their tiles from one
+/// queue, in the router's order, so the first expert is complete after its own reads, not after
+/// every reader's first. While they are read, `meanwhile` runs (the shared expert's products),
+/// then `each` for every expert as soon as it is in, so compute overlaps the reads still in
+/// flight. The order of the calls does not matter to the result: each expert's output is kept
+/// by its position and added in the router's order later. Experts new to the cache enter it in
+/// the router's order once all of them are in, so what stays cached, and so what the next
+/// token reads, depends neither on the number of readers, nor on which read finished first, nor
+/// on what was guessed. Returns `meanwhile`'s value and the time spent waiting for reads.
+pub(crate) fn with_fetched<R>(
+    stream: &ExpertStream,
     layer: usize,
     experts: &[ExpertParts],
     chosen: &[usize],
-    reads_in_flight: usize,
+    guessed: &mut Settled,
     meanwhile: impl FnOnce() -> R,
     mut each: impl FnMut(usize, &LoadedExpert, Fetch) -> Result<(), crate::step::ModelError>,
 ) -> Result<(R, Duration), crate::step::ModelError> {
+    let cache = &stream.cache;
     let parts: Vec<&ExpertParts> = chosen
         .iter()
         .map(|&e| {
@@ -453,16 +486,22 @@ pub fn with_fetched<R>(
             })
         })
         .collect::<Result<_, _>>()?;
-    let cached: Vec<Option<Arc<LoadedExpert>>> =
-        chosen.iter().map(|&e| cache.get((layer, e))).collect();
-    let misses: Vec<usize> = (0..chosen.len()).filter(|&i| cached[i].is_none()).collect();
-    let sizes: Vec<(usize, u64)> = misses
+    let sources = Sources::of(cache, layer, chosen, guessed);
+    let sizes: Vec<(usize, u64)> = sources
+        .fresh
         .iter()
         .map(|&i| (chosen[i], parts[i].held_bytes()))
         .collect();
-    let keep = cache.will_keep(layer, &sizes);
-    let reads = TileReads::new(artifact, &parts, &misses);
-    let threads = reads_in_flight.clamp(1, reads.jobs().max(1));
+    let keeps = cache.will_keep(layer, &sizes);
+    let keep_at = |i: usize| {
+        let at = sources.fresh.iter().position(|&f| f == i);
+        at.and_then(|at| keeps.get(at).copied()).unwrap_or(false)
+    };
+    let misses = sources.misses();
+    let keep: Vec<bool> = misses.iter().map(|&i| keep_at(i)).collect();
+    let owned: Vec<ExpertParts> = misses.iter().map(|&i| parts[i].clone()).collect();
+    let reads = TileReads::new(stream.artifact, owned);
+    let threads = stream.reads_in_flight.clamp(1, reads.jobs().max(1));
     let (sender, receiver) = mpsc::channel::<ReadExpert>();
     std::thread::scope(|scope| {
         if !misses.is_empty() {
@@ -474,34 +513,157 @@ pub fn with_fetched<R>(
         // Only the readers hold senders now: if every one of them ends, waiting ends too.
         drop(sender);
         let value = meanwhile();
+        let mut kept: Vec<KeptExpert> = Vec::new();
         let mut compute = || {
-            for (i, expert) in cached.iter().enumerate() {
+            for (i, expert) in sources.cached.iter().enumerate() {
                 if let Some(expert) = expert {
-                    let hit = Fetch {
-                        hit: true,
-                        ..Fetch::default()
-                    };
-                    each(i, expert, hit)?;
+                    each(i, expert, Fetch::cached())?;
                 }
             }
-            receive_reads(&receiver, &misses, &keep, layer, &mut each)
+            let mut guessed_in = |i: usize, expert: Arc<LoadedExpert>, fetch: Fetch| {
+                each(i, &expert, fetch)?;
+                if keep_at(i) {
+                    kept.push((i, expert));
+                }
+                Ok::<_, crate::step::ModelError>(())
+            };
+            for (i, expert) in sources.ready.iter().enumerate() {
+                if let Some(expert) = expert {
+                    guessed_in(i, Arc::clone(expert), Fetch::read(parts[i], expert, true))?;
+                }
+            }
+            let started = Instant::now();
+            let arrived = sources.arrivals(chosen, guessed);
+            let mut waited = started.elapsed();
+            for (i, expert) in arrived {
+                let expert = match expert {
+                    Some(expert) => expert,
+                    // The guess's read failed or never came: read it here, reporting a failure.
+                    None => {
+                        let started = Instant::now();
+                        let read = read_whole(stream.artifact, parts[i])?;
+                        waited += started.elapsed();
+                        let fetch = Fetch::read(parts[i], &read, false);
+                        guessed_in(i, read, fetch)?;
+                        continue;
+                    }
+                };
+                let fetch = Fetch::read(parts[i], &expert, true);
+                guessed_in(i, expert, fetch)?;
+            }
+            let (kept_read, waited_read) =
+                receive_reads(&receiver, &misses, &keep, layer, &mut each)?;
+            Ok::<_, crate::step::ModelError>((kept_read, waited + waited_read))
         };
         let result = compute();
         // On an error the readers take no further tile (the scope waits for the ones reading).
         reads.stop();
-        let (kept, waited) = result?;
+        let (kept_read, waited) = result?;
+        kept.extend(kept_read);
+        kept.sort_by_key(|(i, _)| *i);
         let kept: Vec<_> = kept.into_iter().map(|(i, x)| (chosen[i], x)).collect();
-        let read = misses.iter().map(|&i| parts[i].allocated_bytes()).sum();
+        let read = sources
+            .fresh
+            .iter()
+            .map(|&i| parts[i].allocated_bytes())
+            .sum();
         cache.keep_in_order(layer, read, &kept);
         Ok((value, waited))
     })
+}
+
+/// Where each chosen expert (by its position among the chosen) comes from: the cache, a guess
+/// that read it whole, a guess still reading it, or a read of its own.
+struct Sources {
+    cached: Vec<Option<Arc<LoadedExpert>>>,
+    ready: Vec<Option<Arc<LoadedExpert>>>,
+    arriving: Vec<bool>,
+    /// Positions the cache did not hold: guessed or read.
+    fresh: Vec<usize>,
+}
+
+impl Sources {
+    fn of(cache: &ExpertCache, layer: usize, chosen: &[usize], guessed: &mut Settled) -> Sources {
+        let cached: Vec<_> = chosen.iter().map(|&e| cache.get((layer, e))).collect();
+        let ready: Vec<_> = chosen
+            .iter()
+            .zip(&cached)
+            .map(|(e, hit)| hit.is_none().then(|| guessed.ready.remove(e)).flatten())
+            .collect();
+        let arriving = (0..chosen.len())
+            .map(|i| {
+                cached[i].is_none() && ready[i].is_none() && guessed.arriving.contains(&chosen[i])
+            })
+            .collect();
+        let fresh = (0..chosen.len()).filter(|&i| cached[i].is_none()).collect();
+        Sources {
+            cached,
+            ready,
+            arriving,
+            fresh,
+        }
+    }
+
+    /// Positions to read here: neither cached nor guessed.
+    fn misses(&self) -> Vec<usize> {
+        self.fresh
+            .iter()
+            .copied()
+            .filter(|&i| self.ready[i].is_none() && !self.arriving[i])
+            .collect()
+    }
+
+    /// The arriving experts as the guess's reads end, by position; `None` for one to read
+    /// again. Chosen experts of later chunks that arrive meanwhile wait in `guessed.ready`.
+    fn arrivals(
+        &self,
+        chosen: &[usize],
+        guessed: &mut Settled,
+    ) -> Vec<(usize, Option<Arc<LoadedExpert>>)> {
+        let mut outstanding: Vec<usize> = (0..chosen.len()).filter(|&i| self.arriving[i]).collect();
+        let mut arrived = Vec::new();
+        while !outstanding.is_empty() {
+            let Some((e, expert)) = guessed.next_arrival() else {
+                break;
+            };
+            match outstanding.iter().position(|&i| chosen[i] == e) {
+                Some(at) => arrived.push((outstanding.swap_remove(at), expert)),
+                None => {
+                    if let Some(expert) = expert {
+                        guessed.ready.insert(e, expert);
+                    }
+                }
+            }
+        }
+        arrived.extend(outstanding.into_iter().map(|i| (i, None)));
+        arrived
+    }
+}
+
+/// One expert read whole here, on this thread.
+fn read_whole(
+    artifact: &Artifact,
+    parts: &ExpertParts,
+) -> Result<Arc<LoadedExpert>, ArtifactError> {
+    let loaded = parts
+        .parts()
+        .iter()
+        .map(|p| artifact.load_part(&p.part))
+        .collect::<Result<Vec<_>, _>>()?;
+    parts
+        .with_parts(loaded)
+        .map(Arc::new)
+        .ok_or_else(|| ArtifactError::Tensor {
+            name: "a routed expert".into(),
+            reason: "was read with another number of projections".into(),
+        })
 }
 
 /// A read expert the cache keeps: its position among the chosen (later its expert index), loaded.
 type KeptExpert = (usize, Arc<LoadedExpert>);
 
 /// One read expert: its position among the chosen, or the first read of it that failed.
-type ReadExpert = (usize, Result<(Arc<LoadedExpert>, Fetch), ArtifactError>);
+pub(crate) type ReadExpert = (usize, Result<(Arc<LoadedExpert>, Fetch), ArtifactError>);
 
 /// Calls `each` for every read expert as it arrives, then drops it unless `keep` says the cache
 /// keeps it; returns the kept ones in the router's order (position among the chosen, loaded)
@@ -537,23 +699,59 @@ fn receive_reads(
 }
 
 /// The tiles of the experts to read, one per projection of each expert (gate, up, down or
-/// gate-up, down) in the router's order, handed out one at a time to whichever reader asks next.
-struct TileReads<'a> {
+/// gate-up, down) in the given order, handed out one at a time to whichever reader asks next.
+pub(crate) struct TileReads<'a> {
     artifact: &'a Artifact,
-    parts: Vec<&'a ExpertParts>,
+    parts: Vec<ExpertParts>,
     /// Per job: which expert (its slot among the read ones) and which of its projections.
     jobs: Vec<(usize, usize)>,
     next: AtomicUsize,
-    stopped: AtomicBool,
+    control: Arc<ReadControl>,
     pending: Vec<Mutex<PendingExpert>>,
+}
+
+/// What the owner of reads running on other threads keeps of them: a way to stop them, and
+/// what they read.
+#[derive(Default)]
+pub(crate) struct ReadControl {
+    stopped: AtomicBool,
+    /// Per expert (its slot among the read ones): whether no reader takes another of its tiles.
+    skipped: Vec<AtomicBool>,
+    /// Bytes of the tiles read so far, whole experts or not.
+    read_bytes: AtomicU64,
+}
+
+impl ReadControl {
+    /// No reader takes another tile.
+    pub(crate) fn stop(&self) {
+        self.stopped.store(true, Ordering::Relaxed);
+    }
+
+    /// No reader takes another tile of the expert in `slot`.
+    pub(crate) fn skip(&self, slot: usize) {
+        if let Some(skipped) = self.skipped.get(slot) {
+            skipped.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Bytes of the tiles read so far.
+    pub(crate) fn read_bytes(&self) -> u64 {
+        self.read_bytes.load(Ordering::Relaxed)
+    }
+
+    fn skips(&self, slot: usize) -> bool {
+        self.skipped
+            .get(slot)
+            .is_some_and(|s| s.load(Ordering::Relaxed))
+    }
 }
 
 /// The tiles of one expert read so far, in its projections' order.
 type PendingExpert = Vec<Option<LoadedPart>>;
 
 impl<'a> TileReads<'a> {
-    fn new(artifact: &'a Artifact, chosen: &[&'a ExpertParts], misses: &[usize]) -> TileReads<'a> {
-        let parts: Vec<&ExpertParts> = misses.iter().map(|&i| chosen[i]).collect();
+    pub(crate) fn new(artifact: &'a Artifact, parts: Vec<ExpertParts>) -> TileReads<'a> {
+        let experts = parts.len();
         let jobs = parts
             .iter()
             .enumerate()
@@ -568,30 +766,44 @@ impl<'a> TileReads<'a> {
             parts,
             jobs,
             next: AtomicUsize::new(0),
-            stopped: AtomicBool::new(false),
+            control: Arc::new(ReadControl {
+                skipped: (0..experts).map(|_| AtomicBool::new(false)).collect(),
+                ..ReadControl::default()
+            }),
         }
     }
 
-    fn jobs(&self) -> usize {
+    /// What stops these reads and counts their bytes, for whoever started them.
+    pub(crate) fn control(&self) -> Arc<ReadControl> {
+        Arc::clone(&self.control)
+    }
+
+    pub(crate) fn jobs(&self) -> usize {
         self.jobs.len()
     }
 
     /// No reader takes another tile.
     fn stop(&self) {
-        self.stopped.store(true, Ordering::Relaxed);
+        self.control.stop();
     }
 
     /// One reader: takes tiles until none is left or a read fails, and sends each expert whose
     /// last tile it read, or the first failure.
-    fn run(&self, sender: &mpsc::Sender<ReadExpert>) {
-        while !self.stopped.load(Ordering::Relaxed) {
+    pub(crate) fn run(&self, sender: &mpsc::Sender<ReadExpert>) {
+        while !self.control.stopped.load(Ordering::Relaxed) {
             let job = self.next.fetch_add(1, Ordering::Relaxed);
             let Some(&(slot, k)) = self.jobs.get(job) else {
                 return;
             };
-            let expert = self.parts[slot];
-            match self.artifact.load_part(&expert.parts()[k].part) {
+            if self.control.skips(slot) {
+                continue;
+            }
+            let stored = &self.parts[slot].parts()[k].part;
+            match self.artifact.load_part(stored) {
                 Ok(part) => {
+                    self.control
+                        .read_bytes
+                        .fetch_add(stored.read_bytes(), Ordering::Relaxed);
                     if let Some(done) = self.arrive(slot, k, part) {
                         // The receiver is gone only when the layer already failed.
                         let _ = sender.send((slot, Ok(done)));
@@ -625,13 +837,7 @@ impl<'a> TileReads<'a> {
             .flatten()
             .collect();
         let expert = Arc::new(self.parts[slot].with_parts(loaded)?);
-        let (direct, buffered) = expert.read_kinds();
-        let fetch = Fetch {
-            hit: false,
-            read_bytes: self.parts[slot].read_bytes(),
-            direct_reads: direct,
-            buffered_reads: buffered,
-        };
+        let fetch = Fetch::read(&self.parts[slot], &expert, false);
         Some((expert, fetch))
     }
 }

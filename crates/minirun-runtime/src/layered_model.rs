@@ -62,6 +62,28 @@ pub trait Layered<'a>: Sized + Send + Sync {
         stats: &mut StepStats,
     ) -> Result<(), ModelError>;
 
+    /// The routed experts layer `i` would choose for the one row of `hidden` if its router met
+    /// that state now, most likely first: a guess to read them ahead with while the layers
+    /// before `i` compute ([`crate::guessed_experts`]). `None` where the layer routes no experts
+    /// or the architecture does not guess. Any answer is safe: a wrong guess costs a read,
+    /// never a result.
+    fn guess_experts(
+        &self,
+        _layer: &Self::Layer<'_>,
+        _i: usize,
+        _tokens: &[u32],
+        _hidden: &Self::Hidden,
+    ) -> Option<Vec<usize>> {
+        None
+    }
+
+    /// Whether [`Self::guess_experts`] for layer `i` is its router's choice itself, whatever
+    /// state it is given (a layer that routes by the token alone): such a layer is guessed as
+    /// early as the plan's room for guesses lets it.
+    fn guesses_exactly(&self, _layer: &Self::Layer<'_>, _i: usize) -> bool {
+        false
+    }
+
     /// The logits of rows `wanted`, after the last layer.
     fn logits(
         &self,
@@ -185,43 +207,106 @@ impl<'a, A: Layered<'a>> LayeredModel<'a, A> {
         let hidden = self.arch.embed(tokens, stats)?;
         stats.outside_layers += started.elapsed();
         let mut state = (hidden, caches);
-        self.stream.run(
-            self.artifact,
-            &mut state,
-            stats,
-            |(hidden, caches), i, loaded, stats| {
-                let at = Place { layer: i, rows };
-                match (loaded, self.layers.get(i)) {
-                    (Some(loaded), _) => {
-                        let experts = self.experts.clone();
-                        let w = Weights::streamed(self.artifact, loaded, i, experts);
-                        let layer = A::layer(self.arch.config(), &w, i)?;
-                        self.arch
-                            .run_layer(&layer, at, tokens, hidden, caches, stats)
+        let mut tried = vec![false; self.layers.len()];
+        let out = std::thread::scope(|scope| {
+            let out = self.stream.run(
+                self.artifact,
+                &mut state,
+                stats,
+                |(hidden, caches), i, loaded, stats| {
+                    self.guess_ahead(scope, i, tokens, hidden, &mut tried);
+                    let at = Place { layer: i, rows };
+                    match (loaded, self.layers.get(i)) {
+                        (Some(loaded), _) => {
+                            let experts = self.experts.clone();
+                            let w = Weights::streamed(self.artifact, loaded, i, experts);
+                            let layer = A::layer(self.arch.config(), &w, i)?;
+                            self.arch
+                                .run_layer(&layer, at, tokens, hidden, caches, stats)
+                        }
+                        (None, Some(Some(layer))) => self
+                            .arch
+                            .run_layer(layer, at, tokens, hidden, caches, stats),
+                        (None, _) => Err(ModelError::Artifact(ArtifactError::Tensor {
+                            name: format!("layer {i}"),
+                            reason: "is neither held nor streamed".into(),
+                        })),
                     }
-                    (None, Some(Some(layer))) => self
-                        .arch
-                        .run_layer(layer, at, tokens, hidden, caches, stats),
-                    (None, _) => Err(ModelError::Artifact(ArtifactError::Tensor {
-                        name: format!("layer {i}"),
-                        reason: "is neither held nor streamed".into(),
-                    })),
-                }
-            },
-            |(hidden, caches), stats| {
-                for &seq in &rows.cache {
-                    caches[seq].len += 1;
-                }
-                let wanted = logits.rows(tokens.len());
-                if wanted.is_empty() {
-                    return Ok(Vec::new());
-                }
-                let started = std::time::Instant::now();
-                let out = self.arch.logits(hidden, &wanted, stats);
-                stats.outside_layers += started.elapsed();
-                out
-            },
-        )
+                },
+                |(hidden, caches), stats| {
+                    for &seq in &rows.cache {
+                        caches[seq].len += 1;
+                    }
+                    let wanted = logits.rows(tokens.len());
+                    if wanted.is_empty() {
+                        return Ok(Vec::new());
+                    }
+                    let started = std::time::Instant::now();
+                    let out = self.arch.logits(hidden, &wanted, stats);
+                    stats.outside_layers += started.elapsed();
+                    out
+                },
+            );
+            if let Some(stream) = &self.experts {
+                stream.stop_guesses();
+            }
+            out
+        });
+        if let Some(stream) = &self.experts {
+            stats.expert_guess_read_bytes += stream.guessed_read_bytes();
+        }
+        out
+    }
+
+    /// Before layer `i` of a one-row step: starts reading ahead, on a guess from the row's
+    /// state now, the experts of the next layers that stream theirs, in layer order, while the
+    /// plan has room for another guess: layer `i` itself and the next `guessed_layers - 1`
+    /// layers, and a layer further on only where its guess is exact (it routes by the token).
+    /// A router-driven layer further on is not guessed from here: its router, applied to a
+    /// state that many layers earlier, picks too few of its choices to pay for the reads
+    /// (docs/runtime.md has the figures), nor one whose guesses were wrong too often lately
+    /// ([`crate::guessed_experts::GuessRecord`]). Each layer is guessed once a step, from the
+    /// earliest state; one whose deterministic weights stream is not guessed.
+    fn guess_ahead<'s>(
+        &self,
+        scope: &'s std::thread::Scope<'s, '_>,
+        i: usize,
+        tokens: &[u32],
+        hidden: &A::Hidden,
+        tried: &mut [bool],
+    ) where
+        'a: 's,
+    {
+        let Some(stream) = &self.experts else {
+            return;
+        };
+        if tokens.len() != 1 || stream.guessed_layers == 0 {
+            return;
+        }
+        let mut outstanding = stream.outstanding_guesses();
+        for m in (i..self.layers.len()).filter(|&m| stream.streams(m)) {
+            if outstanding >= stream.guessed_layers {
+                return;
+            }
+            if tried[m] {
+                continue;
+            }
+            let Some(Some(layer)) = self.layers.get(m) else {
+                return;
+            };
+            let exact = self.arch.guesses_exactly(layer, m);
+            if m >= i + stream.guessed_layers && !exact {
+                return;
+            }
+            tried[m] = true;
+            if !exact && !stream.worth_guessing(m) {
+                continue;
+            }
+            if let Some(experts) = self.arch.guess_experts(layer, m, tokens, hidden) {
+                stream.start_guess(scope, m, &experts);
+                outstanding += 1;
+            }
+        }
     }
 }
 

@@ -18,6 +18,7 @@ pub mod decoder;
 pub mod expert_stream;
 pub mod experts;
 pub mod generate;
+pub mod guessed_experts;
 pub mod layer_stream;
 pub mod layered_model;
 pub mod model;

@@ -42,6 +42,14 @@ pub const FIXED_RESERVE: u64 = 16 << 20;
 /// command).
 pub const DEFAULT_READS_IN_FLIGHT: usize = 8;
 
+/// Streamed MoE layers a plan lets a decode step guess ahead at once unless the caller says
+/// otherwise (`--guessed-layers`), and the most it lets: see [`Plan::guess_ahead`]. One, the
+/// layer about to run, guessed before its attention: on V4 Flash's geometry two (the next
+/// layer's experts guessed a layer earlier too) chose the right experts less often and read
+/// more for nothing than they saved (docs/runtime.md).
+pub const GUESSED_LAYERS: usize = 1;
+pub const MAX_GUESSED_LAYERS: usize = 2;
+
 /// How the run holds its weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -145,6 +153,10 @@ pub struct Plan {
     /// Routed-expert bytes a decode step reads when the cache holds none of the experts it
     /// needs: the chosen experts of every MoE layer not held.
     pub uncached_read_per_token: u64,
+    /// Streamed MoE layers whose experts a decode step may read ahead on a guess at once
+    /// (see [`crate::guessed_experts`]), each guess in a slot pool of its own taken from the
+    /// cache: 0 where none streams, guessing is off, or the cache has no room for a pool.
+    pub guessed_layers: usize,
 }
 
 /// What the planner needs to know of an architecture beside what its layers ask for
@@ -336,6 +348,7 @@ impl Plan {
             held_bytes: 0,
             cache_bytes: 0,
             uncached_read_per_token: 0,
+            guessed_layers: 0,
         };
         let mut spare = if budget_bytes >= deterministic_floor {
             budget_bytes - deterministic_floor
@@ -354,7 +367,27 @@ impl Plan {
             }
         }
         plan.cache_bytes = spare;
+        plan.guess_ahead(GUESSED_LAYERS);
         Ok(plan)
+    }
+
+    /// Lets a decode step read up to `layers` streamed MoE layers' experts ahead on a guess at
+    /// once (at most [`MAX_GUESSED_LAYERS`]), each in a slot pool of its own taken from the
+    /// cache, as many as the cache holds: a guess holds at most one token's experts of its
+    /// layer, right or wrong, until its layer's router chose. 0 turns guessing off and gives
+    /// the pools back.
+    pub fn guess_ahead(&mut self, layers: usize) {
+        self.cache_bytes += self.guessed_layers as u64 * self.slot_pool_bytes;
+        let streamed = self.mode == Mode::Streamed && self.held_layers.len() < self.moe_layers;
+        let affordable = match self.slot_pool_bytes {
+            0 => 0,
+            pool => (self.cache_bytes / pool) as usize,
+        };
+        self.guessed_layers = match streamed {
+            true => layers.min(MAX_GUESSED_LAYERS).min(affordable),
+            false => 0,
+        };
+        self.cache_bytes -= self.guessed_layers as u64 * self.slot_pool_bytes;
     }
 
     /// Below the deterministic floor: holds, in layer order, each layer's deterministic weights
@@ -380,7 +413,10 @@ impl Plan {
     /// the cache lets go) for the next read into again: the plan set that much aside for reads
     /// in flight and for the cache.
     pub(crate) fn start_streaming(&self, artifact: &Artifact) -> ExpertCache {
-        artifact.keep_read_buffers(self.slot_pool_bytes + self.layer_pool_bytes + self.cache_bytes);
+        let slot_pools = 1 + self.guessed_layers as u64;
+        artifact.keep_read_buffers(
+            slot_pools * self.slot_pool_bytes + self.layer_pool_bytes + self.cache_bytes,
+        );
         ExpertCache::new(self.cache_bytes, self.moe_layers - self.held_layers.len())
     }
 
@@ -434,11 +470,16 @@ impl Plan {
                 ));
             }
             lines.push(format!(
-                "streamed: the routed experts of {} MoE layers ({} in all); expert cache {}; without cache hits a token reads {}",
+                "streamed: the routed experts of {} MoE layers ({} in all); expert cache {}; without cache hits a token reads {}; {}",
                 self.moe_layers - self.held_layers.len(),
                 human(self.routed_bytes),
                 human(self.cache_bytes),
                 human(self.uncached_read_per_token),
+                match self.guessed_layers {
+                    0 => "no expert read ahead on a guess".to_string(),
+                    1 => format!("each layer's experts read ahead on a guess before its attention, in a slot pool of {} taken from the cache", human(self.slot_pool_bytes)),
+                    n => format!("{n} layers' experts read ahead on a guess at once, in {n} slot pools taken from the cache"),
+                },
             ));
         }
         lines

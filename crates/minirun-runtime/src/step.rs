@@ -36,6 +36,13 @@ pub struct StepStats {
     pub expert_read_bytes: u64,
     pub expert_cache_hits: u64,
     pub expert_cache_misses: u64,
+    /// Experts read ahead on a guess of a router's choice (see [`crate::guessed_experts`]),
+    /// those of them the router chose and that were read whole in time (each also a cache
+    /// miss, its bytes in `expert_read_bytes`) and their bytes, and every byte the guesses read.
+    pub expert_guessed: u64,
+    pub expert_guess_hits: u64,
+    pub expert_guess_hit_bytes: u64,
+    pub expert_guess_read_bytes: u64,
     /// Deterministic weights of streamed layers read from storage.
     pub layer_read_bytes: u64,
     /// Reads that bypassed the page cache (`O_DIRECT`) and reads that went through it.
@@ -53,6 +60,12 @@ pub struct StepStats {
 }
 
 impl StepStats {
+    /// Bytes the guesses read that no expert computed from.
+    pub fn expert_guess_wasted_bytes(&self) -> u64 {
+        self.expert_guess_read_bytes
+            .saturating_sub(self.expert_guess_hit_bytes)
+    }
+
     /// Adds what `other` read.
     pub fn add(&mut self, other: &StepStats) {
         self.weight_bytes += other.weight_bytes;
@@ -60,6 +73,10 @@ impl StepStats {
         self.layer_read_bytes += other.layer_read_bytes;
         self.expert_cache_hits += other.expert_cache_hits;
         self.expert_cache_misses += other.expert_cache_misses;
+        self.expert_guessed += other.expert_guessed;
+        self.expert_guess_hits += other.expert_guess_hits;
+        self.expert_guess_hit_bytes += other.expert_guess_hit_bytes;
+        self.expert_guess_read_bytes += other.expert_guess_read_bytes;
         self.direct_reads += other.direct_reads;
         self.buffered_reads += other.buffered_reads;
         self.io_time += other.io_time;

@@ -313,6 +313,10 @@ impl<'a> Placement<'a> {
                 reads_in_flight: plan.reads_in_flight,
                 slots: plan.experts_per_token,
                 map,
+                guessed_layers: plan.guessed_layers,
+                guesses: Default::default(),
+                ended: Default::default(),
+                records: Default::default(),
             })),
         }
     }

@@ -3,7 +3,6 @@
 //! whether its experts were held or read just now.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::artifact::ArtifactError;
 use crate::blocks::mlp::{Activation, Mlp, MlpBiases};
@@ -394,22 +393,22 @@ impl StreamedExperts<'_> {
             return meanwhile(stats);
         }
         let stream = self.stream;
-        let (artifact, cache, reads_in_flight) =
-            (stream.artifact, &stream.cache, stream.reads_in_flight);
         let mut meanwhile = Some(meanwhile);
         let mut value = None;
         let mut meanwhile_stats = StepStats::default();
         let mut expert_stats = StepStats::default();
-        let mut waited_total = Duration::ZERO;
+        let settled = stream.settle_guess(self.layer, &users.order);
+        let mut waited_total = std::time::Duration::ZERO;
+        let mut guessed = settled.unwrap_or_default();
+        expert_stats.expert_guessed += guessed.guessed as u64;
         for chunk in users.order.chunks(stream.slots.max(1)) {
             let first = meanwhile.take();
             let (out, waited) = with_fetched(
-                artifact,
-                cache,
+                stream,
                 self.layer,
                 self.parts,
                 chunk,
-                reads_in_flight,
+                &mut guessed,
                 || first.map(|f| f(&mut meanwhile_stats)),
                 |i, expert, fetch| {
                     let e = chunk[i];
@@ -420,6 +419,10 @@ impl StreamedExperts<'_> {
                     match fetch.hit {
                         true => expert_stats.expert_cache_hits += 1,
                         false => expert_stats.expert_cache_misses += 1,
+                    }
+                    if fetch.guessed {
+                        expert_stats.expert_guess_hits += 1;
+                        expert_stats.expert_guess_hit_bytes += fetch.read_bytes;
                     }
                     let matrices = expert
                         .parts()

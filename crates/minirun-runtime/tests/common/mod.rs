@@ -163,6 +163,54 @@ pub fn assert_streams_as_planned(
     assert!(peak <= plan.cache_bytes + plan.slot_pool_bytes, "{case}");
 }
 
+/// Under `plan` with room for guesses (its cache holds at least two slot pools), a streamed run
+/// that reads each layer's experts ahead on a guess (one layer at a time, then two) gives
+/// `resident`'s logit bits, even where guesses were wrong, and counts what the guesses read:
+/// every guessed expert the router chose is a hit (read once, as a cache miss), and no more
+/// bytes were used than read. Without guesses none is counted.
+pub fn assert_guesses_keep_the_bits(
+    session: &minirun_runtime::session::Session,
+    plan: &minirun_runtime::plan::Plan,
+    experts: &minirun_runtime::model_weights::ModelWeights,
+    (prompt, steps): (&[u32], usize),
+    resident: &[u32],
+    label: &str,
+) {
+    let mut wrong = 0;
+    for layers in [1, 2, 0] {
+        let mut plan = plan.clone();
+        plan.guess_ahead(layers);
+        assert_eq!(
+            plan.guessed_layers, layers,
+            "{label}: room for {layers} guesses"
+        );
+        let model = session.planned_model(&plan, experts).unwrap();
+        let (bits, decode) = greedy_bits(&model, prompt, steps);
+        let case = format!("{label}, {layers} layers guessed");
+        assert!(bits == resident, "{case}: other logits than resident");
+        if layers == 0 {
+            assert_eq!(decode.expert_guessed, 0, "{case}");
+            assert_eq!(decode.expert_guess_read_bytes, 0, "{case}");
+            continue;
+        }
+        assert!(decode.expert_guess_hits > 0, "{case}: no guess was right");
+        assert!(decode.expert_guess_hits <= decode.expert_guessed, "{case}");
+        assert!(
+            decode.expert_guess_hits <= decode.expert_cache_misses,
+            "{case}"
+        );
+        assert!(
+            decode.expert_guess_hit_bytes <= decode.expert_guess_read_bytes,
+            "{case}: used more guessed bytes than were read"
+        );
+        wrong += decode.expert_guessed - decode.expert_guess_hits;
+    }
+    assert!(
+        wrong > 0,
+        "{label}: every guess was right, so none was shown harmless"
+    );
+}
+
 /// Steps `model` through `prompt` against an oracle's logits: every position within
 /// `tolerance` of `expected`, with the oracle's top-1 where `margins[position]` exceeds
 /// `margin`. Then the prompt prefilled at once must give the last position the stepped bits,

@@ -411,6 +411,38 @@ impl<'a> Layered<'a> for DeepSeekV4Model<'a> {
         self.run_layer(at, layer, tokens, streams, caches, stats)
     }
 
+    /// The layer's router on the row's streams as they are now, collapsed for its mixture of
+    /// experts; a hash layer's choice is the token's row of its table, exact.
+    fn guess_experts(
+        &self,
+        layer: &Layer<'_>,
+        i: usize,
+        tokens: &[u32],
+        streams: &Vec<Vec<f32>>,
+    ) -> Option<Vec<usize>> {
+        let c = &self.config;
+        let (stream, &token) = (streams.first()?, tokens.first()?);
+        let moe = &layer.moe;
+        let logits = match moe.correction_bias {
+            None => vec![0f32; c.n_routed_experts],
+            Some(_) => {
+                let mix = Mixing::of(&layer.ffn_hc, stream, c);
+                let x = rms_norm(&mix.collapsed, &layer.ffn_norm, c.rms_norm_eps);
+                let logits = apply_batch(&moe.router, &[x], &mut StepStats::default()).ok()?;
+                logits.into_iter().next()?
+            }
+        };
+        let routes = self
+            .route(&logits, i, token, moe.correction_bias.as_deref())
+            .ok()?;
+        Some(routes.into_iter().map(|(e, _)| e).collect())
+    }
+
+    /// A hash layer routes by the token alone.
+    fn guesses_exactly(&self, layer: &Layer<'_>, _i: usize) -> bool {
+        layer.moe.correction_bias.is_none()
+    }
+
     fn logits(
         &self,
         streams: &Vec<Vec<f32>>,

@@ -598,6 +598,26 @@ impl<'a> Layered<'a> for KimiK3Model<'a> {
         self.run_layer(layer, at, partials, blocks, caches, stats)
     }
 
+    /// The layer's router on the row's state as it is now, mixed and normed as for its mixture
+    /// of experts.
+    fn guess_experts(
+        &self,
+        layer: &Layer<'_>,
+        _i: usize,
+        _tokens: &[u32],
+        (partials, blocks): &Hidden,
+    ) -> Option<Vec<usize>> {
+        let FeedForward::Moe(moe) = &layer.ffn else {
+            return None;
+        };
+        let eps = self.config.rms_norm_eps;
+        let mixed = blocks.first()?.mix(partials.first()?, &layer.mlp_mix);
+        let x = rms_norm(&mixed, &layer.post_norm, eps);
+        let logits = apply_batch(&moe.router, &[x], &mut StepStats::default()).ok()?;
+        let routes = self.routing(moe).route(logits.first()?);
+        Some(routes.into_iter().map(|(e, _)| e).collect())
+    }
+
     fn logits(
         &self,
         (partials, blocks): &Hidden,
@@ -793,6 +813,20 @@ impl KimiK3Model<'_> {
         Ok(apply_batch(&w.o, &outs, stats)?)
     }
 
+    /// How `moe`'s router turns its logits into routes.
+    fn routing<'m>(&self, moe: &'m LatentMoe) -> Routing<'m> {
+        let c = &self.config;
+        Routing {
+            correction_bias: &moe.correction_bias,
+            experts_per_token: c.num_experts_per_token,
+            groups: c.num_expert_group,
+            groups_chosen: c.topk_group,
+            renormalize: c.moe_renormalize,
+            renormalize_eps: 1e-20,
+            scaling: c.routed_scaling_factor,
+        }
+    }
+
     /// The latent MoE for a chunk: routed experts on the down-projected rows, their weighted
     /// sum normed and projected back up, plus the shared experts on the full rows.
     fn moe(
@@ -802,15 +836,7 @@ impl KimiK3Model<'_> {
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         let c = &self.config;
-        let routing = Routing {
-            correction_bias: &moe.correction_bias,
-            experts_per_token: c.num_experts_per_token,
-            groups: c.num_expert_group,
-            groups_chosen: c.topk_group,
-            renormalize: c.moe_renormalize,
-            renormalize_eps: 1e-20,
-            scaling: c.routed_scaling_factor,
-        };
+        let routing = self.routing(moe);
         let routes: Vec<Vec<(usize, f32)>> = apply_batch(&moe.router, xs, stats)?
             .iter()
             .map(|logits| routing.route(logits))
