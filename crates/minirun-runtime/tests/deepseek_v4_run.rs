@@ -148,17 +148,9 @@ fn streams_with_the_resident_bits(dir: &Path, prompt: &[u32], steps: usize, laye
             "deepseek_v4",
         );
     }
-    assert_eq!(floor.guessed_layers, 0, "the floor has no room for a guess");
-    // Every layer's experts streamed, with a cache of two slot pools: room for two guesses.
-    let pools = 2 * floor.slot_pool_bytes;
-    let roomy = minirun_runtime::plan::Plan {
-        budget: experts_only.budget + pools,
-        cache_bytes: pools,
-        ..experts_only.clone()
-    };
     common::assert_guesses_keep_the_bits(
         &session,
-        &roomy,
+        (&floor, &experts_only),
         &experts,
         (prompt, steps),
         &resident_bits,

@@ -178,6 +178,14 @@ fn streamed_gpt_oss_has_the_resident_bits_and_reads_the_planned_bytes() {
                 &described,
             );
         }
+        common::assert_guesses_keep_the_bits(
+            &session,
+            (&floor, &experts_only),
+            &experts,
+            (prompt, STEPS),
+            &resident_bits,
+            &described,
+        );
     }
 }
 

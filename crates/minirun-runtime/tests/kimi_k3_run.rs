@@ -118,20 +118,9 @@ fn streams_with_the_resident_bits(variant: &str) {
             variant,
         );
     }
-    assert_eq!(
-        floor.guessed_layers, 0,
-        "{variant}: the floor has no room for a guess"
-    );
-    // Every layer's experts streamed, with a cache of two slot pools: room for two guesses.
-    let pools = 2 * floor.slot_pool_bytes;
-    let roomy = minirun_runtime::plan::Plan {
-        budget: experts_only.budget + pools,
-        cache_bytes: pools,
-        ..experts_only.clone()
-    };
     common::assert_guesses_keep_the_bits(
         &session,
-        &roomy,
+        (&floor, &experts_only),
         &experts,
         (&prompt, STEPS),
         &resident_bits,

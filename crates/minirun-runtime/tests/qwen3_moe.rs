@@ -156,6 +156,14 @@ fn streamed_qwen3_moe_has_the_resident_bits_and_reads_the_planned_bytes() {
                 &described,
             );
         }
+        common::assert_guesses_keep_the_bits(
+            &session,
+            (&floor, &experts_only),
+            &experts,
+            (prompt, STEPS),
+            &resident_bits,
+            &described,
+        );
     }
 }
 

@@ -108,6 +108,15 @@ pub(crate) fn top_k_softmax(logits: &[f32], k: usize) -> Vec<(usize, f32)> {
         .collect()
 }
 
+/// The experts of the first row's routes, in their order: what a guess reads ahead (see
+/// [`crate::guessed_experts`]); `None` when routing failed or there is no row.
+pub(crate) fn first_row_experts<E>(
+    routes: Result<Vec<Vec<(usize, f32)>>, E>,
+) -> Option<Vec<usize>> {
+    let first = routes.ok()?.into_iter().next()?;
+    Some(first.into_iter().map(|(e, _)| e).collect())
+}
+
 /// An expert's output for the `k`-th route of `row`: `((row, k), output)`.
 type SlotOutput = ((usize, usize), Vec<f32>);
 

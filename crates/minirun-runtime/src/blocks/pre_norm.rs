@@ -73,6 +73,18 @@ impl<'a, A, R> PreNormLayer<'a, A, R> {
     }
 }
 
+impl<A, R> PreNormLayer<'_, A, R> {
+    /// The layer's routed experts and the input its router would meet if the layer's
+    /// attention added nothing to `h`: `rms_norm(h)` by the post-attention norm. `None` on a
+    /// dense layer.
+    pub fn routed_input(&self, h: &[f32], eps: f32) -> Option<(&R, Vec<f32>)> {
+        match &self.ffn {
+            FeedForward::Routed(routed) => Some((routed, rms_norm(h, &self.post_norm, eps))),
+            FeedForward::Dense(_) => None,
+        }
+    }
+}
+
 /// The weights outside the layers: the token embedding, the final norm and the LM head (the
 /// embedding itself when the head is tied to it).
 pub struct Ends<'a> {
@@ -128,7 +140,8 @@ impl<'a> Ends<'a> {
 /// each such architecture's `impl Layered` as `pre_norm_layered!(Config, LayerCache)`. The model
 /// struct has `config` (with `num_hidden_layers` and `rms_norm_eps`) and `ends` ([`Ends`]); its
 /// module has `layer(w, config, i)` building a `Layer<'w>`; the model has `attend(attention,
-/// xs, layer, rows, caches, stats)`, and its routed block `forward(xs, config, stats)`.
+/// xs, layer, rows, caches, stats)`, and its routed block `forward(xs, config, stats)` and
+/// `routes(xs, config, stats)` (each row's experts and weights, in the router's order).
 macro_rules! pre_norm_layered {
     ($config:ty, $cache:ty) => {
         fn config(&self) -> &$config {
@@ -175,6 +188,21 @@ macro_rules! pre_norm_layered {
                 |moe, xs, stats| moe.forward(xs, c, stats),
                 stats,
             )
+        }
+
+        /// The layer's router on the row's state as it is now, normed as for the layer's
+        /// feed-forward.
+        fn guess_experts(
+            &self,
+            layer: &Layer<'_>,
+            _i: usize,
+            _tokens: &[u32],
+            hs: &Vec<Vec<f32>>,
+        ) -> Option<Vec<usize>> {
+            let c = &self.config;
+            let (routed, x) = layer.routed_input(hs.first()?, c.rms_norm_eps)?;
+            let routes = routed.routes(&[x], c, &mut $crate::step::StepStats::default());
+            $crate::blocks::moe::first_row_experts(routes)
         }
 
         fn logits(

@@ -163,19 +163,31 @@ pub fn assert_streams_as_planned(
     assert!(peak <= plan.cache_bytes + plan.slot_pool_bytes, "{case}");
 }
 
-/// Under `plan` with room for guesses (its cache holds at least two slot pools), a streamed run
-/// that reads each layer's experts ahead on a guess (one layer at a time, then two) gives
-/// `resident`'s logit bits, even where guesses were wrong, and counts what the guesses read:
-/// every guessed expert the router chose is a hit (read once, as a cache miss), and no more
-/// bytes were used than read. Without guesses none is counted.
+/// At the floor no expert is guessed (its budget has no room for a guess's slot pool). With
+/// every layer's experts streamed and a cache of two slot pools (`experts_only`, the
+/// deterministic floor's plan, given that cache), a run that reads each layer's experts ahead
+/// on a guess (one layer at a time, then two) gives `resident`'s logit bits, even where guesses
+/// were wrong, and counts what the guesses read: every guessed expert the router chose is a hit
+/// (read once, as a cache miss), and no more bytes were used than read. Without guesses none is
+/// counted.
 pub fn assert_guesses_keep_the_bits(
     session: &minirun_runtime::session::Session,
-    plan: &minirun_runtime::plan::Plan,
+    (floor, experts_only): (&minirun_runtime::plan::Plan, &minirun_runtime::plan::Plan),
     experts: &minirun_runtime::model_weights::ModelWeights,
     (prompt, steps): (&[u32], usize),
     resident: &[u32],
     label: &str,
 ) {
+    assert_eq!(
+        floor.guessed_layers, 0,
+        "{label}: the floor has no room for a guess"
+    );
+    let pools = 2 * experts_only.slot_pool_bytes;
+    let plan = minirun_runtime::plan::Plan {
+        budget: experts_only.budget + pools,
+        cache_bytes: experts_only.cache_bytes + pools,
+        ..experts_only.clone()
+    };
     let mut wrong = 0;
     for layers in [1, 2, 0] {
         let mut plan = plan.clone();

@@ -158,10 +158,7 @@ impl Moe<'_> {
         c: &DeepSeekV3Config,
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        let routes: Vec<Vec<(usize, f32)>> = apply_batch(&self.router, xs, stats)?
-            .iter()
-            .map(|logits| self.route(logits, c))
-            .collect();
+        let routes = self.routes(xs, c, stats)?;
         let shared = |stats: &mut StepStats| -> Result<Option<Vec<Vec<f32>>>, ModelError> {
             Ok(self
                 .shared
@@ -175,6 +172,19 @@ impl Moe<'_> {
             add_rows(&mut ys, &shared);
         }
         Ok(ys)
+    }
+
+    /// Each row's experts and weights, in the router's order.
+    fn routes(
+        &self,
+        xs: &[Vec<f32>],
+        c: &DeepSeekV3Config,
+        stats: &mut StepStats,
+    ) -> Result<Vec<Vec<(usize, f32)>>, ModelError> {
+        Ok(apply_batch(&self.router, xs, stats)?
+            .iter()
+            .map(|logits| self.route(logits, c))
+            .collect())
     }
 }
 

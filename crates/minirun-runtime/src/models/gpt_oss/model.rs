@@ -188,14 +188,24 @@ impl SparseMoe<'_> {
         c: &GptOssConfig,
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        let routes: Vec<Vec<(usize, f32)>> = self
+        let routes = self.routes(xs, c, stats)?;
+        let (outputs, ()) = run_routed(&self.experts, &routes, xs, |_| Ok(()), stats)?;
+        Ok(weighted_sum(&routes, &outputs, c.hidden_size))
+    }
+
+    /// Each row's experts and weights, in the router's order.
+    fn routes(
+        &self,
+        xs: &[Vec<f32>],
+        c: &GptOssConfig,
+        stats: &mut StepStats,
+    ) -> Result<Vec<Vec<(usize, f32)>>, ModelError> {
+        Ok(self
             .router
             .apply(xs, stats)?
             .iter()
             .map(|logits| top_k_softmax(logits, c.num_experts_per_tok))
-            .collect();
-        let (outputs, ()) = run_routed(&self.experts, &routes, xs, |_| Ok(()), stats)?;
-        Ok(weighted_sum(&routes, &outputs, c.hidden_size))
+            .collect())
     }
 }
 

@@ -111,12 +111,22 @@ impl SparseMoe<'_> {
         c: &Qwen3MoeConfig,
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        let routes: Vec<Vec<(usize, f32)>> = apply_batch(&self.router, xs, stats)?
-            .iter()
-            .map(|logits| softmax_top_k(logits, c.num_experts_per_tok, c.norm_topk_prob))
-            .collect();
+        let routes = self.routes(xs, c, stats)?;
         let (outputs, ()) = run_routed(&self.experts, &routes, xs, |_| Ok(()), stats)?;
         Ok(weighted_sum(&routes, &outputs, c.hidden_size))
+    }
+
+    /// Each row's experts and weights, in the router's order.
+    fn routes(
+        &self,
+        xs: &[Vec<f32>],
+        c: &Qwen3MoeConfig,
+        stats: &mut StepStats,
+    ) -> Result<Vec<Vec<(usize, f32)>>, ModelError> {
+        Ok(apply_batch(&self.router, xs, stats)?
+            .iter()
+            .map(|logits| softmax_top_k(logits, c.num_experts_per_tok, c.norm_topk_prob))
+            .collect())
     }
 }
 
