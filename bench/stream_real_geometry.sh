@@ -23,7 +23,9 @@
 #     `minirun bench storage` over its queue depths, before the runs and after them; the runs
 #     read at the best depth;
 #   - minirun run at --budget floor and at --budget balanced (halfway from the floor to
-#     everything resident), and at the floor unverified (every tile hashed as it is read), each
+#     everything resident), there again with no expert read ahead on a guess (--guessed-layers 0,
+#     right after the guessing run), and at the floor unverified (every tile hashed as it is
+#     read), each
 #     inside a memory cgroup of its budget + 192 MiB, the page cache of the artifact dropped
 #     first: time per token, bytes read per token (routed experts and streamed layers), the
 #     device's bytes read (/proc/diskstats), and the ratio of time per token to the limit the
@@ -47,9 +49,13 @@
 # is made, 20 GB after; K3 about 2 x 24 GB, then 24 GB. The cgroups need root and a writable
 # memory controller; without them the script says so and runs without a limit.
 #
-#   bench/stream_real_geometry.sh [--geometry v4-flash|k3|all] [--layers N] [--tokens T] [--json]
+#   bench/stream_real_geometry.sh [--geometry v4-flash|k3|all] [--layers N] [--tokens T]
+#                                 [--reads-in-flight D] [--json]
 #
-# --layers applies to one geometry (--geometry v4-flash or k3). --json ends the output with one
+# --layers applies to one geometry (--geometry v4-flash or k3). --reads-in-flight runs at D reads
+# in flight instead of the depth `minirun bench storage` found fastest before the runs (on a
+# virtual disk whose rate drifts, depths within a few percent of each other trade places from
+# one measurement to the next). --json ends the output with one
 # line {"rows": [...]}: a row per geometry and budget with geometry, budget, layers, s_per_token,
 # bytes_per_token, read_bandwidth (bytes/s, the device's best), ratio_to_limit (s_per_token /
 # (bytes_per_token / read_bandwidth)), verified, bits_equal_resident (null where no run with
@@ -57,18 +63,24 @@
 # extrapolation, read_wait_s_per_token (the time a token waited for reads), and ratio_to_bound:
 # s_per_token over the larger of the read limit and all_in_memory_s_per_token (the same tokens
 # with every weight in memory), with bound naming which is larger ("reads" or "compute"): where
-# computing a token takes longer than reading its bytes, no streaming reaches the read limit.
+# computing a token takes longer than reading its bytes, no streaming reaches the read limit;
+# and run (floor, balanced, balanced-unguessed, floor-unverified), guessed_layers (the plan's),
+# guessed_experts, guess_hit_rate (the share of guessed experts the router chose; null where
+# none was guessed) and guess_wasted_bytes_per_token (what the guesses read that no expert
+# computed from).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 GEOMETRY=all
 LAYERS_ASKED=""
 TOKENS=8
+DEPTH_ASKED=""
 JSON=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --geometry) GEOMETRY="$2"; shift 2 ;;
     --layers) LAYERS_ASKED="$2"; shift 2 ;;
     --tokens) TOKENS="$2"; shift 2 ;;
+    --reads-in-flight) DEPTH_ASKED="$2"; shift 2 ;;
     --json) JSON=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -243,14 +255,22 @@ measure_geometry() {
   measure_device before
   local depth budget bytes run extra
   depth=$(python3 -c "import json; d = json.load(open('$RUNS/storage-before.json'))['depths']; print(max(d, key=lambda r: r['gb_per_second'])['queue_depth'])")
-  echo "reads in flight for the runs: $depth"
+  if [ -n "$DEPTH_ASKED" ]; then
+    echo "reads in flight for the runs: $DEPTH_ASKED (--reads-in-flight; the storage's best: $depth)"
+    depth=$DEPTH_ASKED
+  else
+    echo "reads in flight for the runs: $depth"
+  fi
   RUN=("$MINIRUN" run "$ART" --prompt "$PROMPT" --max-tokens "$TOKENS" --ignore-eos --json
        --reads-in-flight "$depth")
   resident_run
-  for run in floor balanced floor-unverified; do
-    budget=${run%-unverified}
+  for run in floor balanced balanced-unguessed floor-unverified; do
+    budget=${run%-*}
     extra=()
-    [ "$run" = "$budget" ] || extra=(--unverified)
+    case "$run" in
+      *-unverified) extra=(--unverified) ;;
+      *-unguessed) extra=(--guessed-layers 0) ;;
+    esac
     bytes=$("$MINIRUN" run "$ART" --prompt "$PROMPT" --max-tokens 1 --json --budget "$budget" \
       | python3 -c "import json, sys; print(json.load(sys.stdin)['plan']['budget'])")
     echo "== minirun run --budget $budget ${extra[*]} ($((bytes >> 20)) MiB)"
@@ -282,8 +302,8 @@ rows = []
 print("\n| geometry | budget | layers | s/token | bytes/token (experts + layers) | expert bytes/token vs the reference's | "
       "limit s/token (bytes / bandwidth) | ratio to limit | waiting for reads s/token | ratio to max(limit, all in memory) | "
       "projected reads s/token (measured / projected) | device read | "
-      "s/token at the model's layers (extrapolated) | bits = all in memory |")
-print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+      "s/token at the model's layers (extrapolated) | guessed experts: right, wasted/token | bits = all in memory |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 notes = []
 for geometry in geometries:
     runs = f"{work}/{geometry}-runs"
@@ -301,9 +321,9 @@ for geometry in geometries:
                  f"(minirun bench storage {best['gb_per_second']:.2f} GB/s at depth {best['queue_depth']}, "
                  f"dd iflag=direct {dd_bps/1e9:.2f} GB/s); every weight in memory ({check}): "
                  f"{1e3/resident['tokens_per_second']:.0f} ms/token")
-    for run in ("floor", "balanced", "floor-unverified"):
+    for run in ("floor", "balanced", "balanced-unguessed", "floor-unverified"):
         r = load(f"run-{run}")
-        budget = run.removesuffix("-unverified")
+        budget = run.split("-")[0]
         steps = max(r["decode_steps"], 1)
         s_token = 1 / r["tokens_per_second"]
         bytes_token = r["expert_read_bytes_per_token"] + r["layer_read_bytes_per_token"]
@@ -336,15 +356,22 @@ for geometry in geometries:
             "tokens": r["decode_steps"], "verified": r["verified"], "bits_equal_resident": equal,
             "resident_check": check,
             "projected_read_s_per_token": r.get("projected_read_seconds_per_token"),
+            "run": run, "guessed_layers": r["plan"]["guessed_layers"],
+            "guessed_experts": r["expert_guessed"],
+            "guess_hit_rate": r["expert_guess_hits"] / r["expert_guessed"] if r["expert_guessed"] else None,
+            "guess_wasted_bytes_per_token": r["expert_guess_wasted_bytes"] / steps,
         }
         rows.append(row)
         ratio = f"{row['ratio_to_limit']:.2f}x" if limit else "n/a"
         projected = row["projected_read_s_per_token"]
         projection = f"{projected:.3f} ({s_token / projected:.2f}x)" if projected else "none"
-        print(f"| {geometry} | {budget} ({r['plan']['budget']/mib:.0f} MiB){'' if r['verified'] else ', unverified'} | {layers} | {s_token:.3f} | "
+        guesses = (f"{row['guess_hit_rate']:.0%}, {row['guess_wasted_bytes_per_token']/mib:.1f} MiB"
+                   if row["guess_hit_rate"] is not None else f"none ({row['guessed_layers']} layers guessed)")
+        label = {"floor-unverified": ", unverified", "balanced-unguessed": ", --guessed-layers 0"}.get(run, "")
+        print(f"| {geometry} | {budget} ({r['plan']['budget']/mib:.0f} MiB){label} | {layers} | {s_token:.3f} | "
               f"{bytes_token/mib:.1f} MiB | {r['expert_read_bytes_per_token']/reference:.4f} | {limit:.3f} | {ratio} | {waiting:.3f} | "
               f"{row['ratio_to_bound']:.2f}x ({row['bound']}) | {projection} | "
-              f"{device/mib:.0f} MiB | {f'{s_model:.2f}' if s_model is not None else 'n/a (layers held)'} | {equal} |")
+              f"{device/mib:.0f} MiB | {f'{s_model:.2f}' if s_model is not None else 'n/a (layers held)'} | {guesses} | {equal} |")
 print()
 for note in notes:
     print(note)

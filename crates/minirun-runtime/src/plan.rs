@@ -45,8 +45,8 @@ pub const DEFAULT_READS_IN_FLIGHT: usize = 8;
 /// Streamed MoE layers a plan lets a decode step guess ahead at once unless the caller says
 /// otherwise (`--guessed-layers`), and the most it lets: see [`Plan::guess_ahead`]. One, the
 /// layer about to run, guessed before its attention: on V4 Flash's geometry two (the next
-/// layer's experts guessed a layer earlier too) chose the right experts less often and read
-/// more for nothing than they saved (docs/runtime.md).
+/// layer's experts guessed a layer earlier too) chose the right experts less often and were no
+/// faster, for a second slot pool taken from the cache (docs/runtime.md).
 pub const GUESSED_LAYERS: usize = 1;
 pub const MAX_GUESSED_LAYERS: usize = 2;
 

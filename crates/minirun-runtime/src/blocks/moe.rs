@@ -195,6 +195,19 @@ pub(crate) fn weighted_sum(
     sums
 }
 
+/// Every row of `xs` through the experts its route chose, their outputs weighted and summed
+/// in the route's order (`width` wide): a routed block with nothing beside its experts.
+pub(crate) fn routed_sum(
+    experts: &RoutedExperts,
+    routes: &[Vec<(usize, f32)>],
+    xs: &[Vec<f32>],
+    width: usize,
+    stats: &mut StepStats,
+) -> Result<Vec<Vec<f32>>, ModelError> {
+    let (outputs, ()) = run_routed(experts, routes, xs, |_| Ok(()), stats)?;
+    Ok(weighted_sum(routes, &outputs, width))
+}
+
 /// A layer's routed experts: held, or read when the router picks them.
 pub enum RoutedExperts<'a> {
     Resident(Vec<Mlp<'a>>),

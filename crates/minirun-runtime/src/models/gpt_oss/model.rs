@@ -13,7 +13,7 @@ use std::sync::Arc;
 use crate::artifact::ArtifactError;
 use crate::blocks::grouped_attention::{GroupedDims, KvCache, Span, attend_head_over};
 use crate::blocks::mlp::{Activation, MlpBiases, deinterleave};
-use crate::blocks::moe::{RoutedExperts, run_routed, top_k_softmax, weighted_sum};
+use crate::blocks::moe::{RoutedExperts, routed_sum, top_k_softmax};
 use crate::blocks::pre_norm::{Ends, FeedForward, PreNormLayer, pre_norm_layered};
 use crate::blocks::products::apply_batch;
 use crate::blocks::rope::Rope;
@@ -189,8 +189,7 @@ impl SparseMoe<'_> {
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         let routes = self.routes(xs, c, stats)?;
-        let (outputs, ()) = run_routed(&self.experts, &routes, xs, |_| Ok(()), stats)?;
-        Ok(weighted_sum(&routes, &outputs, c.hidden_size))
+        routed_sum(&self.experts, &routes, xs, c.hidden_size, stats)
     }
 
     /// Each row's experts and weights, in the router's order.

@@ -9,7 +9,7 @@
 use crate::artifact::ArtifactError;
 use crate::blocks::grouped_attention::{GroupedDims, KvCache, attend_head};
 use crate::blocks::mlp::{Activation, Mlp};
-use crate::blocks::moe::{RoutedExperts, run_routed, softmax_top_k, weighted_sum};
+use crate::blocks::moe::{RoutedExperts, routed_sum, softmax_top_k};
 use crate::blocks::norm::rms_norm;
 use crate::blocks::pre_norm::{Ends, FeedForward, PreNormLayer, pre_norm_layered};
 use crate::blocks::products::apply_batch;
@@ -112,8 +112,7 @@ impl SparseMoe<'_> {
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         let routes = self.routes(xs, c, stats)?;
-        let (outputs, ()) = run_routed(&self.experts, &routes, xs, |_| Ok(()), stats)?;
-        Ok(weighted_sum(&routes, &outputs, c.hidden_size))
+        routed_sum(&self.experts, &routes, xs, c.hidden_size, stats)
     }
 
     /// Each row's experts and weights, in the router's order.
