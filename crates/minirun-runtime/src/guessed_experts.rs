@@ -209,9 +209,20 @@ mod tests {
     }
 
     #[test]
+    fn the_warm_up_ends_at_sixteen_guessed_experts() {
+        let mut record = GuessRecord::default();
+        record.settled(15, 0);
+        assert!(record.worth_guessing(), "still warming up");
+        record.settled(1, 0);
+        assert!(!record.worth_guessing(), "16 guessed, none right");
+    }
+
+    #[test]
     fn a_layer_whose_guesses_got_better_is_guessed_again() {
         let mut record = GuessRecord::default();
-        guessed_steps(&mut record, 40, 6, 1);
+        // Long enough that, were old steps never to count less, a hundred right probes would
+        // not lift the rate back.
+        guessed_steps(&mut record, 400, 6, 1);
         // Right probes pull the rate back above two in three: then every step is guessed.
         let (mut steps, mut in_a_row) = (0, 0);
         while in_a_row < 16 {
@@ -225,6 +236,10 @@ mod tests {
         assert!(
             steps > 16 + GuessRecord::PROBE_EVERY as usize,
             "{steps} steps: no probing first"
+        );
+        assert!(
+            steps < 200,
+            "{steps} steps: the old steps still weigh as much as the new"
         );
     }
 }
