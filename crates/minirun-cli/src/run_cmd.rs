@@ -298,6 +298,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             "expert_cache_hits": io.expert_cache_hits,
             "expert_cache_misses": io.expert_cache_misses,
             "expert_guessed": io.expert_guessed,
+            "expert_guess_right": io.expert_guess_right,
             "expert_guess_hits": io.expert_guess_hits,
             "expert_guess_read_bytes": io.expert_guess_read_bytes,
             "expert_guess_wasted_bytes": io.expert_guess_wasted_bytes(),

@@ -37,9 +37,11 @@ pub struct StepStats {
     pub expert_cache_hits: u64,
     pub expert_cache_misses: u64,
     /// Experts read ahead on a guess of a router's choice (see [`crate::guessed_experts`]),
-    /// those of them the router chose and that were read whole in time (each also a cache
-    /// miss, its bytes in `expert_read_bytes`) and their bytes, and every byte the guesses read.
+    /// those of them the router chose, those of these computed from the guess's read (each also
+    /// a cache miss, its bytes in `expert_read_bytes`; all of the chosen unless a read failed)
+    /// and their bytes, and every byte the guesses read.
     pub expert_guessed: u64,
+    pub expert_guess_right: u64,
     pub expert_guess_hits: u64,
     pub expert_guess_hit_bytes: u64,
     pub expert_guess_read_bytes: u64,
@@ -74,6 +76,7 @@ impl StepStats {
         self.expert_cache_hits += other.expert_cache_hits;
         self.expert_cache_misses += other.expert_cache_misses;
         self.expert_guessed += other.expert_guessed;
+        self.expert_guess_right += other.expert_guess_right;
         self.expert_guess_hits += other.expert_guess_hits;
         self.expert_guess_hit_bytes += other.expert_guess_hit_bytes;
         self.expert_guess_read_bytes += other.expert_guess_read_bytes;

@@ -423,6 +423,7 @@ impl StreamedExperts<'_> {
         let mut waited_total = std::time::Duration::ZERO;
         let mut guessed = settled.unwrap_or_default();
         expert_stats.expert_guessed += guessed.guessed as u64;
+        expert_stats.expert_guess_right += guessed.right as u64;
         for chunk in users.order.chunks(stream.slots.max(1)) {
             let first = meanwhile.take();
             let (out, waited) = with_fetched(

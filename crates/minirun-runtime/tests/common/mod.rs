@@ -164,12 +164,13 @@ pub fn assert_streams_as_planned(
 }
 
 /// At the floor no expert is guessed (its budget has no room for a guess's slot pool). With
-/// every layer's experts streamed and a cache of two slot pools (`experts_only`, the
-/// deterministic floor's plan, given that cache), a run that reads each layer's experts ahead
-/// on a guess (one layer at a time, then two) gives `resident`'s logit bits, even where guesses
-/// were wrong, and counts what the guesses read: every guessed expert the router chose is a hit
-/// (read once, as a cache miss), and no more bytes were used than read. Without guesses none is
-/// counted.
+/// every layer's experts streamed and a cache of two slot pools for guesses and one more for
+/// each layer's cached experts (`experts_only`, the deterministic floor's plan, given that
+/// cache), a run that reads each layer's experts ahead on a guess (one layer at a time, then
+/// two) gives `resident`'s logit bits, even where guesses were wrong, and counts what the
+/// guesses read: every guessed expert the router chose is a hit (read once, as a cache miss;
+/// none the cache held is guessed), and no more bytes were used than read. Without guesses
+/// none is counted, and a prefill (many rows a step) guesses nothing.
 pub fn assert_guesses_keep_the_bits(
     session: &minirun_runtime::session::Session,
     (floor, experts_only): (&minirun_runtime::plan::Plan, &minirun_runtime::plan::Plan),
@@ -178,11 +179,13 @@ pub fn assert_guesses_keep_the_bits(
     resident: &[u32],
     label: &str,
 ) {
+    use minirun_runtime::decoder::Decoder;
+    use minirun_runtime::step::StepStats;
     assert_eq!(
         floor.guessed_layers, 0,
         "{label}: the floor has no room for a guess"
     );
-    let pools = 2 * experts_only.slot_pool_bytes;
+    let pools = (2 + experts_only.moe_layers as u64) * experts_only.slot_pool_bytes;
     let plan = minirun_runtime::plan::Plan {
         budget: experts_only.budget + pools,
         cache_bytes: experts_only.cache_bytes + pools,
@@ -197,8 +200,16 @@ pub fn assert_guesses_keep_the_bits(
             "{label}: room for {layers} guesses"
         );
         let model = session.planned_model(&plan, experts).unwrap();
-        let (bits, decode) = greedy_bits(&model, prompt, steps);
         let case = format!("{label}, {layers} layers guessed");
+        let mut prefill = StepStats::default();
+        model
+            .prefill(prompt, &mut model.new_cache(), &mut prefill)
+            .unwrap();
+        assert_eq!(
+            prefill.expert_guessed, 0,
+            "{case}: a prefill's rows guessed"
+        );
+        let (bits, decode) = greedy_bits(&model, prompt, steps);
         assert!(bits == resident, "{case}: other logits than resident");
         if layers == 0 {
             assert_eq!(decode.expert_guessed, 0, "{case}");
@@ -206,6 +217,13 @@ pub fn assert_guesses_keep_the_bits(
             continue;
         }
         assert!(decode.expert_guess_hits > 0, "{case}: no guess was right");
+        // Every guessed expert the router chose was computed from the guess's read (none
+        // failed), whether it was whole when the router chose or still arriving; none the cache
+        // held was guessed.
+        assert_eq!(
+            decode.expert_guess_hits, decode.expert_guess_right,
+            "{case}"
+        );
         assert!(decode.expert_guess_hits <= decode.expert_guessed, "{case}");
         assert!(
             decode.expert_guess_hits <= decode.expert_cache_misses,
@@ -214,6 +232,10 @@ pub fn assert_guesses_keep_the_bits(
         assert!(
             decode.expert_guess_hit_bytes <= decode.expert_guess_read_bytes,
             "{case}: used more guessed bytes than were read"
+        );
+        assert!(
+            decode.expert_cache_hits > 0,
+            "{case}: the cache held nothing"
         );
         wrong += decode.expert_guessed - decode.expert_guess_hits;
     }
