@@ -17,6 +17,7 @@ pub mod decode_policy;
 pub mod decoder;
 pub mod expert_stream;
 pub mod experts;
+pub mod fetched_experts;
 pub mod generate;
 pub mod guessed_experts;
 pub mod layer_stream;
