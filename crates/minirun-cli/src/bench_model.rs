@@ -42,6 +42,8 @@ pub struct ModelArgs {
     /// resident, refused if that is more than the memory available).
     #[arg(long, value_name = "BYTES|PRESET")]
     budget: Option<Budget>,
+    #[command(flatten)]
+    reads: crate::expert_reads::ExpertReads,
     /// Run without verification evidence (the report says so).
     #[arg(long)]
     unverified: bool,
@@ -80,12 +82,8 @@ pub fn run(args: &ModelArgs) -> Result<ExitCode> {
     let mut session = Session::open(&args.artifact, trust)?;
     session.artifact.set_activations(args.activations.into());
     let context = args.prompt_tokens.max(args.tokens);
-    let (plan, experts) = crate::run_cmd::planned_within_memory(
-        &session,
-        args.budget,
-        context,
-        minirun_runtime::plan::DEFAULT_READS_IN_FLIGHT as u16,
-    )?;
+    let (plan, experts) =
+        crate::run_cmd::planned_within_memory(&session, args.budget, context, args.reads)?;
     let model = session.planned_model(&plan, &experts)?;
     let most = model.max_positions();
     if context > most {

@@ -3,6 +3,7 @@
 mod bench_cmd;
 mod bench_model;
 mod container_info;
+mod expert_reads;
 mod hub_cmd;
 mod info;
 mod pack_cmd;

@@ -66,19 +66,8 @@ pub struct RunArgs {
     /// Default: generous, refused if that is more than the memory available.
     #[arg(long, value_name = "BYTES|PRESET")]
     budget: Option<Budget>,
-    /// Expert reads in flight at once in a streamed run (1-64). `minirun bench storage DIR`
-    /// shows the queue depth where the storage is fastest.
-    #[arg(long, value_name = "N", default_value_t = minirun_runtime::plan::DEFAULT_READS_IN_FLIGHT as u16,
-          value_parser = clap::value_parser!(u16).range(1..=64))]
-    reads_in_flight: u16,
-    /// Streamed MoE layers whose experts a decode step may read ahead on a guess at once
-    /// (0-2): their routers applied to the row's state a layer or two early, the guessed
-    /// experts read while the layers before them compute. A wrong guess costs its read, never
-    /// a result. 2 needs a second slot pool, taken from the expert cache where the budget
-    /// holds one (else 1). 0 reads only what a router chose.
-    #[arg(long, value_name = "N", default_value_t = minirun_runtime::plan::GUESSED_LAYERS as u8,
-          value_parser = clap::value_parser!(u8).range(0..=2))]
-    guessed_layers: u8,
+    #[command(flatten)]
+    reads: crate::expert_reads::ExpertReads,
     /// Arithmetic of the products: f32 (exact: every weight decoded to f32) or int8 (affine
     /// 4- and 8-bit and MXFP4 matrices take their input quantized to 8 bits per group and sum
     /// in integers: faster, deterministic, not the f32 path's bits; other formats stay f32).
@@ -102,22 +91,20 @@ fn plan(
     prompt_tokens: usize,
 ) -> Result<(Plan, minirun_runtime::model_weights::ModelWeights)> {
     let context = prompt_tokens + args.max_tokens;
-    let (mut plan, weights) =
-        planned_within_memory(session, args.budget, context, args.reads_in_flight)?;
-    plan.guess_ahead(usize::from(args.guessed_layers));
-    Ok((plan, weights))
+    planned_within_memory(session, args.budget, context, args.reads)
 }
 
 /// The plan for `budget` (generous when not given, refused if that is more than the memory
-/// available: `Session::plan_within`) and a cache of `context_tokens`.
+/// available: `Session::plan_within`) and a cache of `context_tokens`, reading experts as
+/// `reads` says.
 pub(crate) fn planned_within_memory(
     session: &Session,
     budget: Option<Budget>,
     context_tokens: usize,
-    reads_in_flight: u16,
+    reads: crate::expert_reads::ExpertReads,
 ) -> Result<(Plan, minirun_runtime::model_weights::ModelWeights)> {
     let (mut plan, weights) = session.plan_within(budget, context_tokens, available_memory())?;
-    plan.reads_in_flight = usize::from(reads_in_flight);
+    reads.apply(&mut plan);
     Ok((plan, weights))
 }
 

@@ -57,10 +57,8 @@ pub struct ServeArgs {
     /// max_position_embeddings when smaller.
     #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u32).range(1..))]
     context: Option<u32>,
-    /// Expert reads in flight at once in a streamed run (1-64).
-    #[arg(long, value_name = "N", default_value_t = minirun_runtime::plan::DEFAULT_READS_IN_FLIGHT as u16,
-          value_parser = clap::value_parser!(u16).range(1..=64))]
-    reads_in_flight: u16,
+    #[command(flatten)]
+    reads: crate::expert_reads::ExpertReads,
     /// Serve without verification evidence (the startup lines and /v1/models say so).
     #[arg(long)]
     unverified: bool,
@@ -171,7 +169,7 @@ fn spawn_engine(
         true => Trust::Unverified,
         false => Trust::Verified(minirun_store::SealKey::existing_for_user()?),
     };
-    let (budget, reads_in_flight) = (args.budget, args.reads_in_flight);
+    let (budget, reads) = (args.budget, args.reads);
     let shown_artifact = crate::shown(&args.artifact);
     let (max_concurrent, context) = (usize::from(args.max_concurrent), args.context);
     std::thread::Builder::new()
@@ -190,7 +188,7 @@ fn spawn_engine(
                 let built = plan_and_build(
                     &session,
                     budget,
-                    reads_in_flight,
+                    reads,
                     context,
                     max_concurrent,
                     max_positions,
@@ -239,7 +237,7 @@ fn spawn_engine(
 fn plan_and_build<'s>(
     session: &'s Session,
     budget: Option<Budget>,
-    reads_in_flight: u16,
+    reads: crate::expert_reads::ExpertReads,
     context: usize,
     max_concurrent: usize,
     max_positions: usize,
@@ -258,7 +256,7 @@ fn plan_and_build<'s>(
         session,
         budget,
         context.saturating_mul(max_concurrent),
-        reads_in_flight,
+        reads,
     )?;
     let model = session.planned_model(&plan, &experts)?;
     let mut lines = session.header();
