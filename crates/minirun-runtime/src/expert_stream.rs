@@ -2,12 +2,11 @@
 //! experts, how many reads may be in flight, where each streamed layer's experts are, and the
 //! reads started ahead on a guess of a layer's choice.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::thread::Scope;
 
 use crate::artifact::Artifact;
-use crate::experts::ExpertCache;
-use crate::experts::ReadControl;
+use crate::experts::{ExpertCache, ReadControl};
 use crate::guessed_experts::{Guess, GuessRecord, Settled};
 use crate::model_weights::ExpertMap;
 
@@ -24,11 +23,27 @@ pub struct ExpertStream<'a> {
     /// Streamed layers whose experts may be read ahead on a guess at once (the plan's
     /// `guessed_layers`): each takes at most one slot pool.
     pub(crate) guessed_layers: usize,
-    pub(crate) guesses: Mutex<Vec<Guess>>,
-    /// Per layer, how often its guesses were right lately.
-    pub(crate) records: Mutex<Vec<GuessRecord>>,
+    pub(crate) guessing: Mutex<Guessing>,
+}
+
+/// The guesses of a streamed run.
+#[derive(Default)]
+pub(crate) struct Guessing {
+    /// Guesses whose layer has not run yet.
+    open: Vec<Guess>,
     /// The step's guesses that ended, for the bytes they read once their reads are done.
-    pub(crate) ended: Mutex<Vec<std::sync::Arc<ReadControl>>>,
+    ended: Vec<Arc<ReadControl>>,
+    /// Per layer, how often its guesses were right lately.
+    records: Vec<GuessRecord>,
+}
+
+impl Guessing {
+    fn record(&mut self, layer: usize) -> &mut GuessRecord {
+        if self.records.len() <= layer {
+            self.records.resize(layer + 1, GuessRecord::default());
+        }
+        &mut self.records[layer]
+    }
 }
 
 impl<'a> ExpertStream<'a> {
@@ -52,18 +67,14 @@ impl<'a> ExpertStream<'a> {
     /// Whether `layer`'s guesses are right often enough to guess it this step (see
     /// [`GuessRecord`]); asked once a step.
     pub(crate) fn worth_guessing(&self, layer: usize) -> bool {
-        let Ok(mut records) = self.records.lock() else {
-            return false;
-        };
-        if records.len() <= layer {
-            records.resize(layer + 1, GuessRecord::default());
-        }
-        records[layer].worth_guessing()
+        self.guessing
+            .lock()
+            .is_ok_and(|mut g| g.record(layer).worth_guessing())
     }
 
     /// Guesses whose layer has not run yet.
     pub(crate) fn outstanding_guesses(&self) -> usize {
-        self.guesses.lock().map(|g| g.len()).unwrap_or(0)
+        self.guessing.lock().map_or(0, |g| g.open.len())
     }
 
     /// Starts reading `experts` of `layer` (most likely first) on threads of `scope`, leaving
@@ -92,51 +103,36 @@ impl<'a> ExpertStream<'a> {
             parts,
             self.reads_in_flight,
         );
-        if let Ok(mut guesses) = self.guesses.lock() {
-            guesses.push(guess);
+        if let Ok(mut g) = self.guessing.lock() {
+            g.open.push(guess);
         }
     }
 
     /// The guess for `layer`, settled once its router chose `chosen` (see [`Guess::settle`]);
     /// `None` when there was none.
     pub(crate) fn settle_guess(&self, layer: usize, chosen: &[usize]) -> Option<Settled> {
-        let guess = {
-            let mut guesses = self.guesses.lock().ok()?;
-            let at = guesses.iter().position(|g| g.layer == layer)?;
-            guesses.swap_remove(at)
-        };
-        let (settled, control) = guess.settle(chosen);
-        if let Ok(mut records) = self.records.lock() {
-            if records.len() <= layer {
-                records.resize(layer + 1, GuessRecord::default());
-            }
-            records[layer].settled(settled.guessed, settled.right);
-        }
-        if let Ok(mut ended) = self.ended.lock() {
-            ended.push(control);
-        }
+        let mut g = self.guessing.lock().ok()?;
+        let at = g.open.iter().position(|guess| guess.layer == layer)?;
+        let (settled, control) = g.open.swap_remove(at).settle(chosen);
+        g.record(layer).settled(settled.guessed, settled.right);
+        g.ended.push(control);
         Some(settled)
     }
 
     /// Stops every guess no layer took (a step that ended early).
     pub(crate) fn stop_guesses(&self) {
-        let Ok(mut guesses) = self.guesses.lock() else {
-            return;
-        };
-        for guess in guesses.drain(..) {
-            let (_, control) = guess.settle(&[]);
-            if let Ok(mut ended) = self.ended.lock() {
-                ended.push(control);
-            }
+        if let Ok(mut g) = self.guessing.lock() {
+            let open = std::mem::take(&mut g.open);
+            let stopped = open.into_iter().map(|guess| guess.settle(&[]).1);
+            g.ended.extend(stopped.collect::<Vec<_>>());
         }
     }
 
     /// Bytes the step's guesses read, once their readers are done (the step's scope joined
     /// them); forgets them.
     pub(crate) fn guessed_read_bytes(&self) -> u64 {
-        self.ended
+        self.guessing
             .lock()
-            .map(|mut ended| ended.drain(..).map(|c| c.read_bytes()).sum())
-            .unwrap_or(0)
+            .map_or(0, |mut g| g.ended.drain(..).map(|c| c.read_bytes()).sum())
     }
 }

@@ -47,13 +47,13 @@ pub(crate) fn with_fetched<R>(
         .iter()
         .map(|&i| (chosen[i], parts[i].held_bytes()))
         .collect();
-    let keeps = cache.will_keep(layer, &sizes);
-    let keep_at = |i: usize| {
-        let at = sources.fresh.iter().position(|&f| f == i);
-        at.and_then(|at| keeps.get(at).copied()).unwrap_or(false)
-    };
+    // Whether the cache keeps the expert at each position among the chosen.
+    let mut kept_at = vec![false; chosen.len()];
+    for (&i, keeps) in sources.fresh.iter().zip(cache.will_keep(layer, &sizes)) {
+        kept_at[i] = keeps;
+    }
     let misses = sources.misses();
-    let keep: Vec<bool> = misses.iter().map(|&i| keep_at(i)).collect();
+    let keep: Vec<bool> = misses.iter().map(|&i| kept_at[i]).collect();
     let owned: Vec<ExpertParts> = misses.iter().map(|&i| parts[i].clone()).collect();
     let reads = TileReads::new(stream.artifact, owned);
     let threads = stream.reads_in_flight.clamp(1, reads.jobs().max(1));
@@ -77,7 +77,7 @@ pub(crate) fn with_fetched<R>(
             }
             let mut guessed_in = |i: usize, expert: Arc<LoadedExpert>, fetch: Fetch| {
                 each(i, &expert, fetch)?;
-                if keep_at(i) {
+                if kept_at[i] {
                     kept.push((i, expert));
                 }
                 Ok::<_, crate::step::ModelError>(())

@@ -3,9 +3,10 @@
 //! the layer's own router applied to the row's state before the layer's attention, lets those
 //! reads start while the attention computes. The guessed experts are read on threads of the
 //! step's scope into the same kind of buffers as any read. When the router has chosen, no
-//! further tile is read for the guess; the chosen experts it read whole are computed from as if
-//! read just then (the same stored bytes, so the same bits), the rest of the choice is read as
-//! usual, and the guess's reads in flight finish on their own and are dropped. A wrong guess
+//! further tile of an expert it did not choose is read; the chosen experts the guess read are
+//! computed from as if read just then (the same stored bytes, so the same bits), those it read
+//! whole at once, those it is still reading as they arrive; the rest of the choice is read as
+//! usual, and the guess's reads of unchosen experts in flight finish and are dropped. A wrong guess
 //! costs its reads, never a result; a layer whose guesses are wrong too often is guessed only
 //! now and then ([`GuessRecord`]), so that its wasted reads do not slow the reads it needs.
 

@@ -314,9 +314,7 @@ impl<'a> Placement<'a> {
                 slots: plan.experts_per_token,
                 map,
                 guessed_layers: plan.guessed_layers,
-                guesses: Default::default(),
-                ended: Default::default(),
-                records: Default::default(),
+                guessing: Default::default(),
             })),
         }
     }

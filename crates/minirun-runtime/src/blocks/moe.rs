@@ -3,6 +3,7 @@
 //! whether its experts were held or read just now.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::artifact::ArtifactError;
 use crate::blocks::mlp::{Activation, Mlp, MlpBiases};
@@ -421,7 +422,7 @@ impl StreamedExperts<'_> {
         let mut meanwhile_stats = StepStats::default();
         let mut expert_stats = StepStats::default();
         let settled = stream.settle_guess(self.layer, &users.order);
-        let mut waited_total = std::time::Duration::ZERO;
+        let mut waited_total = Duration::ZERO;
         let mut guessed = settled.unwrap_or_default();
         expert_stats.expert_guessed += guessed.guessed as u64;
         expert_stats.expert_guess_right += guessed.right as u64;
