@@ -18,7 +18,8 @@
 //!
 //! Affine 8-bit rows (`dot_bytes`) multiply 32 stored bytes at a time with the codes of the
 //! same columns (`vpdpbusd`; on AVX2 as two nibbles, since `vpmaddubsw` of a whole byte could
-//! saturate). MXFP4 rows (`dot_mxfp4`) look each nibble up as twice its e2m1 value
+//! saturate). Their batches take octets too (`octet_bytes`): each 32-byte chunk of eight rows
+//! transposed, each vector's codes broadcast four at a time. MXFP4 rows (`dot_mxfp4`) look each nibble up as twice its e2m1 value
 //! (`vpshufb`), then multiply its magnitude by the activation code carrying its sign
 //! (`vpabsb`, `vpsignb`), so the same unsigned-by-signed products apply: at most 2 x 12 x 127
 //! a pair. MXFP4 batches take octets too (`octet_mxfp4`), with the activation codes on the
@@ -527,6 +528,30 @@ fn transpose_lanes(v3: V3, r: [__m256i; OCTET]) -> [__m256i; OCTET] {
     ]
 }
 
+/// The 32-byte chunk `chunk` of eight rows, transposed: lane `r` of element `i` holds row
+/// `r`'s bytes `4i..4i + 4` of the chunk (zero past a row's end).
+#[inline(always)]
+fn octet_chunk<E: PairProducts>(
+    engine: E,
+    next_octet: &[u8],
+    rows: &[&[[u8; PAIR_BYTES]]; OCTET],
+    chunk: usize,
+) -> [__m256i; OCTET] {
+    let zero: __m256i = cast([0i32; 8]);
+    let mut packed = [zero; OCTET];
+    for r in 0..OCTET {
+        packed[r] = cast(rows[r].get(chunk).copied().unwrap_or([0; PAIR_BYTES]));
+    }
+    // Eight rows read side by side are eight interleaved streams, which the hardware
+    // prefetcher follows poorly: the next octet's rows (contiguous) are asked for in order
+    // instead, as many lines per chunk as it takes to cover them by the end of this octet.
+    for line in 0..PREFETCH_LINES {
+        let at = (chunk * PREFETCH_LINES + line) * CACHE_LINE;
+        engine.prefetch(next_octet.get(at..).unwrap_or(&[]));
+    }
+    transpose_lanes(engine.v3(), packed)
+}
+
 /// The nibbles of one 64-column chunk of eight rows, transposed: lane `r` of `low[i]` holds
 /// row `r`'s codes for columns `8i, 8i + 2, 8i + 4, 8i + 6` of the chunk (the even codes'
 /// 32-bit lane `i` of `Int8Vector::paired`), `high[i]` the odd columns after each.
@@ -539,19 +564,7 @@ fn octet_nibbles<E: PairProducts>(
 ) -> ([__m256i; OCTET], [__m256i; OCTET]) {
     let v3 = engine.v3();
     let zero: __m256i = cast([0i32; 8]);
-    let mut packed = [zero; OCTET];
-    for r in 0..OCTET {
-        packed[r] = cast(rows[r].get(chunk).copied().unwrap_or([0; PAIR_BYTES]));
-    }
-
-    // Eight rows read side by side are eight interleaved streams, which the hardware
-    // prefetcher follows poorly: the next octet's rows (contiguous) are asked for in order
-    // instead, as many lines per chunk as it takes to cover them by the end of this octet.
-    for line in 0..PREFETCH_LINES {
-        let at = (chunk * PREFETCH_LINES + line) * CACHE_LINE;
-        engine.prefetch(next_octet.get(at..).unwrap_or(&[]));
-    }
-    let lanes = transpose_lanes(v3, packed);
+    let lanes = octet_chunk(engine, next_octet, rows, chunk);
     let mut low = [zero; OCTET];
     let mut high = [zero; OCTET];
     for i in 0..OCTET {
@@ -689,7 +702,7 @@ fn octet_rows<E: PairProducts, const PPG: usize>(
     scratch: &mut OctetScratch,
 ) {
     let v3 = engine.v3();
-    let (avx, avx2) = (v3.avx, v3.avx2);
+    let avx2 = v3.avx2;
     let Format::Affine { scale, .. } = m.format else {
         out.fill(f32::NAN);
         return;
@@ -727,14 +740,111 @@ fn octet_rows<E: PairProducts, const PPG: usize>(
                     partials[v] = sum;
                     continue;
                 }
-                let step = avx._mm256_set1_ps(x.steps.get(g).copied().unwrap_or(f32::NAN));
-                let total = avx._mm256_set1_ps(x.sums.get(g).copied().unwrap_or(f32::NAN));
-                let terms = avx._mm256_add_ps(
-                    avx._mm256_mul_ps(avx._mm256_mul_ps(s, step), avx._mm256_cvtepi32_ps(sum)),
-                    avx._mm256_mul_ps(b, total),
-                );
                 let acc = &mut accs[v][g % 8];
-                *acc = avx._mm256_add_ps(*acc, terms);
+                *acc = octet_affine_fold(v3, (s, b), x, g, sum, *acc);
+            }
+        }
+    }
+    store_octet(v3, accs, out);
+}
+
+/// Step 2 of the affine fold for group `g` of eight rows at once (lane `r` for row `r`): the
+/// same f32 operations as `int8_fold::fold`, so each lane keeps its row's bits.
+#[inline(always)]
+fn octet_affine_fold(
+    v3: V3,
+    (s, b): (__m256, __m256),
+    x: &Int8Vector,
+    g: usize,
+    sum: __m256i,
+    acc: __m256,
+) -> __m256 {
+    let avx = v3.avx;
+    let step = avx._mm256_set1_ps(x.steps.get(g).copied().unwrap_or(f32::NAN));
+    let total = avx._mm256_set1_ps(x.sums.get(g).copied().unwrap_or(f32::NAN));
+    let terms = avx._mm256_add_ps(
+        avx._mm256_mul_ps(avx._mm256_mul_ps(s, step), avx._mm256_cvtepi32_ps(sum)),
+        avx._mm256_mul_ps(b, total),
+    );
+    avx._mm256_add_ps(acc, terms)
+}
+
+/// One 32-column chunk's integer sums for an octet of affine 8-bit rows (lane `r` for row
+/// `r`) against one vector's codes: each four codes broadcast and multiplied into every row's
+/// four bytes at once, in four independent sums added at the end (exact, so any order gives
+/// the same).
+#[inline(always)]
+fn octet_bytes_sum<E: PairProducts>(
+    engine: E,
+    weights: &[__m256i; OCTET],
+    codes: [i8; BLOCK],
+) -> __m256i {
+    let v3 = engine.v3();
+    let codes: [i32; 8] = cast(codes);
+    let zero: __m256i = cast([0i32; 8]);
+    let mut sums = [zero; 4];
+    for i in 0..OCTET {
+        let c = v3.avx._mm256_set1_epi32(codes[i]);
+        sums[i % 4] = engine.add_bytes(sums[i % 4], weights[i], c);
+    }
+    let a = v3.avx2;
+    a._mm256_add_epi32(
+        a._mm256_add_epi32(sums[0], sums[1]),
+        a._mm256_add_epi32(sums[2], sums[3]),
+    )
+}
+
+/// Affine 8-bit rows `first..first + 8` against every vector of `xs` for groups of
+/// `32 * RPG` columns, into `out[r * batch + b]`. Each 32-byte chunk of the eight rows is
+/// transposed once for the batch, so that a group's integer sum lands in its row's lane with
+/// no horizontal reduction; the fold is [`octet_affine_fold`], so each (row, vector) has the
+/// bits of [`dot_bytes`].
+#[inline(always)]
+fn octet_bytes<E: PairProducts, const RPG: usize>(
+    engine: E,
+    m: &QMatrix,
+    first: usize,
+    xs: &[&Int8Vector],
+    out: &mut [f32],
+    scratch: &mut OctetScratch,
+) {
+    let v3 = engine.v3();
+    let Format::Affine { scale, .. } = m.format else {
+        out.fill(f32::NAN);
+        return;
+    };
+    let groups = m.cols / (BLOCK * RPG);
+    let (rows, next_octet) = octet_packed(m, first, m.cols);
+    let batch = xs.len();
+    let (accs, partials) = (&mut scratch.acc[..batch], &mut scratch.partial[..batch]);
+    for acc in accs.iter_mut() {
+        *acc = [cast([0f32; 8]); 8];
+    }
+    let mut scales = [cast([0f32; 8]); GROUPS_AT_ONCE];
+    let mut biases = scales;
+    for g in 0..groups {
+        if g % GROUPS_AT_ONCE == 0 {
+            scales = octet_floats(v3, GroupFloats::Float(scale), m.scales, first, groups, g);
+            biases = octet_floats(v3, GroupFloats::Float(scale), m.biases, first, groups, g);
+        }
+        let (s, b) = (scales[g % 8], biases[g % 8]);
+        for c in 0..RPG {
+            let chunk = g * RPG + c;
+            let weights = octet_chunk(engine, next_octet, &rows, chunk);
+            for (v, x) in xs.iter().enumerate() {
+                let Some(&codes) = x.codes.as_chunks::<BLOCK>().0.get(chunk) else {
+                    continue;
+                };
+                let mut sum = octet_bytes_sum(engine, &weights, codes);
+                if c > 0 {
+                    sum = v3.avx2._mm256_add_epi32(partials[v], sum);
+                }
+                if c + 1 < RPG {
+                    partials[v] = sum;
+                    continue;
+                }
+                let acc = &mut accs[v][g % 8];
+                *acc = octet_affine_fold(v3, (s, b), x, g, sum, *acc);
             }
         }
     }
@@ -1069,13 +1179,13 @@ fn rows_batch_with<E: PairProducts>(
         (Format::Mxfp4, _) => each_row::<E, Mxfp4Rows>(engine, m, first, xs, out),
         // Registers of 32 bytes per group, as a constant of the row code.
         (Format::Affine { bits: 8, .. }, 32) => {
-            each_row::<E, ByteRows<1>>(engine, m, first, xs, out)
+            rows_batch_octets::<E, ByteRows<1>>(engine, m, first, xs, out)
         }
         (Format::Affine { bits: 8, .. }, 64) => {
-            each_row::<E, ByteRows<2>>(engine, m, first, xs, out)
+            rows_batch_octets::<E, ByteRows<2>>(engine, m, first, xs, out)
         }
         (Format::Affine { bits: 8, .. }, _) => {
-            each_row::<E, ByteRows<4>>(engine, m, first, xs, out)
+            rows_batch_octets::<E, ByteRows<4>>(engine, m, first, xs, out)
         }
         // Pairs of 32-column blocks per group, likewise.
         (_, 64) => rows_batch_octets::<E, Blocks<1>>(engine, m, first, xs, out),
@@ -1108,6 +1218,20 @@ impl<const RPG: usize> RowDot for ByteRows<RPG> {
     #[inline(always)]
     fn dot<E: PairProducts>(engine: E, m: &QMatrix, r: usize, x: &Int8Vector) -> f32 {
         dot_bytes::<E, RPG>(engine, m, r, x)
+    }
+}
+
+impl<const RPG: usize> Octets for ByteRows<RPG> {
+    #[inline(always)]
+    fn octet<E: PairProducts>(
+        engine: E,
+        m: &QMatrix,
+        first: usize,
+        xs: &[&Int8Vector],
+        out: &mut [f32],
+        scratch: &mut OctetScratch,
+    ) {
+        octet_bytes::<E, RPG>(engine, m, first, xs, out, scratch)
     }
 }
 
