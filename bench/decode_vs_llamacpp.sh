@@ -30,6 +30,9 @@
 #      (other processes' CPU and the hypervisor's steal, in cores) is recorded beside every
 #      command; a round above --max-foreign is left out. minirun's greedy ids must be the
 #      same on every thread count, before and after the rounds, or the script exits 1.
+#      Each round also measures the memory read rate on each thread count (`minirun bench
+#      memory`), so that each decode row shows how much of it minirun's weight bytes per token
+#      use, and the ceiling over llama.cpp's rate that memory allows any engine.
 # Everything lives under target/ (target/llamacpp-bench, target/decode-bench); nothing is
 # installed elsewhere. The first run downloads about 6 GiB of Python wheels (torch) and builds
 # llama.cpp (about 10 minutes on 2 cores).

@@ -8,7 +8,7 @@
 //! reads from one thread through an io_uring ring into registered buffers (`crates/uring-reads`),
 //! to measure whether the kernel's asynchronous interface would read faster than threads.
 //!
-//! `minirun bench model` lives in `bench_model.rs`.
+//! `minirun bench model` lives in `bench_model.rs`, `minirun bench memory` in `bench_memory.rs`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -42,6 +42,13 @@ last logits; the decoded ids and last logits), or the run is refused. The prompt
 pseudo-random ids (--seed) after the tokenizer's BOS; decoding starts from that first id and
 then takes the greedy token of each step.")]
     Model(crate::bench_model::ModelArgs),
+    /// Measure how many bytes a second memory delivers to the worker threads: the ceiling of
+    /// a decode step that reads each weight once, beside the weight bytes per token that
+    /// `minirun bench model` reports.
+    #[command(after_help = "Examples:
+  minirun bench memory
+  minirun bench memory --threads 2 --size 2GiB --json")]
+    Memory(crate::bench_memory::MemoryArgs),
 }
 
 impl BenchCommand {
@@ -50,6 +57,7 @@ impl BenchCommand {
         match self {
             BenchCommand::Storage(_) => None,
             BenchCommand::Model(args) => Some(args.threads),
+            BenchCommand::Memory(args) => Some(args.threads),
         }
     }
 }
@@ -124,6 +132,7 @@ pub fn run(command: &BenchCommand) -> Result<ExitCode> {
     match command {
         BenchCommand::Storage(args) => storage(args),
         BenchCommand::Model(args) => crate::threads::on_pool(|| crate::bench_model::run(args)),
+        BenchCommand::Memory(args) => crate::threads::on_pool(|| crate::bench_memory::run(args)),
     }
 }
 

@@ -110,17 +110,20 @@ pub fn run(args: &ModelArgs) -> Result<ExitCode> {
             },
             if repeats == 1 { "" } else { "es" },
         );
-        println!("| test | tokens/s |");
-        println!("|---|---:|");
+        println!("| test | tokens/s | weights a token | weights read |");
+        println!("|---|---:|---:|---:|");
     }
     // Each row is printed as its test ends: a long prompt test shows before decoding starts.
     let shown = |t: &Timings| {
         if !args.json {
+            let per_token = t.weight_bytes_per_token();
             println!(
-                "| {} | {:.2} ± {:.2} |",
+                "| {} | {:.2} ± {:.2} | {} | {:.1} GB/s |",
                 t.test,
                 t.mean_rate(),
-                t.stdev_rate()
+                t.stdev_rate(),
+                human(per_token),
+                t.mean_rate() * per_token as f64 / 1e9,
             );
         }
     };
@@ -148,6 +151,8 @@ pub fn run(args: &ModelArgs) -> Result<ExitCode> {
                     "test": t.test, "tokens": t.tokens, "seconds": t.seconds,
                     "tokens_per_second": t.rates(), "mean_tokens_per_second": t.mean_rate(),
                     "stdev_tokens_per_second": t.stdev_rate(),
+                    "weight_bytes_per_token": t.weight_bytes_per_token(),
+                    "weight_bytes_per_second": t.mean_rate() * t.weight_bytes_per_token() as f64,
                 })
             })
             .collect();

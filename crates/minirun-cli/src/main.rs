@@ -1,6 +1,7 @@
 //! `minirun`: inspect, pack, check, download, verify and run tile-container artifacts.
 
 mod bench_cmd;
+mod bench_memory;
 mod bench_model;
 mod container_info;
 mod expert_reads;

@@ -44,6 +44,9 @@ pub struct Timings {
     pub tokens: usize,
     /// Wall seconds of each timed pass (the warm-up is not among them).
     pub seconds: Vec<f64>,
+    /// Bytes of stored weights each pass computed with (every pass the same): what a resident
+    /// run reads from memory when the weights outgrow the CPU's caches.
+    pub weight_bytes: u64,
 }
 
 impl Timings {
@@ -59,6 +62,11 @@ impl Timings {
     pub fn mean_rate(&self) -> f64 {
         let rates = self.rates();
         rates.iter().sum::<f64>() / rates.len() as f64
+    }
+
+    /// Weight bytes per token of a pass.
+    pub fn weight_bytes_per_token(&self) -> u64 {
+        self.weight_bytes / (self.tokens as u64).max(1)
     }
 
     /// The sample standard deviation of the per-pass rates (0 for a single pass).
@@ -78,15 +86,27 @@ fn bits(logits: &[f32]) -> Vec<u32> {
     logits.iter().map(|v| v.to_bits()).collect()
 }
 
+/// What a pass computed, compared between passes, and the weight bytes it computed with.
+struct Computed<T> {
+    seen: T,
+    weight_bytes: u64,
+}
+
+impl<T: PartialEq> PartialEq for Computed<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.seen == other.seen && self.weight_bytes == other.weight_bytes
+    }
+}
+
 /// `repeats` runs of `pass` (each giving its seconds and what it computed), every one required
-/// to compute what the first did: their seconds.
+/// to compute what the first did: their seconds, and the weight bytes of each.
 fn timed_passes<T: PartialEq>(
     test: &str,
     repeats: usize,
-    mut pass: impl FnMut() -> Result<(f64, T), ModelError>,
-) -> Result<Vec<f64>, BenchError> {
+    mut pass: impl FnMut() -> Result<(f64, Computed<T>), ModelError>,
+) -> Result<(Vec<f64>, u64), BenchError> {
     let mut seconds = Vec::with_capacity(repeats);
-    let mut first: Option<T> = None;
+    let mut first: Option<Computed<T>> = None;
     for p in 0..repeats {
         let (s, seen) = pass()?;
         match &first {
@@ -101,7 +121,7 @@ fn timed_passes<T: PartialEq>(
         }
         seconds.push(s);
     }
-    Ok(seconds)
+    Ok((seconds, first.map_or(0, |f| f.weight_bytes)))
 }
 
 /// `prompt` through a new cache of `model`, once to warm up and then `repeats` times, timed.
@@ -118,19 +138,29 @@ pub fn time_prompt<D: Decoder>(
             what: "the prompt's length",
         });
     }
-    let pass = || -> Result<(f64, Vec<u32>), ModelError> {
+    let pass = || -> Result<(f64, Computed<Vec<u32>>), ModelError> {
         let mut cache = model.new_cache();
+        let mut stats = StepStats::default();
         let started = Instant::now();
-        let logits = model.prefill(prompt, &mut cache, &mut StepStats::default())?;
-        Ok((started.elapsed().as_secs_f64(), bits(&logits)))
+        let logits = model.prefill(prompt, &mut cache, &mut stats)?;
+        let seconds = started.elapsed().as_secs_f64();
+        let seen = bits(&logits);
+        Ok((
+            seconds,
+            Computed {
+                seen,
+                weight_bytes: stats.weight_bytes,
+            },
+        ))
     };
     pass()?;
     let test = format!("pp{}", prompt.len());
-    let seconds = timed_passes(&test, repeats, pass)?;
+    let (seconds, weight_bytes) = timed_passes(&test, repeats, pass)?;
     Ok(Timings {
         test,
         tokens: prompt.len(),
         seconds,
+        weight_bytes,
     })
 }
 
@@ -142,7 +172,7 @@ fn decode_pass<D: Decoder>(
     model: &D,
     first: u32,
     tokens: usize,
-) -> Result<(f64, Decoded), ModelError> {
+) -> Result<(f64, Computed<Decoded>), ModelError> {
     let mut cache = model.new_cache();
     let mut stats = StepStats::default();
     let mut token = first;
@@ -154,7 +184,15 @@ fn decode_pass<D: Decoder>(
         logits = model.step(token, &mut cache, &mut stats)?;
         token = argmax(&logits);
     }
-    Ok((started.elapsed().as_secs_f64(), (fed, bits(&logits))))
+    let seconds = started.elapsed().as_secs_f64();
+    let seen = (fed, bits(&logits));
+    Ok((
+        seconds,
+        Computed {
+            seen,
+            weight_bytes: stats.weight_bytes,
+        },
+    ))
 }
 
 /// `tokens` decode steps from an empty cache, starting from `first` and then greedy: one step
@@ -175,11 +213,13 @@ pub fn time_decode<D: Decoder>(
     }
     decode_pass(model, first, 1)?;
     let test = format!("tg{tokens}");
-    let seconds = timed_passes(&test, repeats, || decode_pass(model, first, tokens))?;
+    let (seconds, weight_bytes) =
+        timed_passes(&test, repeats, || decode_pass(model, first, tokens))?;
     Ok(Timings {
         test,
         tokens,
         seconds,
+        weight_bytes,
     })
 }
 
@@ -197,7 +237,9 @@ mod tests {
             test: "pp4".into(),
             tokens: 4,
             seconds: vec![1.0, 0.5, 0.25],
+            weight_bytes: 400,
         };
+        assert_eq!(t.weight_bytes_per_token(), 100);
         assert_eq!(t.rates(), vec![4.0, 8.0, 16.0]);
         let mean = 28.0 / 3.0;
         assert!((t.mean_rate() - mean).abs() < 1e-12);
@@ -248,8 +290,10 @@ mod tests {
             &self,
             tokens: &[u32],
             caches: &mut [&mut Vec<u32>],
-            _stats: &mut StepStats,
+            stats: &mut StepStats,
         ) -> Result<Vec<Vec<f32>>, ModelError> {
+            // A step reads its weights once, whatever the batch.
+            stats.weight_bytes += STEP_WEIGHT_BYTES;
             let mut out = Vec::new();
             for (t, c) in tokens.iter().zip(caches.iter_mut()) {
                 c.push(*t);
@@ -262,8 +306,9 @@ mod tests {
             &self,
             prompts: &[&[u32]],
             caches: &mut [&mut Vec<u32>],
-            _stats: &mut StepStats,
+            stats: &mut StepStats,
         ) -> Result<Vec<Vec<f32>>, ModelError> {
+            stats.weight_bytes += STEP_WEIGHT_BYTES;
             let mut out = Vec::new();
             for (p, c) in prompts.iter().zip(caches.iter_mut()) {
                 c.extend_from_slice(p);
@@ -276,6 +321,9 @@ mod tests {
             None
         }
     }
+
+    /// Weight bytes a step or a prefill of [`Drifting`] reports.
+    const STEP_WEIGHT_BYTES: u64 = 1000;
 
     fn model(drift_after: usize) -> Drifting {
         Drifting {
@@ -303,6 +351,9 @@ mod tests {
             ("tg6", 6, 2)
         );
         assert_eq!(m.caches_made.get(), 8);
+        // One pass's weight bytes: one prefill, or one step per decoded token.
+        assert_eq!(pp.weight_bytes, STEP_WEIGHT_BYTES);
+        assert_eq!(tg.weight_bytes, 6 * STEP_WEIGHT_BYTES);
         for t in [&pp, &tg] {
             assert!(t.seconds.iter().all(|s| *s > 0.0 && s.is_finite()));
             assert_eq!(t.rates().len(), t.seconds.len());

@@ -53,13 +53,28 @@ fn prompt_and_decode_are_timed_per_pass() {
             }
             let mean = t["mean_tokens_per_second"].as_f64().unwrap();
             assert!((mean - sum / 3.0).abs() <= 1e-9 * mean, "{t}");
+            let per_token = t["weight_bytes_per_token"].as_f64().unwrap();
+            let per_second = t["weight_bytes_per_second"].as_f64().unwrap();
+            assert!(per_token > 0.0, "{t}");
+            assert!(
+                (per_second - mean * per_token).abs() <= 1e-9 * per_second,
+                "{t}"
+            );
         }
+        // A prompt's products read each weight once for all its tokens; a decode step reads
+        // them for one.
+        let per_token = |i: usize| tests[i]["weight_bytes_per_token"].as_u64().unwrap();
+        assert!(per_token(0) < per_token(1), "{doc}");
     }
 
     let table = bench_unverified(path, &["-p", "4", "-n", "0", "-r", "1"]);
     assert!(table.status.success(), "{}", stderr(&table));
     let text = String::from_utf8_lossy(&table.stdout);
     assert!(text.contains("| pp4 | "), "{text}");
+    assert!(
+        text.contains("| weights a token | weights read |"),
+        "{text}"
+    );
     assert!(!text.contains("| tg"), "-n 0 skips decoding: {text}");
     assert!(
         stderr(&table)
