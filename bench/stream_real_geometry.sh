@@ -50,8 +50,13 @@
 # memory controller; without them the script says so and runs without a limit.
 #
 #   bench/stream_real_geometry.sh [--geometry v4-flash|k3|all] [--layers N] [--tokens T]
-#                                 [--reads-in-flight D] [--json]
+#                                 [--reads-in-flight D] [--activations f32|int8] [--json]
 #
+# --activations int8 runs every minirun run and the all-in-memory check with 8-bit activations
+# (`minirun run --activations int8`: MXFP4 and affine experts multiply in integers; FP8 and BF16
+# tensors stay exact), whose logits are then compared with the same arithmetic in memory; the
+# default is the exact f32 path. Computing a token costs less, so less of it is left beside the
+# reads.
 # --layers applies to one geometry (--geometry v4-flash or k3). --reads-in-flight runs at D reads
 # in flight instead of the depth `minirun bench storage` found fastest before the runs (on a
 # virtual disk whose rate drifts, depths within a few percent of each other trade places from
@@ -64,7 +69,8 @@
 # s_per_token over the larger of the read limit and all_in_memory_s_per_token (the same tokens
 # with every weight in memory), with bound naming which is larger ("reads" or "compute"): where
 # computing a token takes longer than reading its bytes, no streaming reaches the read limit;
-# and run (floor, balanced, balanced-unguessed, floor-unverified), guessed_layers (the plan's),
+# and run (floor, balanced, balanced-unguessed, floor-unverified), activations (f32 or int8),
+# guessed_layers (the plan's),
 # guessed_experts, guess_hit_rate (the share of guessed experts the router chose; null where
 # none was guessed) and guess_wasted_bytes_per_token (what the guesses read that no expert
 # computed from).
@@ -74,6 +80,7 @@ GEOMETRY=all
 LAYERS_ASKED=""
 TOKENS=8
 DEPTH_ASKED=""
+ACTIVATIONS=f32
 JSON=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -81,11 +88,16 @@ while [ $# -gt 0 ]; do
     --layers) LAYERS_ASKED="$2"; shift 2 ;;
     --tokens) TOKENS="$2"; shift 2 ;;
     --reads-in-flight) DEPTH_ASKED="$2"; shift 2 ;;
+    --activations) ACTIVATIONS="$2"; shift 2 ;;
     --json) JSON=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
+case "$ACTIVATIONS" in
+  f32|int8) ;;
+  *) echo "unknown activations $ACTIVATIONS: f32 or int8" >&2; exit 2 ;;
+esac
 case "$GEOMETRY" in
   v4-flash|k3) GEOMETRIES=("$GEOMETRY") ;;
   all) GEOMETRIES=(v4-flash k3) ;;
@@ -239,7 +251,8 @@ resident_run() {
     echo minirun-resident > "$RUNS/resident-check"
   else
     echo "== mmap baseline, every expert container mapped (no cgroup; MemAvailable $((available >> 20)) MiB < the artifact + 2 GiB)"
-    "$BASELINE" "$ART" --prompt "$PROMPT" --max-tokens "$TOKENS" > "$RUNS/run-resident.json"
+    "$BASELINE" "$ART" --prompt "$PROMPT" --max-tokens "$TOKENS" --activations "$ACTIVATIONS" \
+      > "$RUNS/run-resident.json"
     echo mmap-baseline > "$RUNS/resident-check"
   fi
 }
@@ -262,7 +275,7 @@ measure_geometry() {
     echo "reads in flight for the runs: $depth"
   fi
   RUN=("$MINIRUN" run "$ART" --prompt "$PROMPT" --max-tokens "$TOKENS" --ignore-eos --json
-       --reads-in-flight "$depth")
+       --reads-in-flight "$depth" --activations "$ACTIVATIONS")
   resident_run
   for run in floor balanced balanced-unguessed floor-unverified; do
     budget=${run%-*}
@@ -286,9 +299,9 @@ for geometry in "${GEOMETRIES[@]}"; do
   measure_geometry "$geometry"
 done
 
-python3 - "$WORK" "$JSON" "${GEOMETRIES[@]}" <<'PY'
+python3 - "$WORK" "$JSON" "$ACTIVATIONS" "${GEOMETRIES[@]}" <<'PY'
 import json, sys
-work, as_json, geometries = sys.argv[1], sys.argv[2] == "1", sys.argv[3:]
+work, as_json, activations, geometries = sys.argv[1], sys.argv[2] == "1", sys.argv[3], sys.argv[4:]
 MODEL_LAYERS = {"v4-flash": 43, "k3": 93}
 def reference_expert_bytes(geometry, layers):
     if geometry == "v4-flash":
@@ -299,6 +312,7 @@ def reference_expert_bytes(geometry, layers):
     return 16 * 3 * 5_849_088 * (layers - 1)
 mib = 2**20
 rows = []
+print(f"\nactivations: {activations} (every run and the all-in-memory check)")
 print("\n| geometry | budget | layers | s/token | bytes/token (experts + layers) | expert bytes/token vs the reference's | "
       "limit s/token (bytes / bandwidth) | ratio to limit | waiting for reads s/token | ratio to max(limit, all in memory) | "
       "projected reads s/token (measured / projected) | device read | "
@@ -323,6 +337,8 @@ for geometry in geometries:
                  f"{1e3/resident['tokens_per_second']:.0f} ms/token")
     for run in ("floor", "balanced", "balanced-unguessed", "floor-unverified"):
         r = load(f"run-{run}")
+        if r["activations"] != activations or resident.get("activations", "f32") != activations:
+            sys.exit(f"!! {geometry} {run}: ran with other activations than {activations}")
         budget = run.split("-")[0]
         steps = max(r["decode_steps"], 1)
         s_token = 1 / r["tokens_per_second"]
@@ -343,6 +359,7 @@ for geometry in geometries:
         device = int(open(f"{runs}/run-{run}.device").read())
         row = {
             "geometry": geometry, "budget": budget, "budget_bytes": r["plan"]["budget"],
+            "activations": activations,
             "layers": layers, "s_per_token": s_token, "bytes_per_token": bytes_token,
             "expert_bytes_per_token": r["expert_read_bytes_per_token"],
             "reference_expert_bytes_per_token_scaled": round(reference),

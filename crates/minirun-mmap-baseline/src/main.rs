@@ -30,6 +30,25 @@ struct Args {
     prompt: String,
     #[arg(long, default_value_t = 16)]
     max_tokens: usize,
+    /// Arithmetic of the products, as `minirun run --activations`: the streamed runs a
+    /// benchmark checks against this one must use the same.
+    #[arg(long, value_enum, default_value_t = ActivationsArg::F32)]
+    activations: ActivationsArg,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ActivationsArg {
+    F32,
+    Int8,
+}
+
+impl From<ActivationsArg> for minirun_kernels::Activations {
+    fn from(a: ActivationsArg) -> Self {
+        match a {
+            ActivationsArg::F32 => minirun_kernels::Activations::F32,
+            ActivationsArg::Int8 => minirun_kernels::Activations::Int8,
+        }
+    }
 }
 
 /// Maps `path` read-only.
@@ -47,6 +66,7 @@ fn run(args: &Args) -> Result<()> {
     let mut session = Session::open(&args.artifact, Trust::Unverified)
         .with_context(|| format!("cannot open {}", args.artifact.display()))?;
     session.artifact.map_containers_unverified(Box::new(map))?;
+    session.artifact.set_activations(args.activations.into());
     let prompt = session.prompt_ids(&args.prompt, false)?;
     let model = session.model()?;
     let greedy = Sampling {
@@ -58,6 +78,7 @@ fn run(args: &Args) -> Result<()> {
     let figures = &generation.figures;
     let report = serde_json::json!({
         "baseline": "mmap",
+        "activations": session.artifact.activations(),
         "prompt_token_ids": generation.prompt_ids,
         "generated_token_ids": generation.generated_ids,
         "logits_sha256": figures.logits_sha256_hex(),

@@ -1,11 +1,13 @@
 //! The baseline is only a baseline if it computes what minirun computes: on a packed fixture,
-//! `mmap-baseline` prints the greedy tokens of minirun's own resident run.
+//! `mmap-baseline` prints the greedy tokens and logits of minirun's own resident run, with either
+//! arithmetic.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use minirun_pack::synthetic_model::{SyntheticShape, write_synthetic_deepseek};
 use minirun_pack::{PackOptions, pack};
+use minirun_kernels::Activations;
 use minirun_runtime::generate::Sampling;
 use minirun_runtime::session::{Session, Trust};
 
@@ -39,35 +41,48 @@ fn the_mapped_run_gives_the_read_runs_tokens() {
         .count();
     assert!(containers > 0, "the artifact has tile containers to map");
 
-    let session = Session::open(dir.path(), Trust::Unverified).unwrap();
-    let ids = session.prompt_ids("The clockmaker", false).unwrap();
-    let model = session.model().unwrap();
-    let greedy = Sampling {
-        temperature: 0.0,
-        top_p: 1.0,
-        seed: 0,
-    };
-    let expected = session
-        .generate(&model, &ids, 12, greedy, &[], |_| {})
-        .unwrap();
+    let mut digests = Vec::new();
+    for (activations, flag) in [(Activations::F32, "f32"), (Activations::Int8, "int8")] {
+        let mut session = Session::open(dir.path(), Trust::Unverified).unwrap();
+        session.artifact.set_activations(activations);
+        let ids = session.prompt_ids("The clockmaker", false).unwrap();
+        let model = session.model().unwrap();
+        let greedy = Sampling {
+            temperature: 0.0,
+            top_p: 1.0,
+            seed: 0,
+        };
+        let expected = session
+            .generate(&model, &ids, 12, greedy, &[], |_| {})
+            .unwrap();
 
-    let out = Command::new(env!("CARGO_BIN_EXE_mmap-baseline"))
-        .arg(dir.path())
-        .args(["--prompt", "The clockmaker", "--max-tokens", "12"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        let out = Command::new(env!("CARGO_BIN_EXE_mmap-baseline"))
+            .arg(dir.path())
+            .args(["--prompt", "The clockmaker", "--max-tokens", "12"])
+            .args(["--activations", flag])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(report["activations"], flag);
+        assert_eq!(report["prompt_token_ids"], serde_json::json!(ids));
+        assert_eq!(
+            report["generated_token_ids"],
+            serde_json::json!(expected.generated_ids)
+        );
+        let digest = expected.figures.logits_sha256_hex();
+        assert_eq!(report["logits_sha256"], digest, "{flag}: the same bits");
+        assert!(report["tokens_per_second"].as_f64().unwrap() > 0.0);
+        digests.push(digest);
+    }
+    assert_ne!(
+        digests[0], digests[1],
+        "8-bit activations are another arithmetic: the flag must reach the products"
     );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(report["prompt_token_ids"], serde_json::json!(ids));
-    assert_eq!(
-        report["generated_token_ids"],
-        serde_json::json!(expected.generated_ids)
-    );
-    assert!(report["tokens_per_second"].as_f64().unwrap() > 0.0);
 }
 
 fn walk(dir: &Path) -> Vec<PathBuf> {
