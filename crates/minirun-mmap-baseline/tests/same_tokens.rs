@@ -5,9 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use minirun_kernels::Activations;
 use minirun_pack::synthetic_model::{SyntheticShape, write_synthetic_deepseek};
 use minirun_pack::{PackOptions, pack};
-use minirun_kernels::Activations;
 use minirun_runtime::generate::Sampling;
 use minirun_runtime::session::{Session, Trust};
 
