@@ -8,7 +8,7 @@
 //! AVX-512 VNNI (`x86_vnni::Vnni`), `vpdpbusd` replaces the two widening steps: the same
 //! integer sums, so the same bits.
 //!
-//! A batch of two or more vectors (prefill) takes rows eight at a time instead (`octet_rows`):
+//! A batch of two or more vectors (prefill) takes rows eight at a time instead (`octet_affine`):
 //! each 64-column chunk of the eight rows is transposed once so that one 32-bit lane holds one
 //! row, and each vector's codes are broadcast four bytes at a time into all eight rows. A
 //! group's integer sum then lands in its row's lane with no horizontal reduction, and the f32
@@ -18,8 +18,9 @@
 //!
 //! Affine 8-bit rows (`dot_bytes`) multiply 32 stored bytes at a time with the codes of the
 //! same columns (`vpdpbusd`; on AVX2 as two nibbles, since `vpmaddubsw` of a whole byte could
-//! saturate). Their batches take octets too (`octet_bytes`): each 32-byte chunk of eight rows
-//! transposed, each vector's codes broadcast four at a time. MXFP4 rows (`dot_mxfp4`) look each nibble up as twice its e2m1 value
+//! saturate). Their batches take octets too (`octet_affine`): each 32-byte chunk of eight rows
+//! transposed, each vector's codes broadcast four at a time, in the loop the 4-bit octets run.
+//! MXFP4 rows (`dot_mxfp4`) look each nibble up as twice its e2m1 value
 //! (`vpshufb`), then multiply its magnitude by the activation code carrying its sign
 //! (`vpabsb`, `vpsignb`), so the same unsigned-by-signed products apply: at most 2 x 12 x 127
 //! a pair. MXFP4 batches take octets too (`octet_mxfp4`), with the activation codes on the
@@ -416,7 +417,7 @@ trait Octets: RowDot {
     );
 }
 
-/// Affine 4-bit for groups of `64 * PPG` columns: [`octet_rows`] and [`dot_blocks`].
+/// Affine 4-bit for groups of `64 * PPG` columns: [`octet_affine`] and [`dot_blocks`].
 struct Blocks<const PPG: usize>;
 
 impl<const PPG: usize> RowDot for Blocks<PPG> {
@@ -436,7 +437,37 @@ impl<const PPG: usize> Octets for Blocks<PPG> {
         out: &mut [f32],
         scratch: &mut OctetScratch,
     ) {
-        octet_rows::<E, PPG>(engine, m, first, xs, out, scratch)
+        octet_affine::<E, Self>(engine, m, first, xs, out, scratch)
+    }
+}
+
+/// Affine 4-bit: a 32-byte chunk is 64 columns, split into its nibbles once for the batch and
+/// multiplied with each vector's paired codes.
+impl<const PPG: usize> AffineOctet for Blocks<PPG> {
+    const CHUNKS_PER_GROUP: usize = PPG;
+    const BITS: usize = 4;
+    type Weights = ([__m256i; OCTET], [__m256i; OCTET]);
+
+    #[inline(always)]
+    fn weights<E: PairProducts>(
+        engine: E,
+        next_octet: &[u8],
+        rows: &[&[[u8; PAIR_BYTES]]; OCTET],
+        chunk: usize,
+    ) -> Self::Weights {
+        octet_nibbles(engine, next_octet, rows, chunk)
+    }
+
+    #[inline(always)]
+    fn chunk_sum<E: PairProducts>(
+        engine: E,
+        weights: &Self::Weights,
+        x: &Int8Vector,
+        chunk: usize,
+    ) -> Option<__m256i> {
+        let codes = x.paired.as_chunks::<BLOCK>().0;
+        let (even, odd) = (codes.get(2 * chunk)?, codes.get(2 * chunk + 1)?);
+        Some(octet_chunk_sum(engine, weights, *even, *odd))
     }
 }
 
@@ -454,10 +485,10 @@ impl Octets for Mxfp4Rows {
     }
 }
 
-/// Rows computed together by [`octet_rows`]: one 32-bit lane each.
+/// Rows computed together by an octet function: one 32-bit lane each.
 const OCTET: usize = 8;
 
-/// The smallest batch that goes through [`octet_rows`]: its transpose is paid once per octet
+/// The smallest batch that goes through an octet function: its transpose is paid once per octet
 /// and chunk, however many vectors share it.
 const OCTET_MIN_BATCH: usize = 2;
 
@@ -685,15 +716,39 @@ fn store_octet(v3: V3, accs: &[[__m256; 8]], out: &mut [f32]) {
     }
 }
 
-/// Rows `first..first + 8` against every vector of `xs` for groups of `2 * BLOCK * PPG`
-/// columns, into `out[r * batch + b]`: the module's arithmetic with one row per lane. Each
-/// chunk of packed codes is transposed once for the whole batch, so that a group's integer
-/// sum lands in its row's lane without a horizontal reduction; step 2's multiplies and adds
-/// are then the same f32 operations per lane as [`fold_block`] and `int8_fold::fold` do per row,
-/// so each (row, vector) has the bits of [`dot_blocks`].
+/// What an octet of affine rows needs from its code width: how many 32-byte chunks of a row one
+/// group spans, a chunk's weights prepared once for the whole batch, and one vector's exact
+/// integer sums for the chunk (lane `r` for row `r`).
+trait AffineOctet {
+    /// 32-byte chunks of stored codes per group.
+    const CHUNKS_PER_GROUP: usize;
+    /// Bits per stored code.
+    const BITS: usize;
+    type Weights;
+    fn weights<E: PairProducts>(
+        engine: E,
+        next_octet: &[u8],
+        rows: &[&[[u8; PAIR_BYTES]]; OCTET],
+        chunk: usize,
+    ) -> Self::Weights;
+    /// `None` past the vector's codes (a caller's mistake: that vector's outputs stay zero).
+    fn chunk_sum<E: PairProducts>(
+        engine: E,
+        weights: &Self::Weights,
+        x: &Int8Vector,
+        chunk: usize,
+    ) -> Option<__m256i>;
+}
+
+/// Affine rows `first..first + 8` against every vector of `xs`, into `out[r * batch + b]`: the
+/// module's arithmetic with one row per lane. Each 32-byte chunk of the eight rows is prepared
+/// once for the whole batch (`K::weights`: transposed, and for 4-bit codes split into nibbles),
+/// so that a group's integer sum lands in its row's lane without a horizontal reduction; step 2
+/// is [`octet_affine_fold`], the same f32 operations per lane as [`fold_block`] and
+/// `int8_fold::fold` do per row, so each (row, vector) has the bits of [`dot_blocks`] or
+/// [`dot_bytes`].
 #[inline(always)]
-#[allow(clippy::needless_range_loop)]
-fn octet_rows<E: PairProducts, const PPG: usize>(
+fn octet_affine<E: PairProducts, K: AffineOctet>(
     engine: E,
     m: &QMatrix,
     first: usize,
@@ -702,14 +757,13 @@ fn octet_rows<E: PairProducts, const PPG: usize>(
     scratch: &mut OctetScratch,
 ) {
     let v3 = engine.v3();
-    let avx2 = v3.avx2;
     let Format::Affine { scale, .. } = m.format else {
         out.fill(f32::NAN);
         return;
     };
-    let groups = m.cols / (2 * BLOCK * PPG);
-    let row_bytes = m.cols / 2;
-    let (rows, next_octet) = octet_packed(m, first, row_bytes);
+    let per_group = K::CHUNKS_PER_GROUP;
+    let groups = m.cols * K::BITS / (8 * PAIR_BYTES * per_group);
+    let (rows, next_octet) = octet_packed(m, first, m.cols * K::BITS / 8);
     let batch = xs.len();
     let (accs, partials) = (&mut scratch.acc[..batch], &mut scratch.partial[..batch]);
     for acc in accs.iter_mut() {
@@ -723,20 +777,17 @@ fn octet_rows<E: PairProducts, const PPG: usize>(
             biases = octet_floats(v3, GroupFloats::Float(scale), m.biases, first, groups, g);
         }
         let (s, b) = (scales[g % 8], biases[g % 8]);
-        for c in 0..PPG {
-            let chunk = g * PPG + c;
-            let weights = octet_nibbles(engine, next_octet, &rows, chunk);
+        for c in 0..per_group {
+            let chunk = g * per_group + c;
+            let weights = K::weights(engine, next_octet, &rows, chunk);
             for (v, x) in xs.iter().enumerate() {
-                let codes = x.paired.as_chunks::<BLOCK>().0;
-                let (Some(&even), Some(&odd)) = (codes.get(2 * chunk), codes.get(2 * chunk + 1))
-                else {
+                let Some(mut sum) = K::chunk_sum(engine, &weights, x, chunk) else {
                     continue;
                 };
-                let mut sum = octet_chunk_sum(engine, &weights, even, odd);
                 if c > 0 {
-                    sum = avx2._mm256_add_epi32(partials[v], sum);
+                    sum = v3.avx2._mm256_add_epi32(partials[v], sum);
                 }
-                if c + 1 < PPG {
+                if c + 1 < per_group {
                     partials[v] = sum;
                     continue;
                 }
@@ -792,63 +843,6 @@ fn octet_bytes_sum<E: PairProducts>(
         a._mm256_add_epi32(sums[0], sums[1]),
         a._mm256_add_epi32(sums[2], sums[3]),
     )
-}
-
-/// Affine 8-bit rows `first..first + 8` against every vector of `xs` for groups of
-/// `32 * RPG` columns, into `out[r * batch + b]`. Each 32-byte chunk of the eight rows is
-/// transposed once for the batch, so that a group's integer sum lands in its row's lane with
-/// no horizontal reduction; the fold is [`octet_affine_fold`], so each (row, vector) has the
-/// bits of [`dot_bytes`].
-#[inline(always)]
-fn octet_bytes<E: PairProducts, const RPG: usize>(
-    engine: E,
-    m: &QMatrix,
-    first: usize,
-    xs: &[&Int8Vector],
-    out: &mut [f32],
-    scratch: &mut OctetScratch,
-) {
-    let v3 = engine.v3();
-    let Format::Affine { scale, .. } = m.format else {
-        out.fill(f32::NAN);
-        return;
-    };
-    let groups = m.cols / (BLOCK * RPG);
-    let (rows, next_octet) = octet_packed(m, first, m.cols);
-    let batch = xs.len();
-    let (accs, partials) = (&mut scratch.acc[..batch], &mut scratch.partial[..batch]);
-    for acc in accs.iter_mut() {
-        *acc = [cast([0f32; 8]); 8];
-    }
-    let mut scales = [cast([0f32; 8]); GROUPS_AT_ONCE];
-    let mut biases = scales;
-    for g in 0..groups {
-        if g % GROUPS_AT_ONCE == 0 {
-            scales = octet_floats(v3, GroupFloats::Float(scale), m.scales, first, groups, g);
-            biases = octet_floats(v3, GroupFloats::Float(scale), m.biases, first, groups, g);
-        }
-        let (s, b) = (scales[g % 8], biases[g % 8]);
-        for c in 0..RPG {
-            let chunk = g * RPG + c;
-            let weights = octet_chunk(engine, next_octet, &rows, chunk);
-            for (v, x) in xs.iter().enumerate() {
-                let Some(&codes) = x.codes.as_chunks::<BLOCK>().0.get(chunk) else {
-                    continue;
-                };
-                let mut sum = octet_bytes_sum(engine, &weights, codes);
-                if c > 0 {
-                    sum = v3.avx2._mm256_add_epi32(partials[v], sum);
-                }
-                if c + 1 < RPG {
-                    partials[v] = sum;
-                    continue;
-                }
-                let acc = &mut accs[v][g % 8];
-                *acc = octet_affine_fold(v3, (s, b), x, g, sum, *acc);
-            }
-        }
-    }
-    store_octet(v3, accs, out);
 }
 
 /// Affine 8-bit row `r` against `x` for groups of `32 * RPG` columns: each register of 32
@@ -1211,7 +1205,7 @@ impl RowDot for Mxfp4Rows {
     }
 }
 
-/// [`dot_bytes`] for groups of `32 * RPG` columns.
+/// Affine 8-bit for groups of `32 * RPG` columns: [`octet_affine`] and [`dot_bytes`].
 struct ByteRows<const RPG: usize>;
 
 impl<const RPG: usize> RowDot for ByteRows<RPG> {
@@ -1231,7 +1225,36 @@ impl<const RPG: usize> Octets for ByteRows<RPG> {
         out: &mut [f32],
         scratch: &mut OctetScratch,
     ) {
-        octet_bytes::<E, RPG>(engine, m, first, xs, out, scratch)
+        octet_affine::<E, Self>(engine, m, first, xs, out, scratch)
+    }
+}
+
+/// Affine 8-bit: a 32-byte chunk is 32 columns, transposed once for the batch and multiplied
+/// with each vector's codes four at a time.
+impl<const RPG: usize> AffineOctet for ByteRows<RPG> {
+    const CHUNKS_PER_GROUP: usize = RPG;
+    const BITS: usize = 8;
+    type Weights = [__m256i; OCTET];
+
+    #[inline(always)]
+    fn weights<E: PairProducts>(
+        engine: E,
+        next_octet: &[u8],
+        rows: &[&[[u8; PAIR_BYTES]]; OCTET],
+        chunk: usize,
+    ) -> Self::Weights {
+        octet_chunk(engine, next_octet, rows, chunk)
+    }
+
+    #[inline(always)]
+    fn chunk_sum<E: PairProducts>(
+        engine: E,
+        weights: &Self::Weights,
+        x: &Int8Vector,
+        chunk: usize,
+    ) -> Option<__m256i> {
+        let codes = x.codes.as_chunks::<BLOCK>().0.get(chunk)?;
+        Some(octet_bytes_sum(engine, weights, *codes))
     }
 }
 
