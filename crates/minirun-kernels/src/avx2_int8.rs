@@ -427,20 +427,6 @@ impl<const PPG: usize> RowDot for Blocks<PPG> {
     }
 }
 
-impl<const PPG: usize> Octets for Blocks<PPG> {
-    #[inline(always)]
-    fn octet<E: PairProducts>(
-        engine: E,
-        m: &QMatrix,
-        first: usize,
-        xs: &[&Int8Vector],
-        out: &mut [f32],
-        scratch: &mut OctetScratch,
-    ) {
-        octet_affine::<E, Self>(engine, m, first, xs, out, scratch)
-    }
-}
-
 /// Affine 4-bit: a 32-byte chunk is 64 columns, split into its nibbles once for the batch and
 /// multiplied with each vector's paired codes.
 impl<const PPG: usize> AffineOctet for Blocks<PPG> {
@@ -713,6 +699,21 @@ fn store_octet(v3: V3, accs: &[[__m256; 8]], out: &mut [f32]) {
         for (r, &value) in y.iter().enumerate() {
             out[r * batch + v] = value;
         }
+    }
+}
+
+/// Every affine width's octets are [`octet_affine`].
+impl<K: AffineOctet + RowDot> Octets for K {
+    #[inline(always)]
+    fn octet<E: PairProducts>(
+        engine: E,
+        m: &QMatrix,
+        first: usize,
+        xs: &[&Int8Vector],
+        out: &mut [f32],
+        scratch: &mut OctetScratch,
+    ) {
+        octet_affine::<E, Self>(engine, m, first, xs, out, scratch)
     }
 }
 
@@ -1212,20 +1213,6 @@ impl<const RPG: usize> RowDot for ByteRows<RPG> {
     #[inline(always)]
     fn dot<E: PairProducts>(engine: E, m: &QMatrix, r: usize, x: &Int8Vector) -> f32 {
         dot_bytes::<E, RPG>(engine, m, r, x)
-    }
-}
-
-impl<const RPG: usize> Octets for ByteRows<RPG> {
-    #[inline(always)]
-    fn octet<E: PairProducts>(
-        engine: E,
-        m: &QMatrix,
-        first: usize,
-        xs: &[&Int8Vector],
-        out: &mut [f32],
-        scratch: &mut OctetScratch,
-    ) {
-        octet_affine::<E, Self>(engine, m, first, xs, out, scratch)
     }
 }
 
