@@ -21,7 +21,8 @@
 #   - the device's read bandwidth at the experts' read size (one expert projection: 4,352 KiB
 #     for V4, 5,712 KiB for K3): the best of `dd iflag=direct` over the expert containers and
 #     `minirun bench storage` over its queue depths, before the runs and after them; the runs
-#     read at the best depth;
+#     read at `minirun run`'s default depth (8 reads in flight) unless --reads-in-flight says
+#     otherwise;
 #   - minirun run at --budget floor and at --budget balanced (halfway from the floor to
 #     everything resident), there again with no expert read ahead on a guess (--guessed-layers 0,
 #     right after the guessing run), and at the floor unverified (every tile hashed as it is
@@ -50,17 +51,19 @@
 # memory controller; without them the script says so and runs without a limit.
 #
 #   bench/stream_real_geometry.sh [--geometry v4-flash|k3|all] [--layers N] [--tokens T]
-#                                 [--reads-in-flight D] [--activations f32|int8] [--json]
+#                                 [--reads-in-flight D|best] [--activations f32|int8] [--json]
 #
 # --activations int8 runs every minirun run and the all-in-memory check with 8-bit activations
 # (`minirun run --activations int8`: MXFP4 and affine experts multiply in integers; FP8 and BF16
 # tensors stay exact), whose logits are then compared with the same arithmetic in memory; the
 # default is the exact f32 path. Computing a token costs less, so less of it is left beside the
 # reads.
-# --layers applies to one geometry (--geometry v4-flash or k3). --reads-in-flight runs at D reads
-# in flight instead of the depth `minirun bench storage` found fastest before the runs (on a
-# virtual disk whose rate drifts, depths within a few percent of each other trade places from
-# one measurement to the next). --json ends the output with one
+# --layers applies to one geometry (--geometry v4-flash or k3). --reads-in-flight D runs at D
+# reads in flight instead of `minirun run`'s default, 8; --reads-in-flight best at the depth
+# `minirun bench storage` found fastest before the runs. (On a virtual disk whose rate drifts,
+# depths within a few percent of each other trade places from one measurement to the next, and
+# the fastest has been depth 1 once and depth 8 in the next run: a depth picked from one noisy
+# measurement moves the figures more than the depth itself does.) --json ends the output with one
 # line {"rows": [...]}: a row per geometry and budget with geometry, budget, layers, s_per_token,
 # bytes_per_token, read_bandwidth (bytes/s, the device's best), ratio_to_limit (s_per_token /
 # (bytes_per_token / read_bandwidth)), verified, bits_equal_resident (null where no run with
@@ -79,7 +82,7 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 GEOMETRY=all
 LAYERS_ASKED=""
 TOKENS=8
-DEPTH_ASKED=""
+DEPTH_ASKED=8
 ACTIVATIONS=f32
 JSON=0
 while [ $# -gt 0 ]; do
@@ -268,11 +271,11 @@ measure_geometry() {
   measure_device before
   local depth budget bytes run extra
   depth=$(python3 -c "import json; d = json.load(open('$RUNS/storage-before.json'))['depths']; print(max(d, key=lambda r: r['gb_per_second'])['queue_depth'])")
-  if [ -n "$DEPTH_ASKED" ]; then
-    echo "reads in flight for the runs: $DEPTH_ASKED (--reads-in-flight; the storage's best: $depth)"
-    depth=$DEPTH_ASKED
+  if [ "$DEPTH_ASKED" = best ]; then
+    echo "reads in flight for the runs: $depth (--reads-in-flight best: the storage's fastest)"
   else
-    echo "reads in flight for the runs: $depth"
+    echo "reads in flight for the runs: $DEPTH_ASKED (the storage's fastest before the runs: $depth)"
+    depth=$DEPTH_ASKED
   fi
   RUN=("$MINIRUN" run "$ART" --prompt "$PROMPT" --max-tokens "$TOKENS" --ignore-eos --json
        --reads-in-flight "$depth" --activations "$ACTIVATIONS")
