@@ -79,6 +79,19 @@ fn timed_passes(words: &[u64], repeats: usize) -> Result<Vec<f64>> {
     Ok(seconds)
 }
 
+/// The median (of the two middle rates, their mean) and the largest of `rates`; zero for none.
+fn median_and_best(rates: &[f64]) -> (f64, f64) {
+    let mut sorted = rates.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let mid = sorted.len() / 2;
+    let median = match (sorted.len() % 2, sorted.get(mid)) {
+        (_, None) => 0.0,
+        (1, Some(&middle)) => middle,
+        (_, Some(&upper)) => (sorted[mid - 1] + upper) / 2.0,
+    };
+    (median, sorted.last().copied().unwrap_or(0.0))
+}
+
 pub fn run(args: &MemoryArgs) -> Result<ExitCode> {
     let Budget::Bytes(bytes) = args.size else {
         bail!("--size takes bytes (e.g. 1GiB), not a preset");
@@ -93,10 +106,7 @@ pub fn run(args: &MemoryArgs) -> Result<ExitCode> {
     let read = words.len() as u64 * 8;
     let seconds = timed_passes(&words, args.repeats as usize)?;
     let rates: Vec<f64> = seconds.iter().map(|s| read as f64 / s).collect();
-    let mut sorted = rates.clone();
-    sorted.sort_by(f64::total_cmp);
-    let median = sorted[sorted.len() / 2];
-    let best = sorted[sorted.len() - 1];
+    let (median, best) = median_and_best(&rates);
     let threads = rayon::current_num_threads();
     if args.json {
         let doc = serde_json::json!({
@@ -124,7 +134,15 @@ pub fn run(args: &MemoryArgs) -> Result<ExitCode> {
 
 #[cfg(test)]
 mod tests {
-    use super::{filled, read_all, timed_passes};
+    use super::{filled, median_and_best, read_all, timed_passes};
+
+    #[test]
+    fn the_median_is_the_middle_rate_or_the_mean_of_the_two_middle_ones() {
+        assert_eq!(median_and_best(&[3.0, 1.0, 2.0]), (2.0, 3.0));
+        assert_eq!(median_and_best(&[4.0, 1.0, 3.0, 2.0]), (2.5, 4.0));
+        assert_eq!(median_and_best(&[5.0]), (5.0, 5.0));
+        assert_eq!(median_and_best(&[]), (0.0, 0.0));
+    }
 
     /// Every word counts: the parallel sum is the plain sum, and changing any one word
     /// changes it.
