@@ -340,7 +340,7 @@ for geometry in geometries:
                  f"{1e3/resident['tokens_per_second']:.0f} ms/token")
     for run in ("floor", "balanced", "balanced-unguessed", "floor-unverified"):
         r = load(f"run-{run}")
-        if r["activations"] != activations or resident.get("activations", "f32") != activations:
+        if r["activations"] != activations or resident["activations"] != activations:
             sys.exit(f"!! {geometry} {run}: ran with other activations than {activations}")
         budget = run.split("-")[0]
         steps = max(r["decode_steps"], 1)

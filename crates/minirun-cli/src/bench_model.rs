@@ -116,14 +116,13 @@ pub fn run(args: &ModelArgs) -> Result<ExitCode> {
     // Each row is printed as its test ends: a long prompt test shows before decoding starts.
     let shown = |t: &Timings| {
         if !args.json {
-            let per_token = t.weight_bytes_per_token();
             println!(
                 "| {} | {:.2} ± {:.2} | {} | {:.1} GB/s |",
                 t.test,
                 t.mean_rate(),
                 t.stdev_rate(),
-                human(per_token),
-                t.mean_rate() * per_token as f64 / 1e9,
+                human(t.weight_bytes_per_token()),
+                t.weight_bytes_per_second() / 1e9,
             );
         }
     };
@@ -152,7 +151,7 @@ pub fn run(args: &ModelArgs) -> Result<ExitCode> {
                     "tokens_per_second": t.rates(), "mean_tokens_per_second": t.mean_rate(),
                     "stdev_tokens_per_second": t.stdev_rate(),
                     "weight_bytes_per_token": t.weight_bytes_per_token(),
-                    "weight_bytes_per_second": t.mean_rate() * t.weight_bytes_per_token() as f64,
+                    "weight_bytes_per_second": t.weight_bytes_per_second(),
                 })
             })
             .collect();

@@ -1,5 +1,5 @@
 //! `--reads-in-flight` and `--guessed-layers`: how a streamed run reads its routed experts, one
-//! meaning in `minirun run` and `minirun serve`.
+//! meaning in `minirun run`, `minirun serve` and `minirun bench model`.
 
 use clap::Args;
 use minirun_runtime::plan::{DEFAULT_READS_IN_FLIGHT, GUESSED_LAYERS, Plan};

@@ -69,6 +69,11 @@ impl Timings {
         self.weight_bytes / (self.tokens as u64).max(1)
     }
 
+    /// Weight bytes read per second at the mean rate.
+    pub fn weight_bytes_per_second(&self) -> f64 {
+        self.mean_rate() * self.weight_bytes_per_token() as f64
+    }
+
     /// The sample standard deviation of the per-pass rates (0 for a single pass).
     pub fn stdev_rate(&self) -> f64 {
         let rates = self.rates();
@@ -86,16 +91,12 @@ fn bits(logits: &[f32]) -> Vec<u32> {
     logits.iter().map(|v| v.to_bits()).collect()
 }
 
-/// What a pass computed, compared between passes, and the weight bytes it computed with.
+/// What a pass computed and the weight bytes it computed with: both must be the same in every
+/// pass.
+#[derive(PartialEq)]
 struct Computed<T> {
     seen: T,
     weight_bytes: u64,
-}
-
-impl<T: PartialEq> PartialEq for Computed<T> {
-    fn eq(&self, other: &Self) -> bool {
-        self.seen == other.seen && self.weight_bytes == other.weight_bytes
-    }
 }
 
 /// `repeats` runs of `pass` (each giving its seconds and what it computed), every one required
@@ -240,6 +241,7 @@ mod tests {
             weight_bytes: 400,
         };
         assert_eq!(t.weight_bytes_per_token(), 100);
+        assert!((t.weight_bytes_per_second() - 100.0 * 28.0 / 3.0).abs() < 1e-9);
         assert_eq!(t.rates(), vec![4.0, 8.0, 16.0]);
         let mean = 28.0 / 3.0;
         assert!((t.mean_rate() - mean).abs() < 1e-12);
