@@ -94,7 +94,7 @@ impl pulp::WithSimd for QuantizeGroups<'_> {
                 } else {
                     round_half_away(v / d)
                 };
-                *code = q.clamp(-127.0, 127.0) as i8;
+                *code = code_of(q);
             }
             self.steps.push(d);
             self.sums.push(in_lanes(g, 0f32, |s, v| s + v));
@@ -115,6 +115,18 @@ fn in_lanes(values: &[f32], init: f32, op: impl Fn(f32, f32) -> f32) -> f32 {
     }
     let [l0, l1, l2, l3, l4, l5, l6, l7] = lanes;
     op(op(op(l0, l4), op(l2, l6)), op(op(l1, l5), op(l3, l7)))
+}
+
+/// `q.clamp(-127.0, 127.0) as i8` (NaN to 0) in operations that vectorize: a float `as` an
+/// integer saturates lane by lane, which compilers emit one element at a time. Adding 1.5 x 2^23
+/// to an integer-valued float of magnitude at most 127 leaves it exactly in the low mantissa
+/// bits, whose low byte is the code in two's complement.
+#[inline(always)]
+fn code_of(q: f32) -> i8 {
+    const MANTISSA_SHIFT: f32 = 12_582_912.0;
+    let clamped = q.clamp(-127.0, 127.0);
+    let finite = if clamped.is_nan() { 0.0 } else { clamped };
+    (finite + MANTISSA_SHIFT).to_bits() as u8 as i8
 }
 
 /// `v.round()` (half away from zero) in operations that vectorize: `v - trunc(v)` is exact.
@@ -149,7 +161,35 @@ fn pair_blocks(codes: &[i8]) -> Vec<i8> {
 
 #[cfg(test)]
 mod tests {
-    use super::round_half_away;
+    use super::{code_of, round_half_away};
+
+    /// The vectorizable code is the saturating cast on every value class: the clamp's ends,
+    /// values past them both ways, NaN, infinities, signed zeros, and a stride through all bits.
+    #[test]
+    fn code_of_is_the_clamped_saturating_cast() {
+        let special = [
+            127.0,
+            -127.0,
+            128.0,
+            -128.0,
+            126.0,
+            -1.0,
+            0.0,
+            -0.0,
+            1e30,
+            -1e30,
+            f32::NAN,
+            -f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+        ];
+        let integers = (-300..=300).map(|i| i as f32);
+        let stride = (0..u32::MAX).step_by(4099).map(f32::from_bits);
+        for q in special.into_iter().chain(integers).chain(stride) {
+            let q = round_half_away(q);
+            assert_eq!(code_of(q), q.clamp(-127.0, 127.0) as i8, "{q:e}");
+        }
+    }
 
     /// The vectorizable rounding is `f32::round` on every value class: halves both ways,
     /// values past 2^23 (already integers), infinities, NaN, and a stride through all bits.
