@@ -226,10 +226,17 @@ impl QMatrix<'_> {
         if batch == 0 {
             return Ok(());
         }
-        let vectors = xs
-            .chunks_exact(self.cols)
-            .map(|x| Int8Vector::quantize(x, group))
-            .collect::<Result<Vec<_>, _>>()?;
+        // Quantized on whichever worker takes each vector where the product itself is split
+        // between workers: on one, it would be the batch's serial part.
+        let vectors = if batch > 1 && self.rows * self.cols >= SERIAL_CELLS {
+            xs.par_chunks_exact(self.cols)
+                .map(|x| Int8Vector::quantize(x, group))
+                .collect::<Result<Vec<_>, _>>()?
+        } else {
+            xs.chunks_exact(self.cols)
+                .map(|x| Int8Vector::quantize(x, group))
+                .collect::<Result<Vec<_>, _>>()?
+        };
         let vectors: Vec<&Int8Vector> = vectors.iter().collect();
         let mut outs: Vec<&mut [f32]> = ys.chunks_exact_mut(self.rows).collect();
         self.int8_products(&vectors, &mut outs, kernel);

@@ -92,6 +92,30 @@ pub const SERIAL_CELLS: usize = 1 << 18;
 /// that each output's cache line is written whole: output by output, a row's `batch` stores
 /// would land a power of two apart, all in one cache set, and evict one another.
 pub(crate) fn unweave<O: AsMut<[f32]>>(by_row: &[f32], outs: &mut [O]) {
+    // Below this many values the transpose takes less than waking another worker.
+    const SERIAL_VALUES: usize = 1 << 14;
+    if by_row.len() < SERIAL_VALUES || rayon::current_num_threads() == 1 {
+        return unweave_serially(by_row, outs);
+    }
+    // Bands of rows on whichever worker takes them: each band's slices of every output.
+    const BAND_ROWS: usize = 256;
+    let batch = outs.len();
+    let mut bands: Vec<Vec<&mut [f32]>> = Vec::new();
+    for out in outs.iter_mut() {
+        for (band, rows) in out.as_mut().chunks_mut(BAND_ROWS).enumerate() {
+            if band == bands.len() {
+                bands.push(Vec::with_capacity(batch));
+            }
+            bands[band].push(rows);
+        }
+    }
+    bands
+        .into_par_iter()
+        .zip(by_row.par_chunks(BAND_ROWS * batch))
+        .for_each(|(mut band, by_row)| unweave_serially(by_row, &mut band));
+}
+
+fn unweave_serially<O: AsMut<[f32]>>(by_row: &[f32], outs: &mut [O]) {
     const ROWS_AT_ONCE: usize = 16;
     let batch = outs.len();
     if batch == 0 {

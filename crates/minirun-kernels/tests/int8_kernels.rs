@@ -302,6 +302,30 @@ fn other_formats_groups_and_lengths_are_refused() {
     assert!(Int8Vector::quantize(&[], 64).is_err());
 }
 
+/// A product big enough to quantize its batch and transpose its outputs on every worker (rows
+/// past a whole number of transpose bands) gives each vector the bits of its own product.
+#[test]
+fn a_large_batch_split_between_workers_keeps_each_vectors_bits() {
+    let stored = affine(4, 2100, 64, 2, FloatType::BF16, 5);
+    let m = stored.matrix().with_activations(Activations::Int8);
+    let batch = 9;
+    let xs: Vec<f32> = (0..batch)
+        .flat_map(|b| input(m.cols(), 300 + b as u64))
+        .collect();
+    let mut alone = Vec::new();
+    for x in xs.chunks_exact(m.cols()) {
+        let mut y = vec![0f32; m.rows()];
+        m.matvec(x, &mut y).unwrap();
+        alone.extend(bits(&y));
+    }
+    let split = on_threads(2, || {
+        let mut ys = vec![0f32; batch * m.rows()];
+        m.matmul(&xs, batch, &mut ys).unwrap();
+        bits(&ys)
+    });
+    assert_eq!(split, alone);
+}
+
 /// A batch (prefill) gives each vector the bits of its own product, through the SIMD and the
 /// portable code, on one thread and on two; `matvec` on a matrix set to 8-bit activations is
 /// `matvec_int8`.
