@@ -14,7 +14,9 @@
 //! group's integer sum then lands in its row's lane with no horizontal reduction, and the f32
 //! fold is the same operations lane by lane, so each (row, vector) keeps the bits of the row
 //! path. The transpose is paid once per batch: a lone vector stays on the row path, where it
-//! is the faster of the two.
+//! is the faster of the two. With 512-bit VNNI (`x86_vnni::Vnni512`), affine batches take
+//! sixteen rows at a time instead (`sixteen_rows.rs`): two octets' transposed chunks joined,
+//! one row per lane of a 512-bit register.
 //!
 //! Affine 8-bit rows (`dot_bytes`) multiply 32 stored bytes at a time with the codes of the
 //! same columns (`vpdpbusd`; on AVX2 as two nibbles, since `vpmaddubsw` of a whole byte could
@@ -33,7 +35,9 @@ use std::arch::x86_64::{__m256, __m256i};
 use super::format::{FloatType, Format, QMatrix};
 use super::int8_fold::{E2M1_DOUBLED, MXFP4_GROUP, combine, fold, mxfp4_half_scale};
 use super::int8_vector::{BLOCK, Int8Vector};
-use x86_vnni::Vnni;
+use x86_vnni::{Vnni, Vnni512};
+
+mod sixteen_rows;
 
 /// Bytes of packed 4-bit codes in one register: two blocks.
 const PAIR_BYTES: usize = BLOCK;
@@ -1139,6 +1143,42 @@ pub(crate) fn rows_batch(v3: V3, m: &QMatrix, first: usize, xs: &[&Int8Vector], 
             first,
             xs,
             out,
+        },
+    );
+}
+
+/// `rows_batch` with 512-bit VNNI: affine batches sixteen rows at a time
+/// (`sixteen_rows.rs`), everything else as `rows_batch_vnni` (the same bits).
+pub(crate) fn rows_batch_vnni512(
+    wide: Vnni512,
+    m: &QMatrix,
+    first: usize,
+    xs: &[&Int8Vector],
+    out: &mut [f32],
+) {
+    use sixteen_rows::rows_batch_sixteens;
+    wide.vectorize(
+        #[inline(always)]
+        || {
+            let group = xs.first().map_or(0, |x| x.group());
+            match (m.format, group) {
+                (Format::Affine { bits: 8, .. }, 32) => {
+                    rows_batch_sixteens::<ByteRows<1>>(wide, m, first, xs, out)
+                }
+                (Format::Affine { bits: 8, .. }, 64) => {
+                    rows_batch_sixteens::<ByteRows<2>>(wide, m, first, xs, out)
+                }
+                (Format::Affine { bits: 8, .. }, _) => {
+                    rows_batch_sixteens::<ByteRows<4>>(wide, m, first, xs, out)
+                }
+                (Format::Affine { .. }, 64) => {
+                    rows_batch_sixteens::<Blocks<1>>(wide, m, first, xs, out)
+                }
+                (Format::Affine { .. }, 128) => {
+                    rows_batch_sixteens::<Blocks<2>>(wide, m, first, xs, out)
+                }
+                _ => rows_batch_with(wide.vnni(), m, first, xs, out),
+            }
         },
     );
 }

@@ -128,6 +128,19 @@ fn rows_batch_portable(m: &QMatrix, first: usize, xs: &[&Int8Vector], out: &mut 
 
 fn rows_batch_fast(m: &QMatrix, first: usize, xs: &[&Int8Vector], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
+    if let Some(wide) = x86_vnni::Vnni512::try_new() {
+        return super::avx2_int8::rows_batch_vnni512(wide, m, first, xs, out);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(vnni) = x86_vnni::Vnni::try_new() {
+        return super::avx2_int8::rows_batch_vnni(vnni, m, first, xs, out);
+    }
+    rows_batch_avx2(m, first, xs, out)
+}
+
+/// The 256-bit VNNI path even where 512-bit VNNI exists (tests compare the paths).
+fn rows_batch_vnni256(m: &QMatrix, first: usize, xs: &[&Int8Vector], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
     if let Some(vnni) = x86_vnni::Vnni::try_new() {
         return super::avx2_int8::rows_batch_vnni(vnni, m, first, xs, out);
     }
@@ -202,6 +215,18 @@ impl QMatrix<'_> {
         self.matmul_int8_with(xs, batch, ys, rows_batch_avx2)
     }
 
+    /// `matmul` with 8-bit activations through the 256-bit VNNI code (octets of rows) even
+    /// where 512-bit VNNI exists (sixteens): tests compare the paths.
+    #[doc(hidden)]
+    pub fn matmul_int8_vnni256(
+        &self,
+        xs: &[f32],
+        batch: usize,
+        ys: &mut [f32],
+    ) -> Result<(), KernelError> {
+        self.matmul_int8_with(xs, batch, ys, rows_batch_vnni256)
+    }
+
     /// `matmul` with 8-bit activations through the portable code: tests compare the two.
     #[doc(hidden)]
     pub fn matmul_int8_portable(
@@ -228,7 +253,8 @@ impl QMatrix<'_> {
         }
         // Quantized on whichever worker takes each vector where the product itself is split
         // between workers: on one, it would be the batch's serial part.
-        let vectors = if batch > 1 && self.rows * self.cols >= SERIAL_CELLS {
+        let split = self.rows * self.cols >= SERIAL_CELLS && rayon::current_num_threads() > 1;
+        let vectors = if batch > 1 && split {
             xs.par_chunks_exact(self.cols)
                 .map(|x| Int8Vector::quantize(x, group))
                 .collect::<Result<Vec<_>, _>>()?

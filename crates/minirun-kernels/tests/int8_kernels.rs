@@ -370,19 +370,26 @@ fn a_batch_gives_each_vector_the_bits_of_its_own_product() {
                 alone.extend(bits(&y));
             }
             for threads in [1, 2] {
-                let (fast, avx2, portable) = on_threads(threads, || {
+                let (fast, vnni256, avx2, portable) = on_threads(threads, || {
                     let mut fast = vec![0f32; batch * m.rows()];
+                    let mut vnni256 = vec![0f32; batch * m.rows()];
                     let mut avx2 = vec![0f32; batch * m.rows()];
                     let mut portable = vec![0f32; batch * m.rows()];
                     m.matmul(&xs, batch, &mut fast).unwrap();
+                    m.matmul_int8_vnni256(&xs, batch, &mut vnni256).unwrap();
                     m.matmul_int8_avx2(&xs, batch, &mut avx2).unwrap();
                     m.matmul_int8_portable(&xs, batch, &mut portable).unwrap();
-                    (bits(&fast), bits(&avx2), bits(&portable))
+                    (bits(&fast), bits(&vnni256), bits(&avx2), bits(&portable))
                 });
-                // `matmul` takes VNNI where the machine has it; the AVX2 path must agree.
+                // `matmul` takes the widest VNNI the machine has (sixteen rows at a time with
+                // 512-bit registers); the 256-bit VNNI and AVX2 paths must agree.
                 assert_eq!(
                     fast, alone,
                     "{code_bits} bits group {group} batch {batch} {threads} threads"
+                );
+                assert_eq!(
+                    vnni256, alone,
+                    "{code_bits} bits group {group} batch {batch} 256-bit VNNI"
                 );
                 assert_eq!(
                     avx2, alone,

@@ -1,6 +1,8 @@
 //! A token that proves the CPU has AVX2, FMA and AVX-512 VNNI with 256-bit vectors
 //! (`avx512vl`), found at run time, and the one instruction it is for: `vpdpbusd`, four
-//! unsigned-by-signed byte products summed into each 32-bit lane.
+//! unsigned-by-signed byte products summed into each 32-bit lane. A second token, [`Vnni512`],
+//! proves the same with 512-bit vectors and carries the few 512-bit operations the kernels
+//! that use it need.
 //!
 //! pulp's tokens (`pulp::x86::V3`) wrap AVX2 safely but no VNNI instruction. This crate does
 //! the same for `vpdpbusd`: [`Vnni::try_new`] checks the features once, [`Vnni::vectorize`]
@@ -23,7 +25,12 @@
 
 #![cfg(target_arch = "x86_64")]
 
-use std::arch::x86_64::{__m256i, _MM_HINT_T0, _mm_prefetch, _mm256_dpbusd_epi32};
+use std::arch::x86_64::{
+    __m256i, __m512, __m512i, _MM_HINT_T0, _mm_prefetch, _mm256_dpbusd_epi32, _mm512_add_epi32,
+    _mm512_add_ps, _mm512_and_si512, _mm512_castsi256_si512, _mm512_cvtepi32_ps,
+    _mm512_dpbusd_epi32, _mm512_inserti64x4, _mm512_mul_ps, _mm512_set1_epi32, _mm512_set1_ps,
+    _mm512_srli_epi32,
+};
 
 /// Proof that AVX2, FMA, AVX-512F, AVX-512VL and AVX-512 VNNI are available.
 #[derive(Debug, Clone, Copy)]
@@ -83,6 +90,85 @@ impl Vnni {
     }
 }
 
+/// Proof that [`Vnni`]'s features are there with 512-bit vectors too: AVX-512F and VNNI, whose
+/// `vpdpbusd` then takes sixteen lanes at once. pulp wraps no 512-bit operation without a
+/// cargo feature that would switch every pulp dispatch in the workspace to 512-bit lanes, so
+/// the few operations the sixteen-row kernels need are here, behind this token.
+#[derive(Debug, Clone, Copy)]
+pub struct Vnni512 {
+    vnni: Vnni,
+}
+
+/// Safe methods for 512-bit intrinsics: each exists only on a token that proves AVX-512F.
+macro_rules! wide_ops {
+    ($($(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty = $intrinsic:expr;)*) => {
+        $(
+            $(#[$doc])*
+            #[inline(always)]
+            #[allow(unsafe_code)]
+            pub fn $name(self, $($arg: $ty),*) -> $ret {
+                // SAFETY: `self` exists only where `try_new` found avx512f and avx512vnni.
+                unsafe { $intrinsic($($arg),*) }
+            }
+        )*
+    };
+}
+
+impl Vnni512 {
+    /// The token, where the CPU has every feature it stands for.
+    pub fn try_new() -> Option<Vnni512> {
+        let vnni = Vnni::try_new()?;
+        Some(Vnni512 { vnni })
+    }
+
+    /// The 256-bit VNNI token these features include.
+    pub fn vnni(self) -> Vnni {
+        self.vnni
+    }
+
+    wide_ops! {
+        /// [`Vnni::dpbusd`] on sixteen 32-bit lanes.
+        fn dpbusd(acc: __m512i, unsigned: __m512i, signed: __m512i) -> __m512i = _mm512_dpbusd_epi32;
+        /// `value` in every 32-bit lane.
+        fn splat_i32(value: i32) -> __m512i = _mm512_set1_epi32;
+        /// `value` in every f32 lane.
+        fn splat_f32(value: f32) -> __m512 = _mm512_set1_ps;
+        /// Lane-wise wrapping 32-bit add.
+        fn add_i32(a: __m512i, b: __m512i) -> __m512i = _mm512_add_epi32;
+        /// Bitwise and.
+        fn and(a: __m512i, b: __m512i) -> __m512i = _mm512_and_si512;
+        /// Each 32-bit lane shifted right by four bits, zeros in.
+        fn shift_right_4(a: __m512i) -> __m512i = _mm512_srli_epi32::<4>;
+        /// Each 32-bit lane converted to the nearest f32 (`vcvtdq2ps`).
+        fn i32_to_f32(a: __m512i) -> __m512 = _mm512_cvtepi32_ps;
+        /// Lane-wise f32 add, one rounding.
+        fn add_f32(a: __m512, b: __m512) -> __m512 = _mm512_add_ps;
+        /// Lane-wise f32 multiply, one rounding.
+        fn mul_f32(a: __m512, b: __m512) -> __m512 = _mm512_mul_ps;
+    }
+
+    /// `low` in the 256 low bits, `high` in the 256 high bits.
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    pub fn join(self, low: __m256i, high: __m256i) -> __m512i {
+        // SAFETY: `self` exists only where `try_new` found avx512f.
+        unsafe { _mm512_inserti64x4::<1>(_mm512_castsi256_si512(low), high) }
+    }
+
+    /// Runs `work` compiled for these features (as [`Vnni::vectorize`] does for its own).
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    pub fn vectorize<R>(self, work: impl FnOnce() -> R) -> R {
+        #[target_feature(enable = "avx,avx2,fma,avx512f,avx512vl,avx512vnni")]
+        #[inline]
+        fn compiled<R>(work: impl FnOnce() -> R) -> R {
+            work()
+        }
+        // SAFETY: `self` exists only where `try_new` found every enabled feature.
+        unsafe { compiled(work) }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::Vnni;
@@ -105,6 +191,31 @@ mod tests {
         let acc: [i32; 8] = std::array::from_fn(|i| i as i32 * 1000 - 3000);
         let got: [i32; 8] =
             vnni.vectorize(|| cast(vnni.dpbusd(cast(acc), cast(unsigned), cast(signed))));
+        for (i, &lane) in got.iter().enumerate() {
+            let products: i32 = (4 * i..4 * i + 4)
+                .map(|k| i32::from(unsigned[k]) * i32::from(signed[k]))
+                .sum();
+            assert_eq!(lane, acc[i] + products, "lane {i}");
+        }
+    }
+
+    /// Each of the sixteen lanes is its four products' exact sum plus the accumulator.
+    #[test]
+    fn wide_dpbusd_sums_four_byte_products_per_lane_exactly() {
+        let Some(wide) = super::Vnni512::try_new() else {
+            eprintln!("NOT EXERCISED: no AVX-512 VNNI with 512-bit vectors on this CPU");
+            return;
+        };
+        let unsigned: [u8; 64] = std::array::from_fn(|k| (k as u8).wrapping_mul(37) | 0x80);
+        let signed: [i8; 64] = std::array::from_fn(|k| (k as i8).wrapping_mul(-29));
+        let acc: [i32; 16] = std::array::from_fn(|i| i as i32 * 977 - 7000);
+        let got: [i32; 16] = wide.vectorize(|| {
+            bytemuck::cast(wide.dpbusd(
+                bytemuck::cast(acc),
+                bytemuck::cast(unsigned),
+                bytemuck::cast(signed),
+            ))
+        });
         for (i, &lane) in got.iter().enumerate() {
             let products: i32 = (4 * i..4 * i + 4)
                 .map(|k| i32::from(unsigned[k]) * i32::from(signed[k]))
