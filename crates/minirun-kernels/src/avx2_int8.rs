@@ -14,7 +14,7 @@
 //! group's integer sum then lands in its row's lane with no horizontal reduction, and the f32
 //! fold is the same operations lane by lane, so each (row, vector) keeps the bits of the row
 //! path. The transpose is paid once per batch: a lone vector stays on the row path, where it
-//! is the faster of the two. With 512-bit VNNI (`x86_vnni::Vnni512`), affine batches take
+//! is the faster of the two. With 512-bit VNNI (`x86_vnni::Vnni512`), affine and MXFP4 batches take
 //! sixteen rows at a time instead (`sixteen_rows.rs`): two octets' transposed chunks joined,
 //! one row per lane of a 512-bit register.
 //!
@@ -1147,7 +1147,7 @@ pub(crate) fn rows_batch(v3: V3, m: &QMatrix, first: usize, xs: &[&Int8Vector], 
     );
 }
 
-/// `rows_batch` with 512-bit VNNI: affine batches sixteen rows at a time
+/// `rows_batch` with 512-bit VNNI: affine and MXFP4 batches sixteen rows at a time
 /// (`sixteen_rows.rs`), everything else as `rows_batch_vnni` (the same bits).
 pub(crate) fn rows_batch_vnni512(
     wide: Vnni512,
@@ -1176,6 +1176,9 @@ pub(crate) fn rows_batch_vnni512(
                 }
                 (Format::Affine { .. }, 128) => {
                     rows_batch_sixteens::<Blocks<2>>(wide, m, first, xs, out)
+                }
+                (Format::Mxfp4, _) if (m.cols / MXFP4_GROUP).is_multiple_of(2) => {
+                    rows_batch_sixteens::<Mxfp4Rows>(wide, m, first, xs, out)
                 }
                 _ => rows_batch_with(wide.vnni(), m, first, xs, out),
             }

@@ -29,7 +29,7 @@ use std::arch::x86_64::{
     __m256i, __m512, __m512i, _MM_HINT_T0, _mm_prefetch, _mm256_dpbusd_epi32, _mm512_add_epi32,
     _mm512_add_ps, _mm512_and_si512, _mm512_castsi256_si512, _mm512_cvtepi32_ps,
     _mm512_dpbusd_epi32, _mm512_inserti64x4, _mm512_mul_ps, _mm512_set1_epi32, _mm512_set1_ps,
-    _mm512_srli_epi32,
+    _mm512_srli_epi32, _mm512_sub_epi32,
 };
 
 /// Proof that AVX2, FMA, AVX-512F, AVX-512VL and AVX-512 VNNI are available.
@@ -135,6 +135,8 @@ impl Vnni512 {
         fn splat_f32(value: f32) -> __m512 = _mm512_set1_ps;
         /// Lane-wise wrapping 32-bit add.
         fn add_i32(a: __m512i, b: __m512i) -> __m512i = _mm512_add_epi32;
+        /// Lane-wise wrapping 32-bit subtract.
+        fn sub_i32(a: __m512i, b: __m512i) -> __m512i = _mm512_sub_epi32;
         /// Bitwise and.
         fn and(a: __m512i, b: __m512i) -> __m512i = _mm512_and_si512;
         /// Each 32-bit lane shifted right by four bits, zeros in.

@@ -1,4 +1,4 @@
-//! Affine rows sixteen at a time with 512-bit registers (`x86_vnni::Vnni512`): the octets of
+//! Affine and MXFP4 rows sixteen at a time with 512-bit registers (`x86_vnni::Vnni512`): the octets of
 //! the parent module twice over, one row per 32-bit lane of a 512-bit register. Each 32-byte
 //! chunk of rows `first..first + 8` and `first + 8..first + 16` is transposed as an octet's
 //! is, the two halves joined into one register, and each vector's codes are broadcast four
@@ -11,10 +11,12 @@ use std::arch::x86_64::{__m256i, __m512, __m512i};
 use x86_vnni::Vnni512;
 
 use super::{
-    AffineOctet, Blocks, ByteRows, GROUPS_AT_ONCE, GroupFloats, OCTET, OCTET_MIN_BATCH, PAIR_BYTES,
-    octet_chunk, octet_floats, octet_packed, rows_batch_octets,
+    AffineOctet, Blocks, ByteRows, GROUPS_AT_ONCE, GroupFloats, Mxfp4Rows, OCTET, OCTET_MIN_BATCH,
+    Octets, PAIR_BYTES, doubled, octet_chunk, octet_floats, octet_nibbles, octet_packed,
+    rows_batch_octets,
 };
 use crate::format::{Format, QMatrix};
+use crate::int8_fold::MXFP4_GROUP;
 use crate::int8_vector::{BLOCK, Int8Vector};
 
 /// Rows in one pass: two octets.
@@ -23,7 +25,7 @@ const SIXTEEN: usize = 2 * OCTET;
 /// Rows `first..` against every vector of `xs` into `out[i * batch + b]`: whole sixteens of
 /// rows here, the rest through the octets of the parent module (the same bits either way).
 #[inline(always)]
-pub(super) fn rows_batch_sixteens<K: SixteenRows>(
+pub(super) fn rows_batch_sixteens<K: Sixteens>(
     wide: Vnni512,
     m: &QMatrix,
     first: usize,
@@ -43,16 +45,56 @@ pub(super) fn rows_batch_sixteens<K: SixteenRows>(
         let mut scratch = SIXTEEN_SCRATCH.take();
         scratch.fit(batch);
         for (s, sixteen_out) in sixteens.chunks_exact_mut(SIXTEEN * batch).enumerate() {
-            sixteen_affine::<K>(wide, m, first + s * SIXTEEN, xs, sixteen_out, &mut scratch);
+            K::sixteen(wide, m, first + s * SIXTEEN, xs, sixteen_out, &mut scratch);
         }
         SIXTEEN_SCRATCH.set(scratch);
     }
     rows_batch_octets::<_, K>(wide.vnni(), m, first + sixteen_rows, xs, rest);
 }
 
+/// A row kernel with a sixteen-row form, each (row, vector) with the bits of its octet form.
+pub(super) trait Sixteens: Octets {
+    fn sixteen(
+        wide: Vnni512,
+        m: &QMatrix,
+        first: usize,
+        xs: &[&Int8Vector],
+        out: &mut [f32],
+        scratch: &mut SixteenScratch,
+    );
+}
+
+impl<K: SixteenRows> Sixteens for K {
+    #[inline(always)]
+    fn sixteen(
+        wide: Vnni512,
+        m: &QMatrix,
+        first: usize,
+        xs: &[&Int8Vector],
+        out: &mut [f32],
+        scratch: &mut SixteenScratch,
+    ) {
+        sixteen_affine::<K>(wide, m, first, xs, out, scratch)
+    }
+}
+
+impl Sixteens for Mxfp4Rows {
+    #[inline(always)]
+    fn sixteen(
+        wide: Vnni512,
+        m: &QMatrix,
+        first: usize,
+        xs: &[&Int8Vector],
+        out: &mut [f32],
+        scratch: &mut SixteenScratch,
+    ) {
+        sixteen_mxfp4(wide, m, first, xs, out, scratch)
+    }
+}
+
 /// An affine code width whose sixteens take its octet's chunks: the integer sums of one chunk
 /// of sixteen rows against one vector.
-pub(super) trait SixteenRows: AffineOctet + super::Octets {
+pub(super) trait SixteenRows: AffineOctet + Octets {
     /// A chunk's transposed bytes of sixteen rows prepared for the products (for 4-bit codes,
     /// split into nibbles).
     type Wide;
@@ -143,7 +185,7 @@ fn join<T: pulp::bytemuck::Pod, W: pulp::bytemuck::Pod>(wide: Vnni512, low: T, h
 
 /// The per-vector state of sixteen rows, as `OctetScratch` is for eight.
 #[derive(Default)]
-struct SixteenScratch {
+pub(super) struct SixteenScratch {
     acc: Vec<[__m512; 8]>,
     partial: Vec<__m512i>,
 }
@@ -268,4 +310,81 @@ fn store_sixteen(wide: Vnni512, accs: &[[__m512; 8]], out: &mut [f32]) {
             out[r * batch + v] = value;
         }
     }
+}
+
+/// MXFP4 rows `first..first + 16` against every vector of `xs` (an even number of groups per
+/// row), into `out[r * batch + b]`: `octet_mxfp4`'s steps with sixteen lanes. The weights,
+/// twice their e2m1 values, are signed, so the activation codes take the unsigned side offset
+/// by 128 and the offset's share is taken off each group's sum: the same exact `i_g`.
+#[inline(always)]
+fn sixteen_mxfp4(
+    wide: Vnni512,
+    m: &QMatrix,
+    first: usize,
+    xs: &[&Int8Vector],
+    out: &mut [f32],
+    scratch: &mut SixteenScratch,
+) {
+    let narrow = wide.vnni();
+    let v3 = narrow.v3();
+    let zero: __m512i = cast([0i32; SIXTEEN]);
+    let groups = m.cols / MXFP4_GROUP;
+    let row_bytes = m.cols / 2;
+    let (low_rows, _) = octet_packed(m, first, row_bytes);
+    let (high_rows, next) = octet_packed(m, first + OCTET, row_bytes);
+    let next_high = next.get(OCTET * row_bytes..).unwrap_or(&[]);
+    let batch = xs.len();
+    let accs = &mut scratch.acc[..batch];
+    for acc in accs.iter_mut() {
+        *acc = [cast([0f32; SIXTEEN]); 8];
+    }
+    let offset = wide.splat_i32(0x8080_8080u32 as i32);
+    const FLIP: i32 = 0x8080_8080u32 as i32;
+    let mut halves = [cast([0f32; SIXTEEN]); GROUPS_AT_ONCE];
+    for pair in 0..groups / 2 {
+        let g = 2 * pair;
+        if g % GROUPS_AT_ONCE == 0 {
+            let float = GroupFloats::HalfE8m0;
+            halves = sixteen_floats(wide, v3, float, m.scales, first, (groups, g));
+        }
+        let (low_even, low_odd) = octet_nibbles(narrow, next, &low_rows, pair);
+        let (high_even, high_odd) = octet_nibbles(narrow, next_high, &high_rows, pair);
+        let mut weights = ([zero; OCTET], [zero; OCTET]);
+        for i in 0..OCTET {
+            weights.0[i] = wide.join(doubled(v3, low_even[i]), doubled(v3, high_even[i]));
+            weights.1[i] = wide.join(doubled(v3, low_odd[i]), doubled(v3, high_odd[i]));
+        }
+        // Lanes 0-3 of the codes are the pair's first group, 4-7 its second.
+        let mut offsets = [zero; 2];
+        for i in 0..OCTET {
+            let with_even = wide.dpbusd(offsets[i / 4], offset, weights.0[i]);
+            offsets[i / 4] = wide.dpbusd(with_even, offset, weights.1[i]);
+        }
+        for (v, x) in xs.iter().enumerate() {
+            let codes = x.paired.as_chunks::<BLOCK>().0;
+            let (Some(&even), Some(&odd)) = (codes.get(2 * pair), codes.get(2 * pair + 1)) else {
+                continue;
+            };
+            let even: [i32; OCTET] = cast(even);
+            let odd: [i32; OCTET] = cast(odd);
+            let mut sums = [zero; 4];
+            for i in 0..OCTET {
+                let e = wide.splat_i32(even[i] ^ FLIP);
+                let o = wide.splat_i32(odd[i] ^ FLIP);
+                let at = i / 4 * 2 + i % 2;
+                let with_even = wide.dpbusd(sums[at], e, weights.0[i]);
+                sums[at] = wide.dpbusd(with_even, o, weights.1[i]);
+            }
+            for half in 0..2 {
+                let group = g + half;
+                let sum = wide.add_i32(sums[2 * half], sums[2 * half + 1]);
+                let i = wide.sub_i32(sum, offsets[half]);
+                let step = wide.splat_f32(x.steps.get(group).copied().unwrap_or(f32::NAN));
+                let terms = wide.mul_f32(wide.mul_f32(halves[group % 8], step), wide.i32_to_f32(i));
+                let acc = &mut accs[v][group % 8];
+                *acc = wide.add_f32(*acc, terms);
+            }
+        }
+    }
+    store_sixteen(wide, accs, out);
 }
