@@ -14,9 +14,9 @@
 //! group's integer sum then lands in its row's lane with no horizontal reduction, and the f32
 //! fold is the same operations lane by lane, so each (row, vector) keeps the bits of the row
 //! path. The transpose is paid once per batch: a lone vector stays on the row path, where it
-//! is the faster of the two. With 512-bit VNNI (`x86_vnni::Vnni512`), affine and MXFP4 batches take
-//! sixteen rows at a time instead (`sixteen_rows.rs`): two octets' transposed chunks joined,
-//! one row per lane of a 512-bit register.
+//! is the faster of the two. With 512-bit VNNI (`x86_vnni::Vnni512`), affine and MXFP4
+//! batches take sixteen rows at a time instead (`sixteen_rows.rs`): two octets' transposed
+//! chunks joined, one row per lane of a 512-bit register.
 //!
 //! Affine 8-bit rows (`dot_bytes`) multiply 32 stored bytes at a time with the codes of the
 //! same columns (`vpdpbusd`; on AVX2 as two nibbles, since `vpmaddubsw` of a whole byte could

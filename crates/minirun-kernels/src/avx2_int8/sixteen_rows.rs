@@ -1,10 +1,10 @@
-//! Affine and MXFP4 rows sixteen at a time with 512-bit registers (`x86_vnni::Vnni512`): the octets of
-//! the parent module twice over, one row per 32-bit lane of a 512-bit register. Each 32-byte
-//! chunk of rows `first..first + 8` and `first + 8..first + 16` is transposed as an octet's
-//! is, the two halves joined into one register, and each vector's codes are broadcast four
-//! bytes at a time into all sixteen rows. A `vpdpbusd` then does sixteen rows' work where an
-//! octet's does eight, and so does every operation of the fold. The f32 fold is the octet's
-//! (and the row path's) operations lane by lane, so each (row, vector) keeps its bits.
+//! Affine and MXFP4 rows sixteen at a time with 512-bit registers (`x86_vnni::Vnni512`): the
+//! octets of the parent module twice over, one row per 32-bit lane of a 512-bit register. Each
+//! 32-byte chunk of rows `first..first + 8` and `first + 8..first + 16` is transposed as an
+//! octet's is, the two halves joined into one register, and each vector's codes are broadcast
+//! four bytes at a time into all sixteen rows. A `vpdpbusd` then does sixteen rows' work where
+//! an octet's does eight, and so does every operation of the fold. The f32 fold is the
+//! octet's (and the row path's) operations lane by lane, so each (row, vector) keeps its bits.
 
 use pulp::bytemuck::cast;
 use std::arch::x86_64::{__m256i, __m512, __m512i};
