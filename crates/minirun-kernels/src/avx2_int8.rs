@@ -384,7 +384,7 @@ fn rows_batch_octets<E: PairProducts, K: Octets>(
     out: &mut [f32],
 ) {
     let batch = xs.len();
-    let octet_rows_total = if batch >= OCTET_MIN_BATCH {
+    let octet_rows_total = if takes_octets(xs) {
         out.len() / batch / OCTET * OCTET
     } else {
         0
@@ -481,6 +481,15 @@ const OCTET: usize = 8;
 /// The smallest batch that goes through an octet function: its transpose is paid once per octet
 /// and chunk, however many vectors share it.
 const OCTET_MIN_BATCH: usize = 2;
+
+/// Whether rows against `xs` go through octets (or sixteens): a batch, whose transposes the
+/// vectors share, or rows too short for a row's eight-group blocks, whose groups the row path
+/// would fold one at a time.
+#[inline(always)]
+fn takes_octets(xs: &[&Int8Vector]) -> bool {
+    let short = |x: &&Int8Vector| x.len() / x.group() < GROUPS_AT_ONCE;
+    xs.len() >= OCTET_MIN_BATCH || xs.first().is_some_and(short)
+}
 
 /// Bytes of one cache line.
 const CACHE_LINE: usize = 64;
@@ -631,9 +640,11 @@ enum GroupFloats {
 
 /// Groups `first_group..first_group + 8` of the stored scales (or biases) of rows
 /// `first..first + 8`, as f32: element `j` holds group `first_group + j`, lane `r` row
-/// `first + r`. Each row's eight values are read as one register, then transposed; where a
-/// row's eight are not all inside `bytes` (the last block of a matrix whose group count is
-/// not a multiple of 8) they are read one at a time.
+/// `first + r`. Each row's eight values are read as one register, then transposed. Where a
+/// row has fewer than eight groups left, the register runs on into the next row's values,
+/// which land in elements past the row's last group, which nobody reads; only at the end of
+/// `bytes` are they read one at a time (one value at a time into a register that is then read
+/// whole would wait on each store, which made short rows crawl).
 #[inline(always)]
 fn octet_floats(
     v3: V3,
@@ -647,7 +658,11 @@ fn octet_floats(
     let mut by_row = [zero; OCTET];
     for (r, row) in by_row.iter_mut().enumerate() {
         let index = (first + r) * groups + first_group;
-        *row = if first_group + GROUPS_AT_ONCE <= groups {
+        let stored = match scale {
+            GroupFloats::Float(t) => bytes.len() / t.size(),
+            GroupFloats::HalfE8m0 => bytes.len(),
+        };
+        *row = if index + GROUPS_AT_ONCE <= stored {
             match scale {
                 GroupFloats::Float(t) => cast(eight_floats(v3, t, bytes, index)),
                 GroupFloats::HalfE8m0 => cast(eight_half_scales(v3, bytes, index)),

@@ -332,11 +332,15 @@ fn a_large_batch_split_between_workers_keeps_each_vectors_bits() {
 #[test]
 fn a_batch_gives_each_vector_the_bits_of_its_own_product() {
     // (bits, group, groups): 0 bits for MXFP4 (an even group count takes octets of rows, an
-    // odd one the row path).
+    // odd one the row path). Rows of fewer than eight groups take octets even alone, their
+    // per-group floats read past each row's end but the matrix's.
     let cases = [
         (4, 32, 5),
         (4, 64, 20),
         (4, 128, 9),
+        (4, 64, 2),
+        (4, 128, 1),
+        (8, 64, 3),
         (0, 32, 21),
         (0, 32, 20),
         (0, 32, 2),

@@ -11,9 +11,9 @@ use std::arch::x86_64::{__m256i, __m512, __m512i};
 use x86_vnni::Vnni512;
 
 use super::{
-    AffineOctet, Blocks, ByteRows, GROUPS_AT_ONCE, GroupFloats, Mxfp4Rows, OCTET, OCTET_MIN_BATCH,
-    Octets, PAIR_BYTES, doubled, octet_chunk, octet_floats, octet_nibbles, octet_packed,
-    rows_batch_octets,
+    AffineOctet, Blocks, ByteRows, GROUPS_AT_ONCE, GroupFloats, Mxfp4Rows, OCTET, Octets,
+    PAIR_BYTES, doubled, octet_chunk, octet_floats, octet_nibbles, octet_packed, rows_batch_octets,
+    takes_octets,
 };
 use crate::format::{Format, QMatrix};
 use crate::int8_fold::MXFP4_GROUP;
@@ -33,7 +33,7 @@ pub(super) fn rows_batch_sixteens<K: Sixteens>(
     out: &mut [f32],
 ) {
     let batch = xs.len();
-    let sixteen_rows = if batch >= OCTET_MIN_BATCH {
+    let sixteen_rows = if takes_octets(xs) {
         out.len() / batch / SIXTEEN * SIXTEEN
     } else {
         0
