@@ -9,6 +9,48 @@ use pulp::{f32x8, u32x8};
 
 use super::format::{BlockScale, FloatType, Format, QMatrix};
 use x86_f16c::F16c;
+use x86_vnni::Vnni512;
+
+mod wide_rows;
+
+/// Whether [`rows_wide`] takes this matrix's format: those whose decoding it has.
+pub(crate) fn takes_wide(m: &QMatrix) -> bool {
+    matches!(
+        m.format,
+        Format::Affine { bits: 4, .. } | Format::Mxfp4 | Format::Dense(FloatType::BF16)
+    )
+}
+
+/// `Rows` with 512-bit registers: four rows at a time two to a register
+/// (`wide_rows.rs`), the rest as `Rows` computes them; the same bits.
+pub(crate) fn rows_wide(
+    wide: Vnni512,
+    m: &QMatrix,
+    first: usize,
+    x: &[f32],
+    xsum: &[[f32; 8]],
+    y: &mut [f32],
+) {
+    wide.vectorize(
+        #[inline(always)]
+        || {
+            let v3 = wide.vnni().v3();
+            let mut quads = y.chunks_exact_mut(4);
+            for (q, out) in (&mut quads).enumerate() {
+                let r = first + 4 * q;
+                let four = match wide_rows::dot4_wide(wide, m, r, x, xsum) {
+                    Some(four) => four,
+                    None => dot4(v3, None, m, r, x, xsum),
+                };
+                out.copy_from_slice(&four);
+            }
+            let done = y.len() / 4 * 4;
+            for (i, out) in y[done..].iter_mut().enumerate() {
+                *out = dot(v3, None, m, first + done + i, x, xsum);
+            }
+        },
+    )
+}
 
 pub(crate) struct Rows<'a, 'm> {
     pub v3: V3,

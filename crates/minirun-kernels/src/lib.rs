@@ -201,6 +201,15 @@ fn fp8_x_times_256(x: &[f32]) -> Vec<[f32; 8]> {
 
 fn run_rows(m: &QMatrix, first: usize, x: &[f32], xsum: &[[f32; 8]], y: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
+    if let Some(wide) = x86_vnni::Vnni512::try_new().filter(|_| avx2::takes_wide(m)) {
+        return avx2::rows_wide(wide, m, first, x, xsum, y);
+    }
+    run_rows_256(m, first, x, xsum, y)
+}
+
+/// `run_rows` with 256-bit registers even where 512-bit ones exist (tests compare the paths).
+fn run_rows_256(m: &QMatrix, first: usize, x: &[f32], xsum: &[[f32; 8]], y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
     if let Some(v3) = pulp::x86::V3::try_new() {
         return run_avx2(v3, m, |f16c| avx2::Rows {
             v3,
@@ -410,6 +419,17 @@ impl QMatrix<'_> {
         }
         let mut outs: Vec<&mut [f32]> = ys.chunks_exact_mut(self.rows).collect();
         unweave(&by_row, &mut outs);
+        Ok(())
+    }
+
+    /// `matvec` on one thread through the 256-bit code even where 512-bit registers exist:
+    /// tests compare the paths bit for bit.
+    #[doc(hidden)]
+    pub fn matvec_256bit(&self, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
+        check_len("x", self.cols, x.len())?;
+        check_len("y", self.rows, y.len())?;
+        let xsum = self.kernel_inputs(x);
+        run_rows_256(self, 0, x, &xsum, y);
         Ok(())
     }
 

@@ -112,22 +112,19 @@ fn input(cols: usize, seed: u64) -> Vec<f32> {
     Rng(seed ^ 0xABCD).floats(cols, 2.0)
 }
 
-/// `matvec` (the SIMD path where the machine has one) against `matvec_portable`, bit for bit, on
-/// an input drawn from `seed`.
+/// `matvec` (the widest SIMD path the machine has) and the 256-bit path against
+/// `matvec_portable`, bit for bit, on an input drawn from `seed`.
 fn assert_simd_has_the_portable_bits(m: &QMatrix, seed: u64) {
     let x = input(m.cols(), seed);
-    let (mut fast, mut portable) = (vec![0f32; m.rows()], vec![0f32; m.rows()]);
+    let (mut fast, mut narrow) = (vec![0f32; m.rows()], vec![0f32; m.rows()]);
+    let mut portable = vec![0f32; m.rows()];
     m.matvec(&x, &mut fast).unwrap();
+    m.matvec_256bit(&x, &mut narrow).unwrap();
     m.matvec_portable(&x, &mut portable).unwrap();
     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-    assert_eq!(
-        bits(&fast),
-        bits(&portable),
-        "{:?} {} x {}",
-        m.format(),
-        m.rows(),
-        m.cols()
-    );
+    let what = format!("{:?} {} x {}", m.format(), m.rows(), m.cols());
+    assert_eq!(bits(&fast), bits(&portable), "{what}");
+    assert_eq!(bits(&narrow), bits(&portable), "{what}: 256-bit");
 }
 
 proptest! {

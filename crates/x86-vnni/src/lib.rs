@@ -26,10 +26,13 @@
 #![cfg(target_arch = "x86_64")]
 
 use std::arch::x86_64::{
-    __m256i, __m512, __m512i, _MM_HINT_T0, _mm_prefetch, _mm256_dpbusd_epi32, _mm512_add_epi32,
-    _mm512_add_ps, _mm512_and_si512, _mm512_castsi256_si512, _mm512_cvtepi32_ps,
-    _mm512_dpbusd_epi32, _mm512_inserti64x4, _mm512_mul_ps, _mm512_set1_epi32, _mm512_set1_ps,
-    _mm512_srli_epi32, _mm512_sub_epi32,
+    __m256, __m256i, __m512, __m512i, _MM_HINT_T0, _mm_prefetch, _mm256_dpbusd_epi32,
+    _mm512_add_epi32, _mm512_add_ps, _mm512_and_si512, _mm512_castps256_ps512,
+    _mm512_castsi256_si512, _mm512_castsi512_si256, _mm512_cvtepi32_ps, _mm512_cvtepu16_epi32,
+    _mm512_dpbusd_epi32, _mm512_extracti64x4_epi64, _mm512_inserti64x4, _mm512_mask_mov_ps,
+    _mm512_mask_set1_epi32, _mm512_mul_ps, _mm512_permutexvar_ps, _mm512_set1_epi32,
+    _mm512_set1_ps, _mm512_shuffle_f32x4, _mm512_slli_epi32, _mm512_srli_epi32, _mm512_srlv_epi32,
+    _mm512_sub_epi32, _mm512_xor_si512,
 };
 
 /// Proof that AVX2, FMA, AVX-512F, AVX-512VL and AVX-512 VNNI are available.
@@ -147,6 +150,53 @@ impl Vnni512 {
         fn add_f32(a: __m512, b: __m512) -> __m512 = _mm512_add_ps;
         /// Lane-wise f32 multiply, one rounding.
         fn mul_f32(a: __m512, b: __m512) -> __m512 = _mm512_mul_ps;
+        /// Each 32-bit lane shifted right by its lane of `counts`, zeros in.
+        fn shift_right_var(a: __m512i, counts: __m512i) -> __m512i = _mm512_srlv_epi32;
+        /// Each 32-bit lane shifted left by sixteen bits.
+        fn shift_left_16(a: __m512i) -> __m512i = _mm512_slli_epi32::<16>;
+        /// Each 32-bit lane shifted left by 28 bits.
+        fn shift_left_28(a: __m512i) -> __m512i = _mm512_slli_epi32::<28>;
+        /// Bitwise exclusive or.
+        fn xor(a: __m512i, b: __m512i) -> __m512i = _mm512_xor_si512;
+        /// Sixteen u16 widened to sixteen 32-bit lanes.
+        fn widen_u16(a: __m256i) -> __m512i = _mm512_cvtepu16_epi32;
+        /// Lane `i` is `table`'s lane given by the low four bits of `index`'s lane `i`.
+        fn lookup_f32(index: __m512i, table: __m512) -> __m512 = _mm512_permutexvar_ps;
+    }
+
+    /// `low` in the eight low 32-bit lanes, `high` in the eight high ones.
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    pub fn splat_two_i32(self, low: i32, high: i32) -> __m512i {
+        // SAFETY: `self` exists only where `try_new` found avx512f.
+        unsafe { _mm512_mask_set1_epi32(_mm512_set1_epi32(low), 0xFF00, high) }
+    }
+
+    /// `low` in the eight low f32 lanes, `high` in the eight high ones.
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    pub fn splat_two_f32(self, low: f32, high: f32) -> __m512 {
+        // SAFETY: `self` exists only where `try_new` found avx512f.
+        unsafe { _mm512_mask_mov_ps(_mm512_set1_ps(low), 0xFF00, _mm512_set1_ps(high)) }
+    }
+
+    /// The 256 low bits and the 256 high bits.
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    pub fn halves(self, a: __m512i) -> (__m256i, __m256i) {
+        // SAFETY: `self` exists only where `try_new` found avx512f.
+        unsafe { (_mm512_castsi512_si256(a), _mm512_extracti64x4_epi64::<1>(a)) }
+    }
+
+    /// The eight f32 of `a` in both halves.
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    pub fn repeat_f32(self, a: __m256) -> __m512 {
+        // SAFETY: `self` exists only where `try_new` found avx512f.
+        unsafe {
+            let wide = _mm512_castps256_ps512(a);
+            _mm512_shuffle_f32x4::<0b01_00_01_00>(wide, wide)
+        }
     }
 
     /// `low` in the 256 low bits, `high` in the 256 high bits.
