@@ -17,7 +17,7 @@ mod wide_rows;
 pub(crate) fn takes_wide(m: &QMatrix) -> bool {
     matches!(
         m.format,
-        Format::Affine { bits: 4, .. } | Format::Mxfp4 | Format::Dense(FloatType::BF16)
+        Format::Affine { bits: 4 | 8, .. } | Format::Mxfp4 | Format::Dense(FloatType::BF16)
     )
 }
 

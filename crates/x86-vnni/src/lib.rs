@@ -26,13 +26,13 @@
 #![cfg(target_arch = "x86_64")]
 
 use std::arch::x86_64::{
-    __m256, __m256i, __m512, __m512i, _MM_HINT_T0, _mm_prefetch, _mm256_dpbusd_epi32,
+    __m128i, __m256, __m256i, __m512, __m512i, _MM_HINT_T0, _mm_prefetch, _mm256_dpbusd_epi32,
     _mm512_add_epi32, _mm512_add_ps, _mm512_and_si512, _mm512_castps256_ps512,
-    _mm512_castsi256_si512, _mm512_castsi512_si256, _mm512_cvtepi32_ps, _mm512_cvtepu16_epi32,
-    _mm512_dpbusd_epi32, _mm512_extracti64x4_epi64, _mm512_inserti64x4, _mm512_mask_mov_ps,
-    _mm512_mask_set1_epi32, _mm512_mul_ps, _mm512_permutexvar_ps, _mm512_set1_epi32,
-    _mm512_set1_ps, _mm512_shuffle_f32x4, _mm512_slli_epi32, _mm512_srli_epi32, _mm512_srlv_epi32,
-    _mm512_sub_epi32, _mm512_xor_si512,
+    _mm512_castsi256_si512, _mm512_castsi512_si256, _mm512_cvtepi32_ps, _mm512_cvtepu8_epi32,
+    _mm512_cvtepu16_epi32, _mm512_dpbusd_epi32, _mm512_extracti64x4_epi64, _mm512_inserti64x4,
+    _mm512_mask_mov_ps, _mm512_mask_set1_epi32, _mm512_mul_ps, _mm512_permutexvar_ps,
+    _mm512_set1_epi32, _mm512_set1_ps, _mm512_shuffle_f32x4, _mm512_slli_epi32, _mm512_srli_epi32,
+    _mm512_srlv_epi32, _mm512_sub_epi32, _mm512_xor_si512,
 };
 
 /// Proof that AVX2, FMA, AVX-512F, AVX-512VL and AVX-512 VNNI are available.
@@ -160,6 +160,8 @@ impl Vnni512 {
         fn xor(a: __m512i, b: __m512i) -> __m512i = _mm512_xor_si512;
         /// Sixteen u16 widened to sixteen 32-bit lanes.
         fn widen_u16(a: __m256i) -> __m512i = _mm512_cvtepu16_epi32;
+        /// Sixteen u8 widened to sixteen 32-bit lanes.
+        fn widen_u8(a: __m128i) -> __m512i = _mm512_cvtepu8_epi32;
         /// Lane `i` is `table`'s lane given by the low four bits of `index`'s lane `i`.
         fn lookup_f32(index: __m512i, table: __m512) -> __m512 = _mm512_permutexvar_ps;
     }

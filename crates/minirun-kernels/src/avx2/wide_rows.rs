@@ -1,6 +1,7 @@
 //! The exact path's four rows at once (`dot4`) with 512-bit registers (`x86_vnni::Vnni512`)
-//! for affine 4-bit, MXFP4 and BF16 matrices: rows `r` and `r + 1` share one register (row `r`
-//! in the eight low lanes, row `r + 1` in the eight high ones), as do rows `r + 2` and `r + 3`.
+//! for affine 4- and 8-bit, MXFP4 and BF16 matrices: rows `r` and `r + 1` share one register
+//! (row `r` in the eight low lanes, row `r + 1` in the eight high ones), as do rows `r + 2`
+//! and `r + 3`.
 //! Every lane does the operations of its row's lane in `dot4`, in the same order (a decoded
 //! weight times `x`, added into the segment's part; the part folded into the row's
 //! accumulators at the segment's end; the same eight-lane reduction), so each row keeps its
@@ -29,11 +30,7 @@ pub(super) fn dot4_wide(
         std::array::from_fn(|i| &m.packed[(r + i) * row_bytes..(r + i + 1) * row_bytes]);
     let tail = m.packed.get(r * row_bytes..).unwrap_or(&[]);
     match m.format {
-        Format::Affine {
-            bits: 4,
-            group,
-            scale,
-        } => {
+        Format::Affine { bits, group, scale } => {
             let groups = m.cols / group;
             let pair = |i: usize| AffinePair {
                 m,
@@ -42,7 +39,11 @@ pub(super) fn dot4_wide(
                 xsum,
             };
             let k = [pair(0), pair(2)];
-            Some(segmented4_wide::<4, _>(wide, rows, tail, x, group, &k))
+            match bits {
+                4 => Some(segmented4_wide::<4, _>(wide, rows, tail, x, group, &k)),
+                8 => Some(segmented4_wide::<8, _>(wide, rows, tail, x, group, &k)),
+                _ => None,
+            }
         }
         Format::Mxfp4 => {
             let groups = m.cols / 32;
@@ -65,7 +66,7 @@ trait PairSegments<const CB: usize> {
     fn finish(&self, wide: Vnni512, segment: usize, part: __m512, acc: __m512) -> __m512;
 }
 
-/// Affine 4-bit: nibbles to f32; a segment (group) folded as `s * part + b * xsum`.
+/// Affine 4- and 8-bit: codes to f32; a segment (group) folded as `s * part + b * xsum`.
 struct AffinePair<'a, 'm> {
     m: &'a QMatrix<'m>,
     scale: FloatType,
@@ -81,6 +82,27 @@ impl PairSegments<4> for AffinePair<'_, '_> {
 
     #[inline(always)]
     fn finish(&self, wide: Vnni512, g: usize, part: __m512, acc: __m512) -> __m512 {
+        self.fold(wide, g, part, acc)
+    }
+}
+
+/// Affine 8-bit: bytes to f32, folded as 4-bit is.
+impl PairSegments<8> for AffinePair<'_, '_> {
+    #[inline(always)]
+    fn decode(&self, wide: Vnni512, low: &[u8; 8], high: &[u8; 8]) -> __m512 {
+        wide.i32_to_f32(wide.widen_u8(cast([*low, *high])))
+    }
+
+    #[inline(always)]
+    fn finish(&self, wide: Vnni512, g: usize, part: __m512, acc: __m512) -> __m512 {
+        self.fold(wide, g, part, acc)
+    }
+}
+
+impl AffinePair<'_, '_> {
+    /// Group `g`'s part folded into the two rows' accumulators: `acc + (s * part + b * xsum)`.
+    #[inline(always)]
+    fn fold(&self, wide: Vnni512, g: usize, part: __m512, acc: __m512) -> __m512 {
         let [a, b] = self.first_groups;
         let read = |values: &[u8], at: usize| self.scale.read(values, at + g);
         let s = wide.splat_two_f32(read(self.m.scales, a), read(self.m.scales, b));
