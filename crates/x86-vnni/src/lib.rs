@@ -209,17 +209,11 @@ impl Vnni512 {
         unsafe { _mm512_inserti64x4::<1>(_mm512_castsi256_si512(low), high) }
     }
 
-    /// Runs `work` compiled for these features (as [`Vnni::vectorize`] does for its own).
+    /// Runs `work` compiled for these features: [`Vnni::vectorize`], whose features (AVX-512F
+    /// among them) are this token's.
     #[inline(always)]
-    #[allow(unsafe_code)]
     pub fn vectorize<R>(self, work: impl FnOnce() -> R) -> R {
-        #[target_feature(enable = "avx,avx2,fma,avx512f,avx512vl,avx512vnni")]
-        #[inline]
-        fn compiled<R>(work: impl FnOnce() -> R) -> R {
-            work()
-        }
-        // SAFETY: `self` exists only where `try_new` found every enabled feature.
-        unsafe { compiled(work) }
+        self.vnni.vectorize(work)
     }
 }
 
