@@ -498,25 +498,36 @@ const CACHE_LINE: usize = 64;
 /// `8 x 32` bytes.
 const PREFETCH_LINES: usize = OCTET * PAIR_BYTES / CACHE_LINE;
 
-/// The per-vector state of an octet of rows: the eight f32 accumulators of step 2 (lane `r`
-/// for row `r`) and, for groups of 128 columns, the group's integer sum so far; at least one
-/// entry per vector of the batch.
-#[derive(Default)]
-struct OctetScratch {
-    acc: Vec<[__m256; 8]>,
-    partial: Vec<__m256i>,
+/// The per-vector state of rows computed together, one row per lane of registers `F` (f32)
+/// and `I` (i32): the eight f32 accumulators of step 2 and, for groups of more than one chunk,
+/// the group's integer sum so far; at least one entry per vector of the batch.
+struct LaneScratch<F, I> {
+    acc: Vec<[F; 8]>,
+    partial: Vec<I>,
 }
 
-impl OctetScratch {
+impl<F, I> Default for LaneScratch<F, I> {
+    fn default() -> Self {
+        LaneScratch {
+            acc: Vec::new(),
+            partial: Vec::new(),
+        }
+    }
+}
+
+impl<F: pulp::bytemuck::Zeroable + Copy, I: pulp::bytemuck::Zeroable + Copy> LaneScratch<F, I> {
     /// Room for `batch` vectors. Every entry is written before it is read, so old contents
     /// may stay.
     fn fit(&mut self, batch: usize) {
         if self.acc.len() < batch {
-            self.acc.resize(batch, [cast([0f32; 8]); 8]);
-            self.partial.resize(batch, cast([0i32; 8]));
+            self.acc.resize(batch, [F::zeroed(); 8]);
+            self.partial.resize(batch, I::zeroed());
         }
     }
 }
+
+/// An octet's scratch: eight lanes.
+type OctetScratch = LaneScratch<__m256, __m256i>;
 
 thread_local! {
     /// Each thread's scratch, kept between products: allocating it for each band of rows cost
@@ -1147,7 +1158,7 @@ pub(crate) fn rows_batch(v3: V3, m: &QMatrix, first: usize, xs: &[&Int8Vector], 
         type Output = ();
         #[inline(always)]
         fn with_simd<S: pulp::Simd>(self, _: S) {
-            rows_batch_with(self.v3, self.m, self.first, self.xs, self.out);
+            by_format(OctetRunner(self.v3), self.m, self.first, self.xs, self.out);
         }
     }
     pulp::Simd::vectorize(
@@ -1171,33 +1182,9 @@ pub(crate) fn rows_batch_vnni512(
     xs: &[&Int8Vector],
     out: &mut [f32],
 ) {
-    use sixteen_rows::rows_batch_sixteens;
     wide.vectorize(
         #[inline(always)]
-        || {
-            let group = xs.first().map_or(0, |x| x.group());
-            match (m.format, group) {
-                (Format::Affine { bits: 8, .. }, 32) => {
-                    rows_batch_sixteens::<ByteRows<1>>(wide, m, first, xs, out)
-                }
-                (Format::Affine { bits: 8, .. }, 64) => {
-                    rows_batch_sixteens::<ByteRows<2>>(wide, m, first, xs, out)
-                }
-                (Format::Affine { bits: 8, .. }, _) => {
-                    rows_batch_sixteens::<ByteRows<4>>(wide, m, first, xs, out)
-                }
-                (Format::Affine { .. }, 64) => {
-                    rows_batch_sixteens::<Blocks<1>>(wide, m, first, xs, out)
-                }
-                (Format::Affine { .. }, 128) => {
-                    rows_batch_sixteens::<Blocks<2>>(wide, m, first, xs, out)
-                }
-                (Format::Mxfp4, _) if (m.cols / MXFP4_GROUP).is_multiple_of(2) => {
-                    rows_batch_sixteens::<Mxfp4Rows>(wide, m, first, xs, out)
-                }
-                _ => rows_batch_with(wide.vnni(), m, first, xs, out),
-            }
-        },
+        || by_format(SixteenRunner(wide), m, first, xs, out),
     );
 }
 
@@ -1211,13 +1198,71 @@ pub(crate) fn rows_batch_vnni(
 ) {
     vnni.vectorize(
         #[inline(always)]
-        || rows_batch_with(vnni, m, first, xs, out),
+        || by_format(OctetRunner(vnni), m, first, xs, out),
     );
 }
 
+/// How rows against a batch run for a row kernel `K`: batched (octets or sixteens of rows)
+/// for the kernels that have a batched form, one row at a time for the others.
+trait BatchRunner: Copy {
+    fn batched<K: sixteen_rows::Sixteens>(
+        self,
+        m: &QMatrix,
+        first: usize,
+        xs: &[&Int8Vector],
+        out: &mut [f32],
+    );
+    fn each_row<K: RowDot>(self, m: &QMatrix, first: usize, xs: &[&Int8Vector], out: &mut [f32]);
+}
+
+/// Octets of rows in 256-bit registers, with engine `E` (AVX2 or VNNI).
+#[derive(Clone, Copy)]
+struct OctetRunner<E>(E);
+
+impl<E: PairProducts> BatchRunner for OctetRunner<E> {
+    #[inline(always)]
+    fn batched<K: sixteen_rows::Sixteens>(
+        self,
+        m: &QMatrix,
+        first: usize,
+        xs: &[&Int8Vector],
+        out: &mut [f32],
+    ) {
+        rows_batch_octets::<E, K>(self.0, m, first, xs, out)
+    }
+
+    #[inline(always)]
+    fn each_row<K: RowDot>(self, m: &QMatrix, first: usize, xs: &[&Int8Vector], out: &mut [f32]) {
+        each_row::<E, K>(self.0, m, first, xs, out)
+    }
+}
+
+/// Sixteens of rows in 512-bit registers.
+#[derive(Clone, Copy)]
+struct SixteenRunner(Vnni512);
+
+impl BatchRunner for SixteenRunner {
+    #[inline(always)]
+    fn batched<K: sixteen_rows::Sixteens>(
+        self,
+        m: &QMatrix,
+        first: usize,
+        xs: &[&Int8Vector],
+        out: &mut [f32],
+    ) {
+        sixteen_rows::rows_batch_sixteens::<K>(self.0, m, first, xs, out)
+    }
+
+    #[inline(always)]
+    fn each_row<K: RowDot>(self, m: &QMatrix, first: usize, xs: &[&Int8Vector], out: &mut [f32]) {
+        each_row::<Vnni, K>(self.0.vnni(), m, first, xs, out)
+    }
+}
+
+/// The row kernel of `m`'s format and the batch's group, run by `runner`.
 #[inline(always)]
-fn rows_batch_with<E: PairProducts>(
-    engine: E,
+fn by_format<R: BatchRunner>(
+    runner: R,
     m: &QMatrix,
     first: usize,
     xs: &[&Int8Vector],
@@ -1225,25 +1270,20 @@ fn rows_batch_with<E: PairProducts>(
 ) {
     let group = xs.first().map_or(0, |x| x.group());
     match (m.format, group) {
-        // The octets read whole 64-column chunks: an odd group count stays on the row path.
+        // The batched forms read whole 64-column chunks: an odd group count stays on the row
+        // path.
         (Format::Mxfp4, _) if (m.cols / MXFP4_GROUP).is_multiple_of(2) => {
-            rows_batch_octets::<E, Mxfp4Rows>(engine, m, first, xs, out)
+            runner.batched::<Mxfp4Rows>(m, first, xs, out)
         }
-        (Format::Mxfp4, _) => each_row::<E, Mxfp4Rows>(engine, m, first, xs, out),
+        (Format::Mxfp4, _) => runner.each_row::<Mxfp4Rows>(m, first, xs, out),
         // Registers of 32 bytes per group, as a constant of the row code.
-        (Format::Affine { bits: 8, .. }, 32) => {
-            rows_batch_octets::<E, ByteRows<1>>(engine, m, first, xs, out)
-        }
-        (Format::Affine { bits: 8, .. }, 64) => {
-            rows_batch_octets::<E, ByteRows<2>>(engine, m, first, xs, out)
-        }
-        (Format::Affine { bits: 8, .. }, _) => {
-            rows_batch_octets::<E, ByteRows<4>>(engine, m, first, xs, out)
-        }
+        (Format::Affine { bits: 8, .. }, 32) => runner.batched::<ByteRows<1>>(m, first, xs, out),
+        (Format::Affine { bits: 8, .. }, 64) => runner.batched::<ByteRows<2>>(m, first, xs, out),
+        (Format::Affine { bits: 8, .. }, _) => runner.batched::<ByteRows<4>>(m, first, xs, out),
         // Pairs of 32-column blocks per group, likewise.
-        (_, 64) => rows_batch_octets::<E, Blocks<1>>(engine, m, first, xs, out),
-        (_, 128) => rows_batch_octets::<E, Blocks<2>>(engine, m, first, xs, out),
-        _ => each_row::<E, Group32Rows>(engine, m, first, xs, out),
+        (_, 64) => runner.batched::<Blocks<1>>(m, first, xs, out),
+        (_, 128) => runner.batched::<Blocks<2>>(m, first, xs, out),
+        _ => runner.each_row::<Group32Rows>(m, first, xs, out),
     }
 }
 

@@ -11,9 +11,9 @@ use std::arch::x86_64::{__m256i, __m512, __m512i};
 use x86_vnni::Vnni512;
 
 use super::{
-    AffineOctet, Blocks, ByteRows, GROUPS_AT_ONCE, GroupFloats, Mxfp4Rows, OCTET, Octets,
-    PAIR_BYTES, doubled, octet_chunk, octet_floats, octet_nibbles, octet_packed, rows_batch_octets,
-    takes_octets,
+    AffineOctet, Blocks, ByteRows, GROUPS_AT_ONCE, GroupFloats, LaneScratch, Mxfp4Rows, OCTET,
+    Octets, PAIR_BYTES, doubled, octet_chunk, octet_floats, octet_nibbles, octet_packed,
+    rows_batch_octets, takes_octets,
 };
 use crate::format::{Format, QMatrix};
 use crate::int8_fold::MXFP4_GROUP;
@@ -183,22 +183,8 @@ fn join<T: pulp::bytemuck::Pod, W: pulp::bytemuck::Pod>(wide: Vnni512, low: T, h
     cast(wide.join(low, high))
 }
 
-/// The per-vector state of sixteen rows, as `OctetScratch` is for eight.
-#[derive(Default)]
-pub(super) struct SixteenScratch {
-    acc: Vec<[__m512; 8]>,
-    partial: Vec<__m512i>,
-}
-
-impl SixteenScratch {
-    /// Room for `batch` vectors. Every entry is written before it is read.
-    fn fit(&mut self, batch: usize) {
-        if self.acc.len() < batch {
-            self.acc.resize(batch, [cast([0f32; 16]); 8]);
-            self.partial.resize(batch, cast([0i32; 16]));
-        }
-    }
-}
+/// Sixteen rows' scratch: sixteen lanes.
+pub(super) type SixteenScratch = LaneScratch<__m512, __m512i>;
 
 thread_local! {
     static SIXTEEN_SCRATCH: std::cell::RefCell<SixteenScratch> = std::cell::RefCell::default();
