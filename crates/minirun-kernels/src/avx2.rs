@@ -15,10 +15,7 @@ mod wide_rows;
 
 /// Whether [`rows_wide`] takes this matrix's format: those whose decoding it has.
 pub(crate) fn takes_wide(m: &QMatrix) -> bool {
-    matches!(
-        m.format,
-        Format::Affine { bits: 4 | 8, .. } | Format::Mxfp4 | Format::Dense(FloatType::BF16)
-    )
+    wide_rows::decodes(m.format)
 }
 
 /// `Rows` with 512-bit registers: four rows at a time two to a register

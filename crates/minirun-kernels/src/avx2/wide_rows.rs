@@ -16,7 +16,15 @@ use super::{CACHE_LINE, E2M1_POSITIVE, NIBBLE_SHIFTS, PREFETCH_DISTANCE, four_ah
 use crate::decode;
 use crate::format::{FloatType, Format, QMatrix};
 
-/// `dot4` for the formats this module takes; `None` for the others.
+/// Whether [`dot4_wide`] decodes this format.
+pub(super) fn decodes(format: Format) -> bool {
+    matches!(
+        format,
+        Format::Affine { bits: 4 | 8, .. } | Format::Mxfp4 | Format::Dense(FloatType::BF16)
+    )
+}
+
+/// `dot4` for the formats [`decodes`] names; `None` for the others.
 #[inline(always)]
 pub(super) fn dot4_wide(
     wide: Vnni512,
