@@ -9,7 +9,7 @@ use pulp::{f32x8, u32x8};
 
 use super::format::{BlockScale, FloatType, Format, QMatrix};
 use x86_f16c::F16c;
-use x86_vnni::Vnni512;
+use x86_vnni::{Vbmi512, Vnni512};
 
 mod wide_rows;
 
@@ -19,34 +19,53 @@ pub(crate) fn takes_wide(m: &QMatrix) -> bool {
 }
 
 /// `Rows` with 512-bit registers: four rows at a time two to a register
-/// (`wide_rows.rs`), the rest as `Rows` computes them; the same bits.
+/// (`wide_rows.rs`), the rest as `Rows` computes them; the same bits. With `vbmi`, 4-bit codes
+/// are placed by byte picks, compiled for VBMI; without it, by shifts.
 pub(crate) fn rows_wide(
     wide: Vnni512,
+    vbmi: Option<Vbmi512>,
     m: &QMatrix,
     first: usize,
     x: &[f32],
     xsum: &[[f32; 8]],
     y: &mut [f32],
 ) {
-    wide.vectorize(
-        #[inline(always)]
-        || {
-            let v3 = wide.vnni().v3();
-            let mut quads = y.chunks_exact_mut(4);
-            for (q, out) in (&mut quads).enumerate() {
-                let r = first + 4 * q;
-                let four = match wide_rows::dot4_wide(wide, m, r, x, xsum) {
-                    Some(four) => four,
-                    None => dot4(v3, None, m, r, x, xsum),
-                };
-                out.copy_from_slice(&four);
-            }
-            let done = y.len() / 4 * 4;
-            for (i, out) in y[done..].iter_mut().enumerate() {
-                *out = dot(v3, None, m, first + done + i, x, xsum);
-            }
-        },
-    )
+    match vbmi {
+        Some(vbmi) => vbmi.vectorize(
+            #[inline(always)]
+            || wide_quads(wide, Some(vbmi), m, first, x, xsum, y),
+        ),
+        None => wide.vectorize(
+            #[inline(always)]
+            || wide_quads(wide, None, m, first, x, xsum, y),
+        ),
+    }
+}
+
+#[inline(always)]
+fn wide_quads(
+    wide: Vnni512,
+    vbmi: Option<Vbmi512>,
+    m: &QMatrix,
+    first: usize,
+    x: &[f32],
+    xsum: &[[f32; 8]],
+    y: &mut [f32],
+) {
+    let v3 = wide.vnni().v3();
+    let mut quads = y.chunks_exact_mut(4);
+    for (q, out) in (&mut quads).enumerate() {
+        let r = first + 4 * q;
+        let four = match wide_rows::dot4_wide(wide, vbmi, m, r, x, xsum) {
+            Some(four) => four,
+            None => dot4(v3, None, m, r, x, xsum),
+        };
+        out.copy_from_slice(&four);
+    }
+    let done = y.len() / 4 * 4;
+    for (i, out) in y[done..].iter_mut().enumerate() {
+        *out = dot(v3, None, m, first + done + i, x, xsum);
+    }
 }
 
 pub(crate) struct Rows<'a, 'm> {

@@ -202,7 +202,24 @@ fn fp8_x_times_256(x: &[f32]) -> Vec<[f32; 8]> {
 fn run_rows(m: &QMatrix, first: usize, x: &[f32], xsum: &[[f32; 8]], y: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if let Some(wide) = x86_vnni::Vnni512::try_new().filter(|_| avx2::takes_wide(m)) {
-        return avx2::rows_wide(wide, m, first, x, xsum, y);
+        let vbmi = x86_vnni::Vbmi512::try_new();
+        return avx2::rows_wide(wide, vbmi, m, first, x, xsum, y);
+    }
+    run_rows_256(m, first, x, xsum, y)
+}
+
+/// `run_rows` with 512-bit registers but without VBMI's byte picks even where the CPU has
+/// them (tests compare the paths).
+fn run_rows_512_without_vbmi(
+    m: &QMatrix,
+    first: usize,
+    x: &[f32],
+    xsum: &[[f32; 8]],
+    y: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(wide) = x86_vnni::Vnni512::try_new().filter(|_| avx2::takes_wide(m)) {
+        return avx2::rows_wide(wide, None, m, first, x, xsum, y);
     }
     run_rows_256(m, first, x, xsum, y)
 }
@@ -430,6 +447,17 @@ impl QMatrix<'_> {
         check_len("y", self.rows, y.len())?;
         let xsum = self.kernel_inputs(x);
         run_rows_256(self, 0, x, &xsum, y);
+        Ok(())
+    }
+
+    /// `matvec` on one thread through the 512-bit code without VBMI even where the CPU has it:
+    /// tests compare the paths bit for bit.
+    #[doc(hidden)]
+    pub fn matvec_512bit_without_vbmi(&self, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
+        check_len("x", self.cols, x.len())?;
+        check_len("y", self.rows, y.len())?;
+        let xsum = self.kernel_inputs(x);
+        run_rows_512_without_vbmi(self, 0, x, &xsum, y);
         Ok(())
     }
 

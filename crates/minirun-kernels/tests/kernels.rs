@@ -11,7 +11,6 @@ use proptest::prelude::*;
 const FLOATS: [FloatType; 3] = [FloatType::F32, FloatType::F16, FloatType::BF16];
 
 fn make(kind: usize, rows: usize, segments: usize, pick: usize, seed: u64) -> Stored {
-    let mut rng = Rng(seed);
     let float = FLOATS[pick % 3];
     let (format, cols) = match kind % 5 {
         0 => (Format::Dense(float), 8 * segments),
@@ -54,6 +53,12 @@ fn make(kind: usize, rows: usize, segments: usize, pick: usize, seed: u64) -> St
             32 * segments,
         ),
     };
+    stored(format, rows, cols, seed)
+}
+
+/// A matrix of `format` with random codes and moderate scales drawn from `seed`.
+fn stored(format: Format, rows: usize, cols: usize, seed: u64) -> Stored {
+    let mut rng = Rng(seed);
     let cells = rows * cols;
     let (packed, scales, biases) = match format {
         Format::Dense(t) => (float_bytes(t, &rng.floats(cells, 2.0)), vec![], vec![]),
@@ -112,19 +117,60 @@ fn input(cols: usize, seed: u64) -> Vec<f32> {
     Rng(seed ^ 0xABCD).floats(cols, 2.0)
 }
 
-/// `matvec` (the widest SIMD path the machine has) and the 256-bit path against
-/// `matvec_portable`, bit for bit, on an input drawn from `seed`.
+/// `matvec` (the widest SIMD path the machine has), the 512-bit path without VBMI's byte
+/// picks and the 256-bit path against `matvec_portable`, bit for bit, on an input drawn from
+/// `seed`.
 fn assert_simd_has_the_portable_bits(m: &QMatrix, seed: u64) {
     let x = input(m.cols(), seed);
     let (mut fast, mut narrow) = (vec![0f32; m.rows()], vec![0f32; m.rows()]);
-    let mut portable = vec![0f32; m.rows()];
+    let (mut unpicked, mut portable) = (vec![0f32; m.rows()], vec![0f32; m.rows()]);
     m.matvec(&x, &mut fast).unwrap();
+    m.matvec_512bit_without_vbmi(&x, &mut unpicked).unwrap();
     m.matvec_256bit(&x, &mut narrow).unwrap();
     m.matvec_portable(&x, &mut portable).unwrap();
     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
     let what = format!("{:?} {} x {}", m.format(), m.rows(), m.cols());
     assert_eq!(bits(&fast), bits(&portable), "{what}");
+    assert_eq!(
+        bits(&unpicked),
+        bits(&portable),
+        "{what}: 512-bit without VBMI"
+    );
     assert_eq!(bits(&narrow), bits(&portable), "{what}: 256-bit");
+}
+
+/// The E8M0 scale bytes with special values (0 is 2^-127, 255 is NaN) give every path the
+/// portable bits: over twenty groups a row, so that scales held sixteen at a time run past one
+/// load into a shorter one, with the NaN scale in one row and group at a time.
+#[test]
+fn special_mxfp4_scale_bytes_give_every_path_the_same_bits() {
+    let (rows, cols) = (8, 32 * 20);
+    let groups = rows * cols / 32;
+    let mut rng = Rng(77);
+    let packed = rng.bytes(rows * cols / 2);
+    for nan_at in (0..groups).step_by(7) {
+        let scales: Vec<u8> = (0..groups)
+            .map(|i| match (i % 5, i == nan_at) {
+                (_, true) => 0xFF,
+                (0, _) => 0,
+                // Row 1 has every scale 2^-127, so no larger scale hides a wrong one.
+                _ if i / 20 == 1 => 0,
+                (1, _) => 1,
+                (2, _) => 200,
+                _ => 110 + (i % 30) as u8,
+            })
+            .collect();
+        let m = QMatrix::new(Format::Mxfp4, rows, cols, &packed, &scales, &[]).unwrap();
+        assert_simd_has_the_portable_bits(&m, nan_at as u64);
+        let mut y = vec![0f32; rows];
+        m.matvec(&input(cols, 1), &mut y).unwrap();
+        let nan_rows: Vec<usize> = (0..rows).filter(|&r| y[r].is_nan()).collect();
+        assert_eq!(
+            nan_rows,
+            [nan_at / 20],
+            "only the row with the NaN scale is NaN"
+        );
+    }
 }
 
 proptest! {
@@ -396,11 +442,19 @@ fn rows_of_every_width_give_the_portable_bits() {
     m.matvec_portable(&x, &mut portable).unwrap();
     assert!(portable.iter().all(|v| v.is_finite()), "{portable:?}");
     assert_eq!(fast.map(f32::to_bits), portable.map(f32::to_bits));
-    // Affine rows of several widths (groups of 32, 64, 128), four at a time and the fifth alone.
+    // Affine rows of several widths (groups of 32, 64, 128, each scale type), four at a time
+    // and the fifth alone; scales held sixteen groups at a time run into a shorter last load.
     for segments in [20, 65, 129] {
-        for pick in 0..6 {
-            let stored = make(1, 5, segments, pick, 17 * segments as u64 + pick as u64);
-            assert_simd_has_the_portable_bits(&stored.matrix(), pick as u64);
+        for (i, (bits, group, scale)) in [4, 8]
+            .into_iter()
+            .flat_map(|bits| [32, 64, 128].map(|group| (bits, group)))
+            .flat_map(|(bits, group)| FLOATS.map(|scale| (bits, group, scale)))
+            .enumerate()
+        {
+            let format = Format::Affine { bits, group, scale };
+            let seed = 17 * segments as u64 + i as u64;
+            let stored = stored(format, 5, group * segments, seed);
+            assert_simd_has_the_portable_bits(&stored.matrix(), i as u64);
         }
     }
     // MXFP4 rows of several widths, odd and even group counts (its rows go four at a time, the

@@ -28,11 +28,12 @@
 use std::arch::x86_64::{
     __m128i, __m256, __m256i, __m512, __m512i, _MM_HINT_T0, _mm_prefetch, _mm256_dpbusd_epi32,
     _mm512_add_epi32, _mm512_add_ps, _mm512_and_si512, _mm512_castps256_ps512,
-    _mm512_castsi256_si512, _mm512_castsi512_si256, _mm512_cvtepi32_ps, _mm512_cvtepu8_epi32,
-    _mm512_cvtepu16_epi32, _mm512_dpbusd_epi32, _mm512_extracti64x4_epi64, _mm512_inserti64x4,
-    _mm512_mask_mov_ps, _mm512_mask_set1_epi32, _mm512_mul_ps, _mm512_permutexvar_ps,
-    _mm512_set1_epi32, _mm512_set1_ps, _mm512_shuffle_f32x4, _mm512_slli_epi32, _mm512_srli_epi32,
-    _mm512_srlv_epi32, _mm512_sub_epi32, _mm512_xor_si512,
+    _mm512_castsi256_si512, _mm512_castsi512_si256, _mm512_cmpeq_epi32_mask, _mm512_cvtepi32_ps,
+    _mm512_cvtepu8_epi32, _mm512_cvtepu16_epi32, _mm512_dpbusd_epi32, _mm512_extracti64x4_epi64,
+    _mm512_inserti64x4, _mm512_mask_mov_epi32, _mm512_mask_mov_ps, _mm512_mask_set1_epi32,
+    _mm512_mul_ps, _mm512_permutex2var_epi8, _mm512_permutex2var_ps, _mm512_permutexvar_ps,
+    _mm512_set1_epi32, _mm512_set1_ps, _mm512_shuffle_f32x4, _mm512_slli_epi32, _mm512_srli_epi16,
+    _mm512_srli_epi32, _mm512_srlv_epi32, _mm512_sub_epi32, _mm512_xor_si512,
 };
 
 /// Proof that AVX2, FMA, AVX-512F, AVX-512VL and AVX-512 VNNI are available.
@@ -154,6 +155,8 @@ impl Vnni512 {
         fn shift_right_var(a: __m512i, counts: __m512i) -> __m512i = _mm512_srlv_epi32;
         /// Each 32-bit lane shifted left by sixteen bits.
         fn shift_left_16(a: __m512i) -> __m512i = _mm512_slli_epi32::<16>;
+        /// Each 32-bit lane shifted left by 23 bits.
+        fn shift_left_23(a: __m512i) -> __m512i = _mm512_slli_epi32::<23>;
         /// Each 32-bit lane shifted left by 28 bits.
         fn shift_left_28(a: __m512i) -> __m512i = _mm512_slli_epi32::<28>;
         /// Bitwise exclusive or.
@@ -164,6 +167,9 @@ impl Vnni512 {
         fn widen_u8(a: __m128i) -> __m512i = _mm512_cvtepu8_epi32;
         /// Lane `i` is `table`'s lane given by the low four bits of `index`'s lane `i`.
         fn lookup_f32(index: __m512i, table: __m512) -> __m512 = _mm512_permutexvar_ps;
+        /// Lane `i` is lane `index[i] & 15` of `low` (bit 4 of `index[i]` clear) or of `high`
+        /// (set).
+        fn lookup_two_f32(low: __m512, index: __m512i, high: __m512) -> __m512 = _mm512_permutex2var_ps;
     }
 
     /// `low` in the eight low 32-bit lanes, `high` in the eight high ones.
@@ -180,6 +186,14 @@ impl Vnni512 {
     pub fn splat_two_f32(self, low: f32, high: f32) -> __m512 {
         // SAFETY: `self` exists only where `try_new` found avx512f.
         unsafe { _mm512_mask_mov_ps(_mm512_set1_ps(low), 0xFF00, _mm512_set1_ps(high)) }
+    }
+
+    /// Lane `i` is `then[i]` where `a[i] == b[i]`, `otherwise[i]` elsewhere (32-bit lanes).
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    pub fn where_equal(self, a: __m512i, b: __m512i, then: __m512i, otherwise: __m512i) -> __m512i {
+        // SAFETY: `self` exists only where `try_new` found avx512f.
+        unsafe { _mm512_mask_mov_epi32(otherwise, _mm512_cmpeq_epi32_mask(a, b), then) }
     }
 
     /// The 256 low bits and the 256 high bits.
@@ -214,6 +228,60 @@ impl Vnni512 {
     #[inline(always)]
     pub fn vectorize<R>(self, work: impl FnOnce() -> R) -> R {
         self.vnni.vectorize(work)
+    }
+}
+
+/// Proof that [`Vnni512`]'s features are there with AVX-512BW and AVX-512 VBMI too, whose
+/// byte permute (`vpermt2b`) picks any of 128 bytes into any byte of a 512-bit register: one
+/// instruction then places sixteen 4-bit codes of two rows, each in its own 32-bit lane, where
+/// [`Vnni512`] alone needs two loads, a permute, a shift and a mask.
+#[derive(Debug, Clone, Copy)]
+pub struct Vbmi512 {
+    wide: Vnni512,
+}
+
+impl Vbmi512 {
+    /// The token, where the CPU has every feature it stands for.
+    pub fn try_new() -> Option<Vbmi512> {
+        let wide = Vnni512::try_new()?;
+        let vbmi = is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512vbmi");
+        vbmi.then_some(Vbmi512 { wide })
+    }
+
+    /// The [`Vnni512`] token these features include.
+    pub fn wide(self) -> Vnni512 {
+        self.wide
+    }
+
+    /// Byte `i` is byte `index[i] & 63` of `low` (bit 6 of `index[i]` clear) or of `high`
+    /// (set) (`vpermt2b`).
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    pub fn pick_bytes(self, low: __m512i, index: __m512i, high: __m512i) -> __m512i {
+        // SAFETY: `self` exists only where `try_new` found avx512vbmi (and avx512f).
+        unsafe { _mm512_permutex2var_epi8(low, index, high) }
+    }
+
+    /// Each 16-bit lane shifted right by four bits, zeros in.
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    pub fn shift_right_4_u16(self, a: __m512i) -> __m512i {
+        // SAFETY: `self` exists only where `try_new` found avx512bw.
+        unsafe { _mm512_srli_epi16::<4>(a) }
+    }
+
+    /// Runs `work` compiled for these features, so that this token's methods and
+    /// [`Vnni512`]'s inline into it as single instructions.
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    pub fn vectorize<R>(self, work: impl FnOnce() -> R) -> R {
+        #[target_feature(enable = "avx,avx2,fma,avx512f,avx512vl,avx512vnni,avx512bw,avx512vbmi")]
+        #[inline]
+        fn compiled<R>(work: impl FnOnce() -> R) -> R {
+            work()
+        }
+        // SAFETY: `self` exists only where `try_new` found every enabled feature.
+        unsafe { compiled(work) }
     }
 }
 
@@ -270,5 +338,38 @@ mod tests {
                 .sum();
             assert_eq!(lane, acc[i] + products, "lane {i}");
         }
+    }
+
+    /// Each byte comes from the register and position its index names, bit 6 choosing the
+    /// register and bit 7 ignored; the 16-bit shift brings in zeros.
+    #[test]
+    fn vbmi_picks_bytes_from_two_registers_and_shifts_sixteen_bit_lanes() {
+        let Some(vbmi) = super::Vbmi512::try_new() else {
+            eprintln!("NOT EXERCISED: no AVX-512 VBMI on this CPU");
+            return;
+        };
+        let low: [u8; 64] = std::array::from_fn(|k| k as u8);
+        let high: [u8; 64] = std::array::from_fn(|k| 200u8.wrapping_add(k as u8));
+        let index: [u8; 64] = std::array::from_fn(|k| (k as u8).wrapping_mul(37) ^ 0x80);
+        let picked: [u8; 64] = vbmi.vectorize(|| {
+            bytemuck::cast(vbmi.pick_bytes(
+                bytemuck::cast(low),
+                bytemuck::cast(index),
+                bytemuck::cast(high),
+            ))
+        });
+        for (k, &byte) in picked.iter().enumerate() {
+            let at = usize::from(index[k] & 63);
+            let want = if index[k] & 64 == 0 {
+                low[at]
+            } else {
+                high[at]
+            };
+            assert_eq!(byte, want, "byte {k}");
+        }
+        let lanes: [u16; 32] = std::array::from_fn(|k| 0xF00F ^ (k as u16 * 0x0111));
+        let shifted: [u16; 32] =
+            vbmi.vectorize(|| bytemuck::cast(vbmi.shift_right_4_u16(bytemuck::cast(lanes))));
+        assert_eq!(shifted, lanes.map(|lane| lane >> 4));
     }
 }

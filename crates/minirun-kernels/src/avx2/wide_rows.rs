@@ -10,7 +10,7 @@
 use pulp::bytemuck::cast;
 use pulp::f32x8;
 use std::arch::x86_64::{__m256i, __m512, __m512i};
-use x86_vnni::Vnni512;
+use x86_vnni::{Vbmi512, Vnni512};
 
 use super::{CACHE_LINE, E2M1_POSITIVE, NIBBLE_SHIFTS, PREFETCH_DISTANCE, four_ahead, reduce};
 use crate::decode;
@@ -28,6 +28,7 @@ pub(super) fn decodes(format: Format) -> bool {
 #[inline(always)]
 pub(super) fn dot4_wide(
     wide: Vnni512,
+    vbmi: Option<Vbmi512>,
     m: &QMatrix,
     r: usize,
     x: &[f32],
@@ -48,7 +49,12 @@ pub(super) fn dot4_wide(
             };
             let k = [pair(0), pair(2)];
             match bits {
-                4 => Some(segmented4_wide::<4, _>(wide, rows, tail, x, group, &k)),
+                4 if scale == FloatType::BF16 && vbmi.is_some() => {
+                    let held = |i: usize| AffineHeld::new(m, [r + i, r + i + 1], groups, xsum);
+                    let mut held = [held(0), held(2)];
+                    Some(codes4(wide, vbmi, rows, tail, x, group, &mut held))
+                }
+                4 => Some(codes4(wide, vbmi, rows, tail, x, group, &mut k.map(Plain))),
                 8 => Some(segmented4_wide::<8, _>(wide, rows, tail, x, group, &k)),
                 _ => None,
             }
@@ -59,8 +65,24 @@ pub(super) fn dot4_wide(
                 scales: m.scales,
                 first: [(r + i) * groups, (r + i + 1) * groups],
             };
-            let k = [pair(0), pair(2)];
-            Some(segmented4_wide::<4, _>(wide, rows, tail, x, 32, &k))
+            match vbmi {
+                Some(_) => {
+                    let held = |i: usize| Mxfp4Held::new(m.scales, [r + i, r + i + 1], groups);
+                    Some(codes4(
+                        wide,
+                        vbmi,
+                        rows,
+                        tail,
+                        x,
+                        32,
+                        &mut [held(0), held(2)],
+                    ))
+                }
+                None => {
+                    let k = [pair(0), pair(2)];
+                    Some(codes4(wide, vbmi, rows, tail, x, 32, &mut k.map(Plain)))
+                }
+            }
         }
         Format::Dense(FloatType::BF16) => Some(dense4_wide(wide, rows, tail, x)),
         _ => None,
@@ -75,6 +97,7 @@ trait PairSegments<const CB: usize> {
 }
 
 /// Affine 4- and 8-bit: codes to f32; a segment (group) folded as `s * part + b * xsum`.
+#[derive(Clone, Copy)]
 struct AffinePair<'a, 'm> {
     m: &'a QMatrix<'m>,
     scale: FloatType,
@@ -125,6 +148,7 @@ impl AffinePair<'_, '_> {
 }
 
 /// MXFP4: e2m1 codes to f32; a segment (group of 32) folded as `acc + 2^e * part`.
+#[derive(Clone, Copy)]
 struct Mxfp4Pair<'a> {
     scales: &'a [u8],
     first: [usize; 2],
@@ -133,15 +157,7 @@ struct Mxfp4Pair<'a> {
 impl PairSegments<4> for Mxfp4Pair<'_> {
     #[inline(always)]
     fn decode(&self, wide: Vnni512, low: &[u8; 4], high: &[u8; 4]) -> __m512 {
-        let code = raw_nibbles(wide, low, high);
-        // The table twice: the lookup reads the low four bits, whose top one is the sign.
-        let table: __m512 = cast([E2M1_POSITIVE, E2M1_POSITIVE]);
-        let magnitude: __m512i = cast(wide.lookup_f32(code, table));
-        let sign = wide.and(
-            wide.shift_left_28(code),
-            wide.splat_i32(0x8000_0000u32 as i32),
-        );
-        cast(wide.xor(magnitude, sign))
+        Nibbles::values(self, wide, raw_nibbles(wide, low, high))
     }
 
     #[inline(always)]
@@ -151,6 +167,41 @@ impl PairSegments<4> for Mxfp4Pair<'_> {
         wide.add_f32(acc, wide.mul_f32(s, part))
     }
 }
+
+/// The values of sixteen 4-bit codes, each in the low four bits of its lane, whatever the
+/// higher bits hold: one lookup (`vpermps` reads only those four bits).
+trait Nibbles {
+    fn values(&self, wide: Vnni512, codes: __m512i) -> __m512;
+}
+
+/// Codes 0 to 15 as f32: the values `vcvtdq2ps` gives the clean codes.
+impl Nibbles for AffinePair<'_, '_> {
+    #[inline(always)]
+    fn values(&self, wide: Vnni512, codes: __m512i) -> __m512 {
+        wide.lookup_f32(codes, cast(CODES_AS_F32))
+    }
+}
+
+/// The sixteen signed e2m1 values: the code whole, sign included (the 256-bit path looks up
+/// eight magnitudes and moves the sign in; the same values, -0 for code 8 included).
+impl Nibbles for Mxfp4Pair<'_> {
+    #[inline(always)]
+    fn values(&self, wide: Vnni512, codes: __m512i) -> __m512 {
+        wide.lookup_f32(codes, cast(E2M1))
+    }
+}
+
+/// The sixteen e2m1 values by code: the eight magnitudes, then the same with the sign set.
+const E2M1: [f32; 16] = {
+    let mut all = [0f32; 16];
+    let mut c = 0;
+    while c < 8 {
+        all[c] = E2M1_POSITIVE[c];
+        all[c + 8] = -E2M1_POSITIVE[c];
+        c += 1;
+    }
+    all
+};
 
 /// The eight nibbles of each row's word, each in the low bits of its lane, higher bits not
 /// cleared (as `raw_nibbles` of the parent).
@@ -199,6 +250,375 @@ fn segmented4_wide<const CB: usize, K: PairSegments<CB>>(
     let (r0, r1) = split(wide, a01);
     let (r2, r3) = split(wide, a23);
     [reduce(r0), reduce(r1), reduce(r2), reduce(r3)]
+}
+
+/// What [`segmented4_picked`] needs of a format: the values of clean codes, and a segment's
+/// fold, which may keep state from one segment to the next.
+trait PickedSegments {
+    type Pairs: PairSegments<4>;
+    /// The same format for `segmented4_wide`.
+    fn pairs(&self) -> Self::Pairs;
+    fn values(&self, wide: Vnni512, codes: __m512i) -> __m512;
+    fn finish(&mut self, wide: Vnni512, segment: usize, part: __m512, acc: __m512) -> __m512;
+}
+
+/// A [`PairSegments`] format as it is.
+#[derive(Clone, Copy)]
+struct Plain<K>(K);
+
+impl<K: PairSegments<4> + Nibbles + Copy> PickedSegments for Plain<K> {
+    type Pairs = K;
+
+    fn pairs(&self) -> K {
+        self.0
+    }
+
+    #[inline(always)]
+    fn values(&self, wide: Vnni512, codes: __m512i) -> __m512 {
+        self.0.values(wide, codes)
+    }
+
+    #[inline(always)]
+    fn finish(&mut self, wide: Vnni512, segment: usize, part: __m512, acc: __m512) -> __m512 {
+        self.0.finish(wide, segment, part, acc)
+    }
+}
+
+/// Affine 4-bit with BF16 scales and biases, two rows: each row's next sixteen scales and
+/// biases loaded and widened at once and held, a segment's two picked from them with one
+/// `vpermt2ps` each, where [`AffinePair`] reads and splats them one by one; the same values,
+/// folded in the same order.
+struct AffineHeld<'a, 'm> {
+    m: &'a QMatrix<'m>,
+    first_groups: [usize; 2],
+    groups: usize,
+    xsum: &'a [[f32; 8]],
+    /// Row `r`'s scales, row `r + 1`'s, row `r`'s biases, row `r + 1`'s, for the sixteen
+    /// segments from the last multiple of sixteen.
+    held: [__m512; 4],
+}
+
+impl<'a, 'm> AffineHeld<'a, 'm> {
+    fn new(m: &'a QMatrix<'m>, rows: [usize; 2], groups: usize, xsum: &'a [[f32; 8]]) -> Self {
+        AffineHeld {
+            m,
+            first_groups: rows.map(|r| r * groups),
+            groups,
+            xsum,
+            held: [cast([0f32; 16]); 4],
+        }
+    }
+}
+
+/// Sixteen BF16 values from `values[2 * at..]` as f32, zeros past `values`' end.
+#[inline(always)]
+fn sixteen_bf16(wide: Vnni512, values: &[u8], at: usize, available: usize) -> __m512 {
+    let from = values.get(2 * at..).unwrap_or(&[]);
+    let bits: __m256i = match from.as_chunks::<32>().0.first() {
+        Some(all) if available >= 16 => cast(*all),
+        _ => {
+            let mut some = [0u8; 32];
+            let n = (2 * available.min(16)).min(from.len());
+            some[..n].copy_from_slice(&from[..n]);
+            cast(some)
+        }
+    };
+    cast(wide.shift_left_16(wide.widen_u16(bits)))
+}
+
+/// The sixteen 4-bit codes as f32, for a lookup that reads only a lane's low four bits.
+const CODES_AS_F32: [f32; 16] = {
+    let mut all = [0f32; 16];
+    let mut c = 0;
+    while c < 16 {
+        all[c] = c as f32;
+        c += 1;
+    }
+    all
+};
+
+/// Lane `i < 8` picks lane `s` of the first register, lane `8 + i` lane `s` of the second.
+static SEGMENT_PICK: [[i32; 16]; 16] = {
+    let mut all = [[0i32; 16]; 16];
+    let mut s = 0;
+    while s < 16 {
+        let mut lane = 0;
+        while lane < 16 {
+            all[s][lane] = if lane < 8 { s as i32 } else { 16 + s as i32 };
+            lane += 1;
+        }
+        s += 1;
+    }
+    all
+};
+
+impl<'a, 'm> PickedSegments for AffineHeld<'a, 'm> {
+    type Pairs = AffinePair<'a, 'm>;
+
+    fn pairs(&self) -> AffinePair<'a, 'm> {
+        AffinePair {
+            m: self.m,
+            scale: FloatType::BF16,
+            first_groups: self.first_groups,
+            xsum: self.xsum,
+        }
+    }
+
+    #[inline(always)]
+    fn values(&self, wide: Vnni512, codes: __m512i) -> __m512 {
+        self.pairs().values(wide, codes)
+    }
+
+    /// `AffinePair::fold`: `acc + (s * part + b * xsum)`.
+    #[inline(always)]
+    fn finish(&mut self, wide: Vnni512, g: usize, part: __m512, acc: __m512) -> __m512 {
+        if g.is_multiple_of(16) {
+            let [a, b] = self.first_groups.map(|first| first + g);
+            let available = self.groups - g;
+            let (scales, biases) = (self.m.scales, self.m.biases);
+            self.held = [
+                sixteen_bf16(wide, scales, a, available),
+                sixteen_bf16(wide, scales, b, available),
+                sixteen_bf16(wide, biases, a, available),
+                sixteen_bf16(wide, biases, b, available),
+            ];
+        }
+        let pick: __m512i = cast(SEGMENT_PICK[g % 16]);
+        let [s_low, s_high, b_low, b_high] = self.held;
+        let s = wide.lookup_two_f32(s_low, pick, s_high);
+        let bias = wide.lookup_two_f32(b_low, pick, b_high);
+        let xsum: f32x8 = cast(self.xsum[g]);
+        let term = wide.add_f32(
+            wide.mul_f32(s, part),
+            wide.mul_f32(bias, wide.repeat_f32(cast(xsum))),
+        );
+        wide.add_f32(acc, term)
+    }
+}
+
+/// MXFP4, two rows: each row's next sixteen E8M0 scales loaded and decoded at once and held,
+/// a segment's two picked from them with one `vpermt2ps`, where [`Mxfp4Pair`] decodes each
+/// byte alone; the same values (`decode::e8m0`: 2^-127 for byte 0, NaN for 255), folded in the
+/// same order.
+struct Mxfp4Held<'a> {
+    pair: Mxfp4Pair<'a>,
+    groups: usize,
+    /// Row `r`'s scales and row `r + 1`'s for the sixteen segments from the last multiple of
+    /// sixteen.
+    held: [__m512; 2],
+}
+
+impl<'a> Mxfp4Held<'a> {
+    fn new(scales: &'a [u8], rows: [usize; 2], groups: usize) -> Self {
+        let first = rows.map(|r| r * groups);
+        Mxfp4Held {
+            pair: Mxfp4Pair { scales, first },
+            groups,
+            held: [cast([0f32; 16]); 2],
+        }
+    }
+}
+
+/// Sixteen E8M0 scales from `scales[at..]` as f32 (`decode::e8m0`), past `available` zero.
+#[inline(always)]
+fn sixteen_e8m0(wide: Vnni512, scales: &[u8], at: usize, available: usize) -> __m512 {
+    let from = scales.get(at..).unwrap_or(&[]);
+    let bytes: [u8; 16] = match from.as_chunks::<16>().0.first() {
+        Some(all) if available >= 16 => *all,
+        _ => {
+            let mut some = [0u8; 16];
+            let n = available.min(16).min(from.len());
+            some[..n].copy_from_slice(&from[..n]);
+            some
+        }
+    };
+    let byte = wide.widen_u8(cast(bytes));
+    let normal = wide.shift_left_23(byte);
+    let smallest = wide.splat_i32(0x0040_0000);
+    let low = wide.where_equal(byte, wide.splat_i32(0), smallest, normal);
+    let nan = wide.splat_i32(f32::NAN.to_bits() as i32);
+    cast(wide.where_equal(byte, wide.splat_i32(0xFF), nan, low))
+}
+
+impl<'a> PickedSegments for Mxfp4Held<'a> {
+    type Pairs = Mxfp4Pair<'a>;
+
+    fn pairs(&self) -> Mxfp4Pair<'a> {
+        self.pair
+    }
+
+    #[inline(always)]
+    fn values(&self, wide: Vnni512, codes: __m512i) -> __m512 {
+        self.pair.values(wide, codes)
+    }
+
+    /// `Mxfp4Pair::finish`: `acc + 2^e * part`.
+    #[inline(always)]
+    fn finish(&mut self, wide: Vnni512, g: usize, part: __m512, acc: __m512) -> __m512 {
+        if g.is_multiple_of(16) {
+            let available = self.groups - g;
+            let scales = self.pair.scales;
+            let [a, b] = self.pair.first;
+            self.held = [
+                sixteen_e8m0(wide, scales, a + g, available),
+                sixteen_e8m0(wide, scales, b + g, available),
+            ];
+        }
+        let pick: __m512i = cast(SEGMENT_PICK[g % 16]);
+        let s = wide.lookup_two_f32(self.held[0], pick, self.held[1]);
+        wide.add_f32(acc, wide.mul_f32(s, part))
+    }
+}
+
+/// `segmented4_wide` for 4-bit codes, through [`segmented4_picked`] where the CPU has VBMI and
+/// the segments allow it.
+#[inline(always)]
+fn codes4<K: PickedSegments>(
+    wide: Vnni512,
+    vbmi: Option<Vbmi512>,
+    rows: [&[u8]; 4],
+    tail: &[u8],
+    x: &[f32],
+    seg: usize,
+    k: &mut [K; 2],
+) -> [f32; 4] {
+    let pairs = [[rows[0], rows[1]], [rows[2], rows[3]]];
+    match vbmi.filter(|_| picks(seg)) {
+        Some(vbmi) => {
+            let [[a, b], [c, d]] = picked(vbmi, pairs, tail, x, seg, k);
+            [a, b, c, d]
+        }
+        None => segmented4_wide::<4, _>(wide, rows, tail, x, seg, &k.each_ref().map(K::pairs)),
+    }
+}
+
+/// Whether [`segmented4_picked`] takes segments of `seg` codes.
+fn picks(seg: usize) -> bool {
+    seg / 8 == 4 || (seg / 8).is_multiple_of(8) && seg >= 64
+}
+
+/// [`segmented4_picked`] with the load size the segments allow.
+#[inline(always)]
+fn picked<K: PickedSegments>(
+    vbmi: Vbmi512,
+    rows: [[&[u8]; 2]; 2],
+    tail: &[u8],
+    x: &[f32],
+    seg: usize,
+    k: &mut [K; 2],
+) -> [[f32; 2]; 2] {
+    match seg / 8 {
+        4 => segmented4_picked::<4, K>(vbmi, rows, tail, x, seg, k),
+        _ => segmented4_picked::<8, K>(vbmi, rows, tail, x, seg, k),
+    }
+}
+
+/// For chunk `c` of a load of `n` chunks per row (row `r`'s `4n` bytes, then row `r + 1`'s,
+/// split into a register of low nibbles and one of high nibbles): lane `i < 8` takes code `i`
+/// of row `r`'s word `c` (byte `4c + i / 2`, its high nibble for odd `i`) into its lowest
+/// byte, lane `8 + i` the same of row `r + 1`.
+const fn pick_index(n: usize, c: usize) -> [u8; 64] {
+    let mut index = [0u8; 64];
+    let mut lane = 0;
+    while lane < 16 {
+        let (row_start, code) = if lane < 8 {
+            (0, lane)
+        } else {
+            (4 * n, lane - 8)
+        };
+        let high_nibble = (code % 2) as u8 * 64;
+        index[4 * lane] = high_nibble + (row_start + 4 * c + code / 2) as u8;
+        lane += 1;
+    }
+    index
+}
+
+/// [`pick_index`] for loads of four chunks (index 0) and of eight (index 1).
+static PICK_INDEX: [[[u8; 64]; 8]; 2] = {
+    let mut all = [[[0u8; 64]; 8]; 2];
+    let mut c = 0;
+    while c < 8 {
+        all[0][c] = pick_index(4, c);
+        all[1][c] = pick_index(8, c);
+        c += 1;
+    }
+    all
+};
+
+/// Two rows' next `N` chunks (`4N` bytes each, `N` of 4 or 8) as one register's low `8N` bytes.
+#[inline(always)]
+fn load_pair<const N: usize>(wide: Vnni512, low: &[u8], high: &[u8]) -> __m512i {
+    if N == 8 {
+        let a: __m256i = cast(low.as_chunks::<32>().0[0]);
+        let b: __m256i = cast(high.as_chunks::<32>().0[0]);
+        wide.join(a, b)
+    } else {
+        let both: __m256i = cast([low.as_chunks::<16>().0[0], high.as_chunks::<16>().0[0]]);
+        wide.join(both, both)
+    }
+}
+
+/// Each byte's low nibble, and each byte's high nibble, as bytes.
+#[inline(always)]
+fn nibbles(vbmi: Vbmi512, bytes: __m512i) -> (__m512i, __m512i) {
+    let wide = vbmi.wide();
+    let mask = wide.splat_i32(0x0F0F_0F0F);
+    let high = wide.and(vbmi.shift_right_4_u16(bytes), mask);
+    (wide.and(bytes, mask), high)
+}
+
+/// `segmented4_wide` with each row's codes loaded `N` chunks at a time and split into low and
+/// high nibbles once, then one byte pick per chunk (`vpermt2b`) putting two rows' sixteen codes
+/// in their lanes; the values, parts and folds are `segmented4_wide`'s, lane for lane. A segment is `N` chunks (`N` = 4) or a whole number of loads (`N` = 8).
+#[inline(always)]
+fn segmented4_picked<const N: usize, K: PickedSegments>(
+    vbmi: Vbmi512,
+    rows: [[&[u8]; 2]; 2],
+    tail: &[u8],
+    x: &[f32],
+    seg: usize,
+    k: &mut [K; 2],
+) -> [[f32; 2]; 2] {
+    let wide = vbmi.wide();
+    let narrow = wide.vnni();
+    let zero: __m512 = cast([0f32; 16]);
+    let index = &PICK_INDEX[usize::from(N == 8)];
+    let row_bytes = rows[0][0].len();
+    let mut acc = [zero; 2];
+    let per_segment = seg / 8;
+    for (s, x_segment) in x.as_chunks::<8>().0.chunks(per_segment).enumerate() {
+        let first = s * per_segment;
+        let mut part = [zero; 2];
+        for (l, x_load) in x_segment.as_chunks::<N>().0.iter().enumerate() {
+            let byte = (first + l * N) * 4;
+            if byte.is_multiple_of(CACHE_LINE) {
+                for i in 0..4 {
+                    narrow.prefetch(four_ahead(tail, row_bytes, i, byte + PREFETCH_DISTANCE));
+                }
+            }
+            let mut low = [cast::<_, __m512i>([0u8; 64]); 2];
+            let mut high = low;
+            for j in 0..2 {
+                let [a, b] = rows[j];
+                (low[j], high[j]) = nibbles(vbmi, load_pair::<N>(wide, &a[byte..], &b[byte..]));
+            }
+            for (c, x8) in x_load.iter().enumerate() {
+                let x16 = wide.repeat_f32(cast(*x8));
+                let pick: __m512i = cast(index[c]);
+                for j in 0..2 {
+                    let codes = vbmi.pick_bytes(low[j], pick, high[j]);
+                    let product = wide.mul_f32(k[j].values(wide, codes), x16);
+                    part[j] = wide.add_f32(part[j], product);
+                }
+            }
+        }
+        for j in 0..2 {
+            acc[j] = k[j].finish(wide, s, part[j], acc[j]);
+        }
+    }
+    let (r0, r1) = split(wide, acc[0]);
+    let (r2, r3) = split(wide, acc[1]);
+    [[reduce(r0), reduce(r1)], [reduce(r2), reduce(r3)]]
 }
 
 /// `dense4` for BF16 with two rows per register.
