@@ -47,15 +47,25 @@ pub(super) fn dot4_wide(
                 first_groups: [(r + i) * groups, (r + i + 1) * groups],
                 xsum,
             };
-            let k = [pair(0), pair(2)];
-            match bits {
-                4 if scale == FloatType::BF16 && vbmi.is_some() => {
-                    let held = |i: usize| AffineHeld::new(m, [r + i, r + i + 1], groups, xsum);
-                    let mut held = [held(0), held(2)];
-                    Some(codes4(wide, vbmi, rows, tail, x, group, &mut held))
-                }
-                4 => Some(codes4(wide, vbmi, rows, tail, x, group, &mut k.map(Plain))),
-                8 => Some(segmented4_wide::<8, _>(wide, rows, tail, x, group, &k)),
+            let held = |i: usize| AffineHeld::new(m, [r + i, r + i + 1], groups, xsum);
+            let (mut plain, mut held) = ([pair(0), pair(2)], [held(0), held(2)]);
+            match (bits, scale == FloatType::BF16) {
+                (4, true) => Some(codes4(wide, vbmi, rows, tail, x, group, &mut held)),
+                (4, false) => Some(codes4(
+                    wide,
+                    vbmi,
+                    rows,
+                    tail,
+                    x,
+                    group,
+                    &mut plain.map(Plain),
+                )),
+                (8, true) => Some(segmented4_wide::<8, _>(
+                    wide, rows, tail, x, group, &mut held,
+                )),
+                (8, false) => Some(segmented4_wide::<8, _>(
+                    wide, rows, tail, x, group, &mut plain,
+                )),
                 _ => None,
             }
         }
@@ -93,7 +103,7 @@ pub(super) fn dot4_wide(
 /// and folds a segment's part into their accumulators.
 trait PairSegments<const CB: usize> {
     fn decode(&self, wide: Vnni512, low: &[u8; CB], high: &[u8; CB]) -> __m512;
-    fn finish(&self, wide: Vnni512, segment: usize, part: __m512, acc: __m512) -> __m512;
+    fn finish(&mut self, wide: Vnni512, segment: usize, part: __m512, acc: __m512) -> __m512;
 }
 
 /// Affine 4- and 8-bit: codes to f32; a segment (group) folded as `s * part + b * xsum`.
@@ -112,7 +122,7 @@ impl PairSegments<4> for AffinePair<'_, '_> {
     }
 
     #[inline(always)]
-    fn finish(&self, wide: Vnni512, g: usize, part: __m512, acc: __m512) -> __m512 {
+    fn finish(&mut self, wide: Vnni512, g: usize, part: __m512, acc: __m512) -> __m512 {
         self.fold(wide, g, part, acc)
     }
 }
@@ -125,7 +135,7 @@ impl PairSegments<8> for AffinePair<'_, '_> {
     }
 
     #[inline(always)]
-    fn finish(&self, wide: Vnni512, g: usize, part: __m512, acc: __m512) -> __m512 {
+    fn finish(&mut self, wide: Vnni512, g: usize, part: __m512, acc: __m512) -> __m512 {
         self.fold(wide, g, part, acc)
     }
 }
@@ -161,7 +171,7 @@ impl PairSegments<4> for Mxfp4Pair<'_> {
     }
 
     #[inline(always)]
-    fn finish(&self, wide: Vnni512, segment: usize, part: __m512, acc: __m512) -> __m512 {
+    fn finish(&mut self, wide: Vnni512, segment: usize, part: __m512, acc: __m512) -> __m512 {
         let scale = |at: usize| decode::e8m0(u32::from(self.scales[at + segment]));
         let s = wide.splat_two_f32(scale(self.first[0]), scale(self.first[1]));
         wide.add_f32(acc, wide.mul_f32(s, part))
@@ -220,7 +230,7 @@ fn segmented4_wide<const CB: usize, K: PairSegments<CB>>(
     tail: &[u8],
     x: &[f32],
     seg: usize,
-    k: &[K; 2],
+    k: &mut [K; 2],
 ) -> [f32; 4] {
     let narrow = wide.vnni();
     let zero: __m512 = cast([0f32; 16]);
@@ -351,6 +361,19 @@ static SEGMENT_PICK: [[i32; 16]; 16] = {
     }
     all
 };
+
+/// Affine 8-bit decoded as [`AffinePair`] decodes it, folded with the held scales.
+impl PairSegments<8> for AffineHeld<'_, '_> {
+    #[inline(always)]
+    fn decode(&self, wide: Vnni512, low: &[u8; 8], high: &[u8; 8]) -> __m512 {
+        self.pairs().decode(wide, low, high)
+    }
+
+    #[inline(always)]
+    fn finish(&mut self, wide: Vnni512, g: usize, part: __m512, acc: __m512) -> __m512 {
+        PickedSegments::finish(self, wide, g, part, acc)
+    }
+}
 
 impl<'a, 'm> PickedSegments for AffineHeld<'a, 'm> {
     type Pairs = AffinePair<'a, 'm>;
@@ -488,7 +511,7 @@ fn codes4<K: PickedSegments>(
             let [[a, b], [c, d]] = picked(vbmi, pairs, tail, x, seg, k);
             [a, b, c, d]
         }
-        None => segmented4_wide::<4, _>(wide, rows, tail, x, seg, &k.each_ref().map(K::pairs)),
+        None => segmented4_wide::<4, _>(wide, rows, tail, x, seg, &mut k.each_ref().map(K::pairs)),
     }
 }
 
