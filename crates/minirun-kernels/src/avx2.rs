@@ -68,6 +68,91 @@ fn wide_quads(
     }
 }
 
+/// Whether [`rows_batch_picked`] takes this matrix's format.
+pub(crate) fn takes_batch_picked(m: &QMatrix) -> bool {
+    wide_rows::tiles(m.format)
+}
+
+/// `RowsBatch` where the CPU has VBMI, for the formats [`takes_batch_picked`] names: tiles of
+/// four rows by four vectors (`wide_rows::tile4_picked`), each row and vector with the bits
+/// of its `matvec`; the vectors past the last tile four rows at a time, the rows past the last
+/// quad one at a time, as `rows_wide` computes them.
+pub(crate) fn rows_batch_picked(
+    vbmi: Vbmi512,
+    m: &QMatrix,
+    first: usize,
+    xs: &[&[f32]],
+    xsums: &[Vec<[f32; 8]>],
+    out: &mut [f32],
+) {
+    vbmi.vectorize(
+        #[inline(always)]
+        || batch_picked(vbmi, m, first, xs, xsums, out),
+    )
+}
+
+#[inline(always)]
+fn batch_picked(
+    vbmi: Vbmi512,
+    m: &QMatrix,
+    first: usize,
+    xs: &[&[f32]],
+    xsums: &[Vec<[f32; 8]>],
+    out: &mut [f32],
+) {
+    let wide = vbmi.wide();
+    let v3 = wide.vnni().v3();
+    let batch = xs.len();
+    let rows = out.len() / batch;
+    let (quads, tiled) = (rows / 4 * 4, batch / 4 * 4);
+    for r in (0..quads).step_by(4) {
+        for b in (0..tiled).step_by(4) {
+            let four = [xs[b], xs[b + 1], xs[b + 2], xs[b + 3]];
+            let sums = [&xsums[b][..], &xsums[b + 1], &xsums[b + 2], &xsums[b + 3]];
+            let Some(tile) = wide_rows::tile4_picked(vbmi, m, first + r, four, sums) else {
+                return run_batch_rows(v3, m, first, xs, xsums, out);
+            };
+            for (v, column) in tile.iter().enumerate() {
+                for (i, y) in column.iter().enumerate() {
+                    out[(r + i) * batch + b + v] = *y;
+                }
+            }
+        }
+        for b in tiled..batch {
+            let four = match wide_rows::dot4_wide(wide, Some(vbmi), m, first + r, xs[b], &xsums[b])
+            {
+                Some(four) => four,
+                None => dot4(v3, None, m, first + r, xs[b], &xsums[b]),
+            };
+            for (i, y) in four.iter().enumerate() {
+                out[(r + i) * batch + b] = *y;
+            }
+        }
+    }
+    for r in quads..rows {
+        for b in 0..batch {
+            out[r * batch + b] = dot(v3, None, m, first + r, xs[b], &xsums[b]);
+        }
+    }
+}
+
+/// Every row and vector one at a time (a format the tiles do not take).
+#[inline(always)]
+fn run_batch_rows(
+    v3: V3,
+    m: &QMatrix,
+    first: usize,
+    xs: &[&[f32]],
+    xsums: &[Vec<[f32; 8]>],
+    out: &mut [f32],
+) {
+    let batch = xs.len();
+    for (i, y) in out.iter_mut().enumerate() {
+        let (r, b) = (i / batch, i % batch);
+        *y = dot(v3, None, m, first + r, xs[b], &xsums[b]);
+    }
+}
+
 pub(crate) struct Rows<'a, 'm> {
     pub v3: V3,
     /// F16C, where f16 matrices and FP8 matrices without NaN codes may use it: set only when the

@@ -395,6 +395,19 @@ impl<'a, 'm> PickedSegments for AffineHeld<'a, 'm> {
     /// `AffinePair::fold`: `acc + (s * part + b * xsum)`.
     #[inline(always)]
     fn finish(&mut self, wide: Vnni512, g: usize, part: __m512, acc: __m512) -> __m512 {
+        self.hold(wide, g);
+        self.fold(wide, g, self.xsum, part, acc)
+    }
+}
+
+impl TileSegments for AffineHeld<'_, '_> {
+    #[inline(always)]
+    fn values(&self, wide: Vnni512, codes: __m512i) -> __m512 {
+        self.pairs().values(wide, codes)
+    }
+
+    #[inline(always)]
+    fn hold(&mut self, wide: Vnni512, g: usize) {
         if g.is_multiple_of(16) {
             let [a, b] = self.first_groups.map(|first| first + g);
             let available = self.groups - g;
@@ -406,11 +419,22 @@ impl<'a, 'm> PickedSegments for AffineHeld<'a, 'm> {
                 sixteen_bf16(wide, biases, b, available),
             ];
         }
+    }
+
+    #[inline(always)]
+    fn fold(
+        &self,
+        wide: Vnni512,
+        g: usize,
+        xsum: &[[f32; 8]],
+        part: __m512,
+        acc: __m512,
+    ) -> __m512 {
         let pick: __m512i = cast(SEGMENT_PICK[g % 16]);
         let [s_low, s_high, b_low, b_high] = self.held;
         let s = wide.lookup_two_f32(s_low, pick, s_high);
         let bias = wide.lookup_two_f32(b_low, pick, b_high);
-        let xsum: f32x8 = cast(self.xsum[g]);
+        let xsum: f32x8 = cast(xsum[g]);
         let term = wide.add_f32(
             wide.mul_f32(s, part),
             wide.mul_f32(bias, wide.repeat_f32(cast(xsum))),
@@ -478,6 +502,19 @@ impl<'a> PickedSegments for Mxfp4Held<'a> {
     /// `Mxfp4Pair::finish`: `acc + 2^e * part`.
     #[inline(always)]
     fn finish(&mut self, wide: Vnni512, g: usize, part: __m512, acc: __m512) -> __m512 {
+        self.hold(wide, g);
+        self.fold(wide, g, &[], part, acc)
+    }
+}
+
+impl TileSegments for Mxfp4Held<'_> {
+    #[inline(always)]
+    fn values(&self, wide: Vnni512, codes: __m512i) -> __m512 {
+        self.pair.values(wide, codes)
+    }
+
+    #[inline(always)]
+    fn hold(&mut self, wide: Vnni512, g: usize) {
         if g.is_multiple_of(16) {
             let available = self.groups - g;
             let scales = self.pair.scales;
@@ -487,6 +524,11 @@ impl<'a> PickedSegments for Mxfp4Held<'a> {
                 sixteen_e8m0(wide, scales, b + g, available),
             ];
         }
+    }
+
+    /// `acc + 2^e * part` (MXFP4 has no bias, so no lane sums).
+    #[inline(always)]
+    fn fold(&self, wide: Vnni512, g: usize, _: &[[f32; 8]], part: __m512, acc: __m512) -> __m512 {
         let pick: __m512i = cast(SEGMENT_PICK[g % 16]);
         let s = wide.lookup_two_f32(self.held[0], pick, self.held[1]);
         wide.add_f32(acc, wide.mul_f32(s, part))
@@ -642,6 +684,158 @@ fn segmented4_picked<const N: usize, K: PickedSegments>(
     let (r0, r1) = split(wide, acc[0]);
     let (r2, r3) = split(wide, acc[1]);
     [[reduce(r0), reduce(r1)], [reduce(r2), reduce(r3)]]
+}
+
+/// What [`segmented4_tile`] needs of a format with held scales: the values of codes, the
+/// scales of sixteen segments loaded at a segment's start, and a segment's fold for one vector.
+trait TileSegments {
+    fn values(&self, wide: Vnni512, codes: __m512i) -> __m512;
+    /// Loads the scales of segments `g..g + 16` where `g` is a multiple of sixteen.
+    fn hold(&mut self, wide: Vnni512, g: usize);
+    /// Segment `g`'s part of one vector (whose lane sums are `xsum`) folded into `acc`.
+    fn fold(&self, wide: Vnni512, g: usize, xsum: &[[f32; 8]], part: __m512, acc: __m512)
+    -> __m512;
+}
+
+/// Whether [`tile4_picked`] takes this format.
+pub(super) fn tiles(format: Format) -> bool {
+    match format {
+        Format::Affine {
+            bits: 4,
+            group,
+            scale: FloatType::BF16,
+        } => picks(group),
+        Format::Mxfp4 => true,
+        _ => false,
+    }
+}
+
+/// Rows `r..r + 4` against four vectors, where the CPU has VBMI and the format's codes are
+/// picked (affine 4-bit with BF16 scales, MXFP4): `[vector][row]`, each the bits of its
+/// `dot4_wide`; `None` for the other formats.
+#[inline(always)]
+pub(super) fn tile4_picked(
+    vbmi: Vbmi512,
+    m: &QMatrix,
+    r: usize,
+    xs: [&[f32]; 4],
+    xsums: [&[[f32; 8]]; 4],
+) -> Option<[[f32; 4]; 4]> {
+    let row_bytes = m.row_bytes();
+    let row = |i: usize| &m.packed[(r + i) * row_bytes..(r + i + 1) * row_bytes];
+    let rows = [[row(0), row(1)], [row(2), row(3)]];
+    let tail = m.packed.get(r * row_bytes..).unwrap_or(&[]);
+    let tiles = match m.format {
+        Format::Affine {
+            bits: 4,
+            group,
+            scale: FloatType::BF16,
+        } if picks(group) => {
+            let groups = m.cols / group;
+            let held = |i: usize| AffineHeld::new(m, [r + i, r + i + 1], groups, &[]);
+            let mut k = [held(0), held(2)];
+            tile_loads(vbmi, rows, tail, xs, xsums, group, &mut k)
+        }
+        Format::Mxfp4 => {
+            let groups = m.cols / 32;
+            let held = |i: usize| Mxfp4Held::new(m.scales, [r + i, r + i + 1], groups);
+            let mut k = [held(0), held(2)];
+            tile_loads(vbmi, rows, tail, xs, xsums, 32, &mut k)
+        }
+        _ => return None,
+    };
+    Some(tiles.map(|[[a, b], [c, d]]| [a, b, c, d]))
+}
+
+/// [`segmented4_tile`] with the load size the segments allow.
+#[inline(always)]
+fn tile_loads<K: TileSegments>(
+    vbmi: Vbmi512,
+    rows: [[&[u8]; 2]; 2],
+    tail: &[u8],
+    xs: [&[f32]; 4],
+    xsums: [&[[f32; 8]]; 4],
+    seg: usize,
+    k: &mut [K; 2],
+) -> [[[f32; 2]; 2]; 4] {
+    match seg / 8 {
+        4 => segmented4_tile::<4, K>(vbmi, rows, tail, xs, xsums, seg, k),
+        _ => segmented4_tile::<8, K>(vbmi, rows, tail, xs, xsums, seg, k),
+    }
+}
+
+/// [`segmented4_picked`] for four vectors at once: each chunk's codes picked and looked up
+/// once for the four, each vector's parts and folds in `segmented4_picked`'s order, lane for
+/// lane.
+#[inline(always)]
+fn segmented4_tile<const N: usize, K: TileSegments>(
+    vbmi: Vbmi512,
+    rows: [[&[u8]; 2]; 2],
+    tail: &[u8],
+    xs: [&[f32]; 4],
+    xsums: [&[[f32; 8]]; 4],
+    seg: usize,
+    k: &mut [K; 2],
+) -> [[[f32; 2]; 2]; 4] {
+    let wide = vbmi.wide();
+    let narrow = wide.vnni();
+    let zero: __m512 = cast([0f32; 16]);
+    let index = &PICK_INDEX[usize::from(N == 8)];
+    let row_bytes = rows[0][0].len();
+    let [x0, x1, x2, x3] = xs;
+    let x = [
+        x0.as_chunks::<8>().0,
+        x1.as_chunks::<8>().0,
+        x2.as_chunks::<8>().0,
+        x3.as_chunks::<8>().0,
+    ];
+    let mut acc = [[zero; 2]; 4];
+    let per_segment = seg / 8;
+    for s in 0..x[0].len() / per_segment {
+        let first = s * per_segment;
+        let mut part = [[zero; 2]; 4];
+        for l in (0..per_segment).step_by(N) {
+            let byte = (first + l) * 4;
+            if byte.is_multiple_of(CACHE_LINE) {
+                for i in 0..4 {
+                    narrow.prefetch(four_ahead(tail, row_bytes, i, byte + PREFETCH_DISTANCE));
+                }
+            }
+            let mut low = [cast::<_, __m512i>([0u8; 64]); 2];
+            let mut high = low;
+            for j in 0..2 {
+                let [a, b] = rows[j];
+                (low[j], high[j]) = nibbles(vbmi, load_pair::<N>(wide, &a[byte..], &b[byte..]));
+            }
+            for c in 0..N {
+                let pick: __m512i = cast(index[c]);
+                let mut w = [zero; 2];
+                for j in 0..2 {
+                    w[j] = k[j].values(wide, vbmi.pick_bytes(low[j], pick, high[j]));
+                }
+                for v in 0..4 {
+                    let x16 = wide.repeat_f32(cast(x[v][first + l + c]));
+                    for j in 0..2 {
+                        part[v][j] = wide.add_f32(part[v][j], wide.mul_f32(w[j], x16));
+                    }
+                }
+            }
+        }
+        for j in 0..2 {
+            k[j].hold(wide, s);
+            for v in 0..4 {
+                acc[v][j] = k[j].fold(wide, s, xsums[v], part[v][j], acc[v][j]);
+            }
+        }
+    }
+    let mut out = [[[0f32; 2]; 2]; 4];
+    for v in 0..4 {
+        for j in 0..2 {
+            let (low, high) = split(wide, acc[v][j]);
+            out[v][j] = [reduce(low), reduce(high)];
+        }
+    }
+    out
 }
 
 /// `dense4` for BF16 with two rows per register.
