@@ -68,16 +68,16 @@ fn wide_quads(
     }
 }
 
-/// Whether [`rows_batch_picked`] takes this matrix's format.
-pub(crate) fn takes_batch_picked(m: &QMatrix) -> bool {
+/// Whether [`rows_batch_tiled`] takes this matrix's format.
+pub(crate) fn takes_batch_tiled(m: &QMatrix) -> bool {
     wide_rows::tiles(m.format)
 }
 
-/// `RowsBatch` where the CPU has VBMI, for the formats [`takes_batch_picked`] names: tiles of
-/// four rows by four vectors (`wide_rows::tile4_picked`), each row and vector with the bits
+/// `RowsBatch` where the CPU has VBMI, for the formats [`takes_batch_tiled`] names: tiles of
+/// four rows by four vectors (`wide_rows::tile4`), each row and vector with the bits
 /// of its `matvec`; the vectors past the last tile four rows at a time, the rows past the last
 /// quad one at a time, as `rows_wide` computes them.
-pub(crate) fn rows_batch_picked(
+pub(crate) fn rows_batch_tiled(
     vbmi: Vbmi512,
     m: &QMatrix,
     first: usize,
@@ -87,12 +87,12 @@ pub(crate) fn rows_batch_picked(
 ) {
     vbmi.vectorize(
         #[inline(always)]
-        || batch_picked(vbmi, m, first, xs, xsums, out),
+        || batch_tiled(vbmi, m, first, xs, xsums, out),
     )
 }
 
 #[inline(always)]
-fn batch_picked(
+fn batch_tiled(
     vbmi: Vbmi512,
     m: &QMatrix,
     first: usize,
@@ -109,7 +109,7 @@ fn batch_picked(
         for b in (0..tiled).step_by(4) {
             let four = [xs[b], xs[b + 1], xs[b + 2], xs[b + 3]];
             let sums = [&xsums[b][..], &xsums[b + 1], &xsums[b + 2], &xsums[b + 3]];
-            let Some(tile) = wide_rows::tile4_picked(vbmi, m, first + r, four, sums) else {
+            let Some(tile) = wide_rows::tile4(vbmi, m, first + r, four, sums) else {
                 return run_batch_rows(v3, m, first, xs, xsums, out);
             };
             for (v, column) in tile.iter().enumerate() {

@@ -287,8 +287,8 @@ fn run_rows_batch(
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if let Some(vbmi) = x86_vnni::Vbmi512::try_new().filter(|_| avx2::takes_batch_picked(m)) {
-        return avx2::rows_batch_picked(vbmi, m, first, xs, xsums, out);
+    if let Some(vbmi) = x86_vnni::Vbmi512::try_new().filter(|_| avx2::takes_batch_tiled(m)) {
+        return avx2::rows_batch_tiled(vbmi, m, first, xs, xsums, out);
     }
     #[cfg(target_arch = "x86_64")]
     if let Some(v3) = pulp::x86::V3::try_new() {

@@ -697,7 +697,8 @@ trait TileSegments {
     -> __m512;
 }
 
-/// Whether [`tile4_picked`] takes this format.
+/// Whether [`tile4`] takes this format: the 4-bit formats whose codes VBMI picks (affine with
+/// BF16 scales, MXFP4) and affine 8-bit with BF16 scales.
 pub(super) fn tiles(format: Format) -> bool {
     match format {
         Format::Affine {
@@ -705,16 +706,20 @@ pub(super) fn tiles(format: Format) -> bool {
             group,
             scale: FloatType::BF16,
         } => picks(group),
-        Format::Mxfp4 => true,
+        Format::Affine {
+            bits: 8,
+            scale: FloatType::BF16,
+            ..
+        }
+        | Format::Mxfp4 => true,
         _ => false,
     }
 }
 
-/// Rows `r..r + 4` against four vectors, where the CPU has VBMI and the format's codes are
-/// picked (affine 4-bit with BF16 scales, MXFP4): `[vector][row]`, each the bits of its
-/// `dot4_wide`; `None` for the other formats.
+/// Rows `r..r + 4` against four vectors, where the CPU has VBMI, for the formats [`tiles`]
+/// names: `[vector][row]`, each the bits of its `dot4_wide`; `None` for the other formats.
 #[inline(always)]
-pub(super) fn tile4_picked(
+pub(super) fn tile4(
     vbmi: Vbmi512,
     m: &QMatrix,
     r: usize,
@@ -735,6 +740,16 @@ pub(super) fn tile4_picked(
             let held = |i: usize| AffineHeld::new(m, [r + i, r + i + 1], groups, &[]);
             let mut k = [held(0), held(2)];
             tile_loads(vbmi, rows, tail, xs, xsums, group, &mut k)
+        }
+        Format::Affine {
+            bits: 8,
+            group,
+            scale: FloatType::BF16,
+        } => {
+            let groups = m.cols / group;
+            let held = |i: usize| AffineHeld::new(m, [r + i, r + i + 1], groups, &[]);
+            let mut k = [held(0), held(2)];
+            bytes_tile(vbmi.wide(), rows, tail, xs, xsums, group, &mut k)
         }
         Format::Mxfp4 => {
             let groups = m.cols / 32;
@@ -818,6 +833,71 @@ fn segmented4_tile<const N: usize, K: TileSegments>(
                     for j in 0..2 {
                         part[v][j] = wide.add_f32(part[v][j], wide.mul_f32(w[j], x16));
                     }
+                }
+            }
+        }
+        for j in 0..2 {
+            k[j].hold(wide, s);
+            for v in 0..4 {
+                acc[v][j] = k[j].fold(wide, s, xsums[v], part[v][j], acc[v][j]);
+            }
+        }
+    }
+    let mut out = [[[0f32; 2]; 2]; 4];
+    for v in 0..4 {
+        for j in 0..2 {
+            let (low, high) = split(wide, acc[v][j]);
+            out[v][j] = [reduce(low), reduce(high)];
+        }
+    }
+    out
+}
+
+/// `segmented4_wide` for affine 8-bit rows and four vectors at once: each chunk of two rows
+/// widened once for the four vectors, each vector's parts and folds in `segmented4_wide`'s
+/// order, lane for lane.
+#[inline(always)]
+fn bytes_tile<K: TileSegments + PairSegments<8>>(
+    wide: Vnni512,
+    rows: [[&[u8]; 2]; 2],
+    tail: &[u8],
+    xs: [&[f32]; 4],
+    xsums: [&[[f32; 8]]; 4],
+    seg: usize,
+    k: &mut [K; 2],
+) -> [[[f32; 2]; 2]; 4] {
+    const CB: usize = 8;
+    let narrow = wide.vnni();
+    let zero: __m512 = cast([0f32; 16]);
+    let row_bytes = rows[0][0].len();
+    let [[c0, c1], [c2, c3]] = rows.map(|pair| pair.map(|r| r.as_chunks::<CB>().0));
+    let [x0, x1, x2, x3] = xs;
+    let x = [
+        x0.as_chunks::<8>().0,
+        x1.as_chunks::<8>().0,
+        x2.as_chunks::<8>().0,
+        x3.as_chunks::<8>().0,
+    ];
+    let mut acc = [[zero; 2]; 4];
+    let per_segment = seg / 8;
+    for s in 0..x[0].len() / per_segment {
+        let first = s * per_segment;
+        let at = first * CB + PREFETCH_DISTANCE;
+        for line in (0..per_segment * CB).step_by(CACHE_LINE) {
+            for i in 0..4 {
+                narrow.prefetch(four_ahead(tail, row_bytes, i, at + line));
+            }
+        }
+        let mut part = [[zero; 2]; 4];
+        for c in first..first + per_segment {
+            let w = [
+                k[0].decode(wide, &c0[c], &c1[c]),
+                k[1].decode(wide, &c2[c], &c3[c]),
+            ];
+            for v in 0..4 {
+                let x16 = wide.repeat_f32(cast(x[v][c]));
+                for j in 0..2 {
+                    part[v][j] = wide.add_f32(part[v][j], wide.mul_f32(w[j], x16));
                 }
             }
         }
