@@ -109,21 +109,26 @@ fn batch_tiled(
         for b in (0..tiled).step_by(4) {
             let four = [xs[b], xs[b + 1], xs[b + 2], xs[b + 3]];
             let sums = [&xsums[b][..], &xsums[b + 1], &xsums[b + 2], &xsums[b + 3]];
-            let Some(tile) = wide_rows::tile4(vbmi, m, first + r, four, sums) else {
-                return run_batch_rows(v3, m, first, xs, xsums, out);
-            };
-            for (v, column) in tile.iter().enumerate() {
-                for (i, y) in column.iter().enumerate() {
-                    out[(r + i) * batch + b + v] = *y;
+            match wide_rows::tile4(vbmi, m, first + r, four, sums) {
+                Some(tile) => {
+                    for (v, column) in tile.iter().enumerate() {
+                        for (i, y) in column.iter().enumerate() {
+                            out[(r + i) * batch + b + v] = *y;
+                        }
+                    }
+                }
+                None => {
+                    for v in b..b + 4 {
+                        let four = quad(vbmi, m, first + r, xs[v], &xsums[v]);
+                        for (i, y) in four.iter().enumerate() {
+                            out[(r + i) * batch + v] = *y;
+                        }
+                    }
                 }
             }
         }
         for b in tiled..batch {
-            let four = match wide_rows::dot4_wide(wide, Some(vbmi), m, first + r, xs[b], &xsums[b])
-            {
-                Some(four) => four,
-                None => dot4(v3, None, m, first + r, xs[b], &xsums[b]),
-            };
+            let four = quad(vbmi, m, first + r, xs[b], &xsums[b]);
             for (i, y) in four.iter().enumerate() {
                 out[(r + i) * batch + b] = *y;
             }
@@ -136,20 +141,13 @@ fn batch_tiled(
     }
 }
 
-/// Every row and vector one at a time (a format the tiles do not take).
+/// Rows `r..r + 4` against `x`, as `rows_wide` computes them.
 #[inline(always)]
-fn run_batch_rows(
-    v3: V3,
-    m: &QMatrix,
-    first: usize,
-    xs: &[&[f32]],
-    xsums: &[Vec<[f32; 8]>],
-    out: &mut [f32],
-) {
-    let batch = xs.len();
-    for (i, y) in out.iter_mut().enumerate() {
-        let (r, b) = (i / batch, i % batch);
-        *y = dot(v3, None, m, first + r, xs[b], &xsums[b]);
+fn quad(vbmi: Vbmi512, m: &QMatrix, r: usize, x: &[f32], xsum: &[[f32; 8]]) -> [f32; 4] {
+    let wide = vbmi.wide();
+    match wide_rows::dot4_wide(wide, Some(vbmi), m, r, x, xsum) {
+        Some(four) => four,
+        None => dot4(wide.vnni().v3(), None, m, r, x, xsum),
     }
 }
 

@@ -290,6 +290,18 @@ fn run_rows_batch(
     if let Some(vbmi) = x86_vnni::Vbmi512::try_new().filter(|_| avx2::takes_batch_tiled(m)) {
         return avx2::rows_batch_tiled(vbmi, m, first, xs, xsums, out);
     }
+    run_rows_batch_256(m, first, xs, xsums, out)
+}
+
+/// `run_rows_batch` with 256-bit registers even where wider ones exist (tests compare the
+/// paths).
+fn run_rows_batch_256(
+    m: &QMatrix,
+    first: usize,
+    xs: &[&[f32]],
+    xsums: &[Vec<[f32; 8]>],
+    out: &mut [f32],
+) {
     #[cfg(target_arch = "x86_64")]
     if let Some(v3) = pulp::x86::V3::try_new() {
         return run_avx2(v3, m, |f16c| avx2::RowsBatch {
@@ -402,6 +414,18 @@ impl QMatrix<'_> {
         ys: &mut [f32],
     ) -> Result<(), KernelError> {
         self.matmul_with(xs, batch, ys, run_rows_batch_portable)
+    }
+
+    /// `matmul` through the 256-bit code even where 512-bit registers exist: tests compare the
+    /// paths bit for bit.
+    #[doc(hidden)]
+    pub fn matmul_256bit(
+        &self,
+        xs: &[f32],
+        batch: usize,
+        ys: &mut [f32],
+    ) -> Result<(), KernelError> {
+        self.matmul_with(xs, batch, ys, run_rows_batch_256)
     }
 
     fn matmul_with(

@@ -507,13 +507,17 @@ fn matmul_gives_each_vector_the_bits_of_its_matvec() {
                 });
                 let mut portable = vec![0f32; batch * m.rows()];
                 m.matmul_portable(&xs, batch, &mut portable).unwrap();
-                assert!(
-                    ys.iter()
-                        .zip(&portable)
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{:?}: the SIMD and portable batched kernels differ",
-                    m.format()
-                );
+                let mut narrow = vec![0f32; batch * m.rows()];
+                m.matmul_256bit(&xs, batch, &mut narrow).unwrap();
+                for (path, got) in [("widest", &ys), ("256-bit", &narrow)] {
+                    assert!(
+                        got.iter()
+                            .zip(&portable)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{:?}: the {path} and portable batched kernels differ",
+                        m.format()
+                    );
+                }
                 for (b, x) in xs.chunks_exact(m.cols()).enumerate() {
                     let mut y = vec![0f32; m.rows()];
                     m.matvec(x, &mut y).unwrap();
