@@ -55,12 +55,7 @@ fn wide_quads(
     let v3 = wide.vnni().v3();
     let mut quads = y.chunks_exact_mut(4);
     for (q, out) in (&mut quads).enumerate() {
-        let r = first + 4 * q;
-        let four = match wide_rows::dot4_wide(wide, vbmi, m, r, x, xsum) {
-            Some(four) => four,
-            None => dot4(v3, None, m, r, x, xsum),
-        };
-        out.copy_from_slice(&four);
+        out.copy_from_slice(&quad(wide, vbmi, m, first + 4 * q, x, xsum));
     }
     let done = y.len() / 4 * 4;
     for (i, out) in y[done..].iter_mut().enumerate() {
@@ -119,7 +114,7 @@ fn batch_tiled(
                 }
                 None => {
                     for v in b..b + 4 {
-                        let four = quad(vbmi, m, first + r, xs[v], &xsums[v]);
+                        let four = quad(wide, Some(vbmi), m, first + r, xs[v], &xsums[v]);
                         for (i, y) in four.iter().enumerate() {
                             out[(r + i) * batch + v] = *y;
                         }
@@ -128,7 +123,7 @@ fn batch_tiled(
             }
         }
         for b in tiled..batch {
-            let four = quad(vbmi, m, first + r, xs[b], &xsums[b]);
+            let four = quad(wide, Some(vbmi), m, first + r, xs[b], &xsums[b]);
             for (i, y) in four.iter().enumerate() {
                 out[(r + i) * batch + b] = *y;
             }
@@ -141,11 +136,18 @@ fn batch_tiled(
     }
 }
 
-/// Rows `r..r + 4` against `x`, as `rows_wide` computes them.
+/// Rows `r..r + 4` against `x` with 512-bit registers where `wide_rows` decodes the format,
+/// as `Rows` computes them otherwise.
 #[inline(always)]
-fn quad(vbmi: Vbmi512, m: &QMatrix, r: usize, x: &[f32], xsum: &[[f32; 8]]) -> [f32; 4] {
-    let wide = vbmi.wide();
-    match wide_rows::dot4_wide(wide, Some(vbmi), m, r, x, xsum) {
+fn quad(
+    wide: Vnni512,
+    vbmi: Option<Vbmi512>,
+    m: &QMatrix,
+    r: usize,
+    x: &[f32],
+    xsum: &[[f32; 8]],
+) -> [f32; 4] {
+    match wide_rows::dot4_wide(wide, vbmi, m, r, x, xsum) {
         Some(four) => four,
         None => dot4(wide.vnni().v3(), None, m, r, x, xsum),
     }

@@ -273,6 +273,9 @@ impl pulp::WithSimd for RowsBatchOp<'_, '_> {
     }
 }
 
+/// Rows `first..` against `x` (with its lane sums), into `y`.
+type RowsKernel = fn(&QMatrix, usize, &[f32], &[[f32; 8]], &mut [f32]);
+
 /// Rows `first..` against every vector of `xs` (with their lane sums), into
 /// `out[i * batch + b]`.
 type BatchRowsKernel = fn(&QMatrix, usize, &[&[f32]], &[Vec<[f32; 8]>], &mut [f32]);
@@ -467,37 +470,34 @@ impl QMatrix<'_> {
         Ok(())
     }
 
+    /// `matvec` on one thread through `run`, one of the row paths tests compare.
+    fn matvec_through(&self, x: &[f32], y: &mut [f32], run: RowsKernel) -> Result<(), KernelError> {
+        check_len("x", self.cols, x.len())?;
+        check_len("y", self.rows, y.len())?;
+        let xsum = self.kernel_inputs(x);
+        run(self, 0, x, &xsum, y);
+        Ok(())
+    }
+
     /// `matvec` on one thread through the 256-bit code even where 512-bit registers exist:
     /// tests compare the paths bit for bit.
     #[doc(hidden)]
     pub fn matvec_256bit(&self, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
-        check_len("x", self.cols, x.len())?;
-        check_len("y", self.rows, y.len())?;
-        let xsum = self.kernel_inputs(x);
-        run_rows_256(self, 0, x, &xsum, y);
-        Ok(())
+        self.matvec_through(x, y, run_rows_256)
     }
 
     /// `matvec` on one thread through the 512-bit code without VBMI even where the CPU has it:
     /// tests compare the paths bit for bit.
     #[doc(hidden)]
     pub fn matvec_512bit_without_vbmi(&self, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
-        check_len("x", self.cols, x.len())?;
-        check_len("y", self.rows, y.len())?;
-        let xsum = self.kernel_inputs(x);
-        run_rows_512_without_vbmi(self, 0, x, &xsum, y);
-        Ok(())
+        self.matvec_through(x, y, run_rows_512_without_vbmi)
     }
 
     /// `matvec` on one thread through the portable code (`row.rs`) even where an explicit
     /// SIMD path exists: tests compare the two bit for bit.
     #[doc(hidden)]
     pub fn matvec_portable(&self, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
-        check_len("x", self.cols, x.len())?;
-        check_len("y", self.rows, y.len())?;
-        let xsum = self.kernel_inputs(x);
-        run_rows_portable(self, 0, x, &xsum, y);
-        Ok(())
+        self.matvec_through(x, y, run_rows_portable)
     }
 
     /// `y = W[rows]^T x`: `y[c] = sum over r in rows (ascending) of x[r - rows.start] * w[r][c]`,

@@ -78,19 +78,12 @@ pub(super) fn dot4_wide(
             match vbmi {
                 Some(_) => {
                     let held = |i: usize| Mxfp4Held::new(m.scales, [r + i, r + i + 1], groups);
-                    Some(codes4(
-                        wide,
-                        vbmi,
-                        rows,
-                        tail,
-                        x,
-                        32,
-                        &mut [held(0), held(2)],
-                    ))
+                    let mut held = [held(0), held(2)];
+                    Some(codes4(wide, vbmi, rows, tail, x, 32, &mut held))
                 }
                 None => {
-                    let k = [pair(0), pair(2)];
-                    Some(codes4(wide, vbmi, rows, tail, x, 32, &mut k.map(Plain)))
+                    let mut k = [pair(0), pair(2)];
+                    Some(segmented4_wide::<4, _>(wide, rows, tail, x, 32, &mut k))
                 }
             }
         }
