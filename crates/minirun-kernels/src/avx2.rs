@@ -63,26 +63,31 @@ fn wide_quads(
     }
 }
 
+/// Vectors in one tile of [`rows_batch_tiled`].
+pub(crate) const TILE_VECTORS: usize = 4;
+
 /// Whether [`rows_batch_tiled`] takes this matrix's format.
 pub(crate) fn takes_batch_tiled(m: &QMatrix) -> bool {
     wide_rows::tiles(m.format)
 }
 
-/// `RowsBatch` where the CPU has VBMI, for the formats [`takes_batch_tiled`] names: tiles of
-/// four rows by four vectors (`wide_rows::tile4`), each row and vector with the bits
-/// of its `matvec`; the vectors past the last tile four rows at a time, the rows past the last
-/// quad one at a time, as `rows_wide` computes them.
+/// `RowsBatch` where the CPU has VBMI, for the formats [`takes_batch_tiled`] names, for the
+/// first `tiled` vectors of `xs` (a multiple of [`TILE_VECTORS`]; `out` has a column for each
+/// vector of `xs`): tiles of four rows by four vectors (`wide_rows::tile4`), each row and vector
+/// with the bits of its `matvec`; the rows past the last quad one at a time, as `rows_wide`
+/// computes them.
 pub(crate) fn rows_batch_tiled(
     vbmi: Vbmi512,
     m: &QMatrix,
     first: usize,
     xs: &[&[f32]],
     xsums: &[Vec<[f32; 8]>],
+    tiled: usize,
     out: &mut [f32],
 ) {
     vbmi.vectorize(
         #[inline(always)]
-        || batch_tiled(vbmi, m, first, xs, xsums, out),
+        || batch_tiled(vbmi, m, first, xs, xsums, tiled, out),
     )
 }
 
@@ -93,15 +98,16 @@ fn batch_tiled(
     first: usize,
     xs: &[&[f32]],
     xsums: &[Vec<[f32; 8]>],
+    tiled: usize,
     out: &mut [f32],
 ) {
     let wide = vbmi.wide();
     let v3 = wide.vnni().v3();
     let batch = xs.len();
     let rows = out.len() / batch;
-    let (quads, tiled) = (rows / 4 * 4, batch / 4 * 4);
+    let quads = rows / 4 * 4;
     for r in (0..quads).step_by(4) {
-        for b in (0..tiled).step_by(4) {
+        for b in (0..tiled).step_by(TILE_VECTORS) {
             let four = [xs[b], xs[b + 1], xs[b + 2], xs[b + 3]];
             let sums = [&xsums[b][..], &xsums[b + 1], &xsums[b + 2], &xsums[b + 3]];
             match wide_rows::tile4(vbmi, m, first + r, four, sums) {
@@ -122,15 +128,9 @@ fn batch_tiled(
                 }
             }
         }
-        for b in tiled..batch {
-            let four = quad(wide, Some(vbmi), m, first + r, xs[b], &xsums[b]);
-            for (i, y) in four.iter().enumerate() {
-                out[(r + i) * batch + b] = *y;
-            }
-        }
     }
     for r in quads..rows {
-        for b in 0..batch {
+        for b in 0..tiled {
             out[r * batch + b] = dot(v3, None, m, first + r, xs[b], &xsums[b]);
         }
     }

@@ -291,9 +291,38 @@ fn run_rows_batch(
 ) {
     #[cfg(target_arch = "x86_64")]
     if let Some(vbmi) = x86_vnni::Vbmi512::try_new().filter(|_| avx2::takes_batch_tiled(m)) {
-        return avx2::rows_batch_tiled(vbmi, m, first, xs, xsums, out);
+        let tiled = xs.len() / avx2::TILE_VECTORS * avx2::TILE_VECTORS;
+        if tiled > 0 {
+            avx2::rows_batch_tiled(vbmi, m, first, xs, xsums, tiled, out);
+        }
+        return rows_one_vector_at_a_time(m, first, xs, xsums, tiled.., out);
     }
     run_rows_batch_256(m, first, xs, xsums, out)
+}
+
+/// Rows `first..` against the vectors `vectors` of `xs`, each in turn through `matvec`'s own
+/// row kernel, into `out[i * batch + b]`: the vectors that fill no tile. Interleaved with the
+/// tiles' vectors a quad of rows at a time, they ran slower than separate products.
+fn rows_one_vector_at_a_time(
+    m: &QMatrix,
+    first: usize,
+    xs: &[&[f32]],
+    xsums: &[Vec<[f32; 8]>],
+    vectors: std::ops::RangeFrom<usize>,
+    out: &mut [f32],
+) {
+    let batch = xs.len();
+    let mut y = [0f32; ROWS_PER_TASK];
+    for (rows, out) in out.chunks_mut(ROWS_PER_TASK * batch).enumerate() {
+        let n = out.len() / batch;
+        let each = xs.iter().zip(xsums).enumerate().skip(vectors.start);
+        for (b, (x, xsum)) in each {
+            run_rows(m, first + rows * ROWS_PER_TASK, x, xsum, &mut y[..n]);
+            for (i, v) in y[..n].iter().enumerate() {
+                out[i * batch + b] = *v;
+            }
+        }
+    }
 }
 
 /// `run_rows_batch` with 256-bit registers even where wider ones exist (tests compare the
