@@ -102,7 +102,6 @@ fn batch_tiled(
     out: &mut [f32],
 ) {
     let wide = vbmi.wide();
-    let v3 = wide.vnni().v3();
     let batch = xs.len();
     let rows = out.len() / batch;
     let quads = rows / 4 * 4;
@@ -120,7 +119,8 @@ fn batch_tiled(
                 }
                 None => {
                     for v in b..b + 4 {
-                        let four = quad(wide, Some(vbmi), m, first + r, xs[v], &xsums[v]);
+                        let mut four = [0f32; 4];
+                        rows_apart(wide, vbmi, m, first + r, xs[v], &xsums[v], &mut four);
                         for (i, y) in four.iter().enumerate() {
                             out[(r + i) * batch + v] = *y;
                         }
@@ -129,11 +129,31 @@ fn batch_tiled(
             }
         }
     }
-    for r in quads..rows {
+    if quads < rows {
+        let mut tail = [0f32; 4];
+        let tail = &mut tail[..rows - quads];
         for b in 0..tiled {
-            out[r * batch + b] = dot(v3, None, m, first + r, xs[b], &xsums[b]);
+            rows_apart(wide, vbmi, m, first + quads, xs[b], &xsums[b], tail);
+            for (i, y) in tail.iter().enumerate() {
+                out[(quads + i) * batch + b] = *y;
+            }
         }
     }
+}
+
+/// `rows_wide` in a function of its own, so that the tiles' loop is compiled without it: the
+/// rows the tiles leave, inlined beside them, slowed the tiles down.
+#[inline(never)]
+fn rows_apart(
+    wide: Vnni512,
+    vbmi: Vbmi512,
+    m: &QMatrix,
+    first: usize,
+    x: &[f32],
+    xsum: &[[f32; 8]],
+    y: &mut [f32],
+) {
+    rows_wide(wide, Some(vbmi), m, first, x, xsum, y)
 }
 
 /// Rows `r..r + 4` against `x` with 512-bit registers where `wide_rows` decodes the format,
