@@ -51,7 +51,15 @@
 # memory controller; without them the script says so and runs without a limit.
 #
 #   bench/stream_real_geometry.sh [--geometry v4-flash|k3|all] [--layers N] [--tokens T]
-#                                 [--reads-in-flight D|best] [--activations f32|int8] [--json]
+#                                 [--reads-in-flight D|best] [--activations f32|int8]
+#                                 [--stream-every-layer] [--json]
+#
+# --stream-every-layer runs every minirun run with `minirun run --stream-every-layer`: each
+# layer's deterministic weights stream every step even where the cut's budget would hold them,
+# the floor planned for that. The whole model at these budgets must stream its layers, but a
+# cut of two K3 layers holds both at its floor (two layer buffers of the largest, 2.3 GB, would
+# take more than the two layers), so without it the cut measures a model that holds its layers,
+# and its per-token figures do not extrapolate.
 #
 # --activations int8 runs every minirun run and the all-in-memory check with 8-bit activations
 # (`minirun run --activations int8`: MXFP4 and affine experts multiply in integers; FP8 and BF16
@@ -74,6 +82,7 @@
 # computing a token takes longer than reading its bytes, no streaming reaches the read limit;
 # and run (floor, balanced, balanced-unguessed, floor-unverified), activations (f32 or int8),
 # guessed_layers (the plan's),
+# every_layer_streamed_as_asked (the runs had --stream-every-layer),
 # guessed_experts, guess_hit_rate (the share of guessed experts the router chose; null where
 # none was guessed) and guess_wasted_bytes_per_token (what the guesses read that no expert
 # computed from).
@@ -84,6 +93,7 @@ LAYERS_ASKED=""
 TOKENS=8
 DEPTH_ASKED=8
 ACTIVATIONS=f32
+EVERY_LAYER=()
 JSON=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -92,6 +102,7 @@ while [ $# -gt 0 ]; do
     --tokens) TOKENS="$2"; shift 2 ;;
     --reads-in-flight) DEPTH_ASKED="$2"; shift 2 ;;
     --activations) ACTIVATIONS="$2"; shift 2 ;;
+    --stream-every-layer) EVERY_LAYER=(--stream-every-layer); shift ;;
     --json) JSON=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -279,6 +290,7 @@ measure_geometry() {
   fi
   RUN=("$MINIRUN" run "$ART" --prompt "$PROMPT" --max-tokens "$TOKENS" --ignore-eos --json
        --reads-in-flight "$depth" --activations "$ACTIVATIONS")
+  STREAMED_RUN=("${RUN[@]}" "${EVERY_LAYER[@]}")
   resident_run
   for run in floor balanced balanced-unguessed floor-unverified; do
     budget=${run%-*}
@@ -288,9 +300,9 @@ measure_geometry() {
       *-unguessed) extra=(--guessed-layers 0) ;;
     esac
     bytes=$("$MINIRUN" run "$ART" --prompt "$PROMPT" --max-tokens 1 --json --budget "$budget" \
-      | python3 -c "import json, sys; print(json.load(sys.stdin)['plan']['budget'])")
-    echo "== minirun run --budget $budget ${extra[*]} ($((bytes >> 20)) MiB)"
-    in_cgroup $((bytes + OVERHEAD)) "$RUNS/run-$run.json" "${RUN[@]}" --budget "$budget" "${extra[@]}"
+      "${EVERY_LAYER[@]}" | python3 -c "import json, sys; print(json.load(sys.stdin)['plan']['budget'])")
+    echo "== minirun run --budget $budget ${EVERY_LAYER[*]} ${extra[*]} ($((bytes >> 20)) MiB)"
+    in_cgroup $((bytes + OVERHEAD)) "$RUNS/run-$run.json" "${STREAMED_RUN[@]}" --budget "$budget" "${extra[@]}"
   done
   measure_device after
   echo "$LAYERS" > "$RUNS/layers"
@@ -316,6 +328,11 @@ def reference_expert_bytes(geometry, layers):
 mib = 2**20
 rows = []
 print(f"\nactivations: {activations} (every run and the all-in-memory check)")
+every_asked = {g: json.load(open(f"{work}/{g}-runs/run-floor.json"))["plan"]["layers"] == "stream_every"
+               for g in geometries}
+for g, asked in every_asked.items():
+    if asked:
+        print(f"{g}: every layer streamed as asked (--stream-every-layer), whether or not the budget would hold it")
 print("\n| geometry | budget | layers | s/token | bytes/token (experts + layers) | expert bytes/token vs the reference's | "
       "limit s/token (bytes / bandwidth) | ratio to limit | waiting for reads s/token | ratio to max(limit, all in memory) | "
       "projected reads s/token (measured / projected) | device read | "
@@ -377,6 +394,7 @@ for geometry in geometries:
             "resident_check": check,
             "projected_read_s_per_token": r.get("projected_read_seconds_per_token"),
             "run": run, "guessed_layers": r["plan"]["guessed_layers"],
+            "every_layer_streamed_as_asked": r["plan"]["layers"] == "stream_every",
             "guessed_experts": r["expert_guessed"],
             "guess_hit_rate": r["expert_guess_hits"] / r["expert_guessed"] if r["expert_guessed"] else None,
             "guess_wasted_bytes_per_token": r["expert_guess_wasted_bytes"] / steps,

@@ -13,7 +13,7 @@ use clap::Args;
 use minirun_format::synthetic::SplitMix64;
 use minirun_runtime::budget::{Budget, human};
 use minirun_runtime::decoder::Decoder;
-use minirun_runtime::plan::Mode;
+use minirun_runtime::plan::{Layers, Mode};
 use minirun_runtime::session::{Session, Trust};
 
 use crate::run_cmd::ActivationsArg;
@@ -82,8 +82,12 @@ pub fn run(args: &ModelArgs) -> Result<ExitCode> {
     let mut session = Session::open(&args.artifact, trust)?;
     session.artifact.set_activations(args.activations.into());
     let context = args.prompt_tokens.max(args.tokens);
-    let (plan, experts) =
-        crate::run_cmd::planned_within_memory(&session, args.budget, context, args.reads)?;
+    let (plan, experts) = crate::run_cmd::planned_within_memory(
+        &session,
+        (args.budget, Layers::HoldWhatFits),
+        context,
+        args.reads,
+    )?;
     let model = session.planned_model(&plan, &experts)?;
     let most = model.max_positions();
     if context > most {

@@ -11,7 +11,7 @@ use minirun_kernels::Activations;
 use minirun_runtime::budget::{Budget, available_memory, human};
 use minirun_runtime::decoder::Decoder;
 use minirun_runtime::generate::{Figures, Sampling, StepRecord, StopReason};
-use minirun_runtime::plan::{Mode, Plan};
+use minirun_runtime::plan::{Layers, Mode, Plan};
 use minirun_runtime::session::{Session, TokenEvent, Trust};
 
 use crate::storage_calibration as calibration;
@@ -66,6 +66,12 @@ pub struct RunArgs {
     /// Default: generous, refused if that is more than the memory available.
     #[arg(long, value_name = "BYTES|PRESET")]
     budget: Option<Budget>,
+    /// Stream every layer's attention, router and shared experts (or dense MLP) from storage
+    /// each step, even where the budget would hold them, and plan the floor for that: what a
+    /// model with more layers than any budget holds does at its floor. For measuring a cut of
+    /// such a model (a few of its layers at their real size) as the whole model runs.
+    #[arg(long)]
+    stream_every_layer: bool,
     #[command(flatten)]
     reads: crate::expert_reads::ExpertReads,
     /// Arithmetic of the products: f32 (exact: every weight decoded to f32) or int8 (affine
@@ -91,19 +97,23 @@ fn plan(
     prompt_tokens: usize,
 ) -> Result<(Plan, minirun_runtime::model_weights::ModelWeights)> {
     let context = prompt_tokens + args.max_tokens;
-    planned_within_memory(session, args.budget, context, args.reads)
+    let layers = match args.stream_every_layer {
+        true => Layers::StreamEvery,
+        false => Layers::HoldWhatFits,
+    };
+    planned_within_memory(session, (args.budget, layers), context, args.reads)
 }
 
 /// The plan for `budget` (generous when not given, refused if that is more than the memory
-/// available: `Session::plan_within`) and a cache of `context_tokens`, reading experts as
-/// `reads` says.
+/// available: `Session::plan_within`), its layers held or streamed as `layers` says, and a
+/// cache of `context_tokens`, reading experts as `reads` says.
 pub(crate) fn planned_within_memory(
     session: &Session,
-    budget: Option<Budget>,
+    dial: (Option<Budget>, Layers),
     context_tokens: usize,
     reads: crate::expert_reads::ExpertReads,
 ) -> Result<(Plan, minirun_runtime::model_weights::ModelWeights)> {
-    let (mut plan, weights) = session.plan_within(budget, context_tokens, available_memory())?;
+    let (mut plan, weights) = session.plan_within(dial, context_tokens, available_memory())?;
     reads.apply(&mut plan);
     Ok((plan, weights))
 }

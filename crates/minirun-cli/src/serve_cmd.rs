@@ -23,7 +23,7 @@ use http_serve::page::{About, ChatMode};
 use http_serve::{ApiError, Finish, ListenArgs};
 use minirun_runtime::budget::{Budget, available_memory};
 use minirun_runtime::model_weights::ModelWeights;
-use minirun_runtime::plan::Plan;
+use minirun_runtime::plan::{Layers, Plan};
 use minirun_runtime::session::{Session, Trust};
 use minirun_text::Text;
 use serde_json::{Value, json};
@@ -254,7 +254,7 @@ fn plan_and_build<'s>(
     }
     let (plan, experts) = crate::run_cmd::planned_within_memory(
         session,
-        budget,
+        (budget, Layers::HoldWhatFits),
         context.saturating_mul(max_concurrent),
         reads,
     )?;

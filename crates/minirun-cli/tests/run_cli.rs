@@ -380,6 +380,67 @@ fn run_json(path: &str, extra: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// `--stream-every-layer` on a model whose floor holds every layer (two layer buffers would
+/// cost more than holding them, as for a two-layer cut of Kimi K3): each layer still streams,
+/// at a floor of its own, as the plan and the figures say, with the resident run's logits; the
+/// floor without the flag is refused with the flag, naming the layer buffers.
+#[test]
+fn stream_every_layer_streams_layers_the_budget_would_hold() {
+    let checkpoint = tempfile::tempdir().unwrap();
+    let shape = SyntheticShape {
+        hidden: 512,
+        layers: 3,
+        experts: 8,
+        experts_per_token: 2,
+        moe_intermediate: 512,
+        vocab: 512,
+        seed: 11,
+    };
+    let tokenizer = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../minirun-runtime/tests/data/deepseek-v3/mlx-affine4-g64");
+    write_synthetic_deepseek(checkpoint.path(), &shape, &tokenizer).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_str().unwrap();
+    let source = checkpoint.path().to_str().unwrap();
+    let out = minirun(&["pack", "--source", source, "--out", path]);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    let resident = run_json(path, &["--budget", "generous"]);
+    let holding = run_json(path, &["--budget", "floor"]);
+    assert_eq!(holding["plan"]["streamed_layers"], serde_json::json!([]));
+    assert_eq!(holding["plan"]["layers"], "hold_what_fits");
+    assert_eq!(holding["layer_read_bytes_per_token"], 0);
+
+    let every = run_json(path, &["--budget", "floor", "--stream-every-layer"]);
+    assert_eq!(every["plan"]["layers"], "stream_every");
+    let all = serde_json::json!([0, 1, 2]);
+    assert_eq!(every["plan"]["streamed_layers"], all);
+    let floor = |run: &serde_json::Value| run["plan"]["floor"].as_u64().unwrap();
+    assert!(floor(&every) > floor(&holding), "{every}");
+    let per_token = every["plan"]["layer_read_per_token"].as_u64().unwrap();
+    assert!(per_token > 0);
+    assert_eq!(every["layer_read_bytes_per_token"], per_token);
+    assert_eq!(every["logits_sha256"], resident["logits_sha256"]);
+
+    let budget = floor(&holding).to_string();
+    let args = [
+        "run",
+        path,
+        "--prompt",
+        "x",
+        "--unverified",
+        "--budget",
+        &budget,
+    ];
+    let refused = minirun(&[&args[..], &["--stream-every-layer"]].concat());
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("layer buffers"),
+        "{}",
+        stderr(&refused)
+    );
+}
+
 /// `--guessed-layers`: a streamed run with room beyond its floor reads each layer's likely
 /// experts before its router runs, says so in its plan and its figures, and computes the
 /// resident run's logits bit for bit; 0 turns it off and gives the guess's pool back to the

@@ -26,6 +26,11 @@
 //! once), and a stated reserve (the KV cache for the run's context plus a fixed allowance for
 //! activations, the tokenizer and the runtime). A budget below the floor is refused before a
 //! payload byte is read, naming every term.
+//!
+//! [`Layers::StreamEvery`] streams every layer's deterministic weights even where the budget
+//! would hold them, and so sets the floor at the streaming one: a cut of a model too large for
+//! any layer to stay resident (a few of its layers, at its real geometry) then reads per token
+//! what each layer of the whole model reads at its floor.
 
 use crate::artifact::{Artifact, ArtifactError, PartLayout};
 use crate::budget::{Budget, human};
@@ -132,6 +137,8 @@ pub struct Plan {
     /// Layers whose deterministic weights stream (read each step), and whether the next one is
     /// read while the current one computes.
     pub streamed_layers: Vec<usize>,
+    /// Whether the layers the budget pays for are held, or every layer streams.
+    pub layers: Layers,
     pub layer_count: usize,
     pub read_ahead: bool,
     /// Threads reading a layer's chosen experts at once (they never hold more than the slot
@@ -157,6 +164,18 @@ pub struct Plan {
     /// (see [`crate::guessed_experts`]), each guess in a slot pool of its own taken from the
     /// cache: 0 where none streams, guessing is off, or the cache has no room for a pool.
     pub guessed_layers: usize,
+}
+
+/// Whether a plan holds the layers' deterministic weights the budget pays for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Layers {
+    /// In layer order, each layer's deterministic weights the budget still pays for are held,
+    /// the others stream (only below the deterministic floor).
+    #[default]
+    HoldWhatFits,
+    /// Every layer's deterministic weights stream, at any budget.
+    StreamEvery,
 }
 
 /// What the planner needs to know of an architecture beside what its layers ask for
@@ -272,7 +291,25 @@ impl Plan {
         budget: Budget,
         context_tokens: usize,
     ) -> Result<Plan, PlanError> {
+        Plan::with_layers(
+            artifact,
+            c,
+            weights,
+            (budget, Layers::HoldWhatFits),
+            context_tokens,
+        )
+    }
+
+    /// [`Plan::new`] with the layers' deterministic weights held or streamed as `layers` says.
+    pub fn with_layers(
+        artifact: &Artifact,
+        c: &(impl Shape + ?Sized),
+        weights: &ModelWeights,
+        (budget, layers): (Budget, Layers),
+        context_tokens: usize,
+    ) -> Result<Plan, PlanError> {
         let s = sizes(artifact, weights, c.experts_per_token());
+        let stream_every = layers == Layers::StreamEvery && !s.layers.is_empty();
         // Payload sizes are bounded by Artifact::open; the config's counts are not, so the
         // products saturate (a saturated floor is refused like any other too-large one).
         let reserve_bytes = FIXED_RESERVE.saturating_add(c.cache_bytes(context_tokens));
@@ -288,10 +325,11 @@ impl Plan {
         let streaming_floor = (base + 2 * layer_alloc_max)
             .saturating_add(slot_pool_bytes)
             .saturating_add(reserve_bytes);
-        let (floor, floor_resident, floor_pool) = match streaming_floor < deterministic_floor {
-            true => (streaming_floor, base, 2 * layer_alloc_max),
-            false => (deterministic_floor, s.resident_all, 0),
-        };
+        let (floor, floor_resident, floor_pool) =
+            match stream_every || streaming_floor < deterministic_floor {
+                true => (streaming_floor, base, 2 * layer_alloc_max),
+                false => (deterministic_floor, s.resident_all, 0),
+            };
         let everything = s.total.saturating_add(reserve_bytes);
         let budget_bytes = match budget {
             Budget::Bytes(b) => b,
@@ -314,8 +352,8 @@ impl Plan {
             })));
         }
         let moe_layers = s.expert_layers.len();
-        let mode = match budget_bytes < everything
-            && (moe_layers > 0 || budget_bytes < deterministic_floor)
+        let mode = match stream_every
+            || budget_bytes < everything && (moe_layers > 0 || budget_bytes < deterministic_floor)
         {
             true => Mode::Streamed,
             false => Mode::Resident,
@@ -338,6 +376,7 @@ impl Plan {
             deterministic_floor,
             everything,
             streamed_layers: Vec::new(),
+            layers,
             layer_count: c.layer_count(),
             read_ahead: true,
             reads_in_flight: DEFAULT_READS_IN_FLIGHT,
@@ -350,10 +389,10 @@ impl Plan {
             uncached_read_per_token: 0,
             guessed_layers: 0,
         };
-        let mut spare = if budget_bytes >= deterministic_floor {
-            budget_bytes - deterministic_floor
-        } else {
-            plan.stream_layers(&s, base, budget_bytes - streaming_floor)
+        let mut spare = match (stream_every, budget_bytes >= deterministic_floor) {
+            (false, true) => budget_bytes - deterministic_floor,
+            (false, false) => plan.stream_layers(&s, base, budget_bytes - streaming_floor),
+            (true, _) => plan.stream_every_layer(&s, base, budget_bytes - streaming_floor),
         };
         let holding = mode == Mode::Streamed && plan.streamed_layers.is_empty();
         for layer in &s.expert_layers {
@@ -408,6 +447,15 @@ impl Plan {
         spare
     }
 
+    /// Streams every layer's deterministic weights through the layer pool. Returns `spare`.
+    fn stream_every_layer(&mut self, s: &Sizes, base: u64, spare: u64) -> u64 {
+        self.resident_bytes = base;
+        self.layer_pool_bytes = 2 * self.layer_allocated_bytes;
+        self.streamed_layers = (0..s.layers.len()).collect();
+        self.layer_read_per_token = s.layers.iter().map(|l| l.read).sum();
+        spare
+    }
+
     /// The expert cache of a streamed run under this plan, for the layers not held. The
     /// artifact keeps what a step frees (its uncached experts, its streamed layers, the experts
     /// the cache lets go) for the next read into again: the plan set that much aside for reads
@@ -436,7 +484,10 @@ impl Plan {
             match (self.mode, self.streamed_layers.is_empty()) {
                 (Mode::Resident, _) => "fully resident",
                 (Mode::Streamed, true) => "routed experts streamed",
-                (Mode::Streamed, false) => "routed experts and some layers streamed",
+                (Mode::Streamed, false) => match self.layers {
+                    Layers::StreamEvery => "routed experts and every layer streamed, as asked",
+                    Layers::HoldWhatFits => "routed experts and some layers streamed",
+                },
             },
             human(self.floor),
             human(self.floor_resident_bytes),

@@ -12,7 +12,7 @@ use crate::config::ConfigError;
 use crate::model::Model;
 use crate::model_weights::ModelWeights;
 use crate::models;
-use crate::plan::{Plan, PlanError};
+use crate::plan::{Layers, Plan, PlanError};
 use crate::step::ModelError;
 
 /// Every architecture this build runs.
@@ -101,21 +101,15 @@ impl Architecture {
         self.model.record(artifact)
     }
 
-    /// The memory plan (see [`Plan::new`]).
+    /// The memory plan (see [`Plan::with_layers`]).
     pub fn plan(
         &self,
         artifact: &Artifact,
         weights: &ModelWeights,
-        budget: Budget,
+        dial: (Budget, Layers),
         context_tokens: usize,
     ) -> Result<Plan, PlanError> {
-        Plan::new(
-            artifact,
-            self.model.shape(),
-            weights,
-            budget,
-            context_tokens,
-        )
+        Plan::with_layers(artifact, self.model.shape(), weights, dial, context_tokens)
     }
 
     /// The model, every weight resident.

@@ -14,7 +14,7 @@ use crate::config::ConfigError;
 use crate::generate::{Figures, Sampling, StepRecord, generate};
 use crate::model::Model;
 use crate::model_weights::ModelWeights;
-use crate::plan::{Plan, PlanError};
+use crate::plan::{Layers, Plan, PlanError};
 use crate::registry::{self, Architecture};
 use crate::step::ModelError;
 use minirun_text::{Text, TextError};
@@ -195,11 +195,23 @@ impl Session {
         budget: Budget,
         context_tokens: usize,
     ) -> Result<(Plan, ModelWeights), SessionError> {
+        self.plan_layers((budget, Layers::HoldWhatFits), context_tokens)
+    }
+
+    /// [`Self::plan`] with the layers' deterministic weights held or streamed as the dial's
+    /// [`Layers`] says.
+    pub fn plan_layers(
+        &self,
+        dial: (Budget, Layers),
+        context_tokens: usize,
+    ) -> Result<(Plan, ModelWeights), SessionError> {
         let weights = self
             .architecture
             .weights(&self.artifact)
             .map_err(ModelError::from)?;
-        let plan = self.plan_for(&weights, budget, context_tokens)?;
+        let plan = self
+            .architecture
+            .plan(&self.artifact, &weights, dial, context_tokens)?;
         Ok((plan, weights))
     }
 
@@ -211,9 +223,10 @@ impl Session {
         budget: Budget,
         context_tokens: usize,
     ) -> Result<Plan, SessionError> {
+        let dial = (budget, Layers::HoldWhatFits);
         Ok(self
             .architecture
-            .plan(&self.artifact, weights, budget, context_tokens)?)
+            .plan(&self.artifact, weights, dial, context_tokens)?)
     }
 
     /// The plan for the budget the user gave, or, when they gave none, for everything
@@ -222,11 +235,12 @@ impl Session {
     /// left to swap or to the kernel's out-of-memory killer. A budget the user gave is theirs.
     pub fn plan_within(
         &self,
-        budget: Option<Budget>,
+        (budget, layers): (Option<Budget>, Layers),
         context_tokens: usize,
         available: Option<u64>,
     ) -> Result<(Plan, ModelWeights), SessionError> {
-        let (plan, weights) = self.plan(budget.unwrap_or(Budget::Generous), context_tokens)?;
+        let dial = (budget.unwrap_or(Budget::Generous), layers);
+        let (plan, weights) = self.plan_layers(dial, context_tokens)?;
         if let (None, Some(available)) = (budget, available)
             && plan.budget > available
         {

@@ -84,11 +84,14 @@ fn a_session_without_evidence_is_refused_unless_unverified() {
 #[test]
 fn a_default_plan_larger_than_the_memory_available_is_refused() {
     use minirun_runtime::budget::Budget;
+    use minirun_runtime::plan::Layers;
     let dir = packed();
     let session = Session::open(dir.path(), Trust::Unverified).unwrap();
     let (everything, _) = session.plan(Budget::Generous, 16).unwrap();
     let short = everything.budget - 1;
-    let err = session.plan_within(None, 16, Some(short)).unwrap_err();
+    let err = session
+        .plan_within((None, Layers::HoldWhatFits), 16, Some(short))
+        .unwrap_err();
     assert!(
         matches!(err, SessionError::ExceedsMemory { needs, available, floor, .. }
             if needs == everything.budget && available == short && floor == everything.floor),
@@ -96,12 +99,16 @@ fn a_default_plan_larger_than_the_memory_available_is_refused() {
     );
     assert!(err.to_string().contains("--budget floor"), "{err}");
     let (fits, _) = session
-        .plan_within(None, 16, Some(everything.budget))
+        .plan_within((None, Layers::HoldWhatFits), 16, Some(everything.budget))
         .unwrap();
     assert_eq!(fits.budget, everything.budget);
-    assert!(session.plan_within(None, 16, None).is_ok());
+    assert!(
+        session
+            .plan_within((None, Layers::HoldWhatFits), 16, None)
+            .is_ok()
+    );
     let (floor, _) = session
-        .plan_within(Some(Budget::Floor), 16, Some(1))
+        .plan_within((Some(Budget::Floor), Layers::HoldWhatFits), 16, Some(1))
         .unwrap();
     assert_eq!(floor.budget, everything.floor);
 }

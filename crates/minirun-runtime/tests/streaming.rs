@@ -15,7 +15,7 @@ use minirun_runtime::generate::argmax;
 use minirun_runtime::model_weights::ModelWeights;
 use minirun_runtime::models::deepseek_v3::DeepSeekV3;
 use minirun_runtime::models::deepseek_v3::DeepSeekV3Config;
-use minirun_runtime::plan::{Mode, Plan, PlanError};
+use minirun_runtime::plan::{Layers, Mode, Plan, PlanError};
 use minirun_runtime::step::StepStats;
 
 /// Stacked MLX containers, per-expert FP8 containers, per-expert bf16 blob members.
@@ -337,6 +337,52 @@ fn an_artifact_several_times_its_budget_streams_with_the_resident_bits() {
             .flatten()
             .all(|&b| f32::from_bits(b).is_finite()),
         "the synthetic model's logits are finite"
+    );
+}
+
+/// `Layers::StreamEvery`: every layer's deterministic weights stream even at a budget that holds
+/// them all, the floor is the streaming one, what the budget has beyond it goes to the expert
+/// cache, and a step reads each layer once, with the resident bits.
+#[test]
+fn every_layer_streams_when_asked_even_where_the_budget_holds_them() {
+    let dir = packed_synthetic(&STREAMED_SHAPE);
+    let artifact = Artifact::open(dir.path(), Access::Unverified).unwrap();
+    let config = DeepSeekV3Config::parse(&artifact.config_json).unwrap();
+    let experts = DeepSeekV3::weights(&artifact, &config).unwrap();
+    let floor = Plan::new(&artifact, &config, &experts, Budget::Floor, 64).unwrap();
+    let budget = Budget::Bytes(floor.deterministic_floor);
+    let holding = Plan::new(&artifact, &config, &experts, budget, 64).unwrap();
+    assert!(holding.streamed_layers.is_empty(), "the budget holds them");
+    let plan_every = |budget| {
+        let dial = (budget, Layers::StreamEvery);
+        Plan::with_layers(&artifact, &config, &experts, dial, 64).unwrap()
+    };
+    let every = plan_every(budget);
+    let all: Vec<usize> = (0..config.num_hidden_layers).collect();
+    assert_eq!(every.streamed_layers, all);
+    assert_eq!(every.layers, Layers::StreamEvery);
+    assert_eq!(every.floor, floor.floor, "the streaming floor");
+    assert_eq!(every.resident_bytes, floor.resident_bytes);
+    assert_eq!(every.layer_read_per_token, floor.layer_read_per_token);
+    assert_eq!(every.cache_bytes, floor.deterministic_floor - floor.floor);
+    assert_eq!(plan_every(Budget::Floor).budget, floor.floor);
+    // Even where holding everything costs nothing more, nothing is held.
+    let generous = plan_every(Budget::Generous);
+    assert_eq!(
+        (generous.mode, generous.streamed_layers),
+        (Mode::Streamed, all)
+    );
+
+    let resident = DeepSeekV3::load(&artifact, config.clone()).unwrap();
+    let (reference, _, _) = run(&resident);
+    drop(resident);
+    let streamed = DeepSeekV3::load_planned(&artifact, config, &every, &experts).unwrap();
+    let (bits, _, decode) = run(&streamed);
+    assert!(bits == reference, "every layer streamed: other logits");
+    assert_eq!(
+        decode.layer_read_bytes,
+        every.layer_read_per_token * STEPS as u64,
+        "a step reads every layer's deterministic weights once"
     );
 }
 
