@@ -380,13 +380,26 @@ fn run_json(path: &str, extra: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// A synthetic DeepSeek-V3-shaped checkpoint of `shape`, packed by `minirun pack`.
+fn packed_synthetic_deepseek(shape: &SyntheticShape) -> tempfile::TempDir {
+    let checkpoint = tempfile::tempdir().unwrap();
+    let tokenizer = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../minirun-runtime/tests/data/deepseek-v3/mlx-affine4-g64");
+    write_synthetic_deepseek(checkpoint.path(), shape, &tokenizer).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let source = checkpoint.path().to_str().unwrap();
+    let path = dir.path().to_str().unwrap();
+    let out = minirun(&["pack", "--source", source, "--out", path]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    dir
+}
+
 /// `--stream-every-layer` on a model whose floor holds every layer (two layer buffers would
 /// cost more than holding them, as for a two-layer cut of Kimi K3): each layer still streams,
 /// at a floor of its own, as the plan and the figures say, with the resident run's logits; the
 /// floor without the flag is refused with the flag, naming the layer buffers.
 #[test]
 fn stream_every_layer_streams_layers_the_budget_would_hold() {
-    let checkpoint = tempfile::tempdir().unwrap();
     let shape = SyntheticShape {
         hidden: 512,
         layers: 3,
@@ -396,14 +409,8 @@ fn stream_every_layer_streams_layers_the_budget_would_hold() {
         vocab: 512,
         seed: 11,
     };
-    let tokenizer = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../minirun-runtime/tests/data/deepseek-v3/mlx-affine4-g64");
-    write_synthetic_deepseek(checkpoint.path(), &shape, &tokenizer).unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = packed_synthetic_deepseek(&shape);
     let path = dir.path().to_str().unwrap();
-    let source = checkpoint.path().to_str().unwrap();
-    let out = minirun(&["pack", "--source", source, "--out", path]);
-    assert!(out.status.success(), "{}", stderr(&out));
 
     let resident = run_json(path, &["--budget", "generous"]);
     let holding = run_json(path, &["--budget", "floor"]);
@@ -447,7 +454,6 @@ fn stream_every_layer_streams_layers_the_budget_would_hold() {
 /// cache; what the flag cannot take is refused.
 #[test]
 fn guessed_reads_keep_the_resident_logits_and_are_counted() {
-    let checkpoint = tempfile::tempdir().unwrap();
     // 32 experts a layer, 4 a token: a layer held whole costs eight slot pools, so a budget two
     // slot pools past the deterministic floor holds none and leaves the cache room for a guess.
     let shape = SyntheticShape {
@@ -459,14 +465,8 @@ fn guessed_reads_keep_the_resident_logits_and_are_counted() {
         vocab: 512,
         seed: 7,
     };
-    let tokenizer = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../minirun-runtime/tests/data/deepseek-v3/mlx-affine4-g64");
-    write_synthetic_deepseek(checkpoint.path(), &shape, &tokenizer).unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = packed_synthetic_deepseek(&shape);
     let path = dir.path().to_str().unwrap();
-    let source = checkpoint.path().to_str().unwrap();
-    let out = minirun(&["pack", "--source", source, "--out", path]);
-    assert!(out.status.success(), "{}", stderr(&out));
 
     let resident = run_json(path, &["--budget", "generous"]);
     let floor = run_json(path, &["--budget", "floor"]);
