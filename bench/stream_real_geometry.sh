@@ -52,7 +52,13 @@
 #
 #   bench/stream_real_geometry.sh [--geometry v4-flash|k3|all] [--layers N] [--tokens T]
 #                                 [--reads-in-flight D|best] [--activations f32|int8]
-#                                 [--stream-every-layer] [--json]
+#                                 [--stream-every-layer] [--rounds N] [--json]
+#
+# --rounds N runs the four runs N times, in the same order each round, and measures the device
+# (`minirun bench storage`, every depth for a second) right before each run: the disk's rate
+# drifts by a third between runs minutes apart here, so each run is also held to the rate the
+# device gave just before it (ratio_to_adjacent_limit), and the table gives medians over the
+# rounds with their ranges.
 #
 # --stream-every-layer runs every minirun run with `minirun run --stream-every-layer`: each
 # layer's deterministic weights stream every step even where the cut's budget would hold them,
@@ -82,7 +88,10 @@
 # computing a token takes longer than reading its bytes, no streaming reaches the read limit;
 # and run (floor, balanced, balanced-unguessed, floor-unverified), activations (f32 or int8),
 # guessed_layers (the plan's),
-# every_layer_streamed_as_asked (the runs had --stream-every-layer),
+# every_layer_streamed_as_asked (the runs had --stream-every-layer), rounds, and over the rounds
+# (s_per_token, ratio_to_limit and the others are medians): s_per_token_range,
+# ratio_to_limit_range, adjacent_read_bandwidths (bytes/s, the device's best right before each
+# round's run), ratio_to_adjacent_limit and its range (time per token over the bytes at that rate),
 # guessed_experts, guess_hit_rate (the share of guessed experts the router chose; null where
 # none was guessed) and guess_wasted_bytes_per_token (what the guesses read that no expert
 # computed from).
@@ -94,6 +103,7 @@ TOKENS=8
 DEPTH_ASKED=8
 ACTIVATIONS=f32
 EVERY_LAYER=()
+ROUNDS=1
 JSON=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -103,11 +113,15 @@ while [ $# -gt 0 ]; do
     --reads-in-flight) DEPTH_ASKED="$2"; shift 2 ;;
     --activations) ACTIVATIONS="$2"; shift 2 ;;
     --stream-every-layer) EVERY_LAYER=(--stream-every-layer); shift ;;
+    --rounds) ROUNDS="$2"; shift 2 ;;
     --json) JSON=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
+case "$ROUNDS" in
+  ''|*[!0-9]*|0) echo "--rounds takes a positive whole number, not $ROUNDS" >&2; exit 2 ;;
+esac
 case "$ACTIVATIONS" in
   f32|int8) ;;
   *) echo "unknown activations $ACTIVATIONS: f32 or int8" >&2; exit 2 ;;
@@ -292,20 +306,27 @@ measure_geometry() {
        --reads-in-flight "$depth" --activations "$ACTIVATIONS")
   STREAMED_RUN=("${RUN[@]}" "${EVERY_LAYER[@]}")
   resident_run
-  for run in floor balanced balanced-unguessed floor-unverified; do
-    budget=${run%-*}
-    extra=()
-    case "$run" in
-      *-unverified) extra=(--unverified) ;;
-      *-unguessed) extra=(--guessed-layers 0) ;;
-    esac
-    bytes=$("$MINIRUN" run "$ART" --prompt "$PROMPT" --max-tokens 1 --json --budget "$budget" \
-      "${EVERY_LAYER[@]}" | python3 -c "import json, sys; print(json.load(sys.stdin)['plan']['budget'])")
-    echo "== minirun run --budget $budget ${EVERY_LAYER[*]} ${extra[*]} ($((bytes >> 20)) MiB)"
-    in_cgroup $((bytes + OVERHEAD)) "$RUNS/run-$run.json" "${STREAMED_RUN[@]}" --budget "$budget" "${extra[@]}"
+  local round
+  for round in $(seq "$ROUNDS"); do
+    for run in floor balanced balanced-unguessed floor-unverified; do
+      budget=${run%-*}
+      extra=()
+      case "$run" in
+        *-unverified) extra=(--unverified) ;;
+        *-unguessed) extra=(--guessed-layers 0) ;;
+      esac
+      bytes=$("$MINIRUN" run "$ART" --prompt "$PROMPT" --max-tokens 1 --json --budget "$budget" \
+        "${EVERY_LAYER[@]}" | python3 -c "import json, sys; print(json.load(sys.stdin)['plan']['budget'])")
+      before_run
+      "$MINIRUN" bench storage "$ART" --read-size "${TILE_KIB}KiB" --seconds 1 --no-save --json \
+        > "$RUNS/storage-$run-$round.json"
+      echo "== round $round/$ROUNDS: minirun run --budget $budget ${EVERY_LAYER[*]} ${extra[*]} ($((bytes >> 20)) MiB)"
+      in_cgroup $((bytes + OVERHEAD)) "$RUNS/run-$run-$round.json" "${STREAMED_RUN[@]}" --budget "$budget" "${extra[@]}"
+    done
   done
   measure_device after
   echo "$LAYERS" > "$RUNS/layers"
+  echo "$ROUNDS" > "$RUNS/rounds"
 }
 
 for geometry in "${GEOMETRIES[@]}"; do
@@ -315,7 +336,7 @@ for geometry in "${GEOMETRIES[@]}"; do
 done
 
 python3 - "$WORK" "$JSON" "$ACTIVATIONS" "${GEOMETRIES[@]}" <<'PY'
-import json, sys
+import json, statistics, sys
 work, as_json, activations, geometries = sys.argv[1], sys.argv[2] == "1", sys.argv[3], sys.argv[4:]
 MODEL_LAYERS = {"v4-flash": 43, "k3": 93}
 def reference_expert_bytes(geometry, layers):
@@ -328,16 +349,16 @@ def reference_expert_bytes(geometry, layers):
 mib = 2**20
 rows = []
 print(f"\nactivations: {activations} (every run and the all-in-memory check)")
-every_asked = {g: json.load(open(f"{work}/{g}-runs/run-floor.json"))["plan"]["layers"] == "stream_every"
+every_asked = {g: json.load(open(f"{work}/{g}-runs/run-floor-1.json"))["plan"]["layers"] == "stream_every"
                for g in geometries}
 for g, asked in every_asked.items():
     if asked:
         print(f"{g}: every layer streamed as asked (--stream-every-layer), whether or not the budget would hold it")
 print("\n| geometry | budget | layers | s/token | bytes/token (experts + layers) | expert bytes/token vs the reference's | "
-      "limit s/token (bytes / bandwidth) | ratio to limit | waiting for reads s/token | ratio to max(limit, all in memory) | "
+      "limit s/token (bytes / bandwidth) | ratio to limit | ratio to the rate just before the run | waiting for reads s/token | ratio to max(limit, all in memory) | "
       "projected reads s/token (measured / projected) | device read | "
       "s/token at the model's layers (extrapolated) | guessed experts: right, wasted/token | bits = all in memory |")
-print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 notes = []
 for geometry in geometries:
     runs = f"{work}/{geometry}-runs"
@@ -355,35 +376,58 @@ for geometry in geometries:
                  f"(minirun bench storage {best['gb_per_second']:.2f} GB/s at depth {best['queue_depth']}, "
                  f"dd iflag=direct {dd_bps/1e9:.2f} GB/s); every weight in memory ({check}): "
                  f"{1e3/resident['tokens_per_second']:.0f} ms/token")
+    rounds = int(open(f"{runs}/rounds").read())
     for run in ("floor", "balanced", "balanced-unguessed", "floor-unverified"):
-        r = load(f"run-{run}")
-        if r["activations"] != activations or resident["activations"] != activations:
-            sys.exit(f"!! {geometry} {run}: ran with other activations than {activations}")
         budget = run.split("-")[0]
-        steps = max(r["decode_steps"], 1)
-        s_token = 1 / r["tokens_per_second"]
-        bytes_token = r["expert_read_bytes_per_token"] + r["layer_read_bytes_per_token"]
+        measured = []
+        for k in range(1, rounds + 1):
+            r = load(f"run-{run}-{k}")
+            if r["activations"] != activations or resident["activations"] != activations:
+                sys.exit(f"!! {geometry} {run}: ran with other activations than {activations}")
+            adjacent = max(d["gb_per_second"] for d in load(f"storage-{run}-{k}")["depths"]) * 1e9
+            steps = max(r["decode_steps"], 1)
+            s_token = 1 / r["tokens_per_second"]
+            bytes_token = r["expert_read_bytes_per_token"] + r["layer_read_bytes_per_token"]
+            measured.append({
+                "r": r, "steps": steps, "s_token": s_token, "bytes_token": bytes_token,
+                "adjacent": adjacent, "waiting": r["decode_io_seconds"] / steps,
+                "outside": r["decode_outside_layers_seconds"] / steps,
+                "device": int(open(f"{runs}/run-{run}-{k}.device").read()),
+                "ratio_adjacent": s_token / (bytes_token / adjacent) if bytes_token else None,
+            })
+        med = lambda key: statistics.median(m[key] for m in measured)
+        span = lambda key: [min(m[key] for m in measured), max(m[key] for m in measured)]
+        # The round whose time per token is the median's (the lower middle one of an even count)
+        # gives the figures that are not medians: the plan, the guesses, the logits.
+        middle = sorted(measured, key=lambda m: m["s_token"])[(len(measured) - 1) // 2]
+        r, steps = middle["r"], middle["steps"]
+        s_token, waiting, outside = med("s_token"), med("waiting"), med("outside")
+        bytes_token = round(med("bytes_token"))
         limit = bytes_token / bandwidth
         # What no streamed run can beat: its reads at the device's best, or the same tokens
         # computed with every weight in memory, whichever takes longer.
         bound = max(limit, in_memory)
-        waiting = r["decode_io_seconds"] / steps
-        outside = r["decode_outside_layers_seconds"] / steps
         # Scaling by the layer count holds only where every layer streams, as it must at the
         # model's size: a run that holds layers its model could not hold at that budget would
         # extrapolate to a figure nobody could measure.
         every_layer_streams = len(r["plan"]["streamed_layers"]) == layers
         s_model = outside + (s_token - outside) * model_layers / layers if every_layer_streams else None
         reference = reference_expert_bytes(geometry, layers)
-        equal = r["logits_sha256"] == resident["logits_sha256"]
-        device = int(open(f"{runs}/run-{run}.device").read())
+        equal = all(m["r"]["logits_sha256"] == resident["logits_sha256"] for m in measured)
+        device = round(med("device"))
+        ratios = [m["s_token"] / (m["bytes_token"] / bandwidth) for m in measured] if limit else []
         row = {
             "geometry": geometry, "budget": budget, "budget_bytes": r["plan"]["budget"],
             "activations": activations,
             "layers": layers, "s_per_token": s_token, "bytes_per_token": bytes_token,
             "expert_bytes_per_token": r["expert_read_bytes_per_token"],
             "reference_expert_bytes_per_token_scaled": round(reference),
-            "read_bandwidth": bandwidth, "ratio_to_limit": s_token / limit if limit else None,
+            "read_bandwidth": bandwidth, "ratio_to_limit": statistics.median(ratios) if ratios else None,
+            "rounds": rounds, "s_per_token_range": span("s_token"),
+            "ratio_to_limit_range": [min(ratios), max(ratios)] if ratios else None,
+            "adjacent_read_bandwidths": [m["adjacent"] for m in measured],
+            "ratio_to_adjacent_limit": med("ratio_adjacent") if limit else None,
+            "ratio_to_adjacent_limit_range": span("ratio_adjacent") if limit else None,
             "all_in_memory_s_per_token": in_memory, "ratio_to_bound": s_token / bound,
             "bound": "reads" if limit >= in_memory else "compute",
             "read_wait_s_per_token": waiting,
@@ -401,13 +445,21 @@ for geometry in geometries:
         }
         rows.append(row)
         ratio = f"{row['ratio_to_limit']:.2f}x" if limit else "n/a"
+        if rounds > 1 and limit:
+            lo, hi = row["ratio_to_limit_range"]
+            ratio += f" ({lo:.2f}-{hi:.2f}x)"
+        adjacent_ratio = "n/a"
+        if row["ratio_to_adjacent_limit"] is not None:
+            lo, hi = row["ratio_to_adjacent_limit_range"]
+            adjacent_ratio = f"{row['ratio_to_adjacent_limit']:.2f}x" + (f" ({lo:.2f}-{hi:.2f}x)" if rounds > 1 else "")
         projected = row["projected_read_s_per_token"]
         projection = f"{projected:.3f} ({s_token / projected:.2f}x)" if projected else "none"
         guesses = (f"{row['guess_hit_rate']:.0%}, {row['guess_wasted_bytes_per_token']/mib:.1f} MiB"
                    if row["guess_hit_rate"] is not None else f"none ({row['guessed_layers']} layers guessed)")
         label = {"floor-unverified": ", unverified", "balanced-unguessed": ", --guessed-layers 0"}.get(run, "")
         print(f"| {geometry} | {budget} ({r['plan']['budget']/mib:.0f} MiB){label} | {layers} | {s_token:.3f} | "
-              f"{bytes_token/mib:.1f} MiB | {r['expert_read_bytes_per_token']/reference:.4f} | {limit:.3f} | {ratio} | {waiting:.3f} | "
+              f"{bytes_token/mib:.1f} MiB | {r['expert_read_bytes_per_token']/reference:.4f} | {limit:.3f} | {ratio} | "
+              f"{adjacent_ratio} | {waiting:.3f} | "
               f"{row['ratio_to_bound']:.2f}x ({row['bound']}) | {projection} | "
               f"{device/mib:.0f} MiB | {f'{s_model:.2f}' if s_model is not None else 'n/a (layers held)'} | {guesses} | {equal} |")
 print()
