@@ -54,19 +54,25 @@ pub struct LoadedLayer {
 }
 
 impl LoadedLayer {
-    /// Reads every matrix of `matrices` now, one read per tile.
-    pub fn read(artifact: &Artifact, matrices: &[StackLayout]) -> Result<Self, ArtifactError> {
+    /// Reads every matrix of `matrices` now, one read per tile, up to `reads_in_flight` parts
+    /// at once: one at a time, a layer's reads kept the device at queue depth one, slower than
+    /// its best depth on the disks measured (docs/runtime.md §6).
+    pub fn read(
+        artifact: &Artifact,
+        matrices: &[StackLayout],
+        reads_in_flight: usize,
+    ) -> Result<Self, ArtifactError> {
         let mut loaded = LoadedLayer {
             stacks: HashMap::new(),
             read_bytes: 0,
             direct_reads: 0,
             buffered_reads: 0,
         };
+        let mut read = read_parts(artifact, matrices, reads_in_flight).into_iter();
         for layout in matrices {
-            let parts = layout
-                .parts
-                .iter()
-                .map(|p| artifact.load_part(p))
+            let parts = read
+                .by_ref()
+                .take(layout.parts.len())
                 .collect::<Result<Vec<_>, _>>()?;
             for (direct, buffered) in parts.iter().map(LoadedPart::read_kinds) {
                 loaded.direct_reads += direct;
@@ -126,6 +132,49 @@ impl LoadedLayer {
     }
 }
 
+/// Every part of `matrices`, in order, read by up to `reads_in_flight` threads that take the
+/// next part as they finish one.
+fn read_parts(
+    artifact: &Artifact,
+    matrices: &[StackLayout],
+    reads_in_flight: usize,
+) -> Vec<Result<LoadedPart, ArtifactError>> {
+    let all: Vec<&PartLayout> = parts(matrices).collect();
+    let threads = reads_in_flight.clamp(1, all.len().max(1));
+    if threads == 1 {
+        return all.iter().map(|p| artifact.load_part(p)).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut read: Vec<Option<Result<LoadedPart, ArtifactError>>> = Vec::new();
+    read.resize_with(all.len(), || None);
+    let read = std::sync::Mutex::new(read);
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(part) = all.get(i) else { break };
+                    let loaded = artifact.load_part(part);
+                    if let Ok(mut read) = read.lock() {
+                        read[i] = Some(loaded);
+                    }
+                }
+            });
+        }
+    });
+    let read = read.into_inner().unwrap_or_default();
+    read.into_iter()
+        .map(|r| {
+            r.unwrap_or_else(|| {
+                Err(ArtifactError::Tensor {
+                    name: "a streamed layer".into(),
+                    reason: "a part's read thread ended without it".into(),
+                })
+            })
+        })
+        .collect()
+}
+
 /// A thread of a step's scope reading a streamed layer.
 type LayerHandle<'scope> =
     std::thread::ScopedJoinHandle<'scope, Result<LoadedLayer, ArtifactError>>;
@@ -154,15 +203,22 @@ pub struct LayerStream {
     /// Per layer, the matrices read for each step; `None` for a held layer.
     streamed: Vec<Option<Vec<StackLayout>>>,
     read_ahead: bool,
+    /// Parts of a layer read at once.
+    reads_in_flight: usize,
     /// The first streamed layer, read during the previous step.
     kept: std::sync::Mutex<Option<(usize, LoadedLayer)>>,
 }
 
 impl LayerStream {
-    pub fn new(streamed: Vec<Option<Vec<StackLayout>>>, read_ahead: bool) -> LayerStream {
+    pub fn new(
+        streamed: Vec<Option<Vec<StackLayout>>>,
+        read_ahead: bool,
+        reads_in_flight: usize,
+    ) -> LayerStream {
         LayerStream {
             streamed,
             read_ahead,
+            reads_in_flight,
             kept: std::sync::Mutex::new(None),
         }
     }
@@ -185,7 +241,7 @@ impl LayerStream {
 
     fn read(&self, artifact: &Artifact, i: usize) -> Result<LoadedLayer, ArtifactError> {
         match self.streamed.get(i) {
-            Some(Some(matrices)) => LoadedLayer::read(artifact, matrices),
+            Some(Some(matrices)) => LoadedLayer::read(artifact, matrices, self.reads_in_flight),
             _ => Err(ArtifactError::Tensor {
                 name: format!("layer {i}"),
                 reason: "is held, not streamed".into(),

@@ -167,7 +167,11 @@ impl<'a, A: Layered<'a>> LayeredModel<'a, A> {
             arch,
             artifact,
             layers,
-            stream: LayerStream::new(placement.streamed_layers, placement.read_ahead),
+            stream: LayerStream::new(
+                placement.streamed_layers,
+                placement.read_ahead,
+                placement.reads_in_flight,
+            ),
             experts,
         })
     }

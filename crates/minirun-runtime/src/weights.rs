@@ -269,6 +269,8 @@ pub(crate) struct Placement<'a> {
     /// Per layer, the matrices read for each step; `None` for a layer held for the run.
     pub streamed_layers: Vec<Option<Vec<StackLayout>>>,
     pub read_ahead: bool,
+    /// Reads in flight at once, for a streamed layer's parts as for routed experts.
+    pub reads_in_flight: usize,
     pub experts: Option<Arc<ExpertStream<'a>>>,
 }
 
@@ -278,6 +280,7 @@ impl<'a> Placement<'a> {
         Placement {
             streamed_layers: vec![None; layers],
             read_ahead: true,
+            reads_in_flight: 1,
             experts: None,
         }
     }
@@ -307,6 +310,7 @@ impl<'a> Placement<'a> {
         Placement {
             streamed_layers,
             read_ahead: plan.read_ahead,
+            reads_in_flight: plan.reads_in_flight,
             experts: Some(Arc::new(ExpertStream {
                 artifact,
                 cache: plan.start_streaming(artifact),
