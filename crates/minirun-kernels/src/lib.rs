@@ -295,27 +295,27 @@ fn run_rows_batch(
         if tiled > 0 {
             avx2::rows_batch_tiled(vbmi, m, first, xs, xsums, tiled, out);
         }
-        return rows_one_vector_at_a_time(m, first, xs, xsums, tiled.., out);
+        return rows_one_vector_at_a_time(m, first, xs, xsums, tiled, out);
     }
     run_rows_batch_256(m, first, xs, xsums, out)
 }
 
-/// Rows `first..` against the vectors `vectors` of `xs`, each in turn through `matvec`'s own
-/// row kernel, into `out[i * batch + b]`: the vectors that fill no tile. Interleaved with the
-/// tiles' vectors a quad of rows at a time, they ran slower than separate products.
+/// Rows `first..` against the vectors of `xs` from `from` on, each in turn through `matvec`'s
+/// own row kernel, into `out[i * batch + b]`: the vectors that fill no tile. Interleaved with
+/// the tiles' vectors a quad of rows at a time, they ran slower than separate products.
 fn rows_one_vector_at_a_time(
     m: &QMatrix,
     first: usize,
     xs: &[&[f32]],
     xsums: &[Vec<[f32; 8]>],
-    vectors: std::ops::RangeFrom<usize>,
+    from: usize,
     out: &mut [f32],
 ) {
     let batch = xs.len();
     let mut y = [0f32; ROWS_PER_TASK];
     for (rows, out) in out.chunks_mut(ROWS_PER_TASK * batch).enumerate() {
         let n = out.len() / batch;
-        let each = xs.iter().zip(xsums).enumerate().skip(vectors.start);
+        let each = xs.iter().zip(xsums).enumerate().skip(from);
         for (b, (x, xsum)) in each {
             run_rows(m, first + rows * ROWS_PER_TASK, x, xsum, &mut y[..n]);
             for (i, v) in y[..n].iter().enumerate() {

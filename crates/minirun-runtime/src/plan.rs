@@ -392,7 +392,11 @@ impl Plan {
         let mut spare = match (stream_every, budget_bytes >= deterministic_floor) {
             (false, true) => budget_bytes - deterministic_floor,
             (false, false) => plan.stream_layers(&s, base, budget_bytes - streaming_floor),
-            (true, _) => plan.stream_every_layer(&s, base, budget_bytes - streaming_floor),
+            // Streamed with nothing spare to hold a layer; what is spare goes to the experts.
+            (true, _) => {
+                plan.stream_layers(&s, base, 0);
+                budget_bytes - streaming_floor
+            }
         };
         let holding = mode == Mode::Streamed && plan.streamed_layers.is_empty();
         for layer in &s.expert_layers {
@@ -429,9 +433,9 @@ impl Plan {
         self.cache_bytes -= self.guessed_layers as u64 * self.slot_pool_bytes;
     }
 
-    /// Below the deterministic floor: holds, in layer order, each layer's deterministic weights
-    /// that `spare` still pays for and streams the others through the layer pool. Returns what
-    /// is left.
+    /// Below the deterministic floor (or with every layer streamed, `spare` 0): holds, in layer
+    /// order, each layer's deterministic weights that `spare` still pays for and streams the
+    /// others through the layer pool. Returns what is left.
     fn stream_layers(&mut self, s: &Sizes, base: u64, mut spare: u64) -> u64 {
         self.resident_bytes = base;
         self.layer_pool_bytes = 2 * self.layer_allocated_bytes;
@@ -444,15 +448,6 @@ impl Plan {
                 self.layer_read_per_token += layer.read;
             }
         }
-        spare
-    }
-
-    /// Streams every layer's deterministic weights through the layer pool. Returns `spare`.
-    fn stream_every_layer(&mut self, s: &Sizes, base: u64, spare: u64) -> u64 {
-        self.resident_bytes = base;
-        self.layer_pool_bytes = 2 * self.layer_allocated_bytes;
-        self.streamed_layers = (0..s.layers.len()).collect();
-        self.layer_read_per_token = s.layers.iter().map(|l| l.read).sum();
         spare
     }
 
