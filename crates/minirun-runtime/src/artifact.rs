@@ -247,6 +247,12 @@ impl PartLayout {
             PartLayout::Pieces { scales, biases, .. } => {
                 1 + u64::from(scales.is_some()) + u64::from(biases.is_some())
             }
+            // Joined inside the read: the read, and its scales set aside while the packed
+            // bands move.
+            PartLayout::Bands { .. } if self.joins_in_place() => {
+                let scales = self.byte_lengths()[1] as u64;
+                return self.read_bytes() + minirun_store::SLOT_ALIGN as u64 + scales;
+            }
             // The read and the joined copy are both held while the bands are joined.
             PartLayout::Bands { .. } => {
                 return 2 * (self.read_bytes() + minirun_store::SLOT_ALIGN as u64);
@@ -255,11 +261,12 @@ impl PartLayout {
         self.read_bytes() + reads * minirun_store::SLOT_ALIGN as u64
     }
 
-    /// The lengths of the buffers a loaded copy of this part keeps (a banded part's read is
-    /// given back once its bands are joined).
+    /// The lengths of the buffers a loaded copy of this part keeps (a banded part keeps its
+    /// read, joined inside it, or else the joined copy, the read given back).
     pub fn held_lengths(&self) -> Vec<usize> {
         match self {
             PartLayout::Tile { tile, .. } => vec![(tile.end - tile.start) as usize],
+            PartLayout::Bands { .. } if self.joins_in_place() => vec![self.read_bytes() as usize],
             PartLayout::Bands { .. } => vec![joined_len(self)],
             PartLayout::Pieces {
                 packed,
@@ -305,6 +312,30 @@ impl PartLayout {
                 0,
             ],
         }
+    }
+
+    /// Whether a banded part's bands can be joined inside its read instead of into a copy as
+    /// large: its packed bands ascend without overlapping and every band lies in the read, so
+    /// each packed band moves toward the start and never onto one not yet moved (the scales,
+    /// a few percent of the bytes, are set aside first). A copy would double the memory of
+    /// reading a layer whose matrices are all banded, as Kimi K3's are.
+    pub fn joins_in_place(&self) -> bool {
+        let PartLayout::Bands {
+            range,
+            packed,
+            scales,
+            ..
+        } = self
+        else {
+            return false;
+        };
+        let len = range.end.saturating_sub(range.start);
+        let ascending = packed.windows(2).all(|w| w[0].end <= w[1].start);
+        let inside = packed
+            .iter()
+            .chain(scales)
+            .all(|r| r.start <= r.end && r.end <= len);
+        ascending && inside && joined_len(self) as u64 <= len
     }
 
     /// Bytes a read of this part moves from storage.
@@ -1219,8 +1250,14 @@ impl Artifact {
                 let mut read = self.read_buffers.buffer((range.end - range.start) as usize);
                 let path = self.timed_read(handle, range.start, &mut read)?;
                 let len = joined_len(part);
-                let mut buf = self.read_buffers.buffer(len);
-                join_bands_into(part, read.as_slice(), buf.as_mut_slice());
+                let buf = if part.joins_in_place() {
+                    join_bands_in_place(part, read.as_mut_slice());
+                    read
+                } else {
+                    let mut joined = self.read_buffers.buffer(len);
+                    join_bands_into(part, read.as_slice(), joined.as_mut_slice());
+                    joined
+                };
                 let p = joined_packed_len(part);
                 Ok(LoadedPart {
                     reads: vec![buf],
@@ -1511,6 +1548,26 @@ fn join_bands_into(part: &PartLayout, read: &[u8], out: &mut [u8]) {
     }
 }
 
+/// `join_bands_into` inside `buf` (the part's read), for a part that
+/// [`PartLayout::joins_in_place`]: the joined bytes start at `buf[0]`.
+fn join_bands_in_place(part: &PartLayout, buf: &mut [u8]) {
+    let PartLayout::Bands { packed, scales, .. } = part else {
+        return;
+    };
+    let set_aside: Vec<u8> = scales
+        .iter()
+        .flat_map(|r| &buf[r.start as usize..r.end as usize])
+        .copied()
+        .collect();
+    let mut at = 0;
+    for r in packed {
+        let (start, end) = (r.start as usize, r.end as usize);
+        buf.copy_within(start..end, at);
+        at += end - start;
+    }
+    buf[at..at + set_aside.len()].copy_from_slice(&set_aside);
+}
+
 /// The length of a banded part's joined bytes.
 fn joined_len(part: &PartLayout) -> usize {
     match part {
@@ -1676,9 +1733,9 @@ mod tests {
     }
 
     /// A cache counts what a loaded part keeps; loading it may take more at once (a banded
-    /// part's read beside its joined copy).
+    /// part's scales set aside, or its read beside its joined copy).
     #[test]
-    fn a_loaded_part_keeps_its_buffers_and_a_banded_one_only_its_joined_copy() {
+    fn a_loaded_part_keeps_its_buffers_and_a_banded_one_its_joined_bytes() {
         let tile = PartLayout::Tile {
             file: 0,
             index: 0,
@@ -1707,8 +1764,72 @@ mod tests {
             packed: vec![0..3000, 8192..11192],
             scales: vec![4096..4196, 12288..12388],
         };
-        assert_eq!(bands.held_lengths(), vec![6200]);
-        assert_eq!(bands.held_bytes(), 6200 + SLACK);
-        assert_eq!(bands.allocated_bytes(), 2 * (16384 + SLACK));
+        assert!(bands.joins_in_place());
+        assert_eq!(bands.held_lengths(), vec![16384]);
+        assert_eq!(bands.held_bytes(), 16384 + SLACK);
+        assert_eq!(bands.allocated_bytes(), 16384 + SLACK + 200);
+
+        // The same bands listed out of file order: joined into a copy.
+        let unordered = PartLayout::Bands {
+            file: 0,
+            range: 0..16384,
+            packed: vec![8192..11192, 0..3000],
+            scales: vec![12288..12388, 4096..4196],
+        };
+        assert!(!unordered.joins_in_place());
+        assert_eq!(unordered.held_lengths(), vec![6200]);
+        assert_eq!(unordered.held_bytes(), 6200 + SLACK);
+        assert_eq!(unordered.allocated_bytes(), 2 * (16384 + SLACK));
+    }
+
+    /// Bands joined inside their read are the bytes a separate copy joins, whether the packed
+    /// bands are far apart, touching, or touch their scales.
+    #[test]
+    // A list of one band is a layout, not a range of numbers meant as a list.
+    #[allow(clippy::single_range_in_vec_init)]
+    fn bands_joined_in_place_are_the_bytes_joined_into_a_copy() {
+        let layouts = [
+            (vec![0..3000, 8192..11192], vec![4096..4196, 12288..12388]),
+            (vec![0..3000, 3000..6000], vec![6000..6100, 6100..6200]),
+            (vec![100..3100, 3200..6200], vec![3100..3200, 0..100]),
+            (vec![0..0, 5..4005], vec![4005..4100]),
+        ];
+        for (packed, scales) in layouts {
+            let part = PartLayout::Bands {
+                file: 0,
+                range: 1000..1000 + 16384,
+                packed,
+                scales,
+            };
+            assert!(part.joins_in_place(), "{part:?}");
+            let read: Vec<u8> = (0..16384u32)
+                .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+                .collect();
+            let mut copy = vec![0u8; joined_len(&part)];
+            join_bands_into(&part, &read, &mut copy);
+            let mut in_place = read.clone();
+            join_bands_in_place(&part, &mut in_place);
+            assert_eq!(&in_place[..copy.len()], &copy[..], "{part:?}");
+        }
+    }
+
+    /// A layout whose bands overlap, or lie past the read, is never joined in place (where a
+    /// move could land on bytes not yet moved, or out of the buffer).
+    #[test]
+    // A list of one band is a layout, not a range of numbers meant as a list.
+    #[allow(clippy::single_range_in_vec_init)]
+    fn overlapping_or_outlying_bands_are_not_joined_in_place() {
+        let bands = |packed: &[Range<u64>], scales: &[Range<u64>]| PartLayout::Bands {
+            file: 0,
+            range: 0..8192,
+            packed: packed.to_vec(),
+            scales: scales.to_vec(),
+        };
+        assert!(!bands(&[0..3000, 2000..5000], &[]).joins_in_place());
+        assert!(!bands(&[0..3000, 4000..9000], &[]).joins_in_place());
+        assert!(!bands(&[0..3000], &[8000..8200]).joins_in_place());
+        // Scales overlapping the packed bytes would join to more than the read holds.
+        assert!(!bands(&[0..6000], &[0..6000]).joins_in_place());
+        assert!(bands(&[0..3000, 4000..8192], &[3000..3100]).joins_in_place());
     }
 }
