@@ -113,8 +113,34 @@ pub(crate) enum Location {
         cols: usize,
         member: Option<Box<Member>>,
         part: PartLayout,
-        resident: OnceLock<Vec<u8>>,
+        /// Boxed: a read buffer would make every location as large as this one.
+        resident: OnceLock<Box<JoinedBands>>,
     },
+}
+
+/// A held banded part's joined bytes: inside its read where its bands allow it
+/// ([`PartLayout::joins_in_place`]), so that loading it never holds a copy beside the read;
+/// else a copy.
+pub(crate) enum JoinedBands {
+    InRead { read: AlignedBuf, len: usize },
+    Copied(Vec<u8>),
+}
+
+impl JoinedBands {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            JoinedBands::InRead { read, len } => &read.as_slice()[..*len],
+            JoinedBands::Copied(joined) => joined,
+        }
+    }
+
+    /// Bytes held: the whole read where the bands were joined inside it.
+    fn held_len(&self) -> usize {
+        match self {
+            JoinedBands::InRead { read, .. } => read.len(),
+            JoinedBands::Copied(joined) => joined.len(),
+        }
+    }
 }
 
 /// An artifact opened for running: an index from source tensor names to their bytes, which are
@@ -835,7 +861,7 @@ impl Artifact {
             .values()
             .filter_map(|l| match l {
                 Location::Member { resident, .. } => resident.get().map(AlignedBuf::len),
-                Location::Banded { resident, .. } => resident.get().map(Vec::len),
+                Location::Banded { resident, .. } => resident.get().map(|joined| joined.held_len()),
                 Location::Tiled { .. } => None,
             })
             .map(|len| len as u64)
@@ -1061,18 +1087,23 @@ impl Artifact {
     fn joined_bands<'s>(
         &'s self,
         part: &PartLayout,
-        resident: &'s OnceLock<Vec<u8>>,
+        resident: &'s OnceLock<Box<JoinedBands>>,
     ) -> Result<&'s [u8], ArtifactError> {
         once(resident, || {
             let PartLayout::Bands { file, range, .. } = part else {
                 return Err(tensor_err("bands", "are not a banded part".into()));
             };
-            let read = self.read_aligned(*file, range.start, range.end - range.start)?;
-            let mut joined = vec![0u8; joined_len(part)];
+            let mut read = self.read_aligned(*file, range.start, range.end - range.start)?;
+            let len = joined_len(part);
+            if part.joins_in_place() {
+                join_bands_in_place(part, read.as_mut_slice());
+                return Ok(Box::new(JoinedBands::InRead { read, len }));
+            }
+            let mut joined = vec![0u8; len];
             join_bands_into(part, read.as_slice(), &mut joined);
-            Ok(joined)
+            Ok(Box::new(JoinedBands::Copied(joined)))
         })
-        .map(Vec::as_slice)
+        .map(|joined| joined.as_slice())
     }
 
     /// The matrix (or stack) of module `module`: `{module}.weight` with its scales and biases
