@@ -113,34 +113,9 @@ pub(crate) enum Location {
         cols: usize,
         member: Option<Box<Member>>,
         part: PartLayout,
-        /// Boxed: a read buffer would make every location as large as this one.
-        resident: OnceLock<Box<JoinedBands>>,
+        /// The part's bytes joined ([`join_bands`]), held once read.
+        resident: OnceLock<AlignedBuf>,
     },
-}
-
-/// A held banded part's joined bytes: inside its read where its bands allow it
-/// ([`PartLayout::joins_in_place`]), so that loading it never holds a copy beside the read;
-/// else a copy.
-pub(crate) enum JoinedBands {
-    InRead { read: AlignedBuf, len: usize },
-    Copied(Vec<u8>),
-}
-
-impl JoinedBands {
-    fn as_slice(&self) -> &[u8] {
-        match self {
-            JoinedBands::InRead { read, len } => &read.as_slice()[..*len],
-            JoinedBands::Copied(joined) => joined,
-        }
-    }
-
-    /// Bytes held: the whole read where the bands were joined inside it.
-    fn held_len(&self) -> usize {
-        match self {
-            JoinedBands::InRead { read, .. } => read.len(),
-            JoinedBands::Copied(joined) => joined.len(),
-        }
-    }
 }
 
 /// An artifact opened for running: an index from source tensor names to their bytes, which are
@@ -861,7 +836,7 @@ impl Artifact {
             .values()
             .filter_map(|l| match l {
                 Location::Member { resident, .. } => resident.get().map(AlignedBuf::len),
-                Location::Banded { resident, .. } => resident.get().map(|joined| joined.held_len()),
+                Location::Banded { resident, .. } => resident.get().map(AlignedBuf::len),
                 Location::Tiled { .. } => None,
             })
             .map(|len| len as u64)
@@ -1087,23 +1062,16 @@ impl Artifact {
     fn joined_bands<'s>(
         &'s self,
         part: &PartLayout,
-        resident: &'s OnceLock<Box<JoinedBands>>,
+        resident: &'s OnceLock<AlignedBuf>,
     ) -> Result<&'s [u8], ArtifactError> {
-        once(resident, || {
+        let joined = once(resident, || {
             let PartLayout::Bands { file, range, .. } = part else {
                 return Err(tensor_err("bands", "are not a banded part".into()));
             };
-            let mut read = self.read_aligned(*file, range.start, range.end - range.start)?;
-            let len = joined_len(part);
-            if part.joins_in_place() {
-                join_bands_in_place(part, read.as_mut_slice());
-                return Ok(Box::new(JoinedBands::InRead { read, len }));
-            }
-            let mut joined = vec![0u8; len];
-            join_bands_into(part, read.as_slice(), &mut joined);
-            Ok(Box::new(JoinedBands::Copied(joined)))
-        })
-        .map(|joined| joined.as_slice())
+            let read = self.read_aligned(*file, range.start, range.end - range.start)?;
+            Ok(join_bands(part, read, AlignedBuf::new))
+        })?;
+        Ok(&joined.as_slice()[..joined_len(part)])
     }
 
     /// The matrix (or stack) of module `module`: `{module}.weight` with its scales and biases
@@ -1281,14 +1249,7 @@ impl Artifact {
                 let mut read = self.read_buffers.buffer((range.end - range.start) as usize);
                 let path = self.timed_read(handle, range.start, &mut read)?;
                 let len = joined_len(part);
-                let buf = if part.joins_in_place() {
-                    join_bands_in_place(part, read.as_mut_slice());
-                    read
-                } else {
-                    let mut joined = self.read_buffers.buffer(len);
-                    join_bands_into(part, read.as_slice(), joined.as_mut_slice());
-                    joined
-                };
+                let buf = join_bands(part, read, |len| self.read_buffers.buffer(len));
                 let p = joined_packed_len(part);
                 Ok(LoadedPart {
                     reads: vec![buf],
@@ -1579,8 +1540,26 @@ fn join_bands_into(part: &PartLayout, read: &[u8], out: &mut [u8]) {
     }
 }
 
+/// A banded part's bytes joined, packed then scales, out of `read` (its range's bytes): inside
+/// the read where the part [`PartLayout::joins_in_place`], else into a buffer from `copy`. The
+/// joined bytes are the returned buffer's first `joined_len(part)`.
+fn join_bands(
+    part: &PartLayout,
+    mut read: AlignedBuf,
+    copy: impl FnOnce(usize) -> AlignedBuf,
+) -> AlignedBuf {
+    if part.joins_in_place() {
+        join_bands_in_place(part, read.as_mut_slice());
+        return read;
+    }
+    let mut joined = copy(joined_len(part));
+    join_bands_into(part, read.as_slice(), joined.as_mut_slice());
+    joined
+}
+
 /// `join_bands_into` inside `buf` (the part's read), for a part that
-/// [`PartLayout::joins_in_place`]: the joined bytes start at `buf[0]`.
+/// [`PartLayout::joins_in_place`] (checked by [`join_bands`]): the joined bytes start at
+/// `buf[0]`.
 fn join_bands_in_place(part: &PartLayout, buf: &mut [u8]) {
     let PartLayout::Bands { packed, scales, .. } = part else {
         return;

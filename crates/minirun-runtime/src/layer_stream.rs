@@ -162,7 +162,11 @@ fn read_parts(
             });
         }
     });
-    let read = read.into_inner().unwrap_or_default();
+    // Only a panicking reader could poison the lock, and the scope re-raises its panic before
+    // here; were it ever reached, the parts read are kept, never dropped into a short layer.
+    let read = read
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     read.into_iter()
         .map(|r| {
             r.unwrap_or_else(|| {
