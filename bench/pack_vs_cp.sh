@@ -8,7 +8,7 @@ gb=${1:-2}
 runs=3
 
 cargo build --release -q -p minirun-cli
-cargo build --release -q -p minirun-pack --example synth_checkpoint
+cargo build --release -q -p minirun-synth --example synth_checkpoint
 minirun=target/release/minirun
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT

@@ -2,7 +2,7 @@
 # minirun streaming at the real geometry of the published DeepSeek V4 Flash and Kimi K3, against
 # the device's own read limit. For each geometry:
 #   - a random checkpoint at the model's geometry (its upstream config.json) cut to its first
-#     LAYERS layers, written by crates/minirun-pack/examples/synth_v4_flash.rs or synth_k3.rs
+#     LAYERS layers, written by crates/minirun-synth/examples/synth_v4_flash.rs or synth_k3.rs
 #     and packed into the published layout (`minirun pack --layout deepseek-v4-published` or
 #     `kimi-k3-published`, under a synthetic repository id):
 #       v4-flash: hidden 4096, 256 FP4 experts of 2048 x 4096 a layer, FP8 attention, vocabulary
@@ -169,7 +169,7 @@ use_geometry() {
 
 cd "$ROOT"
 cargo build --release -q -p minirun-cli -p minirun-mmap-baseline
-cargo build --release -q -p minirun-pack --example synth_v4_flash --example synth_k3
+cargo build --release -q -p minirun-synth --example synth_v4_flash --example synth_k3
 mkdir -p "$WORK"
 # shellcheck source=bench/stream_common.sh
 . "$ROOT/bench/stream_common.sh"

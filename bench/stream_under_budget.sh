@@ -63,7 +63,7 @@ OVERHEAD=$((64 << 20))
 
 cd "$ROOT"
 cargo build --release -q -p minirun-cli -p minirun-mmap-baseline
-cargo build --release -q -p minirun-pack --example synth_deepseek
+cargo build --release -q -p minirun-synth --example synth_deepseek
 mkdir -p "$WORK"
 # The generator is deterministic (a fixed seed): a checkpoint made again holds the same weights.
 make_checkpoint() {

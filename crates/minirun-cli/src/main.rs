@@ -1,26 +1,15 @@
 //! `minirun`: inspect, pack, check, download, verify and run tile-container artifacts.
 
-mod bench_cmd;
-mod bench_memory;
-mod bench_model;
-mod container_info;
-mod expert_reads;
-mod hub_cmd;
+mod bench;
+mod hub;
 mod info;
-mod pack_cmd;
-mod run_cmd;
-mod serve_cmd;
-mod serve_engine;
-mod serve_memory;
-mod serve_meter;
-mod serve_prompt;
-mod serve_requests;
-mod sign_cmd;
-mod storage_calibration;
+mod pack;
+mod run;
+mod serve;
+mod sign;
 mod synth;
 mod threads;
-mod timed_passes;
-mod verify_cmd;
+mod verify;
 
 use std::process::ExitCode;
 
@@ -74,15 +63,15 @@ Example:
   minirun pack --source ./Qwen3-MLX-4bit --out ./Qwen3-MLX-4bit-minirun \\
       --source-repo mlx-community/Qwen3-4bit --source-revision <40-hex commit>"
     )]
-    Pack(pack_cmd::PackArgs),
+    Pack(pack::PackArgs),
     /// Compare every packed block, scale, bias and plain stream of an artifact with the source
     /// checkpoint, byte for byte; exits 1 naming the first difference.
-    Check(pack_cmd::CheckArgs),
+    Check(pack::CheckArgs),
     /// List an account's published artifacts (repositories named <name>-minirun) with the
     /// commit of each.
     #[command(after_help = "Example:
   minirun catalog --author nanguoyu")]
-    Catalog(hub_cmd::CatalogArgs),
+    Catalog(hub::CatalogArgs),
     /// Download an artifact at a pinned commit: files in parallel, resumable, each hashed while
     /// it is written and placed only when its size and published digest (SHA-256 for LFS files,
     /// git-blob SHA-1 for the rest) match.
@@ -91,7 +80,7 @@ Example:
       --revision 159987d3ac437e0aceaff0763d43ddeb549b1842 --out ./Kimi-K3-minirun
 
 The token, if any, comes from $HF_TOKEN and is sent to the endpoint only.")]
-    Download(hub_cmd::DownloadArgs),
+    Download(hub::DownloadArgs),
     /// Check an artifact directory against the published tree of a pinned revision (or, with
     /// neither --repo nor --revision, offline against the SHA-256s its own unit manifests
     /// record): every file's size and digest, opened beneath the directory without following
@@ -106,7 +95,7 @@ The token, if any, comes from $HF_TOKEN and is sent to the endpoint only.")]
   minirun verify ./signed-artifact --allowed-signers allowed_signers   # offline, its publisher's signature
 
 Exit status: 0 verified (evidence written); 1 a mismatch or an error (evidence erased).")]
-    Verify(verify_cmd::VerifyArgs),
+    Verify(verify::VerifyArgs),
     /// Sign an artifact as its publisher: a statement of the SHA-256 of every file that is not
     /// payload (index.json, unit manifests, config, tokenizer and template files; payload is
     /// covered by the manifests' own digests) and the artifact's identity, with a detached SSH
@@ -117,7 +106,7 @@ Exit status: 0 verified (evidence written); 1 a mismatch or an error (evidence e
 
 The statement is minirun-statement.txt and the signature minirun-statement.txt.sig, both at the
 artifact's root, in the namespace minirun-artifact (docs/formats/signed-statement.md).")]
-    Sign(sign_cmd::SignArgs),
+    Sign(sign::SignArgs),
     /// Generate text from an artifact's model under a memory budget, computing straight from
     /// the stored quantized bytes: resident, or with its routed experts (and, below the
     /// deterministic floor, its layers) streamed from storage, with the same output bits at
@@ -142,7 +131,7 @@ Examples:
 
 Exit status: 0 generated; 1 an error (a refused artifact, config or prompt)."
     )]
-    Run(run_cmd::RunArgs),
+    Run(run::RunArgs),
     /// Serve an artifact over an OpenAI-compatible HTTP API, decoding concurrent requests as
     /// one batch under a memory budget.
     #[command(
@@ -162,10 +151,10 @@ Examples:
 
 Exit status: 0 stopped on SIGTERM or Ctrl-C; 1 an error (a refused artifact, budget or address)."
     )]
-    Serve(serve_cmd::ServeArgs),
+    Serve(serve::ServeArgs),
     /// Benchmarks of what minirun's reads get from this machine.
     #[command(subcommand)]
-    Bench(bench_cmd::BenchCommand),
+    Bench(bench::BenchCommand),
 }
 
 impl Command {
@@ -188,7 +177,7 @@ impl Command {
 
 fn main() -> ExitCode {
     // Before any thread starts: a budget is kept in pages touched, not in 2 MiB pages.
-    let _ = minirun_runtime::budget::count_only_used_pages();
+    let _ = minirun_stream::budget::count_only_used_pages();
     let cli = Cli::parse();
     if let Some(threads) = cli.command.threads()
         && let Err(err) = threads::init(threads)
@@ -199,15 +188,15 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Info(args) => info::run(&args),
         Command::Synth(args) => synth::run(&args),
-        Command::Pack(args) => pack_cmd::pack(&args),
-        Command::Check(args) => pack_cmd::check(&args),
-        Command::Catalog(args) => hub_cmd::catalog(&args),
-        Command::Download(args) => hub_cmd::download(&args),
-        Command::Verify(args) => verify_cmd::run(&args),
-        Command::Sign(args) => sign_cmd::run(&args),
-        Command::Run(args) => threads::on_pool(|| run_cmd::run(&args)),
-        Command::Serve(args) => serve_cmd::serve(&args),
-        Command::Bench(command) => bench_cmd::run(&command),
+        Command::Pack(args) => pack::pack(&args),
+        Command::Check(args) => pack::check(&args),
+        Command::Catalog(args) => hub::catalog(&args),
+        Command::Download(args) => hub::download(&args),
+        Command::Verify(args) => verify::run(&args),
+        Command::Sign(args) => sign::run(&args),
+        Command::Run(args) => threads::on_pool(|| run::run(&args)),
+        Command::Serve(args) => serve::serve(&args),
+        Command::Bench(command) => bench::run(&command),
     };
     match result {
         Ok(code) => code,

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use minirun_pack::synthetic_model::{SyntheticShape, write_synthetic_deepseek};
+use minirun_synth::tiny_models::{SyntheticShape, write_synthetic_deepseek};
 
 /// What the process needs beyond its budget: the binary and its libraries, the tokenizer,
 /// thread stacks and the allocator's slack (docs/runtime.md states the same figure).

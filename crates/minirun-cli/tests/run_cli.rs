@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 
 use common::{fixture, minirun, packed, stderr};
-use minirun_pack::synthetic_model::{SyntheticShape, write_synthetic_deepseek};
+use minirun_synth::tiny_models::{SyntheticShape, write_synthetic_deepseek};
 
 #[test]
 fn an_artifact_without_evidence_is_refused_and_unverified_runs_say_so_on_every_header_line() {

@@ -11,8 +11,8 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use minirun_runtime::generate::Sampling;
-use minirun_runtime::session::{Session, Trust};
+use minirun_runtime::Sampling;
+use minirun_runtime::{Session, Trust};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -85,7 +85,7 @@ fn run(args: &Args) -> Result<()> {
         "decode_steps": figures.decode_steps,
         "decode_seconds": figures.decode_time.as_secs_f64(),
         "tokens_per_second": figures.tokens_per_second(),
-        "peak_rss_bytes": minirun_runtime::budget::peak_rss(),
+        "peak_rss_bytes": minirun_stream::budget::peak_rss(),
     });
     println!("{report}");
     Ok(())
@@ -93,7 +93,7 @@ fn run(args: &Args) -> Result<()> {
 
 fn main() -> ExitCode {
     // As `minirun run` does, so that both are held to a memory limit in the same pages.
-    let _ = minirun_runtime::budget::count_only_used_pages();
+    let _ = minirun_stream::budget::count_only_used_pages();
     let args = Args::parse();
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,

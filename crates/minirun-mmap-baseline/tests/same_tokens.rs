@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use minirun_kernels::Activations;
-use minirun_pack::synthetic_model::{SyntheticShape, write_synthetic_deepseek};
 use minirun_pack::{PackOptions, pack};
-use minirun_runtime::generate::Sampling;
-use minirun_runtime::session::{Session, Trust};
+use minirun_runtime::Sampling;
+use minirun_runtime::{Session, Trust};
+use minirun_synth::tiny_models::{SyntheticShape, write_synthetic_deepseek};
 
 #[test]
 fn the_mapped_run_gives_the_read_runs_tokens() {

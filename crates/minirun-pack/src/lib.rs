@@ -8,10 +8,6 @@ pub mod k3_published;
 pub mod pack;
 pub mod recognize;
 pub mod shard;
-pub mod synthetic_k3;
-pub mod synthetic_model;
-pub mod synthetic_v4;
-mod synthetic_writer;
 pub mod v4_published;
 
 pub use check::{CheckError, CheckReport, Difference, check};

@@ -15,12 +15,12 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use minirun_runtime::batch::{Batch, Event, Request};
-use minirun_runtime::budget::Budget;
-use minirun_runtime::generate::{Sampling, generate};
-use minirun_runtime::model::Model;
-use minirun_runtime::session::{Session, Trust};
-use minirun_runtime::step::StepStats;
+use minirun_runtime::Model;
+use minirun_runtime::{Batch, Event, Request};
+use minirun_runtime::{Sampling, generate};
+use minirun_runtime::{Session, Trust};
+use minirun_stream::budget::Budget;
+use minirun_stream::step::StepStats;
 
 struct Args {
     artifact: PathBuf,

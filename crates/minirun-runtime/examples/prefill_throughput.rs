@@ -16,11 +16,11 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use minirun_kernels::Activations;
-use minirun_runtime::artifact::{Access, Artifact};
-use minirun_runtime::decoder::Decoder;
+use minirun_runtime::Decoder;
 use minirun_runtime::models::deepseek_v3::DeepSeekV3;
 use minirun_runtime::models::deepseek_v3::DeepSeekV3Config;
-use minirun_runtime::step::StepStats;
+use minirun_stream::artifact::{Access, Artifact};
+use minirun_stream::step::StepStats;
 
 struct Args {
     artifact: PathBuf,

@@ -1,33 +1,23 @@
 //! minirun's runtime: the models that run on the kernels (`minirun-kernels`), straight from an
-//! artifact's stored bytes.
+//! artifact's stored bytes, which `minirun-stream` places and reads.
 //!
-//! From the bottom up: [`artifact`] opens an artifact and hands out its tensors; [`weights`]
-//! is the handle a model asks for them through, placed by the [`plan`]; [`blocks`] are the
-//! pieces the architectures share; [`layered_model`] runs any architecture's layers, held or
-//! streamed, under one decode policy ([`decode_policy`]); [`models`] holds one folder per
-//! architecture and [`registry`] one row each; [`session`] and [`generate`] run them.
+//! Foldered by role: `engine/` runs any architecture (its config read fail-closed, its layers
+//! held or streamed under one decode policy); `blocks/` are the pieces the architectures share
+//! (attention variants, routed MoE, MLP, norms, RoPE); [`models`] holds one folder per
+//! architecture and [`registry`] one row each; `session/` is the front door a program runs a
+//! model through: an artifact opened through its evidence, a plan, a model, tokens.
 
-pub mod architecture;
-pub mod artifact;
-pub mod batch;
-pub mod blocks;
-pub mod budget;
-pub mod config;
-pub mod decode_policy;
-pub mod decoder;
-pub mod expert_stream;
-pub mod experts;
-pub mod fetched_experts;
-pub mod generate;
-pub mod guessed_experts;
-pub mod layer_stream;
-pub mod layered_model;
-pub mod model;
-pub mod model_weights;
+mod blocks;
+mod engine;
 pub mod models;
-pub mod plan;
-pub mod read_clock;
 pub mod registry;
-pub mod session;
-pub mod step;
-pub mod weights;
+mod session;
+
+pub use engine::config::ConfigError;
+pub use engine::decode_policy::PREFILL_CHUNK;
+pub use engine::decoder::Decoder;
+pub use engine::model::{Model, ModelCache};
+pub use session::batch::{Batch, Event, Request, StepFailed};
+pub use session::generate::{Figures, Sampler, Sampling, StepRecord, StopReason, argmax, generate};
+pub use session::request::{PlannedRun, RunRequest};
+pub use session::{Generation, IncrementalText, Session, SessionError, TokenEvent, Trust};

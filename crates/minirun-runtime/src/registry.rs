@@ -3,17 +3,18 @@
 //! artifact's tokenizer config has none. An unknown `model_type` is refused, naming the known
 //! ones.
 
-use crate::architecture::{AnyArchitecture, ArchitectureRow, DefaultChat};
+use crate::engine::architecture::{AnyArchitecture, ArchitectureRow};
+use minirun_text::ChatFormat;
 use std::path::Path;
 
-use crate::artifact::{Access, Artifact, ArtifactError, PublishedReader};
-use crate::budget::Budget;
-use crate::config::ConfigError;
-use crate::model::Model;
-use crate::model_weights::ModelWeights;
+use crate::engine::config::ConfigError;
+use crate::engine::model::Model;
 use crate::models;
-use crate::plan::{Layers, Plan, PlanError};
-use crate::step::ModelError;
+use minirun_stream::artifact::{Access, Artifact, ArtifactError, PublishedReader};
+use minirun_stream::budget::Budget;
+use minirun_stream::model_weights::ModelWeights;
+use minirun_stream::plan::{Layers, Plan, PlanError};
+use minirun_stream::step::ModelError;
 
 /// Every architecture this build runs.
 pub static ARCHITECTURES: &[&ArchitectureRow] = &[
@@ -74,7 +75,7 @@ impl Architecture {
     }
 
     /// The chat template this architecture brings where the tokenizer config has none.
-    pub fn default_chat(&self) -> DefaultChat {
+    pub fn chat_format(&self) -> ChatFormat {
         self.row.chat
     }
 

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use minirun_kernels::{FloatType, Format, QMatrix};
 use minirun_pack::{PackOptions, pack};
-use minirun_runtime::artifact::{Access, Artifact, ArtifactError};
+use minirun_stream::artifact::{Access, Artifact, ArtifactError};
 use safetensors::SafeTensors;
 
 fn source(name: &str) -> PathBuf {

@@ -12,13 +12,13 @@ use std::path::Path;
 
 use common::{STREAMED_SHAPE, greedy_bits, on_threads, packed, packed_synthetic};
 use minirun_pack::{PackOptions, pack};
-use minirun_runtime::batch::{Batch, Event, Request};
-use minirun_runtime::budget::Budget;
-use minirun_runtime::decoder::Decoder;
-use minirun_runtime::generate::{Sampling, StopReason, argmax, generate};
-use minirun_runtime::model::Model;
-use minirun_runtime::session::{Session, Trust};
-use minirun_runtime::step::{ModelError, StepStats};
+use minirun_runtime::Decoder;
+use minirun_runtime::Model;
+use minirun_runtime::{Batch, Event, Request};
+use minirun_runtime::{Sampling, StopReason, argmax, generate};
+use minirun_runtime::{Session, Trust};
+use minirun_stream::budget::Budget;
+use minirun_stream::step::{ModelError, StepStats};
 
 const STEPS: usize = 6;
 

@@ -1,7 +1,7 @@
 //! config.json is read fail-closed: what the forward pass needs must be there, what it does not
 //! implement is refused by name, and nothing is filled in silently.
 
-use minirun_runtime::config::ConfigError;
+use minirun_runtime::ConfigError;
 use minirun_runtime::models::deepseek_v3::DeepSeekV3Config;
 use serde_json::{Value, json};
 

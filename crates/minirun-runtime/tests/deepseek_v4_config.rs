@@ -5,7 +5,7 @@
 //! transformers does not map, a missing field and a value the architecture does not have are
 //! each refused by name.
 
-use minirun_runtime::config::ConfigError;
+use minirun_runtime::ConfigError;
 use minirun_runtime::models::deepseek_v4::config::{Attention, DeepSeekV4Config};
 use serde_json::{Value, json};
 

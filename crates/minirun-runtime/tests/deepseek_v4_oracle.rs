@@ -19,11 +19,11 @@ use std::path::{Path, PathBuf};
 
 use common::{bits, follow_oracle, ids, read_logits};
 use minirun_pack::{PackOptions, pack};
-use minirun_runtime::artifact::{Access, Artifact};
-use minirun_runtime::decoder::Decoder;
+use minirun_runtime::Decoder;
 use minirun_runtime::models::deepseek_v4::DeepSeekV4;
 use minirun_runtime::models::deepseek_v4::config::DeepSeekV4Config;
-use minirun_runtime::step::StepStats;
+use minirun_stream::artifact::{Access, Artifact};
+use minirun_stream::step::StepStats;
 use serde_json::Value;
 
 const TOLERANCE: f32 = 1e-4;
@@ -123,7 +123,7 @@ fn a_prompt_over_chunk_boundaries_gives_the_stepwise_bits() {
 
 #[test]
 fn a_bad_token_or_a_full_context_is_refused_before_the_cache_changes() {
-    use minirun_runtime::step::ModelError;
+    use minirun_stream::step::ModelError;
     let dir = packed();
     let artifact = Artifact::open(dir.path(), Access::Unverified).unwrap();
     let config = DeepSeekV4Config::parse(&artifact.config_json).unwrap();

@@ -17,9 +17,9 @@ use common::wide_v4::{WideShape, write};
 use minirun_format::artifact::v4_published::{V4File, V4UnitManifest};
 use minirun_pack::v4_published::pack_v4_published;
 use minirun_pack::{PackOptions, pack};
-use minirun_runtime::budget::Budget;
-use minirun_runtime::plan::Mode;
-use minirun_runtime::session::{Session, Trust};
+use minirun_runtime::{Session, Trust};
+use minirun_stream::budget::Budget;
+use minirun_stream::plan::Mode;
 
 const SHAPE: WideShape = WideShape {
     hidden: 512,

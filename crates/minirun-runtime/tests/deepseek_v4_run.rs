@@ -1,21 +1,15 @@
 //! DeepSeek V4 as `minirun run` runs it: opened through a session (which reads the
-//! architecture from config.json), generating transformers' greedy continuation; planned under
-//! a budget, its routed experts (and below the deterministic floor, every layer's attention,
-//! compressors, router and shared expert) streamed from storage with the resident run's logit
-//! bits, on 1 and 2 threads, with read-ahead on and off, reading exactly the plan's bytes.
+//! architecture from config.json), generating transformers' greedy continuation, and refusing a
+//! hash table that names an expert the layer lacks. Streamed under a budget:
+//! `tests/streamed_architectures.rs`.
 
 mod common;
 
 use std::path::Path;
 
-use common::greedy_bits;
 use minirun_pack::{PackOptions, pack};
-use minirun_runtime::budget::Budget;
-use minirun_runtime::generate::Sampling;
-use minirun_runtime::plan::{Mode, PlanError};
-use minirun_runtime::session::{Session, SessionError, Trust};
-
-const STEPS: usize = 12;
+use minirun_runtime::Sampling;
+use minirun_runtime::{Session, Trust};
 
 fn fixture() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/deepseek-v4/tiny-fp8-fp4")
@@ -78,89 +72,6 @@ fn the_session_generates_transformers_greedy_continuation() {
         .generate(&model, &prompt, 32, sampling, &[], |_| {})
         .unwrap();
     assert_eq!(generation.generated_ids, greedy);
-}
-
-/// The fixture's layers are too small for streaming them to save memory (16 KiB-aligned
-/// buffers for 8 KiB matrices), so at the floor only its routed experts stream.
-#[test]
-fn streamed_experts_of_the_fixture_have_the_resident_bits() {
-    let dir = packed();
-    let (prompt, _) = oracle_prompt("ids");
-    streams_with_the_resident_bits(dir.path(), &prompt, STEPS, false);
-}
-
-/// A wider V4 (hidden 256, 8 heads of 128, q_lora 512, experts of 512, random weights in
-/// DeepSeek's storage): at the floor every layer's attention, compressors, indexer, router and
-/// shared expert stream too.
-#[test]
-fn streamed_layers_of_a_wider_v4_have_the_resident_bits() {
-    let checkpoint = tempfile::tempdir().unwrap();
-    common::wide_v4::write(checkpoint.path(), &fixture(), &common::wide_v4::WIDE);
-    let out = tempfile::tempdir().unwrap();
-    pack(
-        checkpoint.path(),
-        out.path(),
-        &PackOptions::default(),
-        &|_| {},
-    )
-    .unwrap();
-    // Past a CSA window and an HCA window, in few steps: the test runs unoptimised.
-    let prompt: Vec<u32> = (0..9).map(|i| (i * 37 + 5) % 512).collect();
-    streams_with_the_resident_bits(out.path(), &prompt, 3, true);
-}
-
-fn streams_with_the_resident_bits(dir: &Path, prompt: &[u32], steps: usize, layers_stream: bool) {
-    let fresh = Session::open(dir, Trust::Unverified).unwrap();
-    fresh.plan(Budget::Floor, 128).unwrap();
-    assert_eq!(
-        fresh.artifact.payload_bytes(),
-        0,
-        "planning read no payload"
-    );
-    let session = Session::open(dir, Trust::Unverified).unwrap();
-    let resident = session.model().unwrap();
-    let (resident_bits, _) = greedy_bits(&resident, prompt, steps);
-
-    let (floor, experts) = session.plan(Budget::Floor, 128).unwrap();
-    assert_eq!(floor.mode, Mode::Streamed);
-    assert_eq!(floor.moe_layers, 5);
-    let all: Vec<usize> = (0..5).collect();
-    assert_eq!(
-        floor.streamed_layers,
-        if layers_stream { all } else { Vec::new() }
-    );
-    let (experts_only, _) = session
-        .plan(Budget::Bytes(floor.deterministic_floor), 128)
-        .unwrap();
-    assert!(experts_only.streamed_layers.is_empty());
-    for (plan, read_ahead, threads) in [
-        (&floor, true, 1),
-        (&floor, false, 2),
-        (&experts_only, true, 2),
-    ] {
-        common::assert_streams_as_planned(
-            &session,
-            plan,
-            &experts,
-            (read_ahead, threads),
-            (prompt, steps),
-            &resident_bits,
-            "deepseek_v4",
-        );
-    }
-    common::assert_guesses_keep_the_bits(
-        &session,
-        (&floor, &experts_only),
-        &experts,
-        (prompt, steps),
-        &resident_bits,
-        "deepseek_v4",
-    );
-    let Err(SessionError::Plan(PlanError::BelowFloor(_))) =
-        session.plan(Budget::Bytes(floor.floor - 1), 128)
-    else {
-        panic!("a budget below the floor was planned");
-    };
 }
 
 /// A hash layer's table naming an expert the layer does not have is refused when the model is

@@ -3,7 +3,7 @@
 //! config and an inconsistent layer list are each refused by name; vision and bookkeeping keys
 //! are set aside by name and reported.
 
-use minirun_runtime::config::ConfigError;
+use minirun_runtime::ConfigError;
 use minirun_runtime::models::kimi_k3::config::KimiK3Config;
 use serde_json::Value;
 
@@ -166,7 +166,7 @@ fn the_mlx_lm_fixture_configs_read_as_the_tiny_shape() {
 /// for sizes whose product no machine holds.
 #[test]
 fn the_cache_reserve_counts_kda_state_and_saturates_on_absurd_sizes() {
-    use minirun_runtime::plan::Shape;
+    use minirun_stream::plan::Shape;
     let c = parse(&published()).unwrap();
     // 69 KDA layers of 96 x 128 x 128 state and a 3 x 3 x 12,288 window; 24 MLA layers of
     // (512 + 64) floats a position; all f32.

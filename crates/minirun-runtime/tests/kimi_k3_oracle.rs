@@ -17,11 +17,11 @@ use std::path::{Path, PathBuf};
 
 use common::{bits, follow_oracle, ids, read_logits};
 use minirun_pack::{PackOptions, pack};
-use minirun_runtime::artifact::{Access, Artifact};
-use minirun_runtime::decoder::Decoder;
+use minirun_runtime::Decoder;
 use minirun_runtime::models::kimi_k3::KimiK3;
 use minirun_runtime::models::kimi_k3::config::KimiK3Config;
-use minirun_runtime::step::{ModelError, StepStats};
+use minirun_stream::artifact::{Access, Artifact};
+use minirun_stream::step::{ModelError, StepStats};
 use serde_json::Value;
 
 const TOLERANCE: f32 = 1e-4;
@@ -140,7 +140,7 @@ fn a_prompt_across_chunks_gives_the_stepwise_bits() {
     let artifact = Artifact::open(dir.path(), Access::Unverified).unwrap();
     let config = KimiK3Config::parse(&artifact.config_json).unwrap();
     let model = KimiK3::load(&artifact, config).unwrap();
-    let prompt: Vec<u32> = (0..2 * minirun_runtime::decode_policy::PREFILL_CHUNK as u32 + 5)
+    let prompt: Vec<u32> = (0..2 * minirun_runtime::PREFILL_CHUNK as u32 + 5)
         .map(|i| (i * 37 + 11) % 512)
         .collect();
     let mut stepped = model.new_cache();

@@ -16,9 +16,9 @@ use minirun_format::artifact::k3_published::{K3Experts, K3LayerManifest};
 use minirun_format::tile::RawHeader;
 use minirun_pack::k3_published::{BandSizes, pack_k3_published};
 use minirun_pack::{PackOptions, pack};
-use minirun_runtime::budget::Budget;
-use minirun_runtime::plan::Mode;
-use minirun_runtime::session::{Session, Trust};
+use minirun_runtime::{Session, Trust};
+use minirun_stream::budget::Budget;
+use minirun_stream::plan::Mode;
 
 /// Small bands, so that tensors and experts both span several (an MXFP4 band's packed and scale
 /// bytes must each fill whole 16 KiB pages: 512 rows of 1,024 is the least).
@@ -355,7 +355,7 @@ fn mlx_lm_s_names_in_minirun_s_own_layout_agree_closely_with_the_published_layou
     let vocab = own.len() / (STEPS + 1);
     let top = |logits: &[u32]| {
         let floats: Vec<f32> = logits.iter().map(value).collect();
-        minirun_runtime::generate::argmax(&floats)
+        minirun_runtime::argmax(&floats)
     };
     for (a, b) in own.chunks(vocab).zip(published.chunks(vocab)) {
         assert_eq!(top(a), top(b), "another greedy token");
@@ -365,8 +365,8 @@ fn mlx_lm_s_names_in_minirun_s_own_layout_agree_closely_with_the_published_layou
 /// The band table says where each band is: bands stored out of row order read the same tensor.
 #[test]
 fn bands_stored_out_of_row_order_read_the_same_tensor() {
-    use minirun_runtime::artifact::{Access, Artifact};
     use minirun_runtime::registry::open_artifact;
+    use minirun_stream::artifact::{Access, Artifact};
     let checkpoint = source();
     let out = tempfile::tempdir().unwrap();
     pack_k3_published(

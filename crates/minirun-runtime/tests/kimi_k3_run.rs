@@ -1,20 +1,14 @@
 //! Kimi K3 as `minirun run` runs it: opened through a session (which reads the architecture
-//! from config.json), planned under a budget, its routed experts streamed from storage at the
-//! floor with the resident run's logit bits, on 1 and 2 threads, reading exactly the plan's
-//! bytes; and generating mlx-lm's greedy continuation.
+//! from config.json) and generating mlx-lm's greedy continuation. Streamed under a budget:
+//! `tests/streamed_architectures.rs`.
 
 mod common;
 
 use std::path::Path;
 
-use common::greedy_bits;
 use minirun_pack::{PackOptions, pack};
-use minirun_runtime::budget::Budget;
-use minirun_runtime::generate::Sampling;
-use minirun_runtime::plan::{Mode, PlanError};
-use minirun_runtime::session::{Session, SessionError, Trust};
-
-const STEPS: usize = 12;
+use minirun_runtime::Sampling;
+use minirun_runtime::{Session, Trust};
 
 fn packed(variant: &str) -> tempfile::TempDir {
     let source = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -65,72 +59,6 @@ fn the_session_generates_mlx_lms_greedy_continuation() {
         generation.generated_ids,
         oracle_ids("mlx-mxfp4", "greedy_token_ids")
     );
-}
-
-#[test]
-fn streamed_kimi_k3_has_the_resident_bits_and_reads_the_planned_bytes() {
-    // The published layout's quantization: only the routed experts are 4-bit; under mlx-lm's
-    // names and under the upstream ones (per-expert tensors, separate q/k/v).
-    for variant in ["mlx-k3mix", "hf-k3mix"] {
-        streams_with_the_resident_bits(variant);
-    }
-}
-
-fn streams_with_the_resident_bits(variant: &str) {
-    let dir = packed(variant);
-    let fresh = Session::open(dir.path(), Trust::Unverified).unwrap();
-    fresh.plan(Budget::Floor, 64).unwrap();
-    assert_eq!(
-        fresh.artifact.payload_bytes(),
-        0,
-        "planning read no payload"
-    );
-    let session = Session::open(dir.path(), Trust::Unverified).unwrap();
-    let prompt = oracle_ids(variant, "prompt_token_ids");
-    let resident = session.model().unwrap();
-    let (resident_bits, _) = greedy_bits(&resident, &prompt, STEPS);
-
-    // At the floor every layer's attention, router and shared experts stream too.
-    let (floor, experts) = session.plan(Budget::Floor, 64).unwrap();
-    assert_eq!(floor.mode, Mode::Streamed);
-    assert_eq!(floor.streamed_layers, (0..6).collect::<Vec<_>>());
-    assert_eq!(floor.moe_layers, 5);
-    assert_eq!(floor.cache_bytes, 0);
-    // Just enough to hold every deterministic weight: only the routed experts stream.
-    let (experts_only, _) = session
-        .plan(Budget::Bytes(floor.deterministic_floor), 64)
-        .unwrap();
-    assert!(experts_only.streamed_layers.is_empty());
-    assert_eq!(experts_only.mode, Mode::Streamed);
-    for (plan, read_ahead, threads) in [
-        (&floor, true, 1),
-        (&floor, true, 2),
-        (&floor, false, 2),
-        (&experts_only, true, 2),
-    ] {
-        common::assert_streams_as_planned(
-            &session,
-            plan,
-            &experts,
-            (read_ahead, threads),
-            (&prompt, STEPS),
-            &resident_bits,
-            variant,
-        );
-    }
-    common::assert_guesses_keep_the_bits(
-        &session,
-        (&floor, &experts_only),
-        &experts,
-        (&prompt, STEPS),
-        &resident_bits,
-        variant,
-    );
-    let Err(SessionError::Plan(PlanError::BelowFloor(_))) =
-        session.plan(Budget::Bytes(floor.floor - 1), 64)
-    else {
-        panic!("{variant}: a budget below the floor was planned");
-    };
 }
 
 /// The published K3 ships `tiktoken.model` and no `tokenizer.json`: a session then reads K3's

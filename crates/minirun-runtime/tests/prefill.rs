@@ -7,16 +7,16 @@ mod common;
 
 use common::{STREAMED_SHAPE, on_threads, packed, packed_synthetic};
 use minirun_kernels::Activations;
-use minirun_runtime::artifact::{Access, Artifact};
-use minirun_runtime::budget::Budget;
-use minirun_runtime::decode_policy::PREFILL_CHUNK;
-use minirun_runtime::decoder::Decoder;
-use minirun_runtime::generate::argmax;
+use minirun_runtime::Decoder;
+use minirun_runtime::PREFILL_CHUNK;
+use minirun_runtime::argmax;
 use minirun_runtime::models::deepseek_v3::DeepSeekV3;
 use minirun_runtime::models::deepseek_v3::DeepSeekV3Config;
-use minirun_runtime::plan::Plan;
-use minirun_runtime::step::ModelError;
-use minirun_runtime::step::StepStats;
+use minirun_stream::artifact::{Access, Artifact};
+use minirun_stream::budget::Budget;
+use minirun_stream::plan::Plan;
+use minirun_stream::step::ModelError;
+use minirun_stream::step::StepStats;
 
 const FIXTURES: [&str; 3] = ["mlx-affine4-g64", "mlx-mxfp4", "hf-fp8-e8m0"];
 

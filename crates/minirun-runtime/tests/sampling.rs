@@ -4,11 +4,11 @@
 use std::path::Path;
 
 use minirun_pack::{PackOptions, pack};
-use minirun_runtime::artifact::{Access, Artifact};
-use minirun_runtime::generate::{Sampling, StopReason, generate};
 use minirun_runtime::models::deepseek_v3::DeepSeekV3;
 use minirun_runtime::models::deepseek_v3::DeepSeekV3Config;
-use minirun_runtime::step::ModelError;
+use minirun_runtime::{Sampling, StopReason, generate};
+use minirun_stream::artifact::{Access, Artifact};
+use minirun_stream::step::ModelError;
 
 fn with_model(f: impl FnOnce(&DeepSeekV3)) {
     let out = tempfile::tempdir().unwrap();
@@ -88,8 +88,8 @@ fn a_stop_token_ends_the_output_without_being_emitted() {
 
 #[test]
 fn the_logits_digest_covers_the_prompt_and_every_step_in_order() {
-    use minirun_runtime::decoder::Decoder;
-    use minirun_runtime::step::StepStats;
+    use minirun_runtime::Decoder;
+    use minirun_stream::step::StepStats;
     use sha2::{Digest, Sha256};
     with_model(|model| {
         let greedy = Sampling {

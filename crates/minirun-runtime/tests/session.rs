@@ -7,11 +7,11 @@ use std::sync::atomic::AtomicBool;
 
 mod common;
 
-use minirun_pack::synthetic_model::SyntheticShape;
 use minirun_pack::{PackOptions, pack};
-use minirun_runtime::generate::Sampling;
-use minirun_runtime::session::{IncrementalText, Session, SessionError, Trust};
+use minirun_runtime::Sampling;
+use minirun_runtime::{IncrementalText, Session, SessionError, Trust};
 use minirun_store::{Authority, SealKey, Selection};
+use minirun_synth::tiny_models::SyntheticShape;
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/deepseek-v3/mlx-affine4-g64")
@@ -83,8 +83,8 @@ fn a_session_without_evidence_is_refused_unless_unverified() {
 /// available, naming the floor; a budget the user gave, or a system that does not say, is not.
 #[test]
 fn a_default_plan_larger_than_the_memory_available_is_refused() {
-    use minirun_runtime::budget::Budget;
-    use minirun_runtime::plan::Layers;
+    use minirun_stream::budget::Budget;
+    use minirun_stream::plan::Layers;
     let dir = packed();
     let session = Session::open(dir.path(), Trust::Unverified).unwrap();
     let (everything, _) = session.plan(Budget::Generous, 16).unwrap();

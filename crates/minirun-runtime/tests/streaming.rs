@@ -7,16 +7,16 @@ mod common;
 
 use common::{STREAMED_SHAPE, on_threads, packed, packed_synthetic};
 use minirun_kernels::Activations;
-use minirun_runtime::artifact::{Access, Artifact};
-use minirun_runtime::budget::Budget;
-use minirun_runtime::decoder::Decoder;
-use minirun_runtime::experts::ExpertCache;
-use minirun_runtime::generate::argmax;
-use minirun_runtime::model_weights::ModelWeights;
+use minirun_runtime::Decoder;
+use minirun_runtime::argmax;
 use minirun_runtime::models::deepseek_v3::DeepSeekV3;
 use minirun_runtime::models::deepseek_v3::DeepSeekV3Config;
-use minirun_runtime::plan::{Layers, Mode, Plan, PlanError};
-use minirun_runtime::step::StepStats;
+use minirun_stream::artifact::{Access, Artifact};
+use minirun_stream::budget::Budget;
+use minirun_stream::experts::ExpertCache;
+use minirun_stream::model_weights::ModelWeights;
+use minirun_stream::plan::{Layers, Mode, Plan, PlanError};
+use minirun_stream::step::StepStats;
 
 /// Stacked MLX containers, per-expert FP8 containers, per-expert bf16 blob members.
 const FIXTURES: [&str; 3] = ["mlx-mxfp4", "hf-fp8-e8m0", "hf-bf16"];
@@ -296,7 +296,7 @@ fn an_artifact_several_times_its_budget_streams_with_the_resident_bits() {
             .iter()
             .flatten()
             .flat_map(|e| e.parts().into_iter().map(|p| &p.part));
-        minirun_runtime::layer_stream::resident_bytes(&artifact, parts)
+        minirun_stream::layer_stream::resident_bytes(&artifact, parts)
     };
     let two_layers = layer_bytes(moe[0]) + layer_bytes(moe[1]);
     let budget = Budget::Bytes(plan.deterministic_floor + two_layers);

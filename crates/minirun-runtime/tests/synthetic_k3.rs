@@ -1,4 +1,4 @@
-//! The generator of random Kimi K3 checkpoints (`minirun_pack::synthetic_k3`, which the
+//! The generator of random Kimi K3 checkpoints (`minirun_synth::kimi_k3`, which the
 //! streaming benchmark runs at the published K3's geometry) on a narrow geometry: the upstream
 //! config with smaller matrices but its own layer kinds (a dense first layer, then KDA layers and
 //! an MLA one with mixtures of experts). The runtime reads what it writes in the published
@@ -11,10 +11,10 @@ use std::path::Path;
 use common::{assert_logits_mean_something, greedy_bits};
 use minirun_pack::PackOptions;
 use minirun_pack::k3_published::{BandSizes, pack_k3_published};
-use minirun_pack::synthetic_k3::{Mixer, write_synthetic_k3};
-use minirun_runtime::budget::Budget;
-use minirun_runtime::plan::Mode;
-use minirun_runtime::session::{Session, Trust};
+use minirun_runtime::{Session, Trust};
+use minirun_stream::budget::Budget;
+use minirun_stream::plan::Mode;
+use minirun_synth::kimi_k3::{Mixer, write_synthetic_k3};
 
 const STEPS: usize = 2;
 const LAYERS: usize = 4;

@@ -1,4 +1,4 @@
-//! The generator of random V4 checkpoints (`minirun_pack::synthetic_v4`, which the streaming
+//! The generator of random V4 checkpoints (`minirun_synth::deepseek_v4`, which the streaming
 //! benchmark runs at the published V4 Flash's geometry) on a narrow geometry: the upstream
 //! config with smaller matrices but its own layer kinds (two sliding, hash-routed layers, then
 //! compressed sparse and heavily compressed ones). The runtime reads what it writes in the
@@ -10,11 +10,11 @@ use std::path::Path;
 
 use common::{assert_logits_mean_something, greedy_bits};
 use minirun_pack::PackOptions;
-use minirun_pack::synthetic_v4::write_synthetic_v4;
 use minirun_pack::v4_published::pack_v4_published;
-use minirun_runtime::budget::Budget;
-use minirun_runtime::plan::Mode;
-use minirun_runtime::session::{Session, Trust};
+use minirun_runtime::{Session, Trust};
+use minirun_stream::budget::Budget;
+use minirun_stream::plan::Mode;
+use minirun_synth::deepseek_v4::write_synthetic_v4;
 
 const STEPS: usize = 2;
 

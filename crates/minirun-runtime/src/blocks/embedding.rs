@@ -3,7 +3,7 @@
 
 use minirun_kernels::{KernelError, QMatrix};
 
-use crate::step::StepStats;
+use minirun_stream::step::StepStats;
 
 /// Each token's embedding row, in f32 (`embed.cols()` wide). A token past the table is refused
 /// by the kernel, not read.

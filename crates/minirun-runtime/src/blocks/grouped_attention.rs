@@ -4,7 +4,7 @@
 //! head `h / group`.
 
 use crate::blocks::latent_attention::dot_in_lanes;
-use crate::decode_policy::LayerState;
+use crate::engine::decode_policy::LayerState;
 
 /// Grouped-query attention's sizes.
 #[derive(Debug, Clone, Copy)]

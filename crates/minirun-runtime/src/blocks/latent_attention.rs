@@ -1,11 +1,11 @@
 //! Multi-head latent attention (DeepSeek-V3, Kimi K3's MLA layers).
 
-use crate::artifact::{ArtifactError, Stack};
 use crate::blocks::products::apply_batch;
-use crate::decode_policy::LayerState;
-use crate::step::StepStats;
-use crate::weights::Weights;
+use crate::engine::decode_policy::LayerState;
 use minirun_kernels::{Format, KernelError, QMatrix};
+use minirun_stream::artifact::{ArtifactError, Stack};
+use minirun_stream::step::StepStats;
+use minirun_stream::weights::Weights;
 
 /// One head of one position in multi-head latent attention, over the first `steps` cached
 /// positions: content scores against the cached latents (`[steps, lora]`), positional scores

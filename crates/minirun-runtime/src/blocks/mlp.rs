@@ -2,14 +2,14 @@
 
 use std::sync::Arc;
 
-use crate::artifact::ArtifactError;
 use crate::blocks::norm::{sigmoid, silu};
 use crate::blocks::products::{apply_batch, apply_shared};
 use crate::blocks::shared_rows::SharedRows;
-use crate::experts::{ExpertNames, Projections};
-use crate::step::StepStats;
-use crate::weights::Weights;
 use minirun_kernels::{KernelError, QMatrix};
+use minirun_stream::artifact::ArtifactError;
+use minirun_stream::experts::{ExpertNames, Projections};
+use minirun_stream::step::StepStats;
+use minirun_stream::weights::Weights;
 
 /// How a gated MLP combines its gate and up projections.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -5,17 +5,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::artifact::ArtifactError;
 use crate::blocks::mlp::{Activation, Mlp, MlpBiases};
 use crate::blocks::norm::sigmoid;
 use crate::blocks::products::top_k;
 use crate::blocks::shared_rows::SharedRows;
-use crate::expert_stream::ExpertStream;
-use crate::experts::ExpertNames;
-use crate::fetched_experts::with_fetched;
-use crate::step::{ModelError, StepStats};
-use crate::weights::{ExpertsFrom, Weights};
 use minirun_kernels::KernelError;
+use minirun_stream::artifact::ArtifactError;
+use minirun_stream::expert_stream::ExpertStream;
+use minirun_stream::experts::ExpertNames;
+use minirun_stream::fetched_experts::with_fetched;
+use minirun_stream::step::{ModelError, StepStats};
+use minirun_stream::weights::{ExpertsFrom, Weights};
 
 /// How a router turns its logits into routes.
 pub(crate) struct Routing<'b> {
@@ -111,7 +111,7 @@ pub(crate) fn top_k_softmax(logits: &[f32], k: usize) -> Vec<(usize, f32)> {
 }
 
 /// The experts of the first row's routes, in their order: what a guess reads ahead (see
-/// [`crate::guessed_experts`]); `None` when routing failed or there is no row.
+/// [`minirun_stream::guessed_experts`]); `None` when routing failed or there is no row.
 pub(crate) fn first_row_experts<E>(
     routes: Result<Vec<Vec<(usize, f32)>>, E>,
 ) -> Option<Vec<usize>> {
@@ -220,7 +220,7 @@ pub enum RoutedExperts<'a> {
         /// Per expert, where the architecture's experts have biases (held: they are vectors).
         biases: Vec<Arc<MlpBiases>>,
     },
-    /// A dry build's (see [`crate::weights`]): never run.
+    /// A dry build's (see [`minirun_stream::weights`]): never run.
     Unread,
 }
 
@@ -396,7 +396,7 @@ fn run_resident_experts(
 /// A streamed layer's chosen experts, fetched `slots` at a time.
 struct StreamedExperts<'a> {
     layer: usize,
-    parts: &'a [crate::experts::ExpertParts],
+    parts: &'a [minirun_stream::experts::ExpertParts],
     stream: &'a ExpertStream<'a>,
     activation: Activation,
     biases: &'a [Arc<MlpBiases>],

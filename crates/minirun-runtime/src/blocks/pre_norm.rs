@@ -3,14 +3,14 @@
 //! or the architecture's routed experts; the model ends in a final RMSNorm and the LM head.
 //! What differs between such architectures (their attention, their routing) is handed in.
 
-use crate::artifact::ArtifactError;
 use crate::blocks::embedding::embed_tokens;
 use crate::blocks::mlp::Mlp;
 use crate::blocks::norm::rms_norm;
 use crate::blocks::products::{add_rows, apply_batch};
-use crate::step::{ModelError, StepStats};
-use crate::weights::Weights;
 use minirun_kernels::QMatrix;
+use minirun_stream::artifact::ArtifactError;
+use minirun_stream::step::{ModelError, StepStats};
+use minirun_stream::weights::Weights;
 
 /// A layer's feed-forward: a dense MLP, or `R`, the architecture's routed experts.
 #[allow(
@@ -150,14 +150,14 @@ macro_rules! pre_norm_layered {
 
         fn layer<'w>(
             config: &$config,
-            w: &$crate::weights::Weights<'w>,
+            w: &minirun_stream::weights::Weights<'w>,
             i: usize,
-        ) -> Result<Layer<'w>, $crate::artifact::ArtifactError> {
+        ) -> Result<Layer<'w>, minirun_stream::artifact::ArtifactError> {
             layer(w, config, i)
         }
 
-        fn new_cache(&self) -> $crate::decode_policy::SequenceCache<$cache> {
-            $crate::decode_policy::SequenceCache::new(vec![
+        fn new_cache(&self) -> $crate::engine::decode_policy::SequenceCache<$cache> {
+            $crate::engine::decode_policy::SequenceCache::new(vec![
                 <$cache>::default();
                 self.config.num_hidden_layers
             ])
@@ -166,20 +166,20 @@ macro_rules! pre_norm_layered {
         fn embed(
             &self,
             tokens: &[u32],
-            stats: &mut $crate::step::StepStats,
-        ) -> Result<Vec<Vec<f32>>, $crate::step::ModelError> {
+            stats: &mut minirun_stream::step::StepStats,
+        ) -> Result<Vec<Vec<f32>>, minirun_stream::step::ModelError> {
             self.ends.embed(tokens, stats)
         }
 
         fn run_layer(
             &self,
             layer: &Layer<'_>,
-            at: $crate::decode_policy::Place,
+            at: $crate::engine::decode_policy::Place,
             _tokens: &[u32],
             hs: &mut Vec<Vec<f32>>,
-            caches: &mut [&mut $crate::decode_policy::SequenceCache<$cache>],
-            stats: &mut $crate::step::StepStats,
-        ) -> Result<(), $crate::step::ModelError> {
+            caches: &mut [&mut $crate::engine::decode_policy::SequenceCache<$cache>],
+            stats: &mut minirun_stream::step::StepStats,
+        ) -> Result<(), minirun_stream::step::ModelError> {
             let c = &self.config;
             layer.run(
                 hs,
@@ -201,7 +201,7 @@ macro_rules! pre_norm_layered {
         ) -> Option<Vec<usize>> {
             let c = &self.config;
             let (routed, x) = layer.routed_input(hs.first()?, c.rms_norm_eps)?;
-            let routes = routed.routes(&[x], c, &mut $crate::step::StepStats::default());
+            let routes = routed.routes(&[x], c, &mut minirun_stream::step::StepStats::default());
             $crate::blocks::moe::first_row_experts(routes)
         }
 
@@ -209,8 +209,8 @@ macro_rules! pre_norm_layered {
             &self,
             hs: &Vec<Vec<f32>>,
             wanted: &[usize],
-            stats: &mut $crate::step::StepStats,
-        ) -> Result<Vec<Vec<f32>>, $crate::step::ModelError> {
+            stats: &mut minirun_stream::step::StepStats,
+        ) -> Result<Vec<Vec<f32>>, minirun_stream::step::ModelError> {
             self.ends
                 .logits(hs, wanted, self.config.rms_norm_eps, stats)
         }

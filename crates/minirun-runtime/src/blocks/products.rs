@@ -1,8 +1,8 @@
 //! The products every layer runs, each counted in the step's figures.
 
 use crate::blocks::shared_rows::SharedRows;
-use crate::step::StepStats;
 use minirun_kernels::{KernelError, QMatrix};
+use minirun_stream::step::StepStats;
 
 /// `y = W x` into a new vector, counting the bytes read.
 pub(crate) fn apply(

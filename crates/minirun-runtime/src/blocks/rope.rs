@@ -3,7 +3,7 @@
 //! two halves against each other, `(x[i], x[i + d/2])`, gpt-oss with YaRN. Frequencies are computed in f32 following mlx-lm's
 //! `YarnRoPE` step by step; angles in f64, rounded once to f32.
 
-use crate::config::Yarn;
+use crate::engine::config::Yarn;
 
 pub struct Rope {
     /// Per pair: the wavelength divisor (mlx's `freqs`); angle = position / freq.

@@ -1,5 +1,5 @@
 //! One folder per architecture: `config.rs` reads its `config.json` fail-closed, `model.rs`
-//! builds its layers from a [`crate::weights::Weights`] handle and runs rows through them, and
+//! builds its layers from a [`minirun_stream::weights::Weights`] handle and runs rows through them, and
 //! `mod.rs` holds its row of [`crate::registry::ARCHITECTURES`].
 
 pub mod deepseek_v3;

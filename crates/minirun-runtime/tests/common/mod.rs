@@ -39,8 +39,8 @@ pub fn bits(v: &[f32]) -> Vec<u32> {
 
 use std::path::{Path, PathBuf};
 
-use minirun_pack::synthetic_model::{SyntheticArchitecture, SyntheticShape, write_synthetic};
 use minirun_pack::{PackOptions, pack};
+use minirun_synth::tiny_models::{SyntheticArchitecture, SyntheticShape, write_synthetic};
 
 /// A fixture checkpoint under `tests/data/deepseek-v3`.
 pub fn fixture(name: &str) -> PathBuf {
@@ -101,12 +101,12 @@ pub fn on_threads<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> T {
 
 /// The prompt, then `steps` greedy steps: every logit's bits, and the decode steps' figures.
 pub fn greedy_bits(
-    model: &minirun_runtime::model::Model,
+    model: &minirun_runtime::Model,
     prompt: &[u32],
     steps: usize,
-) -> (Vec<u32>, minirun_runtime::step::StepStats) {
-    use minirun_runtime::decoder::Decoder;
-    use minirun_runtime::step::StepStats;
+) -> (Vec<u32>, minirun_stream::step::StepStats) {
+    use minirun_runtime::Decoder;
+    use minirun_stream::step::StepStats;
     let mut cache = model.new_cache();
     let mut logits = model
         .prefill(prompt, &mut cache, &mut StepStats::default())
@@ -115,7 +115,7 @@ pub fn greedy_bits(
     let mut decode = StepStats::default();
     for _ in 0..steps {
         let mut stats = StepStats::default();
-        let token = minirun_runtime::generate::argmax(&logits);
+        let token = minirun_runtime::argmax(&logits);
         logits = model.step(token, &mut cache, &mut stats).unwrap();
         decode.add(&stats);
         bits.extend(logits.iter().map(|l| l.to_bits()));
@@ -127,16 +127,16 @@ pub fn greedy_bits(
 /// logit bits, hits no cached expert, reads exactly the plan's expert and layer bytes per step,
 /// and holds at most the plan's cache and slot pool of experts.
 pub fn assert_streams_as_planned(
-    session: &minirun_runtime::session::Session,
-    plan: &minirun_runtime::plan::Plan,
-    experts: &minirun_runtime::model_weights::ModelWeights,
+    session: &minirun_runtime::Session,
+    plan: &minirun_stream::plan::Plan,
+    experts: &minirun_stream::model_weights::ModelWeights,
     (read_ahead, threads): (bool, usize),
     (prompt, steps): (&[u32], usize),
     resident: &[u32],
     label: &str,
 ) {
-    use minirun_runtime::decoder::Decoder;
-    let plan = minirun_runtime::plan::Plan {
+    use minirun_runtime::Decoder;
+    let plan = minirun_stream::plan::Plan {
         read_ahead,
         ..plan.clone()
     };
@@ -172,21 +172,21 @@ pub fn assert_streams_as_planned(
 /// none the cache held is guessed), and no more bytes were used than read. Without guesses
 /// none is counted, and a prefill (many rows a step) guesses nothing.
 pub fn assert_guesses_keep_the_bits(
-    session: &minirun_runtime::session::Session,
-    (floor, experts_only): (&minirun_runtime::plan::Plan, &minirun_runtime::plan::Plan),
-    experts: &minirun_runtime::model_weights::ModelWeights,
+    session: &minirun_runtime::Session,
+    (floor, experts_only): (&minirun_stream::plan::Plan, &minirun_stream::plan::Plan),
+    experts: &minirun_stream::model_weights::ModelWeights,
     (prompt, steps): (&[u32], usize),
     resident: &[u32],
     label: &str,
 ) {
-    use minirun_runtime::decoder::Decoder;
-    use minirun_runtime::step::StepStats;
+    use minirun_runtime::Decoder;
+    use minirun_stream::step::StepStats;
     assert_eq!(
         floor.guessed_layers, 0,
         "{label}: the floor has no room for a guess"
     );
     let pools = (2 + experts_only.moe_layers as u64) * experts_only.slot_pool_bytes;
-    let plan = minirun_runtime::plan::Plan {
+    let plan = minirun_stream::plan::Plan {
         budget: experts_only.budget + pools,
         cache_bytes: experts_only.cache_bytes + pools,
         ..experts_only.clone()
@@ -250,7 +250,7 @@ pub fn assert_guesses_keep_the_bits(
 /// `margin`. Then the prompt prefilled at once must give the last position the stepped bits,
 /// and 32 greedy tokens from both caches the same bits each step. Returns the greedy tokens and
 /// the worst |delta|.
-pub fn follow_oracle<D: minirun_runtime::decoder::Decoder>(
+pub fn follow_oracle<D: minirun_runtime::Decoder>(
     model: &D,
     prompt: &[u32],
     expected: &[Vec<f32>],
@@ -258,8 +258,8 @@ pub fn follow_oracle<D: minirun_runtime::decoder::Decoder>(
     (tolerance, margin): (f32, f32),
     label: &str,
 ) -> (Vec<u32>, f32) {
-    use minirun_runtime::generate::argmax;
-    use minirun_runtime::step::StepStats;
+    use minirun_runtime::argmax;
+    use minirun_stream::step::StepStats;
     assert_eq!(
         expected.len(),
         prompt.len(),

@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use crate::config::{
+use crate::engine::config::{
     ConfigError, Fields, KnownKeys, Yarn, YarnKeys, eos_ids, rope_scaling, top_object,
 };
 

@@ -7,7 +7,8 @@ pub mod model;
 pub use config::DeepSeekV3Config;
 pub use model::{DeepSeekV3, DeepSeekV3Model};
 
-use crate::architecture::{ArchitectureRow, DefaultChat, Family, parsed};
+use crate::engine::architecture::{ArchitectureRow, Family, parsed};
+use minirun_text::ChatFormat;
 
 impl Family for DeepSeekV3Config {
     type Model<'a> = DeepSeekV3Model<'a>;
@@ -17,6 +18,6 @@ pub static ROW: ArchitectureRow = ArchitectureRow {
     model_type: "deepseek_v3",
     summary: "DeepSeek V3/R1",
     parse: |json| parsed(DeepSeekV3Config::parse, json),
-    chat: DefaultChat::FromTokenizer,
+    chat: ChatFormat::Template,
     published: None,
 };

@@ -8,7 +8,6 @@
 //! Both stored layouts run: MLX (`embed_q` / `unembed_out`, stacked `switch_mlp` experts) and
 //! Hugging Face / DeepSeek (`kv_b_proj` whole, per-expert tensors).
 
-use crate::artifact::ArtifactError;
 use crate::blocks::latent_attention::{LatentCache, LatentDims, LatentProjections, attend_latent};
 use crate::blocks::mlp::{Activation, Mlp};
 use crate::blocks::moe::{RoutedExperts, Routing, run_routed, weighted_sum};
@@ -16,15 +15,16 @@ use crate::blocks::norm::rms_norm;
 use crate::blocks::pre_norm::{Ends, FeedForward, PreNormLayer, pre_norm_layered};
 use crate::blocks::products::{add_rows, apply_batch};
 use crate::blocks::rope::{Rope, attention_scale};
-use crate::config::{ModelConfig, limits_from_fields};
-use crate::decode_policy::{Rows, SequenceCache};
-use crate::experts::STACKED;
-use crate::layered_model::{Layered, LayeredModel};
+use crate::engine::config::{ModelConfig, limits_from_fields};
+use crate::engine::decode_policy::{Rows, SequenceCache};
+use crate::engine::layered_model::{Layered, LayeredModel};
 use crate::models::deepseek_v3::config::DeepSeekV3Config;
-use crate::plan::Shape;
-use crate::step::{ModelError, StepStats};
-use crate::weights::Weights;
 use minirun_kernels::QMatrix;
+use minirun_stream::artifact::ArtifactError;
+use minirun_stream::experts::STACKED;
+use minirun_stream::plan::Shape;
+use minirun_stream::step::{ModelError, StepStats};
+use minirun_stream::weights::Weights;
 
 pub struct Attention<'a> {
     q_a: Option<(QMatrix<'a>, Vec<f32>)>,

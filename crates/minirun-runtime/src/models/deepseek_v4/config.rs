@@ -7,7 +7,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::config::{ConfigError, Fields, WRITTEN_BY_TRANSFORMERS, eos_ids};
+use crate::engine::config::{ConfigError, Fields, WRITTEN_BY_TRANSFORMERS, eos_ids};
 
 /// How a layer attends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,7 +8,8 @@ pub mod published_layout;
 pub use config::DeepSeekV4Config;
 pub use model::{DeepSeekV4, DeepSeekV4Model};
 
-use crate::architecture::{ArchitectureRow, DefaultChat, Family, parsed};
+use crate::engine::architecture::{ArchitectureRow, Family, parsed};
+use minirun_text::ChatFormat;
 
 impl Family for DeepSeekV4Config {
     type Model<'a> = DeepSeekV4Model<'a>;
@@ -18,6 +19,6 @@ pub static ROW: ArchitectureRow = ArchitectureRow {
     model_type: "deepseek_v4",
     summary: "DeepSeek V4",
     parse: |json| parsed(DeepSeekV4Config::parse, json),
-    chat: DefaultChat::DeepSeekV4,
+    chat: ChatFormat::DeepSeekV4,
     published: Some(&published_layout::READER),
 };

@@ -23,22 +23,22 @@
 //! by position, so a chunk gives every position the bits a step gives it. Ties in a top-k go to
 //! the lower index.
 
-use crate::artifact::ArtifactError;
 use crate::blocks::embedding::embed_tokens;
 use crate::blocks::mlp::{Activation, Mlp};
 use crate::blocks::moe::{RoutedExperts, run_routed, weighted_sum};
 use crate::blocks::norm::{rms_norm, sigmoid};
 use crate::blocks::products::{add_rows, apply_batch, top_k};
 use crate::blocks::rope::Rope;
-use crate::config::{ModelConfig, limits_from_fields};
-use crate::decode_policy::{LayerState, Place, SequenceCache};
-use crate::experts::W1_W3_W2;
-use crate::layered_model::{Layered, LayeredModel};
+use crate::engine::config::{ModelConfig, limits_from_fields};
+use crate::engine::decode_policy::{LayerState, Place, SequenceCache};
+use crate::engine::layered_model::{Layered, LayeredModel};
 use crate::models::deepseek_v4::config::{Attention, DeepSeekV4Config};
-use crate::plan::Shape;
-use crate::step::{ModelError, StepStats};
-use crate::weights::Weights;
 use minirun_kernels::{KernelError, QMatrix};
+use minirun_stream::artifact::ArtifactError;
+use minirun_stream::experts::W1_W3_W2;
+use minirun_stream::plan::Shape;
+use minirun_stream::step::{ModelError, StepStats};
+use minirun_stream::weights::Weights;
 
 /// Added to the chosen experts' weight sum before dividing (transformers' router).
 const RENORMALIZE_EPS: f32 = 1e-20;
@@ -348,7 +348,7 @@ impl<'a> Layered<'a> for DeepSeekV4Model<'a> {
             c.compress_rope_theta,
             c.yarn
                 .as_ref()
-                .map(|y| crate::config::Yarn {
+                .map(|y| crate::engine::config::Yarn {
                     factor: y.factor,
                     original_max_position_embeddings: y.original_max_position_embeddings,
                     beta_fast: y.beta_fast,

@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use crate::config::{
+use crate::engine::config::{
     ConfigError, Fields, KnownKeys, Yarn, YarnKeys, check_grouped_moe, eos_ids, rope_scaling,
     top_object,
 };

@@ -8,7 +8,8 @@ pub mod model;
 pub use config::GptOssConfig;
 pub use model::{GptOss, GptOssModel};
 
-use crate::architecture::{ArchitectureRow, DefaultChat, Family, parsed};
+use crate::engine::architecture::{ArchitectureRow, Family, parsed};
+use minirun_text::ChatFormat;
 
 impl Family for GptOssConfig {
     type Model<'a> = GptOssModel<'a>;
@@ -18,6 +19,6 @@ pub static ROW: ArchitectureRow = ArchitectureRow {
     model_type: "gpt_oss",
     summary: "gpt-oss: gpt-oss-20b, gpt-oss-120b",
     parse: |json| parsed(GptOssConfig::parse, json),
-    chat: DefaultChat::Harmony,
+    chat: ChatFormat::Harmony,
     published: None,
 };

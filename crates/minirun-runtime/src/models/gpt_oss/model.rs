@@ -10,22 +10,22 @@
 
 use std::sync::Arc;
 
-use crate::artifact::ArtifactError;
 use crate::blocks::grouped_attention::{GroupedDims, KvCache, Span, attend_head_over};
 use crate::blocks::mlp::{Activation, MlpBiases, deinterleave};
 use crate::blocks::moe::{RoutedExperts, routed_sum, top_k_softmax};
 use crate::blocks::pre_norm::{Ends, FeedForward, PreNormLayer, pre_norm_layered};
 use crate::blocks::products::apply_batch;
 use crate::blocks::rope::Rope;
-use crate::config::{ModelConfig, limits_from_fields};
-use crate::decode_policy::{Rows, SequenceCache};
-use crate::experts::{ExpertNames, GATE_UP_DOWN, STACKED};
-use crate::layered_model::{Layered, LayeredModel};
+use crate::engine::config::{ModelConfig, limits_from_fields};
+use crate::engine::decode_policy::{Rows, SequenceCache};
+use crate::engine::layered_model::{Layered, LayeredModel};
 use crate::models::gpt_oss::config::{GptOssConfig, LayerAttention, SWIGLU_ALPHA};
-use crate::plan::Shape;
-use crate::step::{ModelError, StepStats};
-use crate::weights::Weights;
 use minirun_kernels::QMatrix;
+use minirun_stream::artifact::ArtifactError;
+use minirun_stream::experts::{ExpertNames, GATE_UP_DOWN, STACKED};
+use minirun_stream::plan::Shape;
+use minirun_stream::step::{ModelError, StepStats};
+use minirun_stream::weights::Weights;
 
 /// A projection and its bias.
 pub struct Biased<'a> {

@@ -6,7 +6,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::config::{ConfigError, Fields, WRITTEN_BY_TRANSFORMERS, eos_ids};
+use crate::engine::config::{ConfigError, Fields, WRITTEN_BY_TRANSFORMERS, eos_ids};
 
 /// The linear-attention (Kimi Delta Attention) layers' settings.
 #[derive(Debug, Clone, PartialEq)]

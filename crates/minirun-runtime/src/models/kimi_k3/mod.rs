@@ -8,7 +8,8 @@ pub mod published_layout;
 pub use config::KimiK3Config;
 pub use model::{KimiK3, KimiK3Model};
 
-use crate::architecture::{ArchitectureRow, DefaultChat, Family, parsed};
+use crate::engine::architecture::{ArchitectureRow, Family, parsed};
+use minirun_text::ChatFormat;
 
 impl Family for KimiK3Config {
     type Model<'a> = KimiK3Model<'a>;
@@ -18,6 +19,6 @@ pub static ROW: ArchitectureRow = ArchitectureRow {
     model_type: "kimi_k3",
     summary: "Kimi K3",
     parse: |json| parsed(KimiK3Config::parse, json),
-    chat: DefaultChat::FromTokenizer,
+    chat: ChatFormat::Template,
     published: Some(&published_layout::READER),
 };

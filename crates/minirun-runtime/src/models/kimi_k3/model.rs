@@ -12,22 +12,22 @@
 //! MLA uses the absorbed path (queries projected into the latent space, values read out of
 //! it) at every position, mlx-lm's decode path.
 
-use crate::artifact::ArtifactError;
 use crate::blocks::embedding::embed_tokens;
 use crate::blocks::latent_attention::{LatentCache, LatentDims, LatentProjections, attend_latent};
 use crate::blocks::mlp::{Activation, Mlp};
 use crate::blocks::moe::{RoutedExperts, Routing, run_routed, weighted_sum};
 use crate::blocks::norm::{rms_norm, sigmoid, silu};
 use crate::blocks::products::{add_rows, apply_batch};
-use crate::config::{ModelConfig, limits_from_fields};
-use crate::decode_policy::{LayerState, Place, SequenceCache};
-use crate::experts::{STACKED, W1_W3_W2};
-use crate::layered_model::{Layered, LayeredModel};
+use crate::engine::config::{ModelConfig, limits_from_fields};
+use crate::engine::decode_policy::{LayerState, Place, SequenceCache};
+use crate::engine::layered_model::{Layered, LayeredModel};
 use crate::models::kimi_k3::config::KimiK3Config;
-use crate::plan::Shape;
-use crate::step::{ModelError, StepStats};
-use crate::weights::Weights;
 use minirun_kernels::{KernelError, QMatrix};
+use minirun_stream::artifact::ArtifactError;
+use minirun_stream::experts::{STACKED, W1_W3_W2};
+use minirun_stream::plan::Shape;
+use minirun_stream::step::{ModelError, StepStats};
+use minirun_stream::weights::Weights;
 
 /// mlx-lm's hard-coded epsilons: the l2 norm of KDA's queries and keys adds it to Σx², and
 /// MLA's `q_a_layernorm` / `kv_a_layernorm` use it whatever `rms_norm_eps` says.

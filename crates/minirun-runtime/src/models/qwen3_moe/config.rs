@@ -4,7 +4,9 @@
 
 use serde_json::Value;
 
-use crate::config::{ConfigError, Fields, KnownKeys, check_grouped_moe, eos_ids, top_object};
+use crate::engine::config::{
+    ConfigError, Fields, KnownKeys, check_grouped_moe, eos_ids, top_object,
+};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Qwen3MoeConfig {

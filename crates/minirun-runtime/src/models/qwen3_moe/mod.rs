@@ -7,7 +7,8 @@ pub mod model;
 pub use config::Qwen3MoeConfig;
 pub use model::{Qwen3Moe, Qwen3MoeModel};
 
-use crate::architecture::{ArchitectureRow, DefaultChat, Family, parsed};
+use crate::engine::architecture::{ArchitectureRow, Family, parsed};
+use minirun_text::ChatFormat;
 
 impl Family for Qwen3MoeConfig {
     type Model<'a> = Qwen3MoeModel<'a>;
@@ -17,6 +18,6 @@ pub static ROW: ArchitectureRow = ArchitectureRow {
     model_type: "qwen3_moe",
     summary: "Qwen3-MoE: Qwen3-30B-A3B, Qwen3-235B-A22B",
     parse: |json| parsed(Qwen3MoeConfig::parse, json),
-    chat: DefaultChat::FromTokenizer,
+    chat: ChatFormat::Template,
     published: None,
 };

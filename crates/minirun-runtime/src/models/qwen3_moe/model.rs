@@ -6,7 +6,6 @@
 //! Both stored layouts run: MLX (stacked `switch_mlp` experts, as mlx-community publishes them)
 //! and Hugging Face (per-expert `mlp.experts.E.*`).
 
-use crate::artifact::ArtifactError;
 use crate::blocks::grouped_attention::{GroupedDims, KvCache, attend_head};
 use crate::blocks::mlp::{Activation, Mlp};
 use crate::blocks::moe::{RoutedExperts, routed_sum, softmax_top_k};
@@ -14,15 +13,16 @@ use crate::blocks::norm::rms_norm;
 use crate::blocks::pre_norm::{Ends, FeedForward, PreNormLayer, pre_norm_layered};
 use crate::blocks::products::apply_batch;
 use crate::blocks::rope::Rope;
-use crate::config::{ModelConfig, limits_from_fields};
-use crate::decode_policy::{Rows, SequenceCache};
-use crate::experts::STACKED;
-use crate::layered_model::{Layered, LayeredModel};
+use crate::engine::config::{ModelConfig, limits_from_fields};
+use crate::engine::decode_policy::{Rows, SequenceCache};
+use crate::engine::layered_model::{Layered, LayeredModel};
 use crate::models::qwen3_moe::config::Qwen3MoeConfig;
-use crate::plan::Shape;
-use crate::step::{ModelError, StepStats};
-use crate::weights::Weights;
 use minirun_kernels::QMatrix;
+use minirun_stream::artifact::ArtifactError;
+use minirun_stream::experts::STACKED;
+use minirun_stream::plan::Shape;
+use minirun_stream::step::{ModelError, StepStats};
+use minirun_stream::weights::Weights;
 
 pub struct Attention<'a> {
     q: QMatrix<'a>,

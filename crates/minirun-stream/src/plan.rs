@@ -1,0 +1,568 @@
+//! The memory plan of a run: what stays resident, what streams, and whether the budget pays for
+//! it, decided before a payload byte is read.
+//!
+//! What the budget pays for, in this order:
+//! 1. the weights outside the layers (embeddings, the LM head, the final norm) and every norm
+//!    vector, always resident;
+//! 2. each layer's deterministic weights (attention, the router, shared experts or the dense
+//!    MLP: what every token reads), in layer order, each layer the rest of the budget still
+//!    pays for; the layers that do not fit stream them,
+//!    read for each step into buffers for two layers (the one computing and the next, read
+//!    ahead while the current one computes);
+//! 3. once every deterministic weight is resident: whole MoE layers (every routed expert of the
+//!    layer held resident, read when the model is loaded), in layer order, each one the rest of
+//!    the budget still pays for;
+//! 4. a cache of routed experts for the other MoE layers.
+//!
+//! Routed experts of the layers not held stream from storage when the router picks them; a
+//! budget that holds everything runs fully resident. Whole layers come before the cache because
+//! they make a token's reads exact: a held layer reads nothing per token, a streamed layer reads
+//! its chosen experts unless the cache has them, so with no cache left over a step reads exactly
+//! `uncached_read_per_token` (+ `layer_read_per_token` of streamed deterministic weights).
+//!
+//! The floor is the least a run can work in: the resident weights of (1), the largest working
+//! set (two layers' deterministic weights, when streaming them is what lowers the floor; else
+//! every deterministic weight resident), the slot pool (one layer's chosen experts, loaded at
+//! once), and a stated reserve (the KV cache for the run's context plus a fixed allowance for
+//! activations, the tokenizer and the runtime). A budget below the floor is refused before a
+//! payload byte is read, naming every term.
+//!
+//! [`Layers::StreamEvery`] streams every layer's deterministic weights even where the budget
+//! would hold them, and so sets the floor at the streaming one: a cut of a model too large for
+//! any layer to stay resident (a few of its layers, at its real geometry) then reads per token
+//! what each layer of the whole model reads at its floor.
+
+use crate::artifact::{Artifact, ArtifactError, PartLayout};
+use crate::budget::{Budget, human};
+use crate::experts::{ExpertCache, ExpertParts};
+use crate::layer_stream;
+use crate::model_weights::ModelWeights;
+
+/// Activations, the tokenizer and the runtime's own heap, beside the KV cache.
+pub const FIXED_RESERVE: u64 = 16 << 20;
+
+/// Expert reads in flight at once unless the caller says otherwise (`--reads-in-flight`): a
+/// DeepSeek-V3 token's eight experts of a layer all at once. On this project's 2-core VM, 1, 2
+/// and 4 reads in flight decoded 0.68 to 0.90x as fast as 8 (docs/runtime.md §6 has the
+/// command).
+pub const DEFAULT_READS_IN_FLIGHT: usize = 8;
+
+/// Streamed MoE layers a plan lets a decode step guess ahead at once unless the caller says
+/// otherwise (`--guessed-layers`), and the most it lets: see [`Plan::guess_ahead`]. One, the
+/// layer about to run, guessed before its attention: on V4 Flash's geometry two (the next
+/// layer's experts guessed a layer earlier too) chose the right experts less often and were no
+/// faster, for a second slot pool taken from the cache (docs/runtime.md).
+pub const GUESSED_LAYERS: usize = 1;
+pub const MAX_GUESSED_LAYERS: usize = 2;
+
+/// How the run holds its weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// Every weight read once and held.
+    Resident,
+    /// Routed experts (and maybe some layers' deterministic weights) read from storage when a
+    /// step needs them, cached within the budget.
+    Streamed,
+}
+
+/// Why a plan could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error(transparent)]
+    Artifact(#[from] ArtifactError),
+    #[error(transparent)]
+    BelowFloor(Box<BelowFloor>),
+}
+
+/// A budget below the floor, with every term of the floor.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error(
+    "--budget {budget} is below this run's floor of {}: resident weights {} + layer buffers {} ({}) + slot pool {} ({experts_per_token} experts of {}) + reserve {} (KV cache for {context_tokens} tokens + {} fixed). Give --budget {floor} or more, or --budget floor",
+    human(*floor), human(*resident), human(*layer_pool), layer_pool_terms(*layer_pool, *layer), human(*slot_pool), human(*expert), human(*reserve), human(FIXED_RESERVE)
+)]
+pub struct BelowFloor {
+    pub budget: String,
+    pub floor: u64,
+    pub resident: u64,
+    /// Buffers for streamed deterministic weights (0 when the floor holds them all).
+    pub layer_pool: u64,
+    /// The largest layer's deterministic weights, read.
+    pub layer: u64,
+    pub slot_pool: u64,
+    pub experts_per_token: usize,
+    pub expert: u64,
+    pub reserve: u64,
+    pub context_tokens: usize,
+}
+
+fn layer_pool_terms(pool: u64, layer: u64) -> String {
+    match pool {
+        0 => "every layer's attention, router and shared experts resident".to_string(),
+        _ => format!(
+            "2 x {}: the layer computing and the next, read ahead",
+            human(layer)
+        ),
+    }
+}
+
+/// What the run keeps resident, what it streams, and what the budget leaves for the cache.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Plan {
+    pub mode: Mode,
+    pub budget: u64,
+    /// Weights held resident at this budget (payload bytes as stored).
+    pub resident_bytes: u64,
+    /// Every routed expert, as stored.
+    pub routed_bytes: u64,
+    /// The largest routed expert's read, and its footprint in aligned buffers.
+    pub expert_read_bytes: u64,
+    pub expert_allocated_bytes: u64,
+    pub experts_per_token: usize,
+    pub moe_layers: usize,
+    pub slot_pool_bytes: u64,
+    pub reserve_bytes: u64,
+    /// Tokens of context the reserve's KV cache is sized for.
+    pub context_tokens: usize,
+    /// The least budget this run works in, and its terms: `floor_resident_bytes` +
+    /// `floor_layer_pool_bytes` + `slot_pool_bytes` + `reserve_bytes`.
+    pub floor: u64,
+    pub floor_resident_bytes: u64,
+    pub floor_layer_pool_bytes: u64,
+    /// The least budget that holds every deterministic weight resident (streaming routed
+    /// experts only).
+    pub deterministic_floor: u64,
+    /// What a fully resident run needs: every payload byte and the reserve.
+    pub everything: u64,
+    /// Layers whose deterministic weights stream (read each step), and whether the next one is
+    /// read while the current one computes.
+    pub streamed_layers: Vec<usize>,
+    /// Whether the layers the budget pays for are held, or every layer streams.
+    pub layers: Layers,
+    pub layer_count: usize,
+    pub read_ahead: bool,
+    /// Threads reading a layer's chosen experts at once (they never hold more than the slot
+    /// pool: every chosen expert is held until its layer is done).
+    pub reads_in_flight: usize,
+    /// Buffers for the streamed deterministic weights: two layers' (the one computing and the
+    /// next, read ahead; set aside even with read-ahead off), 0 when no layer streams.
+    pub layer_pool_bytes: u64,
+    /// The largest layer's deterministic weights in aligned buffers.
+    pub layer_allocated_bytes: u64,
+    /// Deterministic bytes a step reads: the streamed layers'.
+    pub layer_read_per_token: u64,
+    /// MoE layers whose routed experts are all held resident, read when the model is loaded.
+    pub held_layers: Vec<usize>,
+    /// What the held layers' experts take resident (as stored).
+    pub held_bytes: u64,
+    /// Bytes of experts of the other layers the cache may hold.
+    pub cache_bytes: u64,
+    /// Routed-expert bytes a decode step reads when the cache holds none of the experts it
+    /// needs: the chosen experts of every MoE layer not held.
+    pub uncached_read_per_token: u64,
+    /// Streamed MoE layers whose experts a decode step may read ahead on a guess at once
+    /// (see [`crate::guessed_experts`]), each guess in a slot pool of its own taken from the
+    /// cache: 0 where none streams, guessing is off, or the cache has no room for a pool.
+    pub guessed_layers: usize,
+}
+
+/// Whether a plan holds the layers' deterministic weights the budget pays for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Layers {
+    /// In layer order, each layer's deterministic weights the budget still pays for are held,
+    /// the others stream (only below the deterministic floor).
+    #[default]
+    HoldWhatFits,
+    /// Every layer's deterministic weights stream, at any budget.
+    StreamEvery,
+}
+
+/// What the planner needs to know of an architecture beside what its layers ask for
+/// (implemented by each model's config).
+pub trait Shape {
+    fn layer_count(&self) -> usize;
+    fn experts_per_token(&self) -> usize;
+    /// What the model's cache holds for a context of `context_tokens` positions.
+    fn cache_bytes(&self, context_tokens: usize) -> u64;
+}
+
+/// One MoE layer's routed experts: what a token reads there uncached, what holding them
+/// resident takes.
+struct ExpertLayer {
+    index: usize,
+    per_token: u64,
+    hold: u64,
+}
+
+/// One layer's deterministic weights: resident (as stored), read, and in aligned buffers.
+struct DeterministicLayer {
+    resident: u64,
+    read: u64,
+    allocated: u64,
+}
+
+/// What the artifact holds, by the plan's terms.
+struct Sizes {
+    routed_bytes: u64,
+    expert_read_max: u64,
+    expert_alloc_max: u64,
+    expert_layers: Vec<ExpertLayer>,
+    /// Every payload byte but the routed experts'.
+    resident_all: u64,
+    layers: Vec<DeterministicLayer>,
+    total: u64,
+}
+
+fn sizes(artifact: &Artifact, weights: &ModelWeights, experts_per_token: usize) -> Sizes {
+    let mut container_files = std::collections::BTreeSet::new();
+    let mut pieces = 0u64;
+    let (mut routed_bytes, mut read_max, mut alloc_max) = (0u64, 0, 0);
+    let mut expert_layers = Vec::new();
+    for (index, layer) in weights.layers.iter().enumerate() {
+        let Some(layer) = &layer.experts else {
+            continue;
+        };
+        let largest = layer.iter().map(ExpertParts::read_bytes).max().unwrap_or(0);
+        read_max = read_max.max(largest);
+        alloc_max = alloc_max.max(
+            layer
+                .iter()
+                .map(ExpertParts::allocated_bytes)
+                .max()
+                .unwrap_or(0),
+        );
+        let parts = layer
+            .iter()
+            .flat_map(|e| e.parts().into_iter().map(|p| &p.part));
+        expert_layers.push(ExpertLayer {
+            index,
+            per_token: largest * experts_per_token as u64,
+            hold: layer_stream::resident_bytes(artifact, parts),
+        });
+        for expert in layer {
+            routed_bytes += expert.read_bytes();
+            for part in expert.parts() {
+                match &part.part {
+                    PartLayout::Tile { file, .. } => {
+                        container_files.insert(*file);
+                    }
+                    p @ (PartLayout::Pieces { .. } | PartLayout::Bands { .. }) => {
+                        pieces += p.read_bytes()
+                    }
+                }
+            }
+        }
+    }
+    let streamed_files: u64 = container_files
+        .iter()
+        .map(|&f| artifact.payload_file_bytes(f))
+        .sum();
+    let total = artifact.total_payload_bytes();
+    let layers = weights
+        .layers
+        .iter()
+        .map(|layer| {
+            let m = &layer.matrices;
+            DeterministicLayer {
+                resident: layer_stream::resident_bytes(artifact, layer_stream::parts(m)),
+                read: layer_stream::read_bytes(m),
+                allocated: layer_stream::allocated_bytes(m),
+            }
+        })
+        .collect();
+    Sizes {
+        routed_bytes,
+        expert_read_max: read_max,
+        expert_alloc_max: alloc_max,
+        expert_layers,
+        resident_all: total.saturating_sub(streamed_files + pieces),
+        layers,
+        total,
+    }
+}
+
+impl Plan {
+    /// Plans a run of at most `context_tokens` positions under `budget`.
+    pub fn new(
+        artifact: &Artifact,
+        c: &(impl Shape + ?Sized),
+        weights: &ModelWeights,
+        budget: Budget,
+        context_tokens: usize,
+    ) -> Result<Plan, PlanError> {
+        Plan::with_layers(
+            artifact,
+            c,
+            weights,
+            (budget, Layers::HoldWhatFits),
+            context_tokens,
+        )
+    }
+
+    /// [`Plan::new`] with the layers' deterministic weights held or streamed as `layers` says.
+    pub fn with_layers(
+        artifact: &Artifact,
+        c: &(impl Shape + ?Sized),
+        weights: &ModelWeights,
+        (budget, layers): (Budget, Layers),
+        context_tokens: usize,
+    ) -> Result<Plan, PlanError> {
+        let s = sizes(artifact, weights, c.experts_per_token());
+        let stream_every = layers == Layers::StreamEvery && !s.layers.is_empty();
+        // Payload sizes are bounded by Artifact::open; the config's counts are not, so the
+        // products saturate (a saturated floor is refused like any other too-large one).
+        let reserve_bytes = FIXED_RESERVE.saturating_add(c.cache_bytes(context_tokens));
+        let experts_per_token = c.experts_per_token();
+        let slot_pool_bytes = s.expert_alloc_max.saturating_mul(experts_per_token as u64);
+        let deterministic_floor = s
+            .resident_all
+            .saturating_add(slot_pool_bytes)
+            .saturating_add(reserve_bytes);
+        let layer_resident: u64 = s.layers.iter().map(|l| l.resident).sum();
+        let base = s.resident_all.saturating_sub(layer_resident);
+        let layer_alloc_max = s.layers.iter().map(|l| l.allocated).max().unwrap_or(0);
+        let streaming_floor = (base + 2 * layer_alloc_max)
+            .saturating_add(slot_pool_bytes)
+            .saturating_add(reserve_bytes);
+        let (floor, floor_resident, floor_pool) =
+            match stream_every || streaming_floor < deterministic_floor {
+                true => (streaming_floor, base, 2 * layer_alloc_max),
+                false => (deterministic_floor, s.resident_all, 0),
+            };
+        let everything = s.total.saturating_add(reserve_bytes);
+        let budget_bytes = match budget {
+            Budget::Bytes(b) => b,
+            Budget::Floor => floor,
+            Budget::Balanced => floor + everything.saturating_sub(floor) / 2,
+            Budget::Generous => everything.max(floor),
+        };
+        if budget_bytes < floor {
+            return Err(PlanError::BelowFloor(Box::new(BelowFloor {
+                budget: budget.to_string(),
+                floor,
+                resident: floor_resident,
+                layer_pool: floor_pool,
+                layer: layer_alloc_max,
+                slot_pool: slot_pool_bytes,
+                experts_per_token,
+                expert: s.expert_alloc_max,
+                reserve: reserve_bytes,
+                context_tokens,
+            })));
+        }
+        let moe_layers = s.expert_layers.len();
+        let mode = match stream_every
+            || budget_bytes < everything && (moe_layers > 0 || budget_bytes < deterministic_floor)
+        {
+            true => Mode::Streamed,
+            false => Mode::Resident,
+        };
+        let mut plan = Plan {
+            mode,
+            budget: budget_bytes,
+            resident_bytes: s.resident_all,
+            routed_bytes: s.routed_bytes,
+            expert_read_bytes: s.expert_read_max,
+            expert_allocated_bytes: s.expert_alloc_max,
+            experts_per_token,
+            moe_layers,
+            slot_pool_bytes,
+            reserve_bytes,
+            context_tokens,
+            floor,
+            floor_resident_bytes: floor_resident,
+            floor_layer_pool_bytes: floor_pool,
+            deterministic_floor,
+            everything,
+            streamed_layers: Vec::new(),
+            layers,
+            layer_count: c.layer_count(),
+            read_ahead: true,
+            reads_in_flight: DEFAULT_READS_IN_FLIGHT,
+            layer_pool_bytes: 0,
+            layer_allocated_bytes: layer_alloc_max,
+            layer_read_per_token: 0,
+            held_layers: Vec::new(),
+            held_bytes: 0,
+            cache_bytes: 0,
+            uncached_read_per_token: 0,
+            guessed_layers: 0,
+        };
+        let mut spare = match (stream_every, budget_bytes >= deterministic_floor) {
+            (false, true) => budget_bytes - deterministic_floor,
+            (false, false) => plan.stream_layers(&s, base, budget_bytes - streaming_floor),
+            // Streamed with nothing spare to hold a layer; what is spare goes to the experts.
+            (true, _) => {
+                plan.stream_layers(&s, base, 0);
+                budget_bytes - streaming_floor
+            }
+        };
+        let holding = mode == Mode::Streamed && plan.streamed_layers.is_empty();
+        for layer in &s.expert_layers {
+            // In layer order, each layer the spare budget still pays for whole is held.
+            if holding && layer.hold <= spare {
+                spare -= layer.hold;
+                plan.held_bytes += layer.hold;
+                plan.held_layers.push(layer.index);
+            } else {
+                plan.uncached_read_per_token += layer.per_token;
+            }
+        }
+        plan.cache_bytes = spare;
+        plan.guess_ahead(GUESSED_LAYERS);
+        Ok(plan)
+    }
+
+    /// Lets a decode step read up to `layers` streamed MoE layers' experts ahead on a guess at
+    /// once (at most [`MAX_GUESSED_LAYERS`]), each in a slot pool of its own taken from the
+    /// cache, as many as the cache holds: a guess holds at most one token's experts of its
+    /// layer, right or wrong, until its layer's router chose. 0 turns guessing off and gives
+    /// the pools back.
+    pub fn guess_ahead(&mut self, layers: usize) {
+        self.cache_bytes += self.guessed_layers as u64 * self.slot_pool_bytes;
+        let streamed = self.mode == Mode::Streamed && self.held_layers.len() < self.moe_layers;
+        let affordable = match self.slot_pool_bytes {
+            0 => 0,
+            pool => (self.cache_bytes / pool) as usize,
+        };
+        self.guessed_layers = match streamed {
+            true => layers.min(MAX_GUESSED_LAYERS).min(affordable),
+            false => 0,
+        };
+        self.cache_bytes -= self.guessed_layers as u64 * self.slot_pool_bytes;
+    }
+
+    /// Below the deterministic floor (or with every layer streamed, `spare` 0): holds, in layer
+    /// order, each layer's deterministic weights that `spare` still pays for and streams the
+    /// others through the layer pool. Returns what is left.
+    fn stream_layers(&mut self, s: &Sizes, base: u64, mut spare: u64) -> u64 {
+        self.resident_bytes = base;
+        self.layer_pool_bytes = 2 * self.layer_allocated_bytes;
+        for (index, layer) in s.layers.iter().enumerate() {
+            if layer.resident <= spare {
+                spare -= layer.resident;
+                self.resident_bytes += layer.resident;
+            } else {
+                self.streamed_layers.push(index);
+                self.layer_read_per_token += layer.read;
+            }
+        }
+        spare
+    }
+
+    /// The expert cache of a streamed run under this plan, for the layers not held. The
+    /// artifact keeps what a step frees (its uncached experts, its streamed layers, the experts
+    /// the cache lets go) for the next read into again: the plan set that much aside for reads
+    /// in flight and for the cache.
+    pub fn start_streaming(&self, artifact: &Artifact) -> ExpertCache {
+        let slot_pools = 1 + self.guessed_layers as u64;
+        artifact.keep_read_buffers(
+            slot_pools * self.slot_pool_bytes + self.layer_pool_bytes + self.cache_bytes,
+        );
+        ExpertCache::new(self.cache_bytes, self.moe_layers - self.held_layers.len())
+    }
+
+    /// The plan in lines, for the run's header.
+    pub fn describe(&self) -> Vec<String> {
+        let pool = match self.floor_layer_pool_bytes {
+            0 => String::new(),
+            p => format!(
+                " + layer buffers {} (2 x {})",
+                human(p),
+                human(self.layer_allocated_bytes)
+            ),
+        };
+        let mut lines = vec![format!(
+            "budget {} ({}): floor {} = resident {}{pool} + slot pool {} ({} x {}) + reserve {}",
+            human(self.budget),
+            match (self.mode, self.streamed_layers.is_empty()) {
+                (Mode::Resident, _) => "fully resident",
+                (Mode::Streamed, true) => "routed experts streamed",
+                (Mode::Streamed, false) => match self.layers {
+                    Layers::StreamEvery => "routed experts and every layer streamed, as asked",
+                    Layers::HoldWhatFits => "routed experts and some layers streamed",
+                },
+            },
+            human(self.floor),
+            human(self.floor_resident_bytes),
+            human(self.slot_pool_bytes),
+            self.experts_per_token,
+            human(self.expert_allocated_bytes),
+            human(self.reserve_bytes),
+        )];
+        if !self.streamed_layers.is_empty() {
+            lines.push(format!(
+                "streamed each step: the attention, router and shared experts of {} of {} layers ({}), {} a token, {}; resident {}",
+                self.streamed_layers.len(),
+                self.layer_count,
+                layer_list(&self.streamed_layers),
+                human(self.layer_read_per_token),
+                match self.read_ahead {
+                    true => "the next layer read while the current one computes",
+                    false => "no read-ahead",
+                },
+                human(self.resident_bytes),
+            ));
+        }
+        if self.mode == Mode::Streamed {
+            if !self.held_layers.is_empty() {
+                lines.push(format!(
+                    "held whole: {} of {} MoE layers ({}), {}, read once at load",
+                    self.held_layers.len(),
+                    self.moe_layers,
+                    layer_list(&self.held_layers),
+                    human(self.held_bytes),
+                ));
+            }
+            lines.push(format!(
+                "streamed: the routed experts of {} MoE layers ({} in all); expert cache {}; without cache hits a token reads {}; {}",
+                self.moe_layers - self.held_layers.len(),
+                human(self.routed_bytes),
+                human(self.cache_bytes),
+                human(self.uncached_read_per_token),
+                match self.guessed_layers {
+                    0 => "no expert read ahead on a guess".to_string(),
+                    1 => format!("each layer's experts read ahead on a guess before its attention, in a slot pool of {} taken from the cache", human(self.slot_pool_bytes)),
+                    n => format!("{n} layers' experts read ahead on a guess at once, in {n} slot pools taken from the cache"),
+                },
+            ));
+        }
+        lines
+    }
+}
+
+/// `3-5, 9` for layers 3, 4, 5 and 9.
+fn layer_list(layers: &[usize]) -> String {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for &layer in layers {
+        match runs.last_mut() {
+            Some((_, end)) if *end + 1 == layer => *end = layer,
+            _ => runs.push((layer, layer)),
+        }
+    }
+    let shown: Vec<String> = runs
+        .iter()
+        .map(|&(a, b)| match a == b {
+            true => a.to_string(),
+            false => format!("{a}-{b}"),
+        })
+        .collect();
+    format!(
+        "layer{} {}",
+        if layers.len() == 1 { "" } else { "s" },
+        shown.join(", ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::layer_list;
+
+    #[test]
+    fn held_layers_are_listed_as_runs() {
+        assert_eq!(layer_list(&[3]), "layer 3");
+        assert_eq!(layer_list(&[1, 2, 3, 7]), "layers 1-3, 7");
+        assert_eq!(layer_list(&[1, 3]), "layers 1, 3");
+    }
+}

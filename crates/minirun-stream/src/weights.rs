@@ -1,0 +1,325 @@
+//! The weights handle: how a model asks for its tensors, by name, once. Where the bytes come
+//! from is the handle's business, decided by the plan: the artifact's resident bytes, a streamed
+//! layer's bytes read for this step, or nothing at all (a dry build, which records what the
+//! model asked for). Routed experts are held or read on demand as the plan says.
+//!
+//! A model's builder is one function per layer run against a handle; the planner learns each
+//! layer's deterministic matrices and routed experts by running that same builder dry
+//! ([`ModelWeights::record`]), so there is no second, hand-written list to drift from it.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use crate::artifact::{Artifact, ArtifactError, Stack, StackLayout};
+use crate::expert_stream::ExpertStream;
+use crate::experts::{ExpertNames, ExpertParts, Projections, routed_experts};
+use crate::layer_stream::LoadedLayer;
+use crate::model_weights::{LayerWeights, ModelWeights};
+use crate::plan::{Mode, Plan};
+use minirun_kernels::QMatrix;
+
+/// Where a handle's matrices come from.
+#[derive(Clone, Copy)]
+enum Matrices<'w> {
+    /// Read now and held for the run.
+    Resident,
+    /// A streamed layer's, read for this step.
+    Streamed(&'w LoadedLayer),
+    /// Nothing read: the layouts are recorded, the matrices are zeros of the right size.
+    Recording(&'w Recorder),
+}
+
+/// A model's request for its tensors, at a prefix (`model.layers.3`), for one layer or for the
+/// weights outside the layers.
+#[derive(Clone)]
+pub struct Weights<'w> {
+    artifact: &'w Artifact,
+    matrices: Matrices<'w>,
+    layer: Option<usize>,
+    prefix: String,
+    experts: Option<Arc<ExpertStream<'w>>>,
+}
+
+impl<'w> Weights<'w> {
+    /// Every weight read now and held.
+    pub fn resident(
+        artifact: &'w Artifact,
+        layer: Option<usize>,
+        experts: Option<Arc<ExpertStream<'w>>>,
+    ) -> Weights<'w> {
+        Weights {
+            artifact,
+            matrices: Matrices::Resident,
+            layer,
+            prefix: String::new(),
+            experts,
+        }
+    }
+
+    /// Layer `layer`'s deterministic matrices from `loaded` (read for this step).
+    pub fn streamed(
+        artifact: &'w Artifact,
+        loaded: &'w LoadedLayer,
+        layer: usize,
+        experts: Option<Arc<ExpertStream<'w>>>,
+    ) -> Weights<'w> {
+        Weights {
+            artifact,
+            matrices: Matrices::Streamed(loaded),
+            layer: Some(layer),
+            prefix: String::new(),
+            experts,
+        }
+    }
+
+    fn recording(artifact: &'w Artifact, recorder: &'w Recorder, layer: usize) -> Weights<'w> {
+        Weights {
+            artifact,
+            matrices: Matrices::Recording(recorder),
+            layer: Some(layer),
+            prefix: String::new(),
+            experts: None,
+        }
+    }
+
+    /// The same handle, its names under `prefix` (joined with a dot).
+    pub fn at(&self, prefix: &str) -> Weights<'w> {
+        Weights {
+            prefix: self.name(prefix),
+            ..self.clone()
+        }
+    }
+
+    /// `name` under this handle's prefix.
+    pub fn name(&self, name: &str) -> String {
+        match self.prefix.is_empty() {
+            true => name.to_string(),
+            false => format!("{}.{name}", self.prefix),
+        }
+    }
+
+    /// Whether the artifact stores tensor `name` (metadata only).
+    pub fn has(&self, name: &str) -> bool {
+        self.artifact.has(&self.name(name))
+    }
+
+    /// Whether the artifact stores a matrix for module `module` under this prefix.
+    pub fn has_matrix(&self, module: &str) -> bool {
+        self.artifact.has_matrix(&self.name(module))
+    }
+
+    /// The stack of matrices of module `module` (`{module}.weight` with its scales), `[..,
+    /// rows, cols]`.
+    pub fn stack(
+        &self,
+        module: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Stack<'w>, ArtifactError> {
+        let module = self.name(module);
+        match self.matrices {
+            Matrices::Resident => self.artifact.matrix(&module, rows, cols),
+            Matrices::Streamed(loaded) => loaded.stack(&module, rows, cols),
+            Matrices::Recording(recorder) => {
+                let layout = self.artifact.stack_layout(&module, rows, cols)?;
+                recorder.matrix(self.artifact, layout)
+            }
+        }
+    }
+
+    /// The one matrix of module `module`, `[rows, cols]`.
+    pub fn matrix(
+        &self,
+        module: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<QMatrix<'w>, ArtifactError> {
+        self.stack(module, rows, cols)?
+            .single(&format!("{}.weight", self.name(module)))
+    }
+
+    /// A float tensor (a norm's weights, a bias) of `len` elements, as f32. Always resident:
+    /// a dry build checks it without reading it (and computes from zeros).
+    pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ArtifactError> {
+        let name = self.name(name);
+        match self.matrices {
+            Matrices::Recording(_) => {
+                self.artifact.check_vector(&name, len)?;
+                Ok(vec![0.0; len])
+            }
+            _ => self.artifact.vector(&name, len),
+        }
+    }
+
+    /// A plain integer tensor of `len` elements, widened to i64.
+    pub fn integers(&self, name: &str, len: usize) -> Result<Vec<i64>, ArtifactError> {
+        self.artifact.integers(&self.name(name), len)
+    }
+
+    /// Where the `n` routed experts of this layer under `module` (its `mlp`) come from, gate
+    /// and up `[inner, hidden]`, down `[hidden, inner]`, stacked (`switch_mlp.*`) or per expert
+    /// (`experts.E.{names}`): held when the plan holds this layer's experts, else read when the
+    /// router picks them; a dry build records where they are stored. All three find them with
+    /// [`routed_experts`], so what is held is what a streamed run would read.
+    pub fn routed_experts(
+        &self,
+        module: &str,
+        names: ExpertNames,
+        sizes: (usize, usize, usize),
+    ) -> Result<ExpertsFrom<'w>, ArtifactError> {
+        let module = self.name(module);
+        let layer = self.layer.ok_or_else(|| ArtifactError::Tensor {
+            name: module.clone(),
+            reason: "routed experts outside a layer".into(),
+        })?;
+        if let Matrices::Recording(recorder) = self.matrices {
+            let parts = routed_experts(self.artifact, &module, sizes, names)?;
+            recorder.experts.replace(Some(parts));
+            return Ok(ExpertsFrom::Recorded);
+        }
+        if let Some(stream) = &self.experts
+            && let Some(Some(_)) = stream.map.get(layer)
+        {
+            return Ok(ExpertsFrom::Storage {
+                layer,
+                stream: Arc::clone(stream),
+            });
+        }
+        let held = routed_experts(self.artifact, &module, sizes, names)?
+            .iter()
+            .map(|e| e.try_map(|part| self.artifact.resident_part(part)))
+            .collect::<Result<_, ArtifactError>>()?;
+        Ok(ExpertsFrom::Held(held))
+    }
+}
+
+/// Where a layer's routed experts come from.
+pub enum ExpertsFrom<'w> {
+    /// Held for the run: each expert's projections, read now.
+    Held(Vec<Projections<QMatrix<'w>>>),
+    /// Read from storage when the router picks them.
+    Storage {
+        layer: usize,
+        stream: Arc<ExpertStream<'w>>,
+    },
+    /// A dry build's: recorded, never read.
+    Recorded,
+}
+
+/// What a dry build of one layer asked for: its deterministic matrices, in the order it asked
+/// for them, and its routed experts.
+struct Recorder {
+    /// The zeros each matrix is built over, one buffer per matrix (untouched allocations: the
+    /// kernel's checks read them, nothing computes with them).
+    zeros: typed_arena::Arena<Vec<u8>>,
+    matrices: RefCell<Vec<StackLayout>>,
+    experts: RefCell<Option<Vec<ExpertParts>>>,
+}
+
+impl Recorder {
+    fn matrix<'r>(
+        &'r self,
+        artifact: &Artifact,
+        layout: StackLayout,
+    ) -> Result<Stack<'r>, ArtifactError> {
+        let longest = layout
+            .parts
+            .iter()
+            .flat_map(|p| p.byte_lengths())
+            .max()
+            .unwrap_or(0);
+        let zeros = self.zeros.alloc(vec![0u8; longest]);
+        let stack = artifact.unread_stack(&layout, zeros)?;
+        let mut matrices = self.matrices.borrow_mut();
+        if !matrices.iter().any(|m| m.name == layout.name) {
+            matrices.push(layout);
+        }
+        Ok(stack)
+    }
+}
+
+impl ModelWeights {
+    /// Runs `build` for each of `layers` layers against a handle that reads nothing.
+    pub fn record(
+        artifact: &Artifact,
+        layers: usize,
+        mut build: impl for<'r> FnMut(&Weights<'r>, usize) -> Result<(), ArtifactError>,
+    ) -> Result<ModelWeights, ArtifactError> {
+        let layers = (0..layers)
+            .map(|i| {
+                let recorder = Recorder {
+                    zeros: typed_arena::Arena::new(),
+                    matrices: RefCell::new(Vec::new()),
+                    experts: RefCell::new(None),
+                };
+                build(&Weights::recording(artifact, &recorder, i), i)?;
+                Ok(LayerWeights {
+                    matrices: recorder.matrices.into_inner(),
+                    experts: recorder.experts.into_inner(),
+                })
+            })
+            .collect::<Result<_, ArtifactError>>()?;
+        Ok(ModelWeights { layers })
+    }
+}
+
+/// How a model holds its weights, as a plan says: which layers stream their deterministic
+/// matrices (with read-ahead or not), and the routed experts it reads on demand.
+pub struct Placement<'a> {
+    /// Per layer, the matrices read for each step; `None` for a layer held for the run.
+    pub streamed_layers: Vec<Option<Vec<StackLayout>>>,
+    pub read_ahead: bool,
+    /// Reads in flight at once, for a streamed layer's parts as for routed experts.
+    pub reads_in_flight: usize,
+    pub experts: Option<Arc<ExpertStream<'a>>>,
+}
+
+impl<'a> Placement<'a> {
+    /// Every weight held.
+    pub fn resident(layers: usize) -> Placement<'a> {
+        Placement {
+            streamed_layers: vec![None; layers],
+            read_ahead: true,
+            reads_in_flight: 1,
+            experts: None,
+        }
+    }
+
+    /// The placement `plan` decides: the one place a plan is read. The routed experts of
+    /// `plan.held_layers` are read at load and held, the others' streamed through a cache of
+    /// `plan.cache_bytes`; the deterministic matrices of `plan.streamed_layers` are read for
+    /// each step.
+    pub fn of(artifact: &'a Artifact, plan: &Plan, weights: &ModelWeights) -> Placement<'a> {
+        let layers = weights.layers.len();
+        if plan.mode == Mode::Resident {
+            return Placement::resident(layers);
+        }
+        let mut map = weights.expert_map();
+        for &layer in &plan.held_layers {
+            if let Some(entry) = map.get_mut(layer) {
+                *entry = None;
+            }
+        }
+        let streamed_layers = (0..layers)
+            .map(|i| {
+                plan.streamed_layers
+                    .contains(&i)
+                    .then(|| weights.matrices(i).to_vec())
+            })
+            .collect();
+        Placement {
+            streamed_layers,
+            read_ahead: plan.read_ahead,
+            reads_in_flight: plan.reads_in_flight,
+            experts: Some(Arc::new(ExpertStream {
+                artifact,
+                cache: plan.start_streaming(artifact),
+                reads_in_flight: plan.reads_in_flight,
+                slots: plan.experts_per_token,
+                map,
+                guessed_layers: plan.guessed_layers,
+                guessing: Default::default(),
+            })),
+        }
+    }
+}
