@@ -22,6 +22,8 @@ use minirun_runtime::models::deepseek_v3::DeepSeekV3Config;
 use minirun_runtime::models::deepseek_v4::config::DeepSeekV4Config;
 use minirun_runtime::models::gpt_oss::config::GptOssConfig;
 use minirun_runtime::models::kimi_k3::config::KimiK3Config;
+use minirun_runtime::models::llama::LlamaConfig;
+use minirun_runtime::models::qwen3;
 use minirun_runtime::models::qwen3_moe::config::Qwen3MoeConfig;
 use minirun_sign::Statement;
 use minirun_text::tiktoken::KimiText;
@@ -36,6 +38,7 @@ pub const TARGETS: &[(&str, Property)] = &[
     ("allowed_signers", allowed_signers),
     ("deepseek_config", deepseek_config),
     ("deepseek_v4_config", deepseek_v4_config),
+    ("dense_config", dense_config),
     ("dmexp_decode", dmexp_decode),
     ("gpt_oss_config", gpt_oss_config),
     ("hf_tree_page", hf_tree_page),
@@ -266,6 +269,22 @@ pub fn qwen3_moe_config(data: &[u8]) {
         assert!(c.head_dim % 2 == 0);
         assert!(c.num_experts_per_tok <= c.num_experts);
         assert!(c.mlp_only_layers.iter().all(|&l| l < c.num_hidden_layers));
+    }
+}
+
+/// Any bytes as a Llama or dense Qwen3 `config.json`: parsing returns a config or a refusal,
+/// never panics, and an accepted config is one the model can be built from.
+pub fn dense_config(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let parsed = [LlamaConfig::parse(text), qwen3::config::parse(text)];
+    for c in parsed.into_iter().flatten() {
+        assert!(c.num_attention_heads % c.num_key_value_heads == 0);
+        assert!(c.head_dim > 0 && c.head_dim % 2 == 0);
+        if let Some(rule) = &c.rope_scaling {
+            assert!(rule.factor > 0.0 && rule.high_freq_factor > rule.low_freq_factor);
+        }
     }
 }
 

@@ -22,6 +22,8 @@ pub static ARCHITECTURES: &[&ArchitectureRow] = &[
     &models::deepseek_v4::ROW,
     &models::gpt_oss::ROW,
     &models::kimi_k3::ROW,
+    &models::llama::ROW,
+    &models::qwen3::ROW,
     &models::qwen3_moe::ROW,
 ];
 

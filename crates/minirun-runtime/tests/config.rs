@@ -183,6 +183,8 @@ fn every_architecture_accepts_the_keys_transformers_writes_and_refuses_an_unknow
         "deepseek-v4/tiny-fp8-fp4/config.json",
         "gpt-oss/openai-mxfp4/config.json",
         "kimi-k3/mlx-k3mix/config.json",
+        "llama/hf-bf16/config.json",
+        "qwen3/hf-bf16/config.json",
         "qwen3-moe/hf-bf16/config.json",
     ];
     let mut covered = Vec::new();

@@ -6,7 +6,7 @@
 //! bits and the step reads exactly the plan's bytes (`common::assert_streams_as_planned`);
 //! experts read ahead on a guess keep the bits (`common::assert_guesses_keep_the_bits`); a budget
 //! a byte below the floor is refused. (DeepSeek-V3's own streaming tests, at every budget, are in
-//! `tests/streaming.rs`.)
+//! `tests/streaming.rs`; the dense models' in `tests/llama_oracle.rs`.)
 
 mod common;
 

@@ -1,7 +1,8 @@
 //! The blocks the architectures share, each fixing its operations and their order so that a
 //! model built from them gives the same bits at any batch size and whether its weights were
 //! held or read just now: the pre-norm layer and the model's ends, the token embedding, products counted in a step's figures, norms, the gated MLP, routed
-//! mixture of experts, multi-head latent attention, grouped-query attention, and rotary
+//! mixture of experts, multi-head latent attention, grouped-query attention (over a plain cache, and
+//! with its projections, norms and rotation as Llama and Qwen3 compute it), and rotary
 //! position embedding.
 
 pub mod embedding;
@@ -13,4 +14,5 @@ pub mod norm;
 pub mod pre_norm;
 pub mod products;
 pub mod rope;
+pub mod rotary_gqa;
 pub mod shared_rows;

@@ -1,9 +1,21 @@
 //! Rotary position embedding. DeepSeek-V3 rotates interleaved pairs `(x[2i], x[2i+1])`
 //! ("traditional" in mlx), optionally with YaRN frequency scaling; Qwen3 and gpt-oss rotate the
-//! two halves against each other, `(x[i], x[i + d/2])`, gpt-oss with YaRN. Frequencies are computed in f32 following mlx-lm's
-//! `YarnRoPE` step by step; angles in f64, rounded once to f32.
+//! two halves against each other, `(x[i], x[i + d/2])`, gpt-oss with YaRN, Llama 3.1 with its
+//! own frequency rule ([`Llama3Scaling`]). Frequencies are computed in f32 following mlx-lm's
+//! `YarnRoPE` and `Llama3RoPE` step by step; angles in f64, rounded once to f32.
 
 use crate::engine::config::Yarn;
+
+/// Llama 3.1's RoPE frequency rule (`rope_scaling.rope_type: "llama3"`): wavelengths longer
+/// than the original context over `low_freq_factor` are stretched by `factor`, those shorter
+/// than it over `high_freq_factor` kept, and those between interpolated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Llama3Scaling {
+    pub factor: f64,
+    pub low_freq_factor: f64,
+    pub high_freq_factor: f64,
+    pub original_max_position_embeddings: f64,
+}
 
 pub struct Rope {
     /// Per pair: the wavelength divisor (mlx's `freqs`); angle = position / freq.
@@ -86,6 +98,38 @@ impl Rope {
         }
     }
 
+    /// RoPE over the two halves of `dims` with Llama 3.1's frequencies, in f32 step by step as
+    /// mlx-lm's `Llama3RoPE` computes them (its comparisons strict, so a wavelength exactly on
+    /// an edge is not interpolated).
+    pub fn llama3(dims: usize, base: f64, rule: &Llama3Scaling) -> Rope {
+        let old = rule.original_max_position_embeddings;
+        let low_wavelen = (old / rule.low_freq_factor) as f32;
+        let high_wavelen = (old / rule.high_freq_factor) as f32;
+        let (factor, low) = (rule.factor as f32, rule.low_freq_factor as f32);
+        let spread = (rule.high_freq_factor - rule.low_freq_factor) as f32;
+        let two_pi = (2.0 * std::f64::consts::PI) as f32;
+        let freqs = Rope::halves(dims, base, None)
+            .freqs
+            .into_iter()
+            .map(|f| {
+                let wavelen = two_pi * f;
+                if wavelen > low_wavelen {
+                    return f * factor;
+                }
+                if wavelen <= high_wavelen || wavelen >= low_wavelen {
+                    return f;
+                }
+                let smooth = (old as f32 / wavelen - low) / spread;
+                f / ((1.0 - smooth) / factor + smooth)
+            })
+            .collect();
+        Rope {
+            freqs,
+            halves: true,
+            mscale: 1.0,
+        }
+    }
+
     /// The rotary dims this rotation covers.
     pub fn dims(&self) -> usize {
         2 * self.freqs.len()
@@ -133,4 +177,43 @@ pub fn attention_scale(q_head_dim: usize, yarn: Option<&Yarn>) -> f32 {
         scale *= s * s;
     }
     scale as f32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// mlx-lm's `Llama3RoPE._freqs` for the Llama fixture's rule (head dim 32, theta 500000,
+    /// factor 8, low 1, high 4, original context 128), as the fixture generator recorded them:
+    /// two pairs kept, two interpolated, twelve stretched.
+    #[test]
+    fn llama3_frequencies_are_mlx_lms_bit_for_bit() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/llama/hf-bf16/oracle.json"
+        );
+        let oracle: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        let expected: Vec<f32> = oracle["rope_freqs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap() as f32)
+            .collect();
+        let rule = Llama3Scaling {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 128.0,
+        };
+        let rope = Rope::llama3(32, 500_000.0, &rule);
+        let bits = |f: &[f32]| f.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&rope.freqs), bits(&expected));
+        let plain = Rope::halves(32, 500_000.0, None);
+        let changed = (0..16).filter(|&i| plain.freqs[i] != rope.freqs[i]).count();
+        assert_eq!(
+            changed, 14,
+            "the rule must change the fixture's frequencies"
+        );
+    }
 }

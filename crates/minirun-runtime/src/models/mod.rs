@@ -6,4 +6,6 @@ pub mod deepseek_v3;
 pub mod deepseek_v4;
 pub mod gpt_oss;
 pub mod kimi_k3;
+pub mod llama;
+pub mod qwen3;
 pub mod qwen3_moe;

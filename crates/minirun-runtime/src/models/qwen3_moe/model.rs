@@ -6,13 +6,13 @@
 //! Both stored layouts run: MLX (stacked `switch_mlp` experts, as mlx-community publishes them)
 //! and Hugging Face (per-expert `mlp.experts.E.*`).
 
-use crate::blocks::grouped_attention::{GroupedDims, KvCache, attend_head};
+use crate::blocks::grouped_attention::{GroupedDims, KvCache};
 use crate::blocks::mlp::{Activation, Mlp};
 use crate::blocks::moe::{RoutedExperts, routed_sum, softmax_top_k};
-use crate::blocks::norm::rms_norm;
 use crate::blocks::pre_norm::{Ends, FeedForward, PreNormLayer, pre_norm_layered};
 use crate::blocks::products::apply_batch;
 use crate::blocks::rope::Rope;
+use crate::blocks::rotary_gqa::{RotaryGqa, RotaryGqaShape};
 use crate::engine::config::{ModelConfig, limits_from_fields};
 use crate::engine::decode_policy::{Rows, SequenceCache};
 use crate::engine::layered_model::{Layered, LayeredModel};
@@ -24,22 +24,13 @@ use minirun_stream::plan::Shape;
 use minirun_stream::step::{ModelError, StepStats};
 use minirun_stream::weights::Weights;
 
-pub struct Attention<'a> {
-    q: QMatrix<'a>,
-    k: QMatrix<'a>,
-    v: QMatrix<'a>,
-    o: QMatrix<'a>,
-    q_norm: Vec<f32>,
-    k_norm: Vec<f32>,
-}
-
 pub struct SparseMoe<'a> {
     router: QMatrix<'a>,
     experts: RoutedExperts<'a>,
 }
 
 /// One layer's weights.
-pub type Layer<'a> = PreNormLayer<'a, Attention<'a>, SparseMoe<'a>>;
+pub type Layer<'a> = PreNormLayer<'a, RotaryGqa<'a>, SparseMoe<'a>>;
 
 /// The weights outside the layers, and what every layer's pass needs beside its own.
 pub struct Qwen3MoeModel<'a> {
@@ -61,19 +52,6 @@ fn dims(c: &Qwen3MoeConfig) -> GroupedDims {
         kv_heads: c.num_key_value_heads,
         head_dim: c.head_dim,
     }
-}
-
-fn attention<'w>(w: &Weights<'w>, c: &Qwen3MoeConfig) -> Result<Attention<'w>, ArtifactError> {
-    let (hidden, dim) = (c.hidden_size, c.head_dim);
-    let (q_rows, kv_rows) = (c.num_attention_heads * dim, c.num_key_value_heads * dim);
-    Ok(Attention {
-        q: w.matrix("q_proj", q_rows, hidden)?,
-        k: w.matrix("k_proj", kv_rows, hidden)?,
-        v: w.matrix("v_proj", kv_rows, hidden)?,
-        o: w.matrix("o_proj", hidden, q_rows)?,
-        q_norm: w.vector("q_norm.weight", dim)?,
-        k_norm: w.vector("k_norm.weight", dim)?,
-    })
 }
 
 fn layer<'w>(w: &Weights<'w>, c: &Qwen3MoeConfig, i: usize) -> Result<Layer<'w>, ArtifactError> {
@@ -98,7 +76,8 @@ fn layer<'w>(w: &Weights<'w>, c: &Qwen3MoeConfig, i: usize) -> Result<Layer<'w>,
             Activation::Silu,
         )?),
     };
-    PreNormLayer::new(&w, hidden, || attention(&w.at("self_attn"), c), ffn)
+    let attention = || RotaryGqa::new(&w.at("self_attn"), hidden, dims(c), true);
+    PreNormLayer::new(&w, hidden, attention, ffn)
 }
 
 impl SparseMoe<'_> {
@@ -186,63 +165,22 @@ impl<'a> Layered<'a> for Qwen3MoeModel<'a> {
 }
 
 impl Qwen3MoeModel<'_> {
-    /// Each head's slice of `x` normed by `weight` and rotated for `position`.
-    fn heads_normed_rotated(&self, x: &[f32], weight: &[f32], position: usize) -> Vec<f32> {
-        let dim = self.config.head_dim;
-        let mut out = Vec::with_capacity(x.len());
-        for head in x.chunks_exact(dim) {
-            let mut head = rms_norm(head, weight, self.config.rms_norm_eps);
-            self.rope.apply(&mut head, position);
-            out.extend_from_slice(&head);
-        }
-        out
-    }
-
-    /// Attention for a batch of rows: every row's keys and values go into its cache first, then
-    /// each row's heads attend to its cache up to its own position.
     fn attend(
         &self,
-        a: &Attention,
+        a: &RotaryGqa,
         xs: &[Vec<f32>],
         layer: usize,
         rows: &Rows,
         caches: &mut [&mut Cache],
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        let qs = apply_batch(&a.q, xs, stats)?;
-        let ks = apply_batch(&a.k, xs, stats)?;
-        let vs = apply_batch(&a.v, xs, stats)?;
-        for (t, (k, v)) in ks.iter().zip(&vs).enumerate() {
-            let k = self.heads_normed_rotated(k, &a.k_norm, rows.position[t]);
-            caches[rows.cache[t]].layers[layer].push(&k, v);
-        }
-        let mixed = self.mix_all_heads(a, &qs, layer, rows, caches);
-        Ok(apply_batch(&a.o, &mixed, stats)?)
-    }
-
-    /// Every row's heads, each row on whichever worker takes it: rows are independent, so each
-    /// has the bits it has alone.
-    fn mix_all_heads(
-        &self,
-        a: &Attention,
-        qs: &[Vec<f32>],
-        layer: usize,
-        rows: &Rows,
-        caches: &[&mut Cache],
-    ) -> Vec<Vec<f32>> {
-        use rayon::prelude::*;
-        let d = dims(&self.config);
-        qs.par_iter()
-            .enumerate()
-            .map(|(t, q)| {
-                let position = rows.position[t];
-                let cache = &caches[rows.cache[t]].layers[layer];
-                let q = self.heads_normed_rotated(q, &a.q_norm, position);
-                q.chunks_exact(d.head_dim)
-                    .enumerate()
-                    .flat_map(|(h, q)| attend_head(q, h, cache, position + 1, d, self.scale))
-                    .collect()
-            })
-            .collect()
+        let c = &self.config;
+        let shape = RotaryGqaShape {
+            dims: dims(c),
+            rope: &self.rope,
+            eps: c.rms_norm_eps,
+            scale: self.scale,
+        };
+        a.attend(shape, xs, (layer, rows), caches, stats)
     }
 }
