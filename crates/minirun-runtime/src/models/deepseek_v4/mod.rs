@@ -2,6 +2,7 @@
 //! sqrt-softplus routing, clamped SwiGLU; DeepSeek's FP8/FP4 storage.
 
 pub mod config;
+mod hyper_connections;
 pub mod model;
 pub mod published_layout;
 

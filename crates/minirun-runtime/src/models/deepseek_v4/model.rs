@@ -26,13 +26,14 @@
 use crate::blocks::embedding::embed_tokens;
 use crate::blocks::mlp::{Activation, Mlp};
 use crate::blocks::moe::{RoutedExperts, run_routed, weighted_sum};
-use crate::blocks::norm::{rms_norm, sigmoid};
+use crate::blocks::norm::rms_norm;
 use crate::blocks::products::{add_rows, apply_batch, top_k};
 use crate::blocks::rope::Rope;
 use crate::engine::config::{ModelConfig, limits_from_fields};
 use crate::engine::decode_policy::{LayerState, Place, SequenceCache};
 use crate::engine::layered_model::{Layered, LayeredModel};
 use crate::models::deepseek_v4::config::{Attention, DeepSeekV4Config};
+use crate::models::deepseek_v4::hyper_connections::{HyperConnection, Mixing, head_collapse};
 use minirun_kernels::{KernelError, QMatrix};
 use minirun_stream::artifact::ArtifactError;
 use minirun_stream::experts::W1_W3_W2;
@@ -42,13 +43,6 @@ use minirun_stream::weights::Weights;
 
 /// Added to the chosen experts' weight sum before dividing (transformers' router).
 const RENORMALIZE_EPS: f32 = 1e-20;
-
-/// A hyper-connection's parameters: `fn` `[(2 + n) n, n hidden]`, `base`, and the three scales.
-struct HyperConnection {
-    weights: Vec<f32>,
-    base: Vec<f32>,
-    scale: [f32; 3],
-}
 
 /// A compressor: projections of each token to its window's values and gates, the gates' bias
 /// per position in the window, and the norm of a pooled entry.
@@ -741,7 +735,7 @@ fn softplus(x: f32) -> f32 {
 }
 
 /// `x · rsqrt(mean(x²) + eps)` in place (no weight).
-fn unweighted_norm(x: &mut [f32], eps: f32) {
+pub(super) fn unweighted_norm(x: &mut [f32], eps: f32) {
     let mean = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
     let inv = 1.0 / (mean + eps).sqrt();
     x.iter_mut().for_each(|v| *v *= inv);
@@ -851,105 +845,6 @@ fn attend(q: &[f32], keys: &[f32], sinks: &[f32], heads: usize, dim: usize) -> V
         }
     }
     out
-}
-
-/// A hyper-connection's weights for one position: the collapsed input, and how to spread the
-/// sub-block's output back over the streams and mix them.
-struct Mixing {
-    collapsed: Vec<f32>,
-    post: Vec<f32>,
-    /// `comb[j][k]`: stream j's share in new stream k.
-    comb: Vec<f32>,
-}
-
-/// `x · rsqrt(mean(x²) + eps)` of the flattened streams, then `weights · that`.
-fn stream_mixes(x: &[f32], weights: &[f32], eps: f32) -> Vec<f32> {
-    let mut normed = x.to_vec();
-    unweighted_norm(&mut normed, eps);
-    weights
-        .chunks_exact(x.len())
-        .map(|row| row.iter().zip(&normed).map(|(w, v)| w * v).sum())
-        .collect()
-}
-
-impl Mixing {
-    fn of(hc: &HyperConnection, streams: &[f32], c: &DeepSeekV4Config) -> Mixing {
-        let (n, hidden, eps) = (c.hc_mult, c.hidden_size, c.hc_eps);
-        let mixes = stream_mixes(streams, &hc.weights, c.rms_norm_eps);
-        let pre: Vec<f32> = (0..n)
-            .map(|j| sigmoid(mixes[j] * hc.scale[0] + hc.base[j]) + eps)
-            .collect();
-        let post: Vec<f32> = (0..n)
-            .map(|j| 2.0 * sigmoid(mixes[n + j] * hc.scale[1] + hc.base[n + j]))
-            .collect();
-        let mut comb: Vec<f32> = (0..n * n)
-            .map(|i| mixes[2 * n + i] * hc.scale[2] + hc.base[2 * n + i])
-            .collect();
-        for row in comb.chunks_exact_mut(n) {
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            row.iter_mut().for_each(|v| *v = (*v - max).exp());
-            let total: f32 = row.iter().sum();
-            row.iter_mut().for_each(|v| *v = *v / total + eps);
-        }
-        let normalize_columns = |comb: &mut [f32]| {
-            for k in 0..n {
-                let total: f32 = (0..n).map(|j| comb[j * n + k]).sum::<f32>() + eps;
-                (0..n).for_each(|j| comb[j * n + k] /= total);
-            }
-        };
-        normalize_columns(&mut comb);
-        for _ in 1..c.hc_sinkhorn_iters {
-            for row in comb.chunks_exact_mut(n) {
-                let total: f32 = row.iter().sum::<f32>() + eps;
-                row.iter_mut().for_each(|v| *v /= total);
-            }
-            normalize_columns(&mut comb);
-        }
-        let mut collapsed = vec![0f32; hidden];
-        for (x, &p) in streams.chunks_exact(hidden).zip(&pre) {
-            collapsed.iter_mut().zip(x).for_each(|(c, v)| *c += p * v);
-        }
-        Mixing {
-            collapsed,
-            post,
-            comb,
-        }
-    }
-
-    /// New streams: `post[k] · out + Σ_j comb[j][k] · streams[j]`.
-    fn expand(&self, streams: &[f32], out: &[f32]) -> Vec<f32> {
-        let n = self.post.len();
-        let hidden = out.len();
-        let mut next = vec![0f32; n * hidden];
-        for (k, y) in next.chunks_exact_mut(hidden).enumerate() {
-            y.iter_mut()
-                .zip(out)
-                .for_each(|(y, o)| *y = self.post[k] * o);
-            for (j, x) in streams.chunks_exact(hidden).enumerate() {
-                let w = self.comb[j * n + k];
-                y.iter_mut().zip(x).for_each(|(y, v)| *y += w * v);
-            }
-        }
-        next
-    }
-}
-
-/// `hc_head`: the streams collapsed by `sigmoid(mixes · scale + base) + eps`.
-fn head_collapse(
-    streams: &[f32],
-    weights: &[f32],
-    base: &[f32],
-    scale: f32,
-    c: &DeepSeekV4Config,
-) -> Vec<f32> {
-    let hidden = c.hidden_size;
-    let mixes = stream_mixes(streams, weights, c.rms_norm_eps);
-    let mut h = vec![0f32; hidden];
-    for ((x, m), b) in streams.chunks_exact(hidden).zip(&mixes).zip(base) {
-        let p = sigmoid(m * scale + b) + c.hc_eps;
-        h.iter_mut().zip(x).for_each(|(h, v)| *h += p * v);
-    }
-    h
 }
 
 impl LayerState for LayerCache {

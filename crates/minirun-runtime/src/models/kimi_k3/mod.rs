@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod model;
+mod naming;
 pub mod published_layout;
 
 pub use config::KimiK3Config;
