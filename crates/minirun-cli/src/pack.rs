@@ -6,7 +6,9 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use indicatif::{ProgressBar, ProgressStyle};
+use minirun_format::artifact::{LAYOUTS, Layout};
 use minirun_pack::{CheckError, PackOptions};
 use serde_json::json;
 
@@ -32,7 +34,7 @@ pub struct PackArgs {
     /// other tensor F32 or BF16, under the upstream tensor names or mlx-lm's; or the published
     /// DeepSeek V4 layout (docs/formats/v4-published.md) from a checkpoint in DeepSeek's own
     /// storage (needs --source-repo and --source-revision, which every manifest names).
-    #[arg(long, value_enum, default_value_t = Layout::Minirun)]
+    #[arg(long, value_name = "LAYOUT", default_value = "minirun", value_parser = layout_names())]
     pub layout: Layout,
     /// Sign the artifact once packed, as `minirun sign --key KEYFILE` does (minirun's own
     /// layout only: the published layouts' manifests record no payload digests to sign).
@@ -45,11 +47,11 @@ pub struct PackArgs {
     pub threads: crate::threads::Threads,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Layout {
-    Minirun,
-    KimiK3Published,
-    DeepseekV4Published,
+/// The layouts by the names `minirun_format`'s table gives them.
+fn layout_names() -> impl TypedValueParser<Value = Layout> {
+    let names = LAYOUTS.iter().map(|row| row.name);
+    PossibleValuesParser::new(names)
+        .try_map(|name: String| Layout::from_name(&name).ok_or(format!("no layout {name}")))
 }
 
 #[derive(Args)]
@@ -80,15 +82,15 @@ fn bytes_bar(source: &std::path::Path) -> ProgressBar {
 }
 
 pub fn pack(args: &PackArgs) -> Result<ExitCode> {
-    if args.sign.is_some() && args.layout != Layout::Minirun {
+    if args.sign.is_some() && args.layout != Layout::Own {
         anyhow::bail!(
             "--sign signs minirun's own layout only: the published layouts' manifests record no payload digests for a statement to cover"
         );
     }
     match args.layout {
-        Layout::KimiK3Published => return pack_k3_published(args),
-        Layout::DeepseekV4Published => return pack_v4_published(args),
-        Layout::Minirun => {}
+        Layout::K3Published => return pack_k3_published(args),
+        Layout::V4Published => return pack_v4_published(args),
+        Layout::Own => {}
     }
     let opts = provenance(args);
     let bar = bytes_bar(&args.source);
@@ -211,7 +213,7 @@ fn pack_k3_published(args: &PackArgs) -> Result<ExitCode> {
     report(
         args,
         Report {
-            layout: "kimi-k3-published",
+            layout: Layout::K3Published.name(),
             seconds,
             summary: &summary,
             lines,
@@ -254,7 +256,7 @@ fn pack_v4_published(args: &PackArgs) -> Result<ExitCode> {
     report(
         args,
         Report {
-            layout: "deepseek-v4-published",
+            layout: Layout::V4Published.name(),
             seconds,
             summary: &summary,
             lines,

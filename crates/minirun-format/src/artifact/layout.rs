@@ -2,10 +2,12 @@
 //! are recognised, so the runtime, offline verification and `minirun info` cannot disagree about
 //! an artifact (each used to look for the same keys on its own).
 //!
-//! Three layouts exist: minirun's own (`minirun pack`'s unit manifests, `docs/formats/artifact.md`),
-//! the published Kimi K3 layout (`docs/formats/k3-published.md`) and the published DeepSeek V4
-//! layout (`docs/formats/v4-published.md`). A directory is recognised by the manifest its layout
-//! always has: K3's `layer00/manifest.json` (a layer manifest), V4's `global00/manifest.json`.
+//! Three layouts exist, each described once in [`LAYOUTS`] (its name on the command line, its
+//! name in words, the manifest that marks it, its spec), which layout detection, `minirun info`
+//! and `minirun pack --layout` all read: minirun's own (`minirun pack`'s unit manifests), the
+//! published Kimi K3 layout and the published DeepSeek V4 layout. A directory is recognised by
+//! the manifest its layout always has: K3's `layer00/manifest.json` (a layer manifest), V4's
+//! `global00/manifest.json`.
 
 use super::v4_published::UnitKind;
 
@@ -19,12 +21,52 @@ pub const V4_PROBE: &str = "global00/manifest.json";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {
     /// `minirun pack`'s: unit manifests with per-file SHA-256s.
-    Own,
+    Own = 0,
     /// Kimi K3 as its publisher released it: row-band layer manifests, banded expert containers.
-    K3Published,
+    K3Published = 1,
     /// DeepSeek V4 as its publisher released it: `layersNN` / `global00` / `mtpNN` units.
-    V4Published,
+    V4Published = 2,
 }
+
+/// One layout, described once.
+#[derive(Debug)]
+pub struct LayoutRow {
+    pub layout: Layout,
+    /// Its name on the command line and in JSON (`minirun pack --layout NAME`).
+    pub name: &'static str,
+    /// Its name in words.
+    pub described: &'static str,
+    /// The manifest a directory in this layout always has (none for minirun's own, what a
+    /// directory is when it has no other's).
+    pub probe: Option<&'static str>,
+    /// Its spec, from the repository's root.
+    pub spec: &'static str,
+}
+
+/// Every layout, in [`Layout`]'s order.
+pub const LAYOUTS: [LayoutRow; 3] = [
+    LayoutRow {
+        layout: Layout::Own,
+        name: "minirun",
+        described: "minirun's own layout",
+        probe: None,
+        spec: "docs/formats/artifact.md",
+    },
+    LayoutRow {
+        layout: Layout::K3Published,
+        name: "kimi-k3-published",
+        described: "the published Kimi K3 layout",
+        probe: Some(K3_PROBE),
+        spec: "docs/formats/k3-published.md",
+    },
+    LayoutRow {
+        layout: Layout::V4Published,
+        name: "deepseek-v4-published",
+        described: "the published DeepSeek V4 layout",
+        probe: Some(V4_PROBE),
+        spec: "docs/formats/v4-published.md",
+    },
+];
 
 impl Layout {
     /// The layout of the directory whose metadata `read` returns (`None` for a file that does
@@ -43,13 +85,24 @@ impl Layout {
         Ok(Layout::Own)
     }
 
+    /// The layout's row of [`LAYOUTS`].
+    pub fn row(self) -> &'static LayoutRow {
+        &LAYOUTS[self as usize]
+    }
+
     /// The layout's name as people say it.
     pub fn describe(self) -> &'static str {
-        match self {
-            Layout::Own => "minirun's own layout",
-            Layout::K3Published => "the published Kimi K3 layout",
-            Layout::V4Published => "the published DeepSeek V4 layout",
-        }
+        self.row().described
+    }
+
+    /// The layout's name on the command line and in JSON.
+    pub fn name(self) -> &'static str {
+        self.row().name
+    }
+
+    /// The layout named `name` on the command line, if there is one.
+    pub fn from_name(name: &str) -> Option<Layout> {
+        LAYOUTS.iter().find(|r| r.name == name).map(|r| r.layout)
     }
 
     /// Whether its manifests carry per-file SHA-256s (only `minirun pack`'s do).
@@ -138,6 +191,33 @@ mod tests {
     fn a_read_error_is_the_callers() {
         let failing = |_: &str| Err::<Option<Vec<u8>>, _>("unreadable");
         assert_eq!(Layout::detect(failing), Err("unreadable"));
+    }
+
+    #[test]
+    fn each_row_is_its_layouts_and_names_it_once() {
+        for (i, row) in LAYOUTS.iter().enumerate() {
+            assert_eq!(row.layout as usize, i, "{}", row.name);
+            assert_eq!(row.layout.row().name, row.name);
+            assert_eq!(row.layout.name(), row.name);
+            assert_eq!(Layout::from_name(row.name), Some(row.layout));
+            assert_eq!(row.probe.is_some(), row.layout != Layout::Own);
+        }
+        assert_eq!(Layout::K3Published.name(), "kimi-k3-published");
+        assert_eq!(Layout::V4Published.name(), "deepseek-v4-published");
+        assert_eq!(Layout::Own.name(), "minirun");
+        assert_eq!(LAYOUTS[1].probe, Some(K3_PROBE));
+        assert_eq!(LAYOUTS[2].probe, Some(V4_PROBE));
+        assert_eq!(Layout::from_name("kimi-k3"), None);
+        assert_eq!(Layout::from_name(""), None);
+    }
+
+    #[test]
+    fn every_layouts_spec_is_in_the_repository() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        for row in &LAYOUTS {
+            let spec = std::fs::read_to_string(root.join(row.spec)).unwrap();
+            assert!(spec.starts_with('#'), "{}", row.spec);
+        }
     }
 
     #[test]

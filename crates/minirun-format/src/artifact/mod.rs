@@ -21,7 +21,7 @@ pub mod manifest;
 mod units;
 pub mod v4_published;
 
-pub use layout::{Layout, ManifestKind};
+pub use layout::{LAYOUTS, Layout, LayoutRow, ManifestKind};
 pub use manifest::{FileEntry, Member, QuantRole, Quantization, SourceRef, UnitManifest};
 pub use units::{
     INCOMPLETE_MARKER, INDEX_FILE, MANIFEST_FILE, MAX_MANIFEST_BYTES, ManifestError,
