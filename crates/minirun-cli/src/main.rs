@@ -4,6 +4,7 @@ mod bench;
 mod hub;
 mod info;
 mod pack;
+mod plan;
 mod run;
 mod serve;
 mod sign;
@@ -107,6 +108,16 @@ Exit status: 0 verified (evidence written); 1 a mismatch or an error (evidence e
 The statement is minirun-statement.txt and the signature minirun-statement.txt.sig, both at the
 artifact's root, in the namespace minirun-artifact (docs/formats/signed-statement.md).")]
     Sign(sign::SignArgs),
+    /// Say whether a model runs here and how fast, before a run reads a weight: the floor and
+    /// its terms, the budget of each preset (floor, balanced, generous), the bytes a token reads
+    /// at each, which fit the memory available now, and, where `minirun bench storage` has
+    /// calibrated the artifact's device, the seconds those reads take a token.
+    #[command(after_help = "Examples:
+  minirun plan ./DeepSeek-V4-Flash-minirun
+  minirun plan ./Kimi-K3-minirun --context 8192 --stream-every-layer --json
+
+Exit status: 0 planned; 1 an error (a refused artifact or config).")]
+    Plan(plan::PlanArgs),
     /// Generate text from an artifact's model under a memory budget, computing straight from
     /// the stored quantized bytes: resident, or with its routed experts (and, below the
     /// deterministic floor, its layers) streamed from storage, with the same output bits at
@@ -168,9 +179,11 @@ impl Command {
             Command::Run(a) => Some(a.threads),
             Command::Serve(a) => Some(a.threads),
             Command::Bench(c) => c.threads(),
-            Command::Synth(_) | Command::Catalog(_) | Command::Download(_) | Command::Sign(_) => {
-                None
-            }
+            Command::Synth(_)
+            | Command::Catalog(_)
+            | Command::Download(_)
+            | Command::Sign(_)
+            | Command::Plan(_) => None,
         }
     }
 }
@@ -194,6 +207,7 @@ fn main() -> ExitCode {
         Command::Download(args) => hub::download(&args),
         Command::Verify(args) => verify::run(&args),
         Command::Sign(args) => sign::run(&args),
+        Command::Plan(args) => plan::run(&args),
         Command::Run(args) => threads::on_pool(|| run::run(&args)),
         Command::Serve(args) => serve::serve(&args),
         Command::Bench(command) => bench::run(&command),

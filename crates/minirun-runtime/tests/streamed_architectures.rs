@@ -16,7 +16,7 @@ use common::{greedy_bits, ids};
 use minirun_pack::{PackOptions, pack};
 use minirun_runtime::{Session, SessionError, Trust};
 use minirun_stream::budget::Budget;
-use minirun_stream::plan::{Mode, Plan, PlanError};
+use minirun_stream::plan::{Layers, Mode, Plan, PlanError};
 use minirun_synth::tiny_models::{SyntheticArchitecture, SyntheticShape};
 use serde_json::Value;
 
@@ -89,7 +89,10 @@ fn check(row: &Row) {
     let experts_only = session
         .plan_for(
             &weights,
-            Budget::Bytes(floor.deterministic_floor),
+            (
+                Budget::Bytes(floor.deterministic_floor),
+                Layers::HoldWhatFits,
+            ),
             row.context,
         )
         .unwrap();

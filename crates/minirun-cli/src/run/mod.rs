@@ -108,15 +108,18 @@ fn request(args: &RunArgs, prompt_tokens: usize) -> RunRequest {
 /// A streamed plan's reads per token at the rate `minirun bench storage` measured on the
 /// artifact's device; none without a calibration, or for a resident run, which reads nothing
 /// per token.
-struct Projection {
-    calibration: Option<calibration::Calibration>,
-    bytes_per_token: u64,
+pub(crate) struct Projection {
+    pub calibration: Option<calibration::Calibration>,
+    pub bytes_per_token: u64,
     why_none: Option<String>,
 }
 
 impl Projection {
-    fn of(plan: &Plan, artifact: &std::path::Path) -> Projection {
-        let bytes_per_token = plan.uncached_read_per_token + plan.layer_read_per_token;
+    pub(crate) fn of(plan: &Plan, artifact: &std::path::Path) -> Projection {
+        let bytes_per_token = match plan.mode {
+            Mode::Streamed => plan.uncached_read_per_token + plan.layer_read_per_token,
+            Mode::Resident => 0,
+        };
         let found = match plan.mode {
             Mode::Streamed => calibration::for_artifact(artifact),
             _ => Ok(None),
@@ -141,13 +144,13 @@ impl Projection {
     }
 
     /// Seconds a token's reads take at the calibrated rate.
-    fn seconds(&self) -> Option<f64> {
+    pub(crate) fn seconds(&self) -> Option<f64> {
         self.calibration
             .as_ref()
             .map(|c| calibration::projected_read_seconds(self.bytes_per_token, c))
     }
 
-    fn describe(&self) -> Option<String> {
+    pub(crate) fn describe(&self) -> Option<String> {
         match (&self.calibration, self.seconds(), &self.why_none) {
             (Some(c), Some(seconds), _) => Some(format!(
                 "projected reads: {seconds:.3} s/token ({} a token at the {:.2} GB/s `minirun bench storage` measured here at queue depth {})",

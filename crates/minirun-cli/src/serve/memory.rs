@@ -6,7 +6,7 @@
 use minirun_runtime::Session;
 use minirun_stream::budget::Budget;
 use minirun_stream::model_weights::ModelWeights;
-use minirun_stream::plan::{Mode, Plan};
+use minirun_stream::plan::{Layers, Mode, Plan};
 use serde::Serialize;
 
 const HOW_TO_CHANGE: &str = "The budget is fixed when the server starts, because the model was loaded for it: stop the server and start it again with the command shown.";
@@ -72,7 +72,7 @@ pub fn dial(
     for (label, budget) in presets {
         // A preset the planner refuses (none should: each is at or above the floor) is left
         // off the dial rather than shown with made-up figures.
-        if let Ok(plan) = session.plan_for(weights, budget, context_tokens)
+        if let Ok(plan) = session.plan_for(weights, (budget, Layers::HoldWhatFits), context_tokens)
             && plans.iter().all(|p| p.budget != plan.budget)
         {
             plans.push(entry(label, &plan, false, artifact));

@@ -214,15 +214,14 @@ impl Session {
         Ok((plan, weights))
     }
 
-    /// [`Self::plan`] for weights already listed (by an earlier plan of this session): other
-    /// budgets planned for the same model without listing its weights again.
+    /// [`Self::plan_layers`] for weights already listed (by an earlier plan of this session):
+    /// other budgets planned for the same model without listing its weights again.
     pub fn plan_for(
         &self,
         weights: &ModelWeights,
-        budget: Budget,
+        dial: (Budget, Layers),
         context_tokens: usize,
     ) -> Result<Plan, SessionError> {
-        let dial = (budget, Layers::HoldWhatFits);
         Ok(self
             .architecture
             .plan(&self.artifact, weights, dial, context_tokens)?)

@@ -5,7 +5,7 @@
 //! one process on one artifact, resident or streamed under a budget. Both must give every
 //! request the same tokens, which the example checks before it prints the table.
 //!
-//!     cargo run --release -p minirun-runtime --example batch_throughput -- ARTIFACT \
+//!     cargo run --release -p minirun-runtime --example batched_decode_throughput -- ARTIFACT \
 //!         [--streams 1,4,16] [--tokens 16] [--budget generous|floor|2GiB]
 //!
 //! ARTIFACT is an unverified, packed artifact, e.g. the one `bench/decode_vs_mlx.sh` leaves in
@@ -31,7 +31,7 @@ struct Args {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: batch_throughput ARTIFACT [--streams 1,4,16] [--tokens N] [--budget BYTES|PRESET]"
+        "usage: batched_decode_throughput ARTIFACT [--streams 1,4,16] [--tokens N] [--budget BYTES|PRESET]"
     );
     std::process::exit(2)
 }
@@ -147,13 +147,13 @@ fn main() {
 fn measure() {
     let a = args();
     let session = Session::open(&a.artifact, Trust::Unverified).unwrap_or_else(|e| {
-        eprintln!("batch_throughput: {e}");
+        eprintln!("batched_decode_throughput: {e}");
         std::process::exit(1)
     });
     let most = a.streams.iter().copied().max().unwrap_or(1);
     let context = most * (a.tokens + 16);
     let (plan, experts) = session.plan(a.budget, context).unwrap_or_else(|e| {
-        eprintln!("batch_throughput: {e}");
+        eprintln!("batched_decode_throughput: {e}");
         std::process::exit(1)
     });
     let model = session
