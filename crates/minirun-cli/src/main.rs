@@ -5,6 +5,7 @@ mod hub;
 mod info;
 mod pack;
 mod plan;
+mod quickstart;
 mod run;
 mod serve;
 mod sign;
@@ -37,6 +38,20 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The whole path in one command, on a generated mixture-of-experts model: make a
+    /// checkpoint, pack it, sign it with a new key, verify it against the signature, run it at
+    /// the floor (a budget several times smaller than its weights) and check its output equals
+    /// a fully resident run's; then the commands to try next.
+    #[command(after_help = "Examples:
+  minirun quickstart
+  minirun quickstart --dir /tmp/qs --size-mb 50
+
+Everything goes into --dir (default ./minirun-quickstart); a folder holding anything a quickstart
+did not write is refused. Verification evidence is sealed with your evidence key, as `minirun
+verify` seals it.
+
+Exit status: 0 done and equal; 1 an error.")]
+    Quickstart(quickstart::QuickstartArgs),
     /// Say what a file or artifact is: a tile container's header, an artifact's index.json, or
     /// (for anything else) what the file is and what reads it.
     #[command(after_help = "Examples:
@@ -183,7 +198,8 @@ impl Command {
             | Command::Catalog(_)
             | Command::Download(_)
             | Command::Sign(_)
-            | Command::Plan(_) => None,
+            | Command::Plan(_)
+            | Command::Quickstart(_) => None,
         }
     }
 }
@@ -208,6 +224,7 @@ fn main() -> ExitCode {
         Command::Verify(args) => verify::run(&args),
         Command::Sign(args) => sign::run(&args),
         Command::Plan(args) => plan::run(&args),
+        Command::Quickstart(args) => threads::on_pool(|| quickstart::run(&args)),
         Command::Run(args) => threads::on_pool(|| run::run(&args)),
         Command::Serve(args) => serve::serve(&args),
         Command::Bench(command) => bench::run(&command),

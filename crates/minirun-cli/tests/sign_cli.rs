@@ -4,7 +4,6 @@
 //! golden statement is what signing the packed fixture writes, and every tampering is refused
 //! with its reason and leaves no evidence behind.
 
-#[allow(dead_code)]
 mod common;
 
 use std::fs;

@@ -181,6 +181,6 @@ pub(crate) fn write_root_files(
     write("config.json", &json_bytes(config))?;
     write(
         "LICENSE",
-        b"Synthetic test data made by minirun-pack; not a model.\n",
+        b"Synthetic test data made by minirun-synth; not a model.\n",
     )
 }

@@ -367,7 +367,7 @@ pub fn write_synthetic(
     }
     std::fs::write(
         out.join("LICENSE"),
-        b"Synthetic test data made by minirun-pack; not a model.\n",
+        b"Synthetic test data made by minirun-synth; not a model.\n",
     )?;
     Ok(())
 }

@@ -14,7 +14,7 @@ use minirun_hub::upstream::{self, Lookup};
 use minirun_store::SourcedFile;
 use minirun_store::{Authority, Selection};
 
-mod signed;
+pub(crate) mod signed;
 
 #[derive(Args)]
 pub struct VerifyArgs {

@@ -1,5 +1,7 @@
-//! What the end-to-end tests of `minirun run` and `minirun bench model` share: the binary with a
-//! test-only evidence key, and a tiny DeepSeek-V3 checkpoint packed into a fresh artifact.
+//! What the end-to-end tests of `minirun run`, `plan`, `quickstart` and `bench model` share:
+//! the binary with a test-only evidence key, and a tiny DeepSeek-V3 checkpoint packed into a
+//! fresh artifact (each test binary uses part of it).
+#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
