@@ -19,9 +19,8 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{follow_oracle, greedy_bits, ids, read_logits};
+use common::{greedy_bits, ids};
 use minirun_kernels::Activations;
-use minirun_pack::{PackOptions, pack};
 use minirun_runtime::ConfigError;
 use minirun_runtime::models::gpt_oss::{GptOss, GptOssConfig};
 use minirun_runtime::{IncrementalText, Session, Trust};
@@ -35,25 +34,15 @@ const TOLERANCE: f32 = 2e-4;
 const STEPS: usize = 12;
 
 fn fixture(variant: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data/gpt-oss")
-        .join(variant)
+    common::data("gpt-oss").join(variant)
 }
 
 fn packed(variant: &str) -> tempfile::TempDir {
-    let out = tempfile::tempdir().unwrap();
-    pack(
-        &fixture(variant),
-        out.path(),
-        &PackOptions::default(),
-        &|_| {},
-    )
-    .unwrap();
-    out
+    common::packed_from(&fixture(variant))
 }
 
 fn json(path: &Path) -> Value {
-    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+    common::json_file(path)
 }
 
 /// Every prompt of `oracle_file` (in the variant's folder) followed within `TOLERANCE`.
@@ -64,29 +53,8 @@ fn matches_oracle(variant: &str, oracle_file: &str, implementation: &str) {
     let model = GptOss::load(&artifact, config).unwrap();
     let oracle = json(&fixture(variant).join(oracle_file));
     assert_eq!(oracle["oracle"], implementation, "{variant} {oracle_file}");
-    let mut worst = 0f32;
-    for prompt in oracle["prompts"].as_array().unwrap() {
-        let name = prompt["name"].as_str().unwrap();
-        let tokens = ids(&prompt["token_ids"]);
-        let vocab = prompt["vocab"].as_u64().unwrap() as usize;
-        let expected = read_logits(
-            &fixture(variant).join(prompt["logits_file"].as_str().unwrap()),
-            vocab,
-        );
-        // The fixtures keep every top-1 margin above 2e-3: the top-1 is checked everywhere.
-        let margins = vec![f32::INFINITY; tokens.len()];
-        let label = format!("{variant} {name} ({implementation})");
-        let (greedy, delta) = follow_oracle(
-            &model,
-            &tokens,
-            &expected,
-            &margins,
-            (TOLERANCE, 0.0),
-            &label,
-        );
-        worst = worst.max(delta);
-        assert_eq!(greedy, ids(&prompt["greedy_32"]), "{label}");
-    }
+    let label = format!("{variant} ({implementation})");
+    let worst = common::follow_every_prompt(&model, &fixture(variant), &oracle, TOLERANCE, &label);
     eprintln!("{variant}: max |logit delta| vs {implementation} {worst:.2e}");
 }
 

@@ -13,10 +13,9 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use common::{follow_oracle, greedy_bits, ids, read_logits};
-use minirun_pack::{PackOptions, pack};
+use common::{greedy_bits, ids};
 use minirun_runtime::ConfigError;
 use minirun_runtime::models::llama::{Llama, LlamaConfig};
 use minirun_runtime::{Session, Trust};
@@ -29,27 +28,15 @@ const TOLERANCE: f32 = 2e-4;
 const STEPS: usize = 12;
 
 fn fixture(arch: &str, variant: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
-        .join(arch)
-        .join(variant)
+    common::data(arch).join(variant)
 }
 
 fn packed(arch: &str, variant: &str) -> tempfile::TempDir {
-    let out = tempfile::tempdir().unwrap();
-    pack(
-        &fixture(arch, variant),
-        out.path(),
-        &PackOptions::default(),
-        &|_| {},
-    )
-    .unwrap();
-    out
+    common::packed_from(&fixture(arch, variant))
 }
 
 fn oracle(arch: &str, variant: &str) -> Value {
-    let path = fixture(arch, variant).join("oracle.json");
-    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+    common::json_file(&fixture(arch, variant).join("oracle.json"))
 }
 
 fn parse(arch: &str, json: &str) -> Result<LlamaConfig, ConfigError> {
@@ -67,27 +54,9 @@ fn matches_mlx(arch: &str, variant: &str) {
     let model = Llama::load(&artifact, config).unwrap();
     let oracle = oracle(arch, variant);
     assert_eq!(oracle["mlx_lm"], "0.32.2");
-    let mut worst = 0f32;
-    for prompt in oracle["prompts"].as_array().unwrap() {
-        let name = prompt["name"].as_str().unwrap();
-        let tokens = ids(&prompt["token_ids"]);
-        let vocab = prompt["vocab"].as_u64().unwrap() as usize;
-        let logits_file = fixture(arch, variant).join(prompt["logits_file"].as_str().unwrap());
-        let expected = read_logits(&logits_file, vocab);
-        // The fixtures keep every top-1 margin above 2e-3: the top-1 is checked everywhere.
-        let margins = vec![f32::INFINITY; tokens.len()];
-        let label = format!("{arch} {variant} {name}");
-        let (greedy, delta) = follow_oracle(
-            &model,
-            &tokens,
-            &expected,
-            &margins,
-            (TOLERANCE, 0.0),
-            &label,
-        );
-        worst = worst.max(delta);
-        assert_eq!(greedy, ids(&prompt["greedy_32"]), "{label}");
-    }
+    let label = format!("{arch} {variant}");
+    let worst =
+        common::follow_every_prompt(&model, &fixture(arch, variant), &oracle, TOLERANCE, &label);
     eprintln!("{arch} {variant}: max |logit delta| vs mlx-lm {worst:.2e}");
 }
 

@@ -12,10 +12,8 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use common::{follow_oracle, ids, read_logits};
-use minirun_pack::{PackOptions, pack};
 use minirun_runtime::ConfigError;
 use minirun_runtime::models::qwen3_moe::{Qwen3Moe, Qwen3MoeConfig};
 use minirun_stream::artifact::{Access, Artifact};
@@ -24,25 +22,15 @@ use serde_json::Value;
 const TOLERANCE: f32 = 2e-4;
 
 fn fixture(variant: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data/qwen3-moe")
-        .join(variant)
+    common::data("qwen3-moe").join(variant)
 }
 
 fn packed(variant: &str) -> tempfile::TempDir {
-    let out = tempfile::tempdir().unwrap();
-    pack(
-        &fixture(variant),
-        out.path(),
-        &PackOptions::default(),
-        &|_| {},
-    )
-    .unwrap();
-    out
+    common::packed_from(&fixture(variant))
 }
 
 fn oracle(variant: &str) -> Value {
-    serde_json::from_slice(&std::fs::read(fixture(variant).join("oracle.json")).unwrap()).unwrap()
+    common::json_file(&fixture(variant).join("oracle.json"))
 }
 
 fn matches_mlx(variant: &str) {
@@ -52,29 +40,7 @@ fn matches_mlx(variant: &str) {
     let model = Qwen3Moe::load(&artifact, config).unwrap();
     let oracle = oracle(variant);
     assert_eq!(oracle["mlx_lm"], "0.32.2");
-    let mut worst = 0f32;
-    for prompt in oracle["prompts"].as_array().unwrap() {
-        let name = prompt["name"].as_str().unwrap();
-        let tokens = ids(&prompt["token_ids"]);
-        let vocab = prompt["vocab"].as_u64().unwrap() as usize;
-        let expected = read_logits(
-            &fixture(variant).join(prompt["logits_file"].as_str().unwrap()),
-            vocab,
-        );
-        // The fixtures keep every top-1 margin above 2e-3: the top-1 is checked everywhere.
-        let margins = vec![f32::INFINITY; tokens.len()];
-        let label = format!("{variant} {name}");
-        let (greedy, delta) = follow_oracle(
-            &model,
-            &tokens,
-            &expected,
-            &margins,
-            (TOLERANCE, 0.0),
-            &label,
-        );
-        worst = worst.max(delta);
-        assert_eq!(greedy, ids(&prompt["greedy_32"]), "{label}");
-    }
+    let worst = common::follow_every_prompt(&model, &fixture(variant), &oracle, TOLERANCE, variant);
     eprintln!("{variant}: max |logit delta| vs mlx-lm {worst:.2e}");
 }
 

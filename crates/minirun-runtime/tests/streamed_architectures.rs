@@ -10,10 +10,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-
-use common::{greedy_bits, ids};
-use minirun_pack::{PackOptions, pack};
+use common::{data, greedy_bits, ids, packed_from};
 use minirun_runtime::{Session, SessionError, Trust};
 use minirun_stream::budget::Budget;
 use minirun_stream::plan::{Layers, Mode, Plan, PlanError};
@@ -38,21 +35,14 @@ struct Row {
 
 const EVERY_RUN: &[(bool, usize)] = &[(true, 1), (true, 2), (false, 2)];
 
-fn data(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
-        .join(path)
-}
-
-fn packed(source: &Path) -> tempfile::TempDir {
-    let out = tempfile::tempdir().unwrap();
-    pack(source, out.path(), &PackOptions::default(), &|_| {}).unwrap();
-    out
-}
-
 fn oracle(path: &str) -> Value {
-    let file = data(path).join("oracle.json");
-    serde_json::from_slice(&std::fs::read(file).unwrap()).unwrap()
+    common::json_file(&data(path).join("oracle.json"))
+}
+
+/// The fixture at `path` packed, and the token ids of its oracle's prompt `prompt`.
+fn fixture_and_prompt(path: &str, prompt: usize) -> (tempfile::TempDir, Vec<u32>) {
+    let ids = ids(&oracle(path)["prompts"][prompt]["token_ids"]);
+    (packed_from(&data(path)), ids)
 }
 
 /// A fixed 24-token prompt for the generated checkpoints.
@@ -144,11 +134,7 @@ const GENERATED: SyntheticShape = SyntheticShape {
 fn qwen3_moe_fixture() {
     check(&Row {
         label: "qwen3_moe fixture",
-        artifact: || {
-            let path = "qwen3-moe/mlx-affine4-g64";
-            let prompt = ids(&oracle(path)["prompts"][0]["token_ids"]);
-            (packed(&data(path)), prompt)
-        },
+        artifact: || fixture_and_prompt("qwen3-moe/mlx-affine4-g64", 0),
         described: "qwen3_moe: 4 layers (3 sparse)",
         context: 64,
         steps: 12,
@@ -181,11 +167,7 @@ fn qwen3_moe_generated() {
 fn gpt_oss_openai_layout() {
     check(&Row {
         label: "gpt_oss openai-mxfp4",
-        artifact: || {
-            let path = "gpt-oss/openai-mxfp4";
-            let prompt = ids(&oracle(path)["prompts"][3]["token_ids"]);
-            (packed(&data(path)), prompt)
-        },
+        artifact: || fixture_and_prompt("gpt-oss/openai-mxfp4", 3),
         described: "gpt_oss: 4 layers (2 with a 8-position window)",
         context: 128,
         steps: 12,
@@ -199,11 +181,7 @@ fn gpt_oss_openai_layout() {
 fn gpt_oss_mlx_layout() {
     check(&Row {
         label: "gpt_oss mlx-mxfp4",
-        artifact: || {
-            let path = "gpt-oss/mlx-mxfp4";
-            let prompt = ids(&oracle(path)["prompts"][3]["token_ids"]);
-            (packed(&data(path)), prompt)
-        },
+        artifact: || fixture_and_prompt("gpt-oss/mlx-mxfp4", 3),
         described: "gpt_oss: 4 layers (2 with a 8-position window)",
         context: 128,
         steps: 12,
@@ -264,7 +242,7 @@ fn kimi_k3_upstream_names() {
 fn kimi_k3(variant: &str) -> (tempfile::TempDir, Vec<u32>) {
     let path = format!("kimi-k3/{variant}");
     let prompt = ids(&oracle(&path)["prompt_token_ids"]);
-    (packed(&data(&path)), prompt)
+    (packed_from(&data(&path)), prompt)
 }
 
 /// The fixture's layers are too small for streaming them to save memory (16 KiB-aligned
@@ -282,7 +260,7 @@ fn deepseek_v4_fixture() {
                 .find(|p| p["name"] == "ids")
                 .unwrap()
                 .clone();
-            (packed(&data(path)), ids(&entry["token_ids"]))
+            (packed_from(&data(path)), ids(&entry["token_ids"]))
         },
         described: "deepseek_v4: 5 layers",
         context: 128,
@@ -306,7 +284,7 @@ fn deepseek_v4_wide() {
             let tiny = data("deepseek-v4/tiny-fp8-fp4");
             common::wide_v4::write(checkpoint.path(), &tiny, &common::wide_v4::WIDE);
             let prompt: Vec<u32> = (0..9).map(|i| (i * 37 + 5) % 512).collect();
-            (packed(checkpoint.path()), prompt)
+            (packed_from(checkpoint.path()), prompt)
         },
         described: "deepseek_v4: 5 layers",
         context: 128,

@@ -25,13 +25,23 @@ pub struct RotaryGqa<'a> {
 }
 
 /// What every layer's attention shares: the sizes, the rotation, the norms' epsilon and the
-/// softmax scale.
-#[derive(Clone, Copy)]
-pub(crate) struct RotaryGqaShape<'r> {
-    pub dims: GroupedDims,
-    pub rope: &'r Rope,
-    pub eps: f32,
-    pub scale: f32,
+/// softmax scale `head_dim^-1/2`.
+pub(crate) struct RotaryGqaShape {
+    dims: GroupedDims,
+    rope: Rope,
+    eps: f32,
+    scale: f32,
+}
+
+impl RotaryGqaShape {
+    pub(crate) fn new(dims: GroupedDims, rope: Rope, eps: f32) -> RotaryGqaShape {
+        RotaryGqaShape {
+            dims,
+            rope,
+            eps,
+            scale: (dims.head_dim as f64).powf(-0.5) as f32,
+        }
+    }
 }
 
 impl<'a> RotaryGqa<'a> {
@@ -63,7 +73,7 @@ impl<'a> RotaryGqa<'a> {
     /// each row's heads attend to its cache up to its own position.
     pub(crate) fn attend(
         &self,
-        s: RotaryGqaShape,
+        s: &RotaryGqaShape,
         xs: &[Vec<f32>],
         (layer, rows): (usize, &Rows),
         caches: &mut [&mut SequenceCache<KvCache>],
@@ -85,7 +95,7 @@ impl<'a> RotaryGqa<'a> {
     /// has the bits it has alone.
     fn mix_all_heads(
         &self,
-        s: RotaryGqaShape,
+        s: &RotaryGqaShape,
         qs: &[Vec<f32>],
         layer: usize,
         rows: &Rows,
@@ -109,7 +119,7 @@ impl<'a> RotaryGqa<'a> {
 }
 
 /// Each head's slice of `x`, normed by `norm` where there is one, and rotated for `position`.
-fn heads_rotated(s: RotaryGqaShape, x: &[f32], norm: Option<&[f32]>, position: usize) -> Vec<f32> {
+fn heads_rotated(s: &RotaryGqaShape, x: &[f32], norm: Option<&[f32]>, position: usize) -> Vec<f32> {
     let mut out = Vec::with_capacity(x.len());
     for head in x.chunks_exact(s.dims.head_dim) {
         let mut head = match norm {

@@ -51,9 +51,26 @@ pub fn fixture(name: &str) -> PathBuf {
 
 /// The fixture checkpoint `name`, packed into a fresh artifact.
 pub fn packed(name: &str) -> tempfile::TempDir {
+    packed_from(&fixture(name))
+}
+
+/// `tests/data/{path}`: a fixture of any architecture.
+pub fn data(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(path)
+}
+
+/// The checkpoint at `source`, packed into a fresh artifact.
+pub fn packed_from(source: &Path) -> tempfile::TempDir {
     let out = tempfile::tempdir().unwrap();
-    pack(&fixture(name), out.path(), &PackOptions::default(), &|_| {}).unwrap();
+    pack(source, out.path(), &PackOptions::default(), &|_| {}).unwrap();
     out
+}
+
+/// A JSON file (an oracle, a config).
+pub fn json_file(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
 
 /// A generated DeepSeek-V3 checkpoint of `shape` (with a fixture's tokenizer), packed.
@@ -313,6 +330,39 @@ pub fn follow_oracle<D: minirun_runtime::Decoder>(
         assert_eq!(bits(&chunked), bits(&logits), "{label}: caches diverge");
     }
     (greedy, worst)
+}
+
+/// Every prompt of `oracle` (an oracle file in `fixture`'s folder, as the fixture generators
+/// write it: each prompt's `token_ids`, `vocab`, `logits_file` and `greedy_32`) followed within
+/// `tolerance` by [`follow_oracle`], with the oracle's top-1 at every position (the generators
+/// keep every top-1 margin above 2e-3), and its 32 greedy tokens. Returns the worst |delta|.
+pub fn follow_every_prompt<D: minirun_runtime::Decoder>(
+    model: &D,
+    fixture: &Path,
+    oracle: &serde_json::Value,
+    tolerance: f32,
+    label: &str,
+) -> f32 {
+    let mut worst = 0f32;
+    for prompt in oracle["prompts"].as_array().unwrap() {
+        let tokens = ids(&prompt["token_ids"]);
+        let vocab = prompt["vocab"].as_u64().unwrap() as usize;
+        let logits_file = fixture.join(prompt["logits_file"].as_str().unwrap());
+        let expected = read_logits(&logits_file, vocab);
+        let margins = vec![f32::INFINITY; tokens.len()];
+        let label = format!("{label} {}", prompt["name"].as_str().unwrap());
+        let (greedy, delta) = follow_oracle(
+            model,
+            &tokens,
+            &expected,
+            &margins,
+            (tolerance, 0.0),
+            &label,
+        );
+        worst = worst.max(delta);
+        assert_eq!(greedy, ids(&prompt["greedy_32"]), "{label}");
+    }
+    worst
 }
 
 /// Logits of a generated random-weight model are worth comparing: all finite, not one value.

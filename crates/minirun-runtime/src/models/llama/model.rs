@@ -30,8 +30,7 @@ pub type Layer<'a> = PreNormLayer<'a, RotaryGqa<'a>, NoExperts>;
 pub struct LlamaModel<'a> {
     config: LlamaConfig,
     ends: Ends<'a>,
-    rope: Rope,
-    scale: f32,
+    attention: RotaryGqaShape,
 }
 
 /// A Llama model as a run holds it (see [`LayeredModel`]).
@@ -45,6 +44,14 @@ fn dims(c: &LlamaConfig) -> GroupedDims {
         heads: c.num_attention_heads,
         kv_heads: c.num_key_value_heads,
         head_dim: c.head_dim,
+    }
+}
+
+/// Plain RoPE over each head's halves, or with Llama 3.1's frequencies where configured.
+fn rope(c: &LlamaConfig) -> Rope {
+    match &c.rope_scaling {
+        Some(rule) => Rope::llama3(c.head_dim, c.rope_theta, rule),
+        None => Rope::halves(c.head_dim, c.rope_theta, None),
     }
 }
 
@@ -132,11 +139,7 @@ impl<'a> Layered<'a> for LlamaModel<'a> {
         let c = &config;
         Ok(LlamaModel {
             ends: Ends::new(w, (c.vocab_size, c.hidden_size), c.tie_word_embeddings)?,
-            rope: match &c.rope_scaling {
-                Some(rule) => Rope::llama3(c.head_dim, c.rope_theta, rule),
-                None => Rope::halves(c.head_dim, c.rope_theta, None),
-            },
-            scale: (c.head_dim as f64).powf(-0.5) as f32,
+            attention: RotaryGqaShape::new(dims(c), rope(c), c.rms_norm_eps),
             config,
         })
     }
@@ -154,13 +157,6 @@ impl LlamaModel<'_> {
         caches: &mut [&mut Cache],
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        let c = &self.config;
-        let shape = RotaryGqaShape {
-            dims: dims(c),
-            rope: &self.rope,
-            eps: c.rms_norm_eps,
-            scale: self.scale,
-        };
-        a.attend(shape, xs, (layer, rows), caches, stats)
+        a.attend(&self.attention, xs, (layer, rows), caches, stats)
     }
 }

@@ -36,8 +36,7 @@ pub type Layer<'a> = PreNormLayer<'a, RotaryGqa<'a>, SparseMoe<'a>>;
 pub struct Qwen3MoeModel<'a> {
     config: Qwen3MoeConfig,
     ends: Ends<'a>,
-    rope: Rope,
-    scale: f32,
+    attention: RotaryGqaShape,
 }
 
 /// Qwen3-MoE as a run holds it (see [`LayeredModel`]).
@@ -155,8 +154,11 @@ impl<'a> Layered<'a> for Qwen3MoeModel<'a> {
         let c = &config;
         Ok(Qwen3MoeModel {
             ends: Ends::new(w, (c.vocab_size, c.hidden_size), c.tie_word_embeddings)?,
-            rope: Rope::halves(c.head_dim, c.rope_theta, None),
-            scale: (c.head_dim as f64).powf(-0.5) as f32,
+            attention: RotaryGqaShape::new(
+                dims(c),
+                Rope::halves(c.head_dim, c.rope_theta, None),
+                c.rms_norm_eps,
+            ),
             config,
         })
     }
@@ -174,13 +176,6 @@ impl Qwen3MoeModel<'_> {
         caches: &mut [&mut Cache],
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        let c = &self.config;
-        let shape = RotaryGqaShape {
-            dims: dims(c),
-            rope: &self.rope,
-            eps: c.rms_norm_eps,
-            scale: self.scale,
-        };
-        a.attend(shape, xs, (layer, rows), caches, stats)
+        a.attend(&self.attention, xs, (layer, rows), caches, stats)
     }
 }
