@@ -69,7 +69,7 @@ pub struct CheckArgs {
 }
 
 /// A progress bar over the checkpoint's tensor bytes (read from the shard headers only).
-fn bytes_bar(source: &std::path::Path) -> ProgressBar {
+pub(crate) fn bytes_bar(source: &std::path::Path) -> ProgressBar {
     let total = minirun_pack::checkpoint::Checkpoint::open(source)
         .map(|c| c.tensors.values().map(|t| t.len).sum())
         .unwrap_or(0);

@@ -12,6 +12,7 @@ use minirun_stream::budget::{Budget, available_memory, human};
 use minirun_stream::plan::{Layers, Mode, Plan};
 use serde_json::json;
 
+use crate::bench::storage_calibration as calibration;
 use crate::run::Projection;
 
 #[derive(Args)]
@@ -35,13 +36,6 @@ pub struct PlanArgs {
     json: bool,
 }
 
-/// The presets a plan is shown at, smallest first.
-const PRESETS: [(&str, Budget); 3] = [
-    ("floor", Budget::Floor),
-    ("balanced", Budget::Balanced),
-    ("generous", Budget::Generous),
-];
-
 pub fn run(args: &PlanArgs) -> Result<ExitCode> {
     let trust = match args.unverified {
         true => Trust::Unverified,
@@ -59,13 +53,26 @@ pub fn run(args: &PlanArgs) -> Result<ExitCode> {
         true => Layers::StreamEvery,
         false => Layers::HoldWhatFits,
     };
-    let (_, weights) = session.plan_layers((Budget::Floor, layers), context)?;
-    let mut plans = Vec::new();
-    for (preset, budget) in PRESETS {
-        let plan = session.plan_for(&weights, (budget, layers), context)?;
-        let projection = Projection::of(&plan, &args.artifact);
-        plans.push((preset, plan, projection));
+    // The floor's plan lists the model's weights; the other presets reuse that list.
+    let (floor, weights) = session.plan_layers((Budget::Floor, layers), context)?;
+    let mut plans = vec![("floor", floor)];
+    for (preset, budget) in [
+        ("balanced", Budget::Balanced),
+        ("generous", Budget::Generous),
+    ] {
+        plans.push((
+            preset,
+            session.plan_for(&weights, (budget, layers), context)?,
+        ));
     }
+    let found = calibration::for_artifact(&args.artifact);
+    let plans: Vec<Planned> = plans
+        .into_iter()
+        .map(|(preset, plan)| {
+            let projection = Projection::with(&plan, found.clone());
+            (preset, plan, projection)
+        })
+        .collect();
     let available = available_memory();
     match args.json {
         true => print_json(args, &session, context, available, &plans),

@@ -141,7 +141,7 @@ pub fn run(args: &QuickstartArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// A step that shows a spinner while it works (its own lines printed after it).
+/// A step that shows a spinner while it works, and says how long it took once it succeeded.
 fn step<T>(n: usize, what: &str, work: impl FnOnce() -> Result<T>) -> Result<T> {
     let spinner = ProgressBar::new_spinner().with_style(
         ProgressStyle::with_template("{spinner} {msg} {elapsed}")
@@ -150,10 +150,10 @@ fn step<T>(n: usize, what: &str, work: impl FnOnce() -> Result<T>) -> Result<T> 
     spinner.set_message(format!("{n}/6 {what}"));
     spinner.enable_steady_tick(Duration::from_millis(120));
     let started = Instant::now();
-    let done = work();
+    let done = work()?;
     spinner.finish_and_clear();
     println!("{n}/6 {what} ({:.1} s)", started.elapsed().as_secs_f64());
-    done
+    Ok(done)
 }
 
 /// Makes `dir`, or takes it over when it is empty or a quickstart's: what a quickstart wrote
@@ -218,13 +218,7 @@ fn write_checkpoint(dir: &Path, checkpoint: &Path, shape: &SyntheticShape) -> Re
 }
 
 fn pack(checkpoint: &Path, artifact: &Path) -> Result<()> {
-    let total = minirun_pack::checkpoint::Checkpoint::open(checkpoint)
-        .map(|c| c.tensors.values().map(|t| t.len).sum())
-        .unwrap_or(0);
-    let bar = ProgressBar::new(total).with_style(
-        ProgressStyle::with_template("2/6 packing {bar:40} {bytes}/{total_bytes} ETA {eta}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
+    let bar = crate::pack::bytes_bar(checkpoint);
     let started = Instant::now();
     let summary = minirun_pack::pack(checkpoint, artifact, &PackOptions::default(), &|n| {
         bar.inc(n)
@@ -247,18 +241,11 @@ fn sign(dir: &Path, artifact: &Path) -> Result<PathBuf> {
     getrandom::fill(&mut seed).map_err(|e| anyhow::anyhow!("no random source for a key: {e}"))?;
     let key = minirun_sign::ed25519_key(&seed, PRINCIPAL)?;
     let (private, allowed) = (dir.join("signing-key"), dir.join("allowed_signers"));
-    atomic_file::write_bytes(&private, key.private_openssh.as_bytes())?;
-    restrict_to_owner(&private)?;
+    let owner_only = atomic_file::Options::private();
+    atomic_file::write_bytes_with(&private, owner_only, key.private_openssh.as_bytes())?;
     atomic_file::write_bytes(&allowed, key.allowed_signers_line.as_bytes())?;
     crate::sign::sign_artifact(artifact, &private)?;
     Ok(allowed)
-}
-
-/// A private key readable by its owner only, as ssh-keygen writes one.
-fn restrict_to_owner(path: &Path) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    fs::set_permissions(path, fs::Permissions::from_mode(0o600))
-        .with_context(|| format!("cannot restrict {} to its owner", shown(path)))
 }
 
 fn verify(artifact: &Path, allowed: &Path) -> Result<()> {

@@ -34,6 +34,16 @@ fn the_presets_planned_are_the_ones_a_run_plans() {
     assert!(bytes[0] < bytes[1] && bytes[1] < bytes[2], "{bytes:?}");
     assert_eq!(budgets[2]["plan"]["mode"], "resident");
     assert_eq!(budgets[2]["read_bytes_per_token"], 0);
+    for budget in budgets {
+        // Where the system says what is free, each preset says whether it fits; a resident
+        // plan reads nothing, so it projects no read time.
+        assert!(
+            budget["fits_available_memory"].is_boolean()
+                || planned["available_memory_bytes"].is_null(),
+            "{budget}"
+        );
+    }
+    assert!(budgets[2]["projected_read_seconds_per_token"].is_null());
     for (preset, planned) in presets.iter().zip(budgets) {
         // A run of prompt + generated tokens = the same context plans the same.
         let run = json(&[

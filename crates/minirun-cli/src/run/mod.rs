@@ -116,25 +116,34 @@ pub(crate) struct Projection {
 
 impl Projection {
     pub(crate) fn of(plan: &Plan, artifact: &std::path::Path) -> Projection {
-        let bytes_per_token = match plan.mode {
-            Mode::Streamed => plan.uncached_read_per_token + plan.layer_read_per_token,
-            Mode::Resident => 0,
+        match plan.mode {
+            Mode::Streamed => Projection::with(plan, calibration::for_artifact(artifact)),
+            Mode::Resident => Projection::with(plan, Ok(None)),
+        }
+    }
+
+    /// The projection of `plan` at the calibration `found` for its device (looked up once for
+    /// several plans of one artifact).
+    pub(crate) fn with(
+        plan: &Plan,
+        found: Result<Option<calibration::Calibration>, String>,
+    ) -> Projection {
+        let streamed = plan.mode == Mode::Streamed;
+        let bytes_per_token = match streamed {
+            true => plan.uncached_read_per_token + plan.layer_read_per_token,
+            false => 0,
         };
-        let found = match plan.mode {
-            Mode::Streamed => calibration::for_artifact(artifact),
-            _ => Ok(None),
-        };
-        let (calibration, why_none) = match found {
-            Ok(Some(c)) => (Some(c), None),
-            Ok(None) if plan.mode == Mode::Streamed => (
+        let (calibration, why_none) = match (found, streamed) {
+            (_, false) => (None, None),
+            (Ok(Some(c)), true) => (Some(c), None),
+            (Ok(None), true) => (
                 None,
                 Some(
                     "this device has no storage calibration: `minirun bench storage DIR` makes one"
                         .into(),
                 ),
             ),
-            Ok(None) => (None, None),
-            Err(why) => (None, Some(why)),
+            (Err(why), true) => (None, Some(why)),
         };
         Projection {
             calibration,
