@@ -88,6 +88,50 @@ pub enum Format {
     },
 }
 
+/// How a matrix's rows lie in its three byte streams: each stream holds its rows one after
+/// another, the packed elements `packed` bytes a row, the scales and biases `scales` and
+/// `biases` bytes for each band of `band_rows` rows (one row, but an FP8 block's rows share
+/// their scales). A run of whole bands is a matrix of its own, its rows computing the bits they
+/// compute in the whole matrix: what lets a table be read by rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowBytes {
+    pub packed: usize,
+    pub scales: usize,
+    pub biases: usize,
+    pub band_rows: usize,
+}
+
+impl Format {
+    /// The bytes of a row (and of a band of rows' scales and biases) of a matrix `cols` wide in
+    /// this format.
+    pub fn row_bytes(self, cols: usize) -> RowBytes {
+        let one = |packed, scales, biases| RowBytes {
+            packed,
+            scales,
+            biases,
+            band_rows: 1,
+        };
+        match self {
+            Format::Dense(t) => one(cols * t.size(), 0, 0),
+            Format::Affine { bits, group, scale } => {
+                let groups = cols / group * scale.size();
+                one(cols * bits as usize / 8, groups, groups)
+            }
+            Format::Mxfp4 => one(cols / 2, cols / 32, 0),
+            Format::Fp8Block {
+                block_rows,
+                block_cols,
+                scale,
+            } => RowBytes {
+                packed: cols,
+                scales: cols.div_ceil(block_cols) * scale.size(),
+                biases: 0,
+                band_rows: block_rows.max(1),
+            },
+        }
+    }
+}
+
 /// A matrix as stored: borrowed bytes, checked once against the shape.
 #[derive(Debug, Clone, Copy)]
 pub struct QMatrix<'a> {
@@ -183,12 +227,7 @@ impl<'a> QMatrix<'a> {
 
     /// Packed bytes per row.
     pub(crate) fn row_bytes(&self) -> usize {
-        match self.format {
-            Format::Dense(t) => self.cols * t.size(),
-            Format::Affine { bits, .. } => self.cols * bits as usize / 8,
-            Format::Mxfp4 => self.cols / 2,
-            Format::Fp8Block { .. } => self.cols,
-        }
+        self.format.row_bytes(self.cols).packed
     }
 
     fn check(&self) -> Result<(), KernelError> {

@@ -40,7 +40,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-pub use format::{BlockScale, FloatType, Format, QMatrix};
+pub use format::{BlockScale, FloatType, Format, QMatrix, RowBytes};
 pub use int8_vector::Int8Vector;
 
 /// The arithmetic of a product's activations.

@@ -2,8 +2,9 @@
 //! checkpoint (a fixture, or a generated one large enough that its layers stream), a prompt, and
 //! what the plan must say at the floor. For each: planning reads no payload byte; the floor
 //! streams the row's layers and its routed experts, the deterministic floor holds every layer;
-//! at both, on 1 and 2 threads, with read-ahead on and off, the logits have the resident run's
-//! bits and the step reads exactly the plan's bytes (`common::assert_streams_as_planned`);
+//! at both, and at the floor with the embedding and the head read by rows too (the head in
+//! several tiles), on 1 and 2 threads, with read-ahead on and off, the logits have the resident
+//! run's bits and the step reads exactly the plan's bytes (`common::assert_streams_as_planned`);
 //! experts read ahead on a guess keep the bits (`common::assert_guesses_keep_the_bits`); a budget
 //! a byte below the floor is refused. (DeepSeek-V3's own streaming tests, at every budget, are in
 //! `tests/streaming.rs`; the dense models' in `tests/llama_oracle.rs`.)
@@ -14,6 +15,7 @@ use common::{data, greedy_bits, ids, packed_from};
 use minirun_runtime::{Session, SessionError, Trust};
 use minirun_stream::budget::Budget;
 use minirun_stream::plan::{Layers, Mode, Plan, PlanError};
+use minirun_stream::tables::TableUse;
 use minirun_synth::tiny_models::{SyntheticArchitecture, SyntheticShape};
 use serde_json::Value;
 
@@ -28,6 +30,9 @@ struct Row {
     steps: usize,
     moe_layers: usize,
     streamed_at_floor: &'static [usize],
+    /// Whether the floor reads the embedding by rows (where its read buffers take less than
+    /// holding it).
+    embedding_stored_at_floor: bool,
     /// `(read-ahead, threads)` of the floor's runs (the deterministic floor's runs with
     /// read-ahead on 2 threads); a slow unoptimised model runs fewer.
     floor_runs: &'static [(bool, usize)],
@@ -72,6 +77,11 @@ fn check(row: &Row) {
     assert_eq!(floor.mode, Mode::Streamed, "{label}");
     assert_eq!(floor.streamed_layers, row.streamed_at_floor, "{label}");
     assert_eq!(floor.moe_layers, row.moe_layers, "{label}");
+    let embedding_stored = floor
+        .tables
+        .iter()
+        .any(|t| t.stored && t.used_as == TableUse::Embedding);
+    assert_eq!(embedding_stored, row.embedding_stored_at_floor, "{label}");
     assert_eq!(
         floor.cache_bytes, 0,
         "{label}: the floor holds no expert cache"
@@ -88,8 +98,13 @@ fn check(row: &Row) {
         .unwrap();
     assert!(experts_only.streamed_layers.is_empty(), "{label}");
     assert_eq!(experts_only.mode, Mode::Streamed, "{label}");
+    let tables = tables_streamed(&floor);
     let runs = row.floor_runs.iter().map(|&run| (&floor, run));
-    let runs: Vec<(&Plan, (bool, usize))> = runs.chain([(&experts_only, (true, 2))]).collect();
+    let tables_runs = row.floor_runs.iter().map(|&run| (&tables, run));
+    let runs: Vec<(&Plan, (bool, usize))> = runs
+        .chain(tables_runs)
+        .chain([(&experts_only, (true, 2))])
+        .collect();
     for (plan, read_ahead_and_threads) in runs {
         common::assert_streams_as_planned(
             &session,
@@ -116,6 +131,27 @@ fn check(row: &Row) {
     };
 }
 
+/// The floor's plan with every table read by rows from storage (the embedding a row a token,
+/// the head in tiles of about a fifth of it, the last one shorter), the layers and experts
+/// streamed as at the floor: what a model whose tables are larger than its tiles streams.
+fn tables_streamed(floor: &Plan) -> Plan {
+    let mut plan = floor.clone();
+    let largest = plan.tables.iter().map(|t| t.resident_bytes).max();
+    plan.table_tile_bytes = largest.unwrap_or(0) / 5 + 1;
+    plan.table_read_per_token = 0;
+    for table in plan.tables.iter_mut().filter(|t| t.by_rows) {
+        table.stored = true;
+        plan.table_read_per_token += table.read_per_token;
+    }
+    assert!(
+        plan.tables
+            .iter()
+            .any(|t| t.stored && t.used_as != TableUse::Embedding),
+        "a head is read by rows"
+    );
+    plan
+}
+
 /// Enough layers that at the floor every layer's attention and router stream too (two layers'
 /// aligned buffers cost less than holding all eight).
 const GENERATED: SyntheticShape = SyntheticShape {
@@ -140,6 +176,7 @@ fn qwen3_moe_fixture() {
         steps: 12,
         moe_layers: 3,
         streamed_at_floor: &[],
+        embedding_stored_at_floor: false,
         floor_runs: EVERY_RUN,
     });
 }
@@ -157,6 +194,7 @@ fn qwen3_moe_generated() {
         steps: 12,
         moe_layers: 8,
         streamed_at_floor: &[0, 1, 2, 3, 4, 5, 6, 7],
+        embedding_stored_at_floor: true,
         floor_runs: EVERY_RUN,
     });
 }
@@ -173,6 +211,7 @@ fn gpt_oss_openai_layout() {
         steps: 12,
         moe_layers: 4,
         streamed_at_floor: &[0, 1, 2, 3],
+        embedding_stored_at_floor: true,
         floor_runs: EVERY_RUN,
     });
 }
@@ -187,6 +226,7 @@ fn gpt_oss_mlx_layout() {
         steps: 12,
         moe_layers: 4,
         streamed_at_floor: &[],
+        embedding_stored_at_floor: false,
         floor_runs: EVERY_RUN,
     });
 }
@@ -204,6 +244,7 @@ fn gpt_oss_generated() {
         steps: 12,
         moe_layers: 8,
         streamed_at_floor: &[0, 1, 2, 3, 4, 5, 6, 7],
+        embedding_stored_at_floor: true,
         floor_runs: EVERY_RUN,
     });
 }
@@ -220,6 +261,7 @@ fn kimi_k3_mlx_names() {
         steps: 12,
         moe_layers: 5,
         streamed_at_floor: &[0, 1, 2, 3, 4, 5],
+        embedding_stored_at_floor: true,
         floor_runs: EVERY_RUN,
     });
 }
@@ -235,6 +277,7 @@ fn kimi_k3_upstream_names() {
         steps: 12,
         moe_layers: 5,
         streamed_at_floor: &[0, 1, 2, 3, 4, 5],
+        embedding_stored_at_floor: true,
         floor_runs: EVERY_RUN,
     });
 }
@@ -267,6 +310,7 @@ fn deepseek_v4_fixture() {
         steps: 12,
         moe_layers: 5,
         streamed_at_floor: &[],
+        embedding_stored_at_floor: true,
         floor_runs: &[(true, 1), (false, 2)],
     });
 }
@@ -291,6 +335,7 @@ fn deepseek_v4_wide() {
         steps: 3,
         moe_layers: 5,
         streamed_at_floor: &[0, 1, 2, 3, 4],
+        embedding_stored_at_floor: true,
         floor_runs: &[(true, 1), (false, 2)],
     });
 }

@@ -31,6 +31,7 @@ mod parts;
 mod payload;
 mod registration;
 mod resident;
+mod rows;
 mod tensor_index;
 
 #[cfg(feature = "mapped-baseline")]
@@ -38,6 +39,7 @@ pub use mapped_baseline::FileMapper;
 pub use part_layout::{MatrixPart, PartLayout, Piece, StackLayout};
 pub use parts::LoadedPart;
 pub use resident::Stack;
+pub use rows::LoadedRows;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ArtifactError {

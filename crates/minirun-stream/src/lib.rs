@@ -6,8 +6,9 @@
 //!
 //! From the bottom up: [`artifact`] opens an artifact and hands out its tensors and parts;
 //! [`budget`] is the memory a run may use; [`plan`] decides what of it holds what;
-//! [`weights`] is the handle built from the plan; [`layer_stream`] and [`expert_stream`] read
-//! streamed layers and routed experts ahead of the compute; [`step`] reports what a step read.
+//! [`weights`] is the handle built from the plan; [`layer_stream`], [`expert_stream`] and
+//! [`tables`] read streamed layers, routed experts and the embedding's and head's rows ahead of
+//! the compute; [`step`] reports what a step read.
 
 pub mod artifact;
 pub mod budget;
@@ -18,6 +19,8 @@ pub mod guessed_experts;
 pub mod layer_stream;
 pub mod model_weights;
 pub mod plan;
+pub mod ranking;
 pub mod read_clock;
 pub mod step;
+pub mod tables;
 pub mod weights;

@@ -1,8 +1,9 @@
 //! What a model's layers ask for, recorded by running its builder dry (see
-//! [`crate::weights`]): the planner's input, and the streamed layers' read lists.
+//! [`crate::weights`]): the planner's input, and the streamed layers' read lists and tables.
 
 use crate::artifact::StackLayout;
 use crate::experts::ExpertParts;
+use crate::tables::RecordedTable;
 
 /// Every MoE layer's routed experts, by layer (`None` for a dense layer).
 pub type ExpertMap = Vec<Option<Vec<ExpertParts>>>;
@@ -22,6 +23,9 @@ pub struct LayerWeights {
 #[derive(Debug, Clone)]
 pub struct ModelWeights {
     pub layers: Vec<LayerWeights>,
+    /// The tables outside the layers (the token embedding, the output head; one table where
+    /// they are tied), which the plan may leave on storage and read by rows.
+    pub tables: Vec<RecordedTable>,
 }
 
 impl ModelWeights {

@@ -1,31 +1,28 @@
 //! The memory plan of a run: what stays resident, what streams, and whether the budget pays for
 //! it, decided before a payload byte is read.
 //!
-//! What the budget pays for, in this order:
-//! 1. the weights outside the layers (embeddings, the LM head, the final norm) and every norm
-//!    vector, always resident;
-//! 2. each layer's deterministic weights (attention, the router, shared experts or the dense
-//!    MLP: what every token reads), in layer order, each layer the rest of the budget still
-//!    pays for; the layers that do not fit stream them,
-//!    read for each step into buffers for two layers (the one computing and the next, read
-//!    ahead while the current one computes);
-//! 3. once every deterministic weight is resident: whole MoE layers (every routed expert of the
-//!    layer held resident, read when the model is loaded), in layer order, each one the rest of
-//!    the budget still pays for;
-//! 4. a cache of routed experts for the other MoE layers.
+//! The floor is the least a run can work in, and its terms:
+//! 1. what is always held: every norm vector and bias, and a table that cannot be read by rows
+//!    (a tile whose digest the run checks on every read);
+//! 2. the tables outside the layers, the token embedding and the output head: the buffers
+//!    reading them by rows takes ([`crate::tables`]: a row for the embedding, two tiles of the
+//!    head's rows), or the tables themselves where holding them takes less;
+//! 3. the layers' deterministic weights (attention, the router, shared experts or the dense
+//!    MLP: what every token reads): buffers for two layers (the one computing and the next,
+//!    read ahead), when streaming them is what lowers the floor, else all of them held;
+//! 4. the slot pool (one layer's chosen experts, read at once);
+//! 5. a stated reserve (the KV cache for the run's context plus a fixed allowance for
+//!    activations, the tokenizer and the runtime).
 //!
-//! Routed experts of the layers not held stream from storage when the router picks them; a
-//! budget that holds everything runs fully resident. Whole layers come before the cache because
-//! they make a token's reads exact: a held layer reads nothing per token, a streamed layer reads
-//! its chosen experts unless the cache has them, so with no cache left over a step reads exactly
-//! `uncached_read_per_token` (+ `layer_read_per_token` of streamed deterministic weights).
-//!
-//! The floor is the least a run can work in: the resident weights of (1), the largest working
-//! set (two layers' deterministic weights, when streaming them is what lowers the floor; else
-//! every deterministic weight resident), the slot pool (one layer's chosen experts, loaded at
-//! once), and a stated reserve (the KV cache for the run's context plus a fixed allowance for
-//! activations, the tokenizer and the runtime). A budget below the floor is refused before a
-//! payload byte is read, naming every term.
+//! A budget below the floor is refused before a payload byte is read, naming every term. Above
+//! it, the budget holds what saves the most bytes read a token per byte held first
+//! ([`crate::ranking`]): every layer's deterministic weights at once where it pays for them all
+//! (which gives back their buffers), else layer by layer; the head; whole MoE layers (every
+//! routed expert of the layer read at load), which make a token's reads exact; then a cache of
+//! routed experts for the other MoE layers; the embedding, which saves one row a token, only
+//! once no layer's experts stream. With no cache left over, a step reads exactly
+//! `uncached_read_per_token` + `layer_read_per_token` + `table_read_per_token`. A budget that
+//! holds everything runs fully resident.
 //!
 //! [`Layers::StreamEvery`] streams every layer's deterministic weights even where the budget
 //! would hold them, and so sets the floor at the streaming one: a cut of a model too large for
@@ -37,6 +34,8 @@ use crate::budget::{Budget, human};
 use crate::experts::{ExpertCache, ExpertParts};
 use crate::layer_stream;
 use crate::model_weights::ModelWeights;
+use crate::ranking::{Holdable, Ranked, fill, rank};
+use crate::tables::{StoredTables, TABLE_TILE_BYTES, TableTerms, TableUse};
 
 /// Activations, the tokenizer and the runtime's own heap, beside the KV cache.
 pub const FIXED_RESERVE: u64 = 16 << 20;
@@ -78,13 +77,15 @@ pub enum PlanError {
 /// A budget below the floor, with every term of the floor.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error(
-    "--budget {budget} is below this run's floor of {}: resident weights {} + layer buffers {} ({}) + slot pool {} ({experts_per_token} experts of {}) + reserve {} (KV cache for {context_tokens} tokens + {} fixed). Give --budget {floor} or more, or --budget floor",
-    human(*floor), human(*resident), human(*layer_pool), layer_pool_terms(*layer_pool, *layer), human(*slot_pool), human(*expert), human(*reserve), human(FIXED_RESERVE)
+    "--budget {budget} is below this run's floor of {}: resident weights {} + embedding and head {} (read by rows from storage where that takes less) + layer buffers {} ({}) + slot pool {} ({experts_per_token} experts of {}) + reserve {} (KV cache for {context_tokens} tokens + {} fixed). Give --budget {floor} or more, or --budget floor",
+    human(*floor), human(*resident), human(*tables), human(*layer_pool), layer_pool_terms(*layer_pool, *layer), human(*slot_pool), human(*expert), human(*reserve), human(FIXED_RESERVE)
 )]
 pub struct BelowFloor {
     pub budget: String,
     pub floor: u64,
     pub resident: u64,
+    /// The tables outside the layers: their read buffers where they stream, else their bytes.
+    pub tables: u64,
     /// Buffers for streamed deterministic weights (0 when the floor holds them all).
     pub layer_pool: u64,
     /// The largest layer's deterministic weights, read.
@@ -125,12 +126,15 @@ pub struct Plan {
     /// Tokens of context the reserve's KV cache is sized for.
     pub context_tokens: usize,
     /// The least budget this run works in, and its terms: `floor_resident_bytes` +
-    /// `floor_layer_pool_bytes` + `slot_pool_bytes` + `reserve_bytes`.
+    /// `floor_tables_bytes` + `floor_layer_pool_bytes` + `slot_pool_bytes` + `reserve_bytes`.
     pub floor: u64,
     pub floor_resident_bytes: u64,
+    /// The embedding and the head at the floor: the buffers reading them by rows takes, or
+    /// their bytes where holding them takes less (or they cannot be read by rows).
+    pub floor_tables_bytes: u64,
     pub floor_layer_pool_bytes: u64,
-    /// The least budget that holds every deterministic weight resident (streaming routed
-    /// experts only).
+    /// The least budget that holds every layer's deterministic weights resident (the tables
+    /// as at the floor, routed experts streamed).
     pub deterministic_floor: u64,
     /// What a fully resident run needs: every payload byte and the reserve.
     pub everything: u64,
@@ -151,6 +155,17 @@ pub struct Plan {
     pub layer_allocated_bytes: u64,
     /// Deterministic bytes a step reads: the streamed layers'.
     pub layer_read_per_token: u64,
+    /// The tables outside the layers (embedding, head): what each costs, and whether this
+    /// plan leaves it on storage.
+    pub tables: Vec<TableTerms>,
+    /// Bytes of a tile of a streamed head's rows.
+    pub table_tile_bytes: u64,
+    /// Bytes a decode step reads of the tables left on storage, and their read buffers.
+    pub table_read_per_token: u64,
+    pub table_pool_bytes: u64,
+    /// What the budget above the floor could hold, in the order it holds it (see
+    /// [`crate::ranking`]), each marked held or not; empty for a fully resident run.
+    pub ranking: Vec<Ranked>,
     /// MoE layers whose routed experts are all held resident, read when the model is loaded.
     pub held_layers: Vec<usize>,
     /// What the held layers' experts take resident (as stored).
@@ -211,7 +226,69 @@ struct Sizes {
     /// Every payload byte but the routed experts'.
     resident_all: u64,
     layers: Vec<DeterministicLayer>,
+    tables: Vec<TableTerms>,
     total: u64,
+}
+
+/// The floor's terms: holding every layer's deterministic weights, or streaming them through
+/// two layers' buffers, the tables streamed where that takes less.
+struct Floors {
+    /// What is held at any budget: norms, and tables that cannot be read by rows.
+    base: u64,
+    /// Every deterministic weight but the streamable tables'.
+    held_layers: u64,
+    /// The streamable tables at the floor.
+    tables: u64,
+    layer_alloc_max: u64,
+    deterministic: u64,
+    streaming: u64,
+    floor: u64,
+    floor_resident: u64,
+    floor_pool: u64,
+}
+
+impl Floors {
+    /// The floors of `s`, beside `fixed` (the slot pool and the reserve).
+    fn of(s: &Sizes, fixed: u64, stream_every: bool) -> Floors {
+        let streamable = s.tables.iter().filter(|t| t.by_rows);
+        let tables_resident: u64 = streamable.clone().map(|t| t.resident_bytes).sum();
+        let tables: u64 = streamable
+            .map(|t| match t.stored_at_floor() {
+                true => t.pool_bytes,
+                false => t.resident_bytes,
+            })
+            .sum();
+        let held_layers = s.resident_all.saturating_sub(tables_resident);
+        let layer_resident: u64 = s.layers.iter().map(|l| l.resident).sum();
+        let base = held_layers.saturating_sub(layer_resident);
+        let layer_alloc_max = s.layers.iter().map(|l| l.allocated).max().unwrap_or(0);
+        let deterministic = (held_layers + tables).saturating_add(fixed);
+        let streaming = (base + tables + 2 * layer_alloc_max).saturating_add(fixed);
+        let (floor, floor_resident, floor_pool) = match stream_every || streaming < deterministic {
+            true => (streaming, base, 2 * layer_alloc_max),
+            false => (deterministic, held_layers, 0),
+        };
+        Floors {
+            base,
+            held_layers,
+            tables,
+            layer_alloc_max,
+            deterministic,
+            streaming,
+            floor,
+            floor_resident,
+            floor_pool,
+        }
+    }
+}
+
+/// What a table is, in words.
+fn table_label(used_as: TableUse) -> &'static str {
+    match used_as {
+        TableUse::Embedding => "the embedding",
+        TableUse::Head => "the head",
+        TableUse::EmbeddingAndHead => "the embedding and head",
+    }
 }
 
 fn sizes(artifact: &Artifact, weights: &ModelWeights, experts_per_token: usize) -> Sizes {
@@ -278,6 +355,11 @@ fn sizes(artifact: &Artifact, weights: &ModelWeights, experts_per_token: usize) 
         expert_layers,
         resident_all: total.saturating_sub(streamed_files + pieces),
         layers,
+        tables: weights
+            .tables
+            .iter()
+            .map(|t| TableTerms::of(artifact, t, TABLE_TILE_BYTES))
+            .collect(),
         total,
     }
 }
@@ -315,35 +397,26 @@ impl Plan {
         let reserve_bytes = FIXED_RESERVE.saturating_add(c.cache_bytes(context_tokens));
         let experts_per_token = c.experts_per_token();
         let slot_pool_bytes = s.expert_alloc_max.saturating_mul(experts_per_token as u64);
-        let deterministic_floor = s
-            .resident_all
-            .saturating_add(slot_pool_bytes)
-            .saturating_add(reserve_bytes);
-        let layer_resident: u64 = s.layers.iter().map(|l| l.resident).sum();
-        let base = s.resident_all.saturating_sub(layer_resident);
-        let layer_alloc_max = s.layers.iter().map(|l| l.allocated).max().unwrap_or(0);
-        let streaming_floor = (base + 2 * layer_alloc_max)
-            .saturating_add(slot_pool_bytes)
-            .saturating_add(reserve_bytes);
-        let (floor, floor_resident, floor_pool) =
-            match stream_every || streaming_floor < deterministic_floor {
-                true => (streaming_floor, base, 2 * layer_alloc_max),
-                false => (deterministic_floor, s.resident_all, 0),
-            };
+        let f = Floors::of(
+            &s,
+            slot_pool_bytes.saturating_add(reserve_bytes),
+            stream_every,
+        );
         let everything = s.total.saturating_add(reserve_bytes);
         let budget_bytes = match budget {
             Budget::Bytes(b) => b,
-            Budget::Floor => floor,
-            Budget::Balanced => floor + everything.saturating_sub(floor) / 2,
-            Budget::Generous => everything.max(floor),
+            Budget::Floor => f.floor,
+            Budget::Balanced => f.floor + everything.saturating_sub(f.floor) / 2,
+            Budget::Generous => everything.max(f.floor),
         };
-        if budget_bytes < floor {
+        if budget_bytes < f.floor {
             return Err(PlanError::BelowFloor(Box::new(BelowFloor {
                 budget: budget.to_string(),
-                floor,
-                resident: floor_resident,
-                layer_pool: floor_pool,
-                layer: layer_alloc_max,
+                floor: f.floor,
+                resident: f.floor_resident,
+                tables: f.tables,
+                layer_pool: f.floor_pool,
+                layer: f.layer_alloc_max,
                 slot_pool: slot_pool_bytes,
                 experts_per_token,
                 expert: s.expert_alloc_max,
@@ -352,9 +425,7 @@ impl Plan {
             })));
         }
         let moe_layers = s.expert_layers.len();
-        let mode = match stream_every
-            || budget_bytes < everything && (moe_layers > 0 || budget_bytes < deterministic_floor)
-        {
+        let mode = match stream_every || budget_bytes < everything {
             true => Mode::Streamed,
             false => Mode::Resident,
         };
@@ -370,10 +441,11 @@ impl Plan {
             slot_pool_bytes,
             reserve_bytes,
             context_tokens,
-            floor,
-            floor_resident_bytes: floor_resident,
-            floor_layer_pool_bytes: floor_pool,
-            deterministic_floor,
+            floor: f.floor,
+            floor_resident_bytes: f.floor_resident,
+            floor_tables_bytes: f.tables,
+            floor_layer_pool_bytes: f.floor_pool,
+            deterministic_floor: f.deterministic,
             everything,
             streamed_layers: Vec::new(),
             layers,
@@ -381,37 +453,142 @@ impl Plan {
             read_ahead: true,
             reads_in_flight: DEFAULT_READS_IN_FLIGHT,
             layer_pool_bytes: 0,
-            layer_allocated_bytes: layer_alloc_max,
+            layer_allocated_bytes: f.layer_alloc_max,
             layer_read_per_token: 0,
+            tables: s.tables.clone(),
+            table_tile_bytes: TABLE_TILE_BYTES,
+            table_read_per_token: 0,
+            table_pool_bytes: 0,
+            ranking: Vec::new(),
             held_layers: Vec::new(),
             held_bytes: 0,
             cache_bytes: 0,
             uncached_read_per_token: 0,
             guessed_layers: 0,
         };
-        let mut spare = match (stream_every, budget_bytes >= deterministic_floor) {
-            (false, true) => budget_bytes - deterministic_floor,
-            (false, false) => plan.stream_layers(&s, base, budget_bytes - streaming_floor),
-            // Streamed with nothing spare to hold a layer; what is spare goes to the experts.
-            (true, _) => {
-                plan.stream_layers(&s, base, 0);
-                budget_bytes - streaming_floor
-            }
-        };
-        let holding = mode == Mode::Streamed && plan.streamed_layers.is_empty();
-        for layer in &s.expert_layers {
-            // In layer order, each layer the spare budget still pays for whole is held.
-            if holding && layer.hold <= spare {
-                spare -= layer.hold;
-                plan.held_bytes += layer.hold;
-                plan.held_layers.push(layer.index);
-            } else {
-                plan.uncached_read_per_token += layer.per_token;
-            }
+        if mode == Mode::Streamed {
+            plan.fill(&s, &f, budget_bytes);
         }
-        plan.cache_bytes = spare;
         plan.guess_ahead(GUESSED_LAYERS);
         Ok(plan)
+    }
+
+    /// A streamed run's budget above its floor, filled as [`crate::ranking`] says: the layers'
+    /// deterministic weights streamed at the floor (all held where the budget pays for them
+    /// all, which gives back their buffers), the tables streamed at the floor, and whole MoE
+    /// layers, most bytes saved per byte held first; the rest is the expert cache.
+    fn fill(&mut self, s: &Sizes, f: &Floors, budget: u64) {
+        let layers_stream = self.layers == Layers::StreamEvery || budget < f.deterministic;
+        let (floor, held) = match layers_stream {
+            true => (f.streaming, f.base),
+            false => (f.deterministic, f.held_layers),
+        };
+        self.resident_bytes = held;
+        let mut ranked = Vec::new();
+        if layers_stream {
+            self.layer_pool_bytes = 2 * self.layer_allocated_bytes;
+            if self.layers == Layers::HoldWhatFits {
+                for (index, layer) in s.layers.iter().enumerate() {
+                    let what = Holdable::Layer { layer: index };
+                    ranked.push(Ranked::new(
+                        what,
+                        format!("layer {index}"),
+                        layer.resident,
+                        layer.read,
+                    ));
+                }
+            }
+        }
+        for (index, table) in self.tables.iter_mut().enumerate() {
+            table.stored = table.stored_at_floor();
+            if table.stored {
+                let cost = table.resident_bytes - table.pool_bytes;
+                let label = format!("{} ({})", table_label(table.used_as), table.name);
+                ranked.push(Ranked::new(
+                    Holdable::Table { table: index },
+                    label,
+                    cost,
+                    table.read_per_token,
+                ));
+            }
+        }
+        for layer in &s.expert_layers {
+            let what = Holdable::Experts { layer: layer.index };
+            let label = format!("the routed experts of layer {}", layer.index);
+            ranked.push(Ranked::new(what, label, layer.hold, layer.per_token));
+        }
+        let mut ranked = rank(ranked);
+        // The cache saves at least what a whole MoE layer does per byte: what saves less waits
+        // until no layer's experts stream.
+        let cache_percent = ranked
+            .iter()
+            .filter(|r| matches!(r.what, Holdable::Experts { .. }))
+            .map(|r| r.percent)
+            .min();
+        let spare = fill(&mut ranked, budget - floor, |r| {
+            cache_percent.is_none_or(|p| r.percent >= p)
+        });
+        let experts_all_held = ranked
+            .iter()
+            .all(|r| r.held || !matches!(r.what, Holdable::Experts { .. }));
+        self.cache_bytes = match experts_all_held {
+            true => fill(&mut ranked, spare, |_| true),
+            false => spare,
+        };
+        self.apply(s, &ranked);
+        self.ranking = ranked;
+    }
+
+    /// What the ranking holds and what it leaves on storage, in the plan's terms.
+    fn apply(&mut self, s: &Sizes, ranked: &[Ranked]) {
+        let held = |what: Holdable| ranked.iter().any(|r| r.what == what && r.held);
+        if self.layer_pool_bytes > 0 {
+            for (index, layer) in s.layers.iter().enumerate() {
+                match held(Holdable::Layer { layer: index }) {
+                    true => self.resident_bytes += layer.resident,
+                    false => {
+                        self.streamed_layers.push(index);
+                        self.layer_read_per_token += layer.read;
+                    }
+                }
+            }
+        }
+        for (index, table) in self.tables.iter_mut().enumerate() {
+            if table.stored && held(Holdable::Table { table: index }) {
+                table.stored = false;
+            }
+            match table.stored {
+                true => {
+                    self.table_read_per_token += table.read_per_token;
+                    self.table_pool_bytes += table.pool_bytes;
+                }
+                false if table.by_rows => self.resident_bytes += table.resident_bytes,
+                false => {}
+            }
+        }
+        for layer in &s.expert_layers {
+            match held(Holdable::Experts { layer: layer.index }) {
+                true => {
+                    self.held_bytes += layer.hold;
+                    self.held_layers.push(layer.index);
+                }
+                false => self.uncached_read_per_token += layer.per_token,
+            }
+        }
+    }
+
+    /// The tables the run reads by rows from storage.
+    pub fn stored_tables(&self) -> StoredTables {
+        StoredTables {
+            names: self
+                .tables
+                .iter()
+                .filter(|t| self.mode == Mode::Streamed && t.stored)
+                .map(|t| t.name.clone())
+                .collect(),
+            tile_bytes: self.table_tile_bytes,
+            read_ahead: self.read_ahead,
+        }
     }
 
     /// Lets a decode step read up to `layers` streamed MoE layers' experts ahead on a guess at
@@ -433,24 +610,6 @@ impl Plan {
         self.cache_bytes -= self.guessed_layers as u64 * self.slot_pool_bytes;
     }
 
-    /// Below the deterministic floor (or with every layer streamed, `spare` 0): holds, in layer
-    /// order, each layer's deterministic weights that `spare` still pays for and streams the
-    /// others through the layer pool. Returns what is left.
-    fn stream_layers(&mut self, s: &Sizes, base: u64, mut spare: u64) -> u64 {
-        self.resident_bytes = base;
-        self.layer_pool_bytes = 2 * self.layer_allocated_bytes;
-        for (index, layer) in s.layers.iter().enumerate() {
-            if layer.resident <= spare {
-                spare -= layer.resident;
-                self.resident_bytes += layer.resident;
-            } else {
-                self.streamed_layers.push(index);
-                self.layer_read_per_token += layer.read;
-            }
-        }
-        spare
-    }
-
     /// The expert cache of a streamed run under this plan, for the layers not held. The
     /// artifact keeps what a step frees (its uncached experts, its streamed layers, the experts
     /// the cache lets go) for the next read into again: the plan set that much aside for reads
@@ -458,7 +617,10 @@ impl Plan {
     pub fn start_streaming(&self, artifact: &Artifact) -> ExpertCache {
         let slot_pools = 1 + self.guessed_layers as u64;
         artifact.keep_read_buffers(
-            slot_pools * self.slot_pool_bytes + self.layer_pool_bytes + self.cache_bytes,
+            slot_pools * self.slot_pool_bytes
+                + self.layer_pool_bytes
+                + self.table_pool_bytes
+                + self.cache_bytes,
         );
         ExpertCache::new(self.cache_bytes, self.moe_layers - self.held_layers.len())
     }
@@ -474,7 +636,7 @@ impl Plan {
             ),
         };
         let mut lines = vec![format!(
-            "budget {} ({}): floor {} = resident {}{pool} + slot pool {} ({} x {}) + reserve {}",
+            "budget {} ({}): floor {} = resident {} + embedding and head {}{pool} + slot pool {} ({} x {}) + reserve {}",
             human(self.budget),
             match (self.mode, self.streamed_layers.is_empty()) {
                 (Mode::Resident, _) => "fully resident",
@@ -486,6 +648,7 @@ impl Plan {
             },
             human(self.floor),
             human(self.floor_resident_bytes),
+            human(self.floor_tables_bytes),
             human(self.slot_pool_bytes),
             self.experts_per_token,
             human(self.expert_allocated_bytes),
@@ -503,6 +666,33 @@ impl Plan {
                     false => "no read-ahead",
                 },
                 human(self.resident_bytes),
+            ));
+        }
+        let stored: Vec<String> = self
+            .tables
+            .iter()
+            .filter(|t| self.mode == Mode::Streamed && t.stored)
+            .map(|t| match t.used_as {
+                TableUse::Embedding => format!("{} a row a token", table_label(t.used_as)),
+                _ => format!(
+                    "{} ({}) in tiles of {}",
+                    table_label(t.used_as),
+                    human(t.resident_bytes),
+                    human(self.table_tile_bytes)
+                ),
+            })
+            .collect();
+        if !stored.is_empty() {
+            lines.push(format!(
+                "read by rows from storage: {}; {} a token, the next tile read while one computes",
+                stored.join(", "),
+                human(self.table_read_per_token),
+            ));
+        }
+        if !self.ranking.is_empty() {
+            lines.push(format!(
+                "above the floor, most bytes saved a token per byte held first: {}",
+                ranking_line(&self.ranking)
             ));
         }
         if self.mode == Mode::Streamed {
@@ -530,6 +720,44 @@ impl Plan {
         }
         lines
     }
+}
+
+/// The ranking in words: runs of neighbouring layers alike (held or not, same share) merged,
+/// `layers 0-3 (100%) held, the head (lm_head.weight) (100%) streamed, ...`.
+fn ranking_line(ranked: &[Ranked]) -> String {
+    let mut parts: Vec<(Vec<usize>, &Ranked)> = Vec::new();
+    for item in ranked {
+        let layer = match item.what {
+            Holdable::Layer { layer } => Some(layer),
+            _ => None,
+        };
+        match (parts.last_mut(), layer) {
+            (Some((layers, last)), Some(l))
+                if matches!(last.what, Holdable::Layer { .. })
+                    && last.held == item.held
+                    && last.percent == item.percent =>
+            {
+                layers.push(l)
+            }
+            (_, Some(l)) => parts.push((vec![l], item)),
+            (_, None) => parts.push((Vec::new(), item)),
+        }
+    }
+    parts
+        .iter()
+        .map(|(layers, item)| {
+            let what = match layers.is_empty() {
+                true => item.label.clone(),
+                false => layer_list(layers),
+            };
+            let state = if item.held { "held" } else { "streamed" };
+            match item.percent {
+                u64::MAX => format!("{what} (costs nothing) {state}"),
+                p => format!("{what} ({p}%) {state}"),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// `3-5, 9` for layers 3, 4, 5 and 9.

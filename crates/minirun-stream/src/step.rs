@@ -47,10 +47,12 @@ pub struct StepStats {
     pub expert_guess_read_bytes: u64,
     /// Deterministic weights of streamed layers read from storage.
     pub layer_read_bytes: u64,
+    /// Rows of the tables outside the layers (embedding, head) read from storage.
+    pub table_read_bytes: u64,
     /// Reads that bypassed the page cache (`O_DIRECT`) and reads that went through it.
     pub direct_reads: u64,
     pub buffered_reads: u64,
-    /// Wall time the step waited for expert reads.
+    /// Wall time the step waited for reads (experts, streamed layers, table rows).
     pub io_time: Duration,
     /// Wall time during which at least one of the step's reads was in flight (overlapping
     /// reads count once): the I/O the step needed, whether or not compute hid it.
@@ -73,6 +75,7 @@ impl StepStats {
         self.weight_bytes += other.weight_bytes;
         self.expert_read_bytes += other.expert_read_bytes;
         self.layer_read_bytes += other.layer_read_bytes;
+        self.table_read_bytes += other.table_read_bytes;
         self.expert_cache_hits += other.expert_cache_hits;
         self.expert_cache_misses += other.expert_cache_misses;
         self.expert_guessed += other.expert_guessed;

@@ -16,6 +16,7 @@ use crate::experts::{ExpertNames, ExpertParts, Projections, routed_experts};
 use crate::layer_stream::LoadedLayer;
 use crate::model_weights::{LayerWeights, ModelWeights};
 use crate::plan::{Mode, Plan};
+use crate::tables::{RecordedTable, StoredTable, StoredTables, Table, TableUse};
 use minirun_kernels::QMatrix;
 
 /// Where a handle's matrices come from.
@@ -27,6 +28,9 @@ enum Matrices<'w> {
     Streamed(&'w LoadedLayer),
     /// Nothing read: the layouts are recorded, the matrices are zeros of the right size.
     Recording(&'w Recorder),
+    /// Nothing read, outside the layers: the tables are recorded (into the handle's
+    /// `recorded_tables`); a matrix is not asked for there.
+    RecordingTables,
 }
 
 /// A model's request for its tensors, at a prefix (`model.layers.3`), for one layer or for the
@@ -38,6 +42,10 @@ pub struct Weights<'w> {
     layer: Option<usize>,
     prefix: String,
     experts: Option<Arc<ExpertStream<'w>>>,
+    /// The tables read by rows from storage instead of held.
+    tables: Option<Arc<StoredTables>>,
+    /// Where a dry build outside the layers records its tables.
+    recorded_tables: Option<Arc<std::sync::Mutex<Vec<RecordedTable>>>>,
 }
 
 impl<'w> Weights<'w> {
@@ -53,6 +61,17 @@ impl<'w> Weights<'w> {
             layer,
             prefix: String::new(),
             experts,
+            tables: None,
+            recorded_tables: None,
+        }
+    }
+
+    /// The weights outside the layers, the tables in `tables` read by rows from storage, every
+    /// other weight read now and held.
+    pub fn outside_layers(artifact: &'w Artifact, tables: Arc<StoredTables>) -> Weights<'w> {
+        Weights {
+            tables: Some(tables),
+            ..Weights::resident(artifact, None, None)
         }
     }
 
@@ -69,6 +88,8 @@ impl<'w> Weights<'w> {
             layer: Some(layer),
             prefix: String::new(),
             experts,
+            tables: None,
+            recorded_tables: None,
         }
     }
 
@@ -79,6 +100,8 @@ impl<'w> Weights<'w> {
             layer: Some(layer),
             prefix: String::new(),
             experts: None,
+            tables: None,
+            recorded_tables: None,
         }
     }
 
@@ -124,6 +147,10 @@ impl<'w> Weights<'w> {
                 let layout = self.artifact.stack_layout(&module, rows, cols)?;
                 recorder.matrix(self.artifact, layout)
             }
+            Matrices::RecordingTables => Err(ArtifactError::Tensor {
+                name: module,
+                reason: "is a matrix outside the layers: a model asks for its tables there (Weights::table), which a plan can leave on storage".into(),
+            }),
         }
     }
 
@@ -138,12 +165,54 @@ impl<'w> Weights<'w> {
             .single(&format!("{}.weight", self.name(module)))
     }
 
+    /// The table of module `module` outside the layers (the token embedding, the output head),
+    /// `[rows, cols]`: held, or read by rows from storage where the plan does not hold it. A
+    /// dry build records it, and what the model computes with it, without reading it.
+    pub fn table(
+        &self,
+        module: &str,
+        (rows, cols): (usize, usize),
+        used_as: TableUse,
+    ) -> Result<Table<'w>, ArtifactError> {
+        let module = self.name(module);
+        if self.layer.is_some() {
+            return Err(ArtifactError::Tensor {
+                name: module,
+                reason: "a table is outside the layers; a layer asks for its matrices".into(),
+            });
+        }
+        match (&self.matrices, &self.recorded_tables) {
+            (Matrices::RecordingTables, Some(recorded)) => {
+                let layout = self.artifact.stack_layout(&module, rows, cols)?;
+                if let Ok(mut tables) = recorded.lock()
+                    && !tables.iter().any(|t| t.layout.name == layout.name)
+                {
+                    tables.push(RecordedTable { layout, used_as });
+                }
+                Ok(Table::Recorded { rows, cols })
+            }
+            _ => {
+                let layout = self.artifact.stack_layout(&module, rows, cols)?;
+                match &self.tables {
+                    Some(t) if t.names.contains(&layout.name) => Ok(Table::Stored(
+                        StoredTable::new(self.artifact, &layout, (t.tile_bytes, t.read_ahead))?,
+                    )),
+                    _ => Ok(Table::Held(
+                        self.artifact
+                            .matrix(&module, rows, cols)?
+                            .single(&layout.name)?,
+                    )),
+                }
+            }
+        }
+    }
+
     /// A float tensor (a norm's weights, a bias) of `len` elements, as f32. Always resident:
     /// a dry build checks it without reading it (and computes from zeros).
     pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ArtifactError> {
         let name = self.name(name);
         match self.matrices {
-            Matrices::Recording(_) => {
+            Matrices::Recording(_) | Matrices::RecordingTables => {
                 self.artifact.check_vector(&name, len)?;
                 Ok(vec![0.0; len])
             }
@@ -151,9 +220,17 @@ impl<'w> Weights<'w> {
         }
     }
 
-    /// A plain integer tensor of `len` elements, widened to i64.
+    /// A plain integer tensor of `len` elements, widened to i64 (a dry build checks it
+    /// without reading it, and computes from zeros).
     pub fn integers(&self, name: &str, len: usize) -> Result<Vec<i64>, ArtifactError> {
-        self.artifact.integers(&self.name(name), len)
+        let name = self.name(name);
+        match self.matrices {
+            Matrices::Recording(_) | Matrices::RecordingTables => {
+                self.artifact.check_integers(&name, len)?;
+                Ok(vec![0; len])
+            }
+            _ => self.artifact.integers(&name, len),
+        }
     }
 
     /// Where the `n` routed experts of this layer under `module` (its `mlp`) come from, gate
@@ -217,6 +294,16 @@ struct Recorder {
 }
 
 impl Recorder {
+    fn new() -> Recorder {
+        Recorder {
+            zeros: typed_arena::Arena::new(),
+            matrices: RefCell::new(Vec::new()),
+            experts: RefCell::new(None),
+        }
+    }
+}
+
+impl Recorder {
     fn matrix<'r>(
         &'r self,
         artifact: &Artifact,
@@ -247,11 +334,7 @@ impl ModelWeights {
     ) -> Result<ModelWeights, ArtifactError> {
         let layers = (0..layers)
             .map(|i| {
-                let recorder = Recorder {
-                    zeros: typed_arena::Arena::new(),
-                    matrices: RefCell::new(Vec::new()),
-                    experts: RefCell::new(None),
-                };
+                let recorder = Recorder::new();
                 build(&Weights::recording(artifact, &recorder, i), i)?;
                 Ok(LayerWeights {
                     matrices: recorder.matrices.into_inner(),
@@ -259,7 +342,32 @@ impl ModelWeights {
                 })
             })
             .collect::<Result<_, ArtifactError>>()?;
-        Ok(ModelWeights { layers })
+        Ok(ModelWeights {
+            layers,
+            tables: Vec::new(),
+        })
+    }
+
+    /// Runs `build` against a handle for the weights outside the layers that reads nothing,
+    /// recording the tables it asks for.
+    pub fn record_outside<'w>(
+        &mut self,
+        artifact: &'w Artifact,
+        build: impl FnOnce(&Weights<'w>) -> Result<(), ArtifactError>,
+    ) -> Result<(), ArtifactError> {
+        let recorded = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let w = Weights {
+            matrices: Matrices::RecordingTables,
+            recorded_tables: Some(Arc::clone(&recorded)),
+            ..Weights::resident(artifact, None, None)
+        };
+        build(&w)?;
+        drop(w);
+        self.tables = Arc::try_unwrap(recorded)
+            .ok()
+            .and_then(|m| m.into_inner().ok())
+            .unwrap_or_default();
+        Ok(())
     }
 }
 
@@ -272,6 +380,8 @@ pub struct Placement<'a> {
     /// Reads in flight at once, for a streamed layer's parts as for routed experts.
     pub reads_in_flight: usize,
     pub experts: Option<Arc<ExpertStream<'a>>>,
+    /// The tables outside the layers read by rows from storage.
+    pub tables: Arc<StoredTables>,
 }
 
 impl<'a> Placement<'a> {
@@ -282,13 +392,14 @@ impl<'a> Placement<'a> {
             read_ahead: true,
             reads_in_flight: 1,
             experts: None,
+            tables: Arc::default(),
         }
     }
 
     /// The placement `plan` decides: the one place a plan is read. The routed experts of
     /// `plan.held_layers` are read at load and held, the others' streamed through a cache of
     /// `plan.cache_bytes`; the deterministic matrices of `plan.streamed_layers` are read for
-    /// each step.
+    /// each step, and the tables the plan leaves on storage by rows.
     pub fn of(artifact: &'a Artifact, plan: &Plan, weights: &ModelWeights) -> Placement<'a> {
         let layers = weights.layers.len();
         if plan.mode == Mode::Resident {
@@ -311,6 +422,7 @@ impl<'a> Placement<'a> {
             streamed_layers,
             read_ahead: plan.read_ahead,
             reads_in_flight: plan.reads_in_flight,
+            tables: Arc::new(plan.stored_tables()),
             experts: Some(Arc::new(ExpertStream {
                 artifact,
                 cache: plan.start_streaming(artifact),

@@ -3,13 +3,13 @@
 //! or the architecture's routed experts; the model ends in a final RMSNorm and the LM head.
 //! What differs between such architectures (their attention, their routing) is handed in.
 
-use crate::blocks::embedding::embed_tokens;
 use crate::blocks::mlp::Mlp;
 use crate::blocks::norm::rms_norm;
-use crate::blocks::products::{add_rows, apply_batch};
-use minirun_kernels::QMatrix;
+use crate::blocks::products::add_rows;
+use crate::blocks::tables::{embed_tokens, head_logits};
 use minirun_stream::artifact::ArtifactError;
 use minirun_stream::step::{ModelError, StepStats};
+use minirun_stream::tables::{Table, TableUse};
 use minirun_stream::weights::Weights;
 
 /// A layer's feed-forward: a dense MLP, or `R`, the architecture's routed experts.
@@ -88,9 +88,9 @@ impl<A, R> PreNormLayer<'_, A, R> {
 /// The weights outside the layers: the token embedding, the final norm and the LM head (the
 /// embedding itself when the head is tied to it).
 pub struct Ends<'a> {
-    embed: QMatrix<'a>,
+    embed: Table<'a>,
     norm: Vec<f32>,
-    lm_head: QMatrix<'a>,
+    lm_head: Table<'a>,
 }
 
 impl<'a> Ends<'a> {
@@ -100,10 +100,16 @@ impl<'a> Ends<'a> {
         (vocab, hidden): (usize, usize),
         tied: bool,
     ) -> Result<Ends<'a>, ArtifactError> {
-        let embed = w.matrix("model.embed_tokens", vocab, hidden)?;
-        let lm_head = match tied {
-            true => embed,
-            false => w.matrix("lm_head", vocab, hidden)?,
+        let shape = (vocab, hidden);
+        let (embed, lm_head) = match tied {
+            true => {
+                let both = w.table("model.embed_tokens", shape, TableUse::EmbeddingAndHead)?;
+                (both.clone(), both)
+            }
+            false => (
+                w.table("model.embed_tokens", shape, TableUse::Embedding)?,
+                w.table("lm_head", shape, TableUse::Head)?,
+            ),
         };
         Ok(Ends {
             embed,
@@ -117,7 +123,7 @@ impl<'a> Ends<'a> {
         tokens: &[u32],
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        Ok(embed_tokens(&self.embed, tokens, stats)?)
+        embed_tokens(&self.embed, tokens, stats)
     }
 
     /// The logits of the `wanted` rows of `hs`: final norm, then the head.
@@ -132,7 +138,7 @@ impl<'a> Ends<'a> {
             .iter()
             .map(|&r| rms_norm(&hs[r], &self.norm, eps))
             .collect();
-        Ok(apply_batch(&self.lm_head, &xs, stats)?)
+        head_logits(&self.lm_head, &xs, stats)
     }
 }
 

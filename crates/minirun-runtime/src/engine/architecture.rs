@@ -52,8 +52,8 @@ impl<F: Family> AnyArchitecture for F {
         self
     }
 
-    fn record(&self, artifact: &Artifact) -> Result<ModelWeights, ArtifactError> {
-        F::Model::record(self, artifact)
+    fn record<'a>(&self, artifact: &'a Artifact) -> Result<ModelWeights, ArtifactError> {
+        F::Model::<'a>::record(self, artifact)
     }
 
     fn load<'a>(&self, artifact: &'a Artifact) -> Result<Model<'a>, ModelError> {

@@ -31,7 +31,9 @@ pub trait Layered<'a>: Sized + Send + Sync {
     /// the next).
     type Hidden;
 
-    /// The weights outside the layers, held for the run.
+    /// The weights outside the layers: the tables (embedding, head) asked for with
+    /// [`Weights::table`], held or read by rows as the plan says; every other weight held. Run
+    /// dry, this is what the planner learns the tables from.
     fn new(config: Self::Config, w: &Weights<'a>) -> Result<Self, ArtifactError>;
 
     fn config(&self) -> &Self::Config;
@@ -92,11 +94,17 @@ pub trait Layered<'a>: Sized + Send + Sync {
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<f32>>, ModelError>;
 
-    /// What every layer asks for, recorded without a payload byte read.
-    fn record(config: &Self::Config, artifact: &Artifact) -> Result<ModelWeights, ArtifactError> {
-        ModelWeights::record(artifact, config.layer_count(), |w, i| {
+    /// What every layer and the weights outside them ask for, recorded without a payload byte
+    /// read.
+    fn record(
+        config: &Self::Config,
+        artifact: &'a Artifact,
+    ) -> Result<ModelWeights, ArtifactError> {
+        let mut weights = ModelWeights::record(artifact, config.layer_count(), |w, i| {
             Self::layer(config, w, i).map(drop)
-        })
+        })?;
+        weights.record_outside(artifact, |w| Self::new(config.clone(), w).map(drop))?;
+        Ok(weights)
     }
 }
 
@@ -159,7 +167,10 @@ impl<'a, A: Layered<'a>> LayeredModel<'a, A> {
                 }
             })
             .collect::<Result<Vec<_>, ArtifactError>>()?;
-        let arch = A::new(config, &Weights::resident(artifact, None, None))?;
+        let arch = A::new(
+            config,
+            &Weights::outside_layers(artifact, Arc::clone(&placement.tables)),
+        )?;
         if let Some(stream) = &experts {
             stream.prepare_cache(minirun_stream::budget::preparable_memory());
         }
@@ -178,7 +189,10 @@ impl<'a, A: Layered<'a>> LayeredModel<'a, A> {
 
     /// What every layer of the model asks for, recorded without a payload byte read: what a
     /// plan is made from.
-    pub fn weights(artifact: &Artifact, config: &A::Config) -> Result<ModelWeights, ArtifactError> {
+    pub fn weights(
+        artifact: &'a Artifact,
+        config: &A::Config,
+    ) -> Result<ModelWeights, ArtifactError> {
         A::record(config, artifact)
     }
 
@@ -208,7 +222,9 @@ impl<'a, A: Layered<'a>> LayeredModel<'a, A> {
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         let started = std::time::Instant::now();
+        let busy_before = self.artifact.read_busy();
         let hidden = self.arch.embed(tokens, stats)?;
+        stats.read_busy += self.artifact.read_busy().saturating_sub(busy_before);
         stats.outside_layers += started.elapsed();
         let mut state = (hidden, caches);
         let mut tried = vec![false; self.layers.len()];

@@ -141,7 +141,8 @@ pub fn greedy_bits(
 }
 
 /// A streamed run under `plan` (read-ahead as given, on `threads` threads) gives `resident`'s
-/// logit bits, hits no cached expert, reads exactly the plan's expert and layer bytes per step,
+/// logit bits, hits no cached expert, reads exactly the plan's expert, layer and table bytes per
+/// step,
 /// and holds at most the plan's cache and slot pool of experts.
 pub fn assert_streams_as_planned(
     session: &minirun_runtime::Session,
@@ -174,6 +175,11 @@ pub fn assert_streams_as_planned(
     assert_eq!(
         decode.layer_read_bytes,
         plan.layer_read_per_token * steps,
+        "{case}"
+    );
+    assert_eq!(
+        decode.table_read_bytes,
+        plan.table_read_per_token * steps,
         "{case}"
     );
     let (_, peak) = streamed.expert_memory().unwrap();

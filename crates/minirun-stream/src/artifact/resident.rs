@@ -201,29 +201,13 @@ impl Artifact {
     /// A plain integer tensor of `len` elements (I64 or I32, little-endian), widened to i64:
     /// DeepSeek V4's `tid2eid` tables.
     pub fn integers(&self, name: &str, len: usize) -> Result<Vec<i64>, ArtifactError> {
-        self.with_member(name, |bytes, member| {
-            let width = match member.source.dtype.as_str() {
-                "I64" => 8,
-                "I32" => 4,
-                other => {
-                    return Err(tensor_err(
-                        name,
-                        format!("is {other}, not an integer tensor"),
-                    ));
-                }
-            };
-            let shape_len = member
-                .source
-                .shape
-                .iter()
-                .try_fold(1usize, |n, &d| n.checked_mul(d));
-            if shape_len != Some(len) || bytes.len() != len * width || member.quantization.is_some()
-            {
+        let width = self.check_integers(name, len)?;
+        self.with_member(name, |bytes, _| {
+            if bytes.len() != len * width {
                 return Err(tensor_err(
                     name,
                     format!(
-                        "has shape {:?} in {} bytes; the config needs {len} integers",
-                        member.source.shape,
+                        "holds {} bytes; the config needs {len} integers",
                         bytes.len()
                     ),
                 ));
@@ -236,6 +220,48 @@ impl Artifact {
                 })
                 .collect())
         })
+    }
+
+    /// Checks, from the metadata alone, that `name` is a plain integer tensor of `len`
+    /// elements; its width in bytes.
+    pub fn check_integers(&self, name: &str, len: usize) -> Result<usize, ArtifactError> {
+        let member = match self.tensors.get(name) {
+            Some(Location::Member { member, .. })
+            | Some(Location::Banded {
+                member: Some(member),
+                ..
+            }) => member,
+            other => return Err(not_a_member(name, other)),
+        };
+        let width = match member.source.dtype.as_str() {
+            "I64" => 8,
+            "I32" => 4,
+            other => {
+                return Err(tensor_err(
+                    name,
+                    format!("is {other}, not an integer tensor"),
+                ));
+            }
+        };
+        let shape_len = member
+            .source
+            .shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d));
+        let bytes = len.checked_mul(width).map(|b| b as u64);
+        if shape_len != Some(len)
+            || bytes != Some(member.source.bytes)
+            || member.quantization.is_some()
+        {
+            return Err(tensor_err(
+                name,
+                format!(
+                    "has shape {:?} in {} bytes; the config needs {len} integers",
+                    member.source.shape, member.source.bytes
+                ),
+            ));
+        }
+        Ok(width)
     }
 
     /// A blob member's bytes (read once, then resident).

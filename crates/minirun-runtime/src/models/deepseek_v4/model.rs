@@ -23,12 +23,12 @@
 //! by position, so a chunk gives every position the bits a step gives it. Ties in a top-k go to
 //! the lower index.
 
-use crate::blocks::embedding::embed_tokens;
 use crate::blocks::mlp::{Activation, Mlp};
 use crate::blocks::moe::{RoutedExperts, run_routed, weighted_sum};
 use crate::blocks::norm::rms_norm;
 use crate::blocks::products::{add_rows, apply_batch, top_k};
 use crate::blocks::rope::Rope;
+use crate::blocks::tables::{embed_tokens, head_logits};
 use crate::engine::config::{ModelConfig, limits_from_fields};
 use crate::engine::decode_policy::{LayerState, Place, SequenceCache};
 use crate::engine::layered_model::{Layered, LayeredModel};
@@ -39,6 +39,7 @@ use minirun_stream::artifact::ArtifactError;
 use minirun_stream::experts::W1_W3_W2;
 use minirun_stream::plan::Shape;
 use minirun_stream::step::{ModelError, StepStats};
+use minirun_stream::tables::{Table, TableUse};
 use minirun_stream::weights::Weights;
 
 /// Added to the chosen experts' weight sum before dividing (transformers' router).
@@ -127,12 +128,12 @@ pub type Cache = SequenceCache<LayerCache>;
 /// The weights outside the layers, and what every layer's pass needs beside its own.
 pub struct DeepSeekV4Model<'a> {
     config: DeepSeekV4Config,
-    embed: QMatrix<'a>,
+    embed: Table<'a>,
     /// Per layer, the token's hash-routed experts (`[vocab, k]`), on hash layers.
     hash_tables: Vec<Option<Vec<i64>>>,
     head_hc: (Vec<f32>, Vec<f32>, f32),
     norm: Vec<f32>,
-    lm_head: QMatrix<'a>,
+    lm_head: Table<'a>,
     main_rope: Rope,
     compress_rope: Rope,
 }
@@ -356,8 +357,8 @@ impl<'a> Layered<'a> for DeepSeekV4Model<'a> {
         // V4 fixes YaRN's attention factor at 1.
         compress_rope.mscale = 1.0;
         Ok(DeepSeekV4Model {
-            embed: w.matrix("embed", c.vocab_size, c.hidden_size)?,
-            lm_head: w.matrix("head", c.vocab_size, c.hidden_size)?,
+            embed: w.table("embed", (c.vocab_size, c.hidden_size), TableUse::Embedding)?,
+            lm_head: w.table("head", (c.vocab_size, c.hidden_size), TableUse::Head)?,
             head_hc: (
                 w.vector("hc_head_fn", n * n * c.hidden_size)?,
                 w.vector("hc_head_base", n)?,
@@ -452,7 +453,7 @@ impl<'a> Layered<'a> for DeepSeekV4Model<'a> {
                 rms_norm(&h, &self.norm, c.rms_norm_eps)
             })
             .collect();
-        Ok(apply_batch(&self.lm_head, &xs, stats)?)
+        head_logits(&self.lm_head, &xs, stats)
     }
 }
 

@@ -12,12 +12,12 @@
 //! MLA uses the absorbed path (queries projected into the latent space, values read out of
 //! it) at every position, mlx-lm's decode path.
 
-use crate::blocks::embedding::embed_tokens;
 use crate::blocks::latent_attention::{LatentCache, LatentDims, LatentProjections, attend_latent};
 use crate::blocks::mlp::{Activation, Mlp};
 use crate::blocks::moe::{RoutedExperts, Routing, run_routed, weighted_sum};
 use crate::blocks::norm::{rms_norm, sigmoid, silu};
 use crate::blocks::products::{add_rows, apply_batch};
+use crate::blocks::tables::{embed_tokens, head_logits};
 use crate::engine::config::{ModelConfig, limits_from_fields};
 use crate::engine::decode_policy::{LayerState, Place, SequenceCache};
 use crate::engine::layered_model::{Layered, LayeredModel};
@@ -28,6 +28,7 @@ use minirun_stream::artifact::ArtifactError;
 use minirun_stream::experts::{STACKED, W1_W3_W2};
 use minirun_stream::plan::Shape;
 use minirun_stream::step::{ModelError, StepStats};
+use minirun_stream::tables::{Table, TableUse};
 use minirun_stream::weights::Weights;
 
 /// mlx-lm's hard-coded epsilons: the l2 norm of KDA's queries and keys adds it to Σx², and
@@ -115,10 +116,10 @@ pub type Cache = SequenceCache<LayerCache>;
 /// The weights outside the layers, and what every layer's pass needs beside its own.
 pub struct KimiK3Model<'a> {
     config: KimiK3Config,
-    embed: QMatrix<'a>,
+    embed: Table<'a>,
     output_mix: Vec<f32>,
     norm: Vec<f32>,
-    lm_head: QMatrix<'a>,
+    lm_head: Table<'a>,
 }
 
 /// Kimi K3 as a run holds it (see [`LayeredModel`]).
@@ -439,14 +440,17 @@ impl<'a> Layered<'a> for KimiK3Model<'a> {
     fn new(config: KimiK3Config, w: &Weights<'a>) -> Result<Self, ArtifactError> {
         let loader = Loader::new(w, &config)?;
         let (root, c) = (loader.root, &config);
-        let embed = w.matrix(
-            &format!("{root}model.embed_tokens"),
-            c.vocab_size,
-            c.hidden_size,
-        )?;
-        let lm_head = match c.tie_word_embeddings {
-            true => embed,
-            false => w.matrix(&format!("{root}lm_head"), c.vocab_size, c.hidden_size)?,
+        let shape = (c.vocab_size, c.hidden_size);
+        let embed_name = format!("{root}model.embed_tokens");
+        let (embed, lm_head) = match c.tie_word_embeddings {
+            true => {
+                let both = w.table(&embed_name, shape, TableUse::EmbeddingAndHead)?;
+                (both.clone(), both)
+            }
+            false => (
+                w.table(&embed_name, shape, TableUse::Embedding)?,
+                w.table(&format!("{root}lm_head"), shape, TableUse::Head)?,
+            ),
         };
         let output_mix = loader.mix_query(&format!("{root}model"), "output_attn_res")?;
         let norm = w.vector(&format!("{root}model.norm.weight"), c.hidden_size)?;
@@ -545,7 +549,7 @@ impl<'a> Layered<'a> for KimiK3Model<'a> {
                 rms_norm(&h, &self.norm, c.rms_norm_eps)
             })
             .collect();
-        Ok(apply_batch(&self.lm_head, &xs, stats)?)
+        head_logits(&self.lm_head, &xs, stats)
     }
 }
 
