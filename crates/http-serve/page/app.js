@@ -583,6 +583,7 @@ const PLAN_PARTS = [
   { key: 'cache_bytes', name: 'Expert cache', className: 'part-cache' },
   { key: 'slot_pool_bytes', name: 'Expert read slots', className: 'part-slots' },
   { key: 'layer_pool_bytes', name: 'Streamed layer buffers', className: 'part-layers' },
+  { key: 'table_pool_bytes', name: 'Embedding and head read buffers', className: 'part-tables' },
   { key: 'reserve_bytes', name: 'Reserve (context caches, working memory)', className: 'part-reserve' },
 ];
 
@@ -651,6 +652,12 @@ function renderPlan() {
   addFact(facts, 'Held MoE layers', `${formatCount(plan.held_layers)} of ${formatCount(plan.moe_layers)}`);
   addFact(facts, 'Read per token (predicted, no cache hits)',
     plan.read_per_token === 0 ? 'nothing: all resident' : formatBytes(plan.read_per_token));
+  if (Array.isArray(plan.tables_streamed) && plan.tables_streamed.length > 0) {
+    addFact(facts, 'Read by rows from disk', plan.tables_streamed.join(', '));
+  }
+  if (typeof plan.ranking === 'string' && plan.ranking !== '') {
+    addFact(facts, 'Held first (most bytes saved per byte)', plan.ranking);
+  }
 
   renderPlanBar(plan);
   renderPlanChange(plan);

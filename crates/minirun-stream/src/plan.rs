@@ -577,6 +577,32 @@ impl Plan {
         }
     }
 
+    /// What a decode step reads from storage with no cache hits: the streamed MoE layers'
+    /// chosen experts, the streamed layers' deterministic weights and the tables' rows left on
+    /// storage (nothing for a resident run).
+    pub fn read_per_token(&self) -> u64 {
+        match self.mode {
+            Mode::Resident => 0,
+            Mode::Streamed => {
+                self.uncached_read_per_token + self.layer_read_per_token + self.table_read_per_token
+            }
+        }
+    }
+
+    /// The tables the run reads by rows from storage, in words.
+    pub fn stored_table_labels(&self) -> Vec<String> {
+        self.tables
+            .iter()
+            .filter(|t| self.mode == Mode::Streamed && t.stored)
+            .map(|t| format!("{} ({})", table_label(t.used_as), t.name))
+            .collect()
+    }
+
+    /// What the budget above the floor holds first, in words (empty for a resident run).
+    pub fn ranking_line(&self) -> String {
+        ranking_line(&self.ranking)
+    }
+
     /// The tables the run reads by rows from storage.
     pub fn stored_tables(&self) -> StoredTables {
         StoredTables {

@@ -129,10 +129,7 @@ impl Projection {
         found: Result<Option<calibration::Calibration>, String>,
     ) -> Projection {
         let streamed = plan.mode == Mode::Streamed;
-        let bytes_per_token = match streamed {
-            true => plan.uncached_read_per_token + plan.layer_read_per_token,
-            false => 0,
-        };
+        let bytes_per_token = plan.read_per_token();
         let (calibration, why_none) = match (found, streamed) {
             (_, false) => (None, None),
             (Ok(Some(c)), true) => (Some(c), None),
@@ -182,7 +179,7 @@ fn live_line(step: &StepRecord, expert_memory: Option<(u64, u64)>, budget: u64) 
         step.seconds * 1e3,
         step.io_seconds * 1e3,
         step.read_busy_seconds * 1e3,
-        human(step.expert_read_bytes + step.layer_read_bytes),
+        human(step.expert_read_bytes + step.layer_read_bytes + step.table_read_bytes),
         step.expert_cache_hits,
         step.expert_cache_misses,
         human(held),
@@ -287,6 +284,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             "activations": session.artifact.activations(),
             "expert_read_bytes_per_token": figures.expert_read_bytes_per_token(),
             "layer_read_bytes_per_token": figures.layer_read_bytes_per_token(),
+            "table_read_bytes_per_token": figures.table_read_bytes_per_token(),
             "decode_io_seconds": io.io_time.as_secs_f64(),
             "decode_read_busy_seconds": io.read_busy.as_secs_f64(),
             "decode_outside_layers_seconds": io.outside_layers.as_secs_f64(),
@@ -335,11 +333,13 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     );
     if plan.mode == Mode::Streamed {
         eprintln!(
-            "streamed: {} of routed experts read per token (the plan's {} without cache hits), {} of streamed layers' attention, routers and shared experts (the plan's {}); {:.2} s of {:.2} s decoding waited for reads, while storage was busy for {:.2} s; expert cache {} hits / {} misses; {} experts read ahead on a guess, {} of them chosen, {} read for none; {} direct (O_DIRECT) and {} buffered (then dropped from the page cache) reads; resident {} + experts peak {} within budget {}; process peak RSS {}",
+            "streamed: {} of routed experts read per token (the plan's {} without cache hits), {} of streamed layers' attention, routers and shared experts (the plan's {}), {} of the embedding's and head's rows (the plan's {}); {:.2} s of {:.2} s decoding waited for reads, while storage was busy for {:.2} s; expert cache {} hits / {} misses; {} experts read ahead on a guess, {} of them chosen, {} read for none; {} direct (O_DIRECT) and {} buffered (then dropped from the page cache) reads; resident {} + experts peak {} within budget {}; process peak RSS {}",
             human(figures.expert_read_bytes_per_token()),
             human(plan.uncached_read_per_token),
             human(figures.layer_read_bytes_per_token()),
             human(plan.layer_read_per_token),
+            human(figures.table_read_bytes_per_token()),
+            human(plan.table_read_per_token),
             io.io_time.as_secs_f64(),
             figures.decode_time.as_secs_f64(),
             io.read_busy.as_secs_f64(),

@@ -189,7 +189,7 @@ impl Requests<'_, '_> {
         let now = Instant::now();
         let pass = Pass {
             tokens: self.generated_tokens - tokens_before,
-            read_bytes: stats.expert_read_bytes + stats.layer_read_bytes,
+            read_bytes: stats.expert_read_bytes + stats.layer_read_bytes + stats.table_read_bytes,
             cache_hits: stats.expert_cache_hits,
             cache_misses: stats.expert_cache_misses,
             wall: now.saturating_duration_since(started),

@@ -38,6 +38,8 @@ pub struct DialPlan {
     pub cache_bytes: u64,
     pub slot_pool_bytes: u64,
     pub layer_pool_bytes: u64,
+    /// Buffers for the embedding's and head's rows read from storage.
+    pub table_pool_bytes: u64,
     pub reserve_bytes: u64,
     pub streamed_layers: usize,
     pub layer_count: usize,
@@ -45,6 +47,10 @@ pub struct DialPlan {
     pub moe_layers: usize,
     /// Bytes a token reads from storage when the expert cache holds none of what it needs.
     pub read_per_token: u64,
+    /// The tables read by rows from storage (`the head (lm_head.weight)`).
+    pub tables_streamed: Vec<String>,
+    /// What the budget holds first, in words (empty for a resident run).
+    pub ranking: String,
     /// Starts a server with this budget.
     pub command: String,
 }
@@ -104,20 +110,16 @@ fn entry(label: &str, plan: &Plan, running: bool, artifact: &str) -> DialPlan {
         cache_bytes: plan.cache_bytes,
         slot_pool_bytes: plan.slot_pool_bytes,
         layer_pool_bytes: plan.layer_pool_bytes,
+        table_pool_bytes: plan.table_pool_bytes,
         reserve_bytes: plan.reserve_bytes,
         streamed_layers: plan.streamed_layers.len(),
         layer_count: plan.layer_count,
         held_layers: plan.held_layers.len(),
         moe_layers: plan.moe_layers,
-        read_per_token: read_per_token(plan),
+        read_per_token: plan.read_per_token(),
+        tables_streamed: plan.stored_table_labels(),
+        ranking: plan.ranking_line(),
         command: format!("minirun serve {artifact} --budget {}", plan.budget),
     }
 }
 
-/// What a token reads from storage under `plan` with no cache hits.
-pub fn read_per_token(plan: &Plan) -> u64 {
-    match plan.mode {
-        Mode::Resident => 0,
-        Mode::Streamed => plan.uncached_read_per_token + plan.layer_read_per_token,
-    }
-}

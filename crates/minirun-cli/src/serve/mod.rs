@@ -211,7 +211,7 @@ fn spawn_engine(
                         let meter = Arc::new(Meter::new(Planned {
                             budget: plan.budget,
                             resident_bytes: plan.resident_bytes + plan.held_bytes,
-                            read_per_token: memory::read_per_token(&plan),
+                            read_per_token: plan.read_per_token(),
                         }));
                         let _ = ready.send(Ok(Ready {
                             lines,

@@ -89,13 +89,15 @@ pub struct StepRecord {
     /// Position of the token the step ran.
     pub position: usize,
     pub seconds: f64,
-    /// Of which waiting for reads (experts and streamed layers).
+    /// Of which waiting for reads (experts, streamed layers, table rows).
     pub io_seconds: f64,
     /// Wall time at least one of the step's reads was in flight, hidden under compute or not.
     pub read_busy_seconds: f64,
     pub expert_read_bytes: u64,
     /// Deterministic weights of streamed layers read.
     pub layer_read_bytes: u64,
+    /// Rows of the embedding and the head read.
+    pub table_read_bytes: u64,
     pub expert_cache_hits: u64,
     pub expert_cache_misses: u64,
     pub weight_bytes: u64,
@@ -147,6 +149,11 @@ impl Figures {
     /// Deterministic bytes of streamed layers read from storage per decode step.
     pub fn layer_read_bytes_per_token(&self) -> u64 {
         self.decode_io.layer_read_bytes / (self.decode_steps as u64).max(1)
+    }
+
+    /// Bytes of the embedding's and head's rows read from storage per decode step.
+    pub fn table_read_bytes_per_token(&self) -> u64 {
+        self.decode_io.table_read_bytes / (self.decode_steps as u64).max(1)
     }
 }
 
@@ -220,6 +227,7 @@ pub fn generate<D: Decoder>(
             read_busy_seconds: stats.read_busy.as_secs_f64(),
             expert_read_bytes: stats.expert_read_bytes,
             layer_read_bytes: stats.layer_read_bytes,
+            table_read_bytes: stats.table_read_bytes,
             expert_cache_hits: stats.expert_cache_hits,
             expert_cache_misses: stats.expert_cache_misses,
             weight_bytes: stats.weight_bytes,
