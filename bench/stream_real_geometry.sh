@@ -52,7 +52,17 @@
 #
 #   bench/stream_real_geometry.sh [--geometry v4-flash|k3|all] [--layers N] [--tokens T]
 #                                 [--reads-in-flight D|best] [--activations f32|int8]
-#                                 [--stream-every-layer] [--rounds N] [--json]
+#                                 [--stream-every-layer] [--rounds N] [--caps "B/s ..."|none]
+#                                 [--json]
+#
+# Capped rows (--caps, default "400000000 1000000000": the USB3 and USB4 classes of storage): the
+# floor run again inside a block-I/O cgroup that throttles reads of the artifact's device to each
+# rate (cgroup v2 io.max rbps=, v1 blkio.throttle.read_bps_device), so that the limit the run is
+# held to is known rather than measured from a disk whose rate drifts: each such row has
+# cap_bytes_per_s, limit_s_per_token (bytes read a token / the cap), ratio_to_limit against it,
+# and stall_s_per_token (waiting for reads) and compute_s_per_token (the rest). Rows without a
+# cap (cap_bytes_per_s null) are against the device's measured rate. Where no throttle can be
+# set (it needs root and a block-I/O controller), the capped runs are left out, saying so.
 #
 # --rounds N runs the four runs N times, in the same order each round, and measures the device
 # (`minirun bench storage`, every depth for a second) right before each run: the disk's rate
@@ -105,6 +115,7 @@ DEPTH_ASKED=8
 ACTIVATIONS=f32
 EVERY_LAYER=()
 ROUNDS=1
+CAPS="400000000 1000000000"
 JSON=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -115,6 +126,7 @@ while [ $# -gt 0 ]; do
     --activations) ACTIVATIONS="$2"; shift 2 ;;
     --stream-every-layer) EVERY_LAYER=(--stream-every-layer); shift ;;
     --rounds) ROUNDS="$2"; shift 2 ;;
+    --caps) CAPS="$2"; shift 2 ;;
     --json) JSON=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -123,6 +135,12 @@ done
 case "$ROUNDS" in
   ''|*[!0-9]*|0) echo "--rounds takes a positive whole number, not $ROUNDS" >&2; exit 2 ;;
 esac
+[ "$CAPS" = none ] && CAPS=""
+for cap in $CAPS; do
+  case "$cap" in
+    ''|*[!0-9]*|0) echo "--caps takes rates in bytes a second (or none), not $cap" >&2; exit 2 ;;
+  esac
+done
 case "$ACTIVATIONS" in
   f32|int8) ;;
   *) echo "unknown activations $ACTIVATIONS: f32 or int8" >&2; exit 2 ;;
@@ -317,12 +335,23 @@ measure_geometry() {
   resident_run
   local round
   for round in $(seq "$ROUNDS"); do
-    for run in floor balanced balanced-unguessed floor-unverified; do
-      budget=${run%-*}
+    local runs=(floor balanced balanced-unguessed floor-unverified) cap
+    if [ -n "$CAPS" ]; then
+      if can_throttle "$ART"; then
+        for cap in $CAPS; do runs+=("floor-cap$cap"); done
+      else
+        echo "  (no block-I/O throttle can be set here: the capped runs are left out)"
+      fi
+    fi
+    printf '%s\n' "${runs[@]}" > "$RUNS/runs"
+    for run in "${runs[@]}"; do
+      budget=${run%%-*}
       extra=()
+      READ_CAP=""
       case "$run" in
         *-unverified) extra=(--unverified) ;;
         *-unguessed) extra=(--guessed-layers 0) ;;
+        *-cap*) READ_CAP=${run##*-cap} ;;
       esac
       bytes=$("$MINIRUN" run "$ART" --prompt "$PROMPT" --max-tokens 1 --json --budget "$budget" \
         "${EVERY_LAYER[@]}" | python3 -c "import json, sys; print(json.load(sys.stdin)['plan']['budget'])")
@@ -332,6 +361,7 @@ measure_geometry() {
       echo "== round $round/$ROUNDS: minirun run --budget $budget ${EVERY_LAYER[*]} ${extra[*]} ($((bytes >> 20)) MiB)"
       in_cgroup $((bytes + OVERHEAD)) "$RUNS/run-$run-$round.json" "${STREAMED_RUN[@]}" --budget "$budget" "${extra[@]}"
     done
+    READ_CAP=""
   done
   measure_device after
   echo "$LAYERS" > "$RUNS/layers"
@@ -363,7 +393,7 @@ every_asked = {g: json.load(open(f"{work}/{g}-runs/run-floor-1.json"))["plan"]["
 for g, asked in every_asked.items():
     if asked:
         print(f"{g}: every layer streamed as asked (--stream-every-layer), whether or not the budget would hold it")
-print("\n| geometry | budget | layers | s/token | bytes/token (experts + layers) | expert bytes/token vs the reference's | "
+print("\n| geometry | budget | layers | s/token | bytes/token (experts + layers + embedding and head) | expert bytes/token vs the reference's | "
       "limit s/token (bytes / bandwidth) | ratio to limit | ratio to the rate just before the run | waiting for reads s/token | ratio to max(limit, all in memory) | "
       "projected reads s/token (measured / projected) | device read | "
       "s/token at the model's layers (extrapolated) | guessed experts: right, wasted/token | bits = all in memory |")
@@ -389,8 +419,9 @@ for geometry in geometries:
                  f"dd iflag=direct {dd_bps/1e9:.2f} GB/s); every weight in memory ({check}): "
                  f"{1e3/resident['tokens_per_second']:.0f} ms/token")
     rounds = int(open(f"{runs}/rounds").read())
-    for run in ("floor", "balanced", "balanced-unguessed", "floor-unverified"):
+    for run in open(f"{runs}/runs").read().split():
         budget = run.split("-")[0]
+        cap = int(run.split("-cap")[1]) if "-cap" in run else None
         measured = []
         for k in range(1, rounds + 1):
             r = load(f"run-{run}-{k}")
@@ -399,7 +430,8 @@ for geometry in geometries:
             adjacent = max(d["gb_per_second"] for d in load(f"storage-{run}-{k}")["depths"]) * 1e9
             steps = max(r["decode_steps"], 1)
             s_token = 1 / r["tokens_per_second"]
-            bytes_token = r["expert_read_bytes_per_token"] + r["layer_read_bytes_per_token"]
+            bytes_token = (r["expert_read_bytes_per_token"] + r["layer_read_bytes_per_token"]
+                           + r.get("table_read_bytes_per_token", 0))
             measured.append({
                 "r": r, "steps": steps, "s_token": s_token, "bytes_token": bytes_token,
                 "adjacent": adjacent, "waiting": r["decode_io_seconds"] / steps,
@@ -415,7 +447,8 @@ for geometry in geometries:
         r, steps = middle["r"], middle["steps"]
         s_token, waiting, outside = med("s_token"), med("waiting"), med("outside")
         bytes_token = round(med("bytes_token"))
-        limit = bytes_token / bandwidth
+        rate = cap or bandwidth
+        limit = bytes_token / rate
         # What no streamed run can beat: its reads at the device's best, or the same tokens
         # computed with every weight in memory, whichever takes longer.
         bound = max(limit, in_memory)
@@ -427,7 +460,7 @@ for geometry in geometries:
         reference = reference_expert_bytes(geometry, layers)
         equal = all(m["r"]["logits_sha256"] == resident["logits_sha256"] for m in measured)
         device = round(med("device"))
-        ratios = [m["s_token"] / (m["bytes_token"] / bandwidth) for m in measured] if limit else []
+        ratios = [m["s_token"] / (m["bytes_token"] / rate) for m in measured] if limit else []
         row = {
             "geometry": geometry, "budget": budget, "budget_bytes": r["plan"]["budget"],
             "activations": activations,
@@ -435,6 +468,10 @@ for geometry in geometries:
             "expert_bytes_per_token": r["expert_read_bytes_per_token"],
             "reference_expert_bytes_per_token_scaled": round(reference),
             "read_bandwidth": bandwidth, "ratio_to_limit": statistics.median(ratios) if ratios else None,
+            "cap_bytes_per_s": cap, "limit_s_per_token": limit,
+            "limit_against": "cap" if cap else "measured device rate",
+            "table_bytes_per_token": r.get("table_read_bytes_per_token", 0),
+            "stall_s_per_token": waiting, "compute_s_per_token": s_token - waiting,
             "rounds": rounds, "s_per_token_range": span("s_token"),
             "ratio_to_limit_range": [min(ratios), max(ratios)] if ratios else None,
             "adjacent_read_bandwidths": [m["adjacent"] for m in measured],
@@ -469,6 +506,8 @@ for geometry in geometries:
         guesses = (f"{row['guess_hit_rate']:.0%}, {row['guess_wasted_bytes_per_token']/mib:.1f} MiB"
                    if row["guess_hit_rate"] is not None else f"none ({row['guessed_layers']} layers guessed)")
         label = {"floor-unverified": ", unverified", "balanced-unguessed": ", --guessed-layers 0"}.get(run, "")
+        if cap:
+            label = f", reads capped at {cap / 1e6:.0f} MB/s"
         print(f"| {geometry} | {budget} ({r['plan']['budget']/mib:.0f} MiB){label} | {layers} | {s_token:.3f} | "
               f"{bytes_token/mib:.1f} MiB | {r['expert_read_bytes_per_token']/reference:.4f} | {limit:.3f} | {ratio} | "
               f"{adjacent_ratio} | {waiting:.3f} | "

@@ -35,7 +35,11 @@ use crate::experts::{ExpertCache, ExpertParts};
 use crate::layer_stream;
 use crate::model_weights::ModelWeights;
 use crate::ranking::{Holdable, Ranked, fill, rank};
-use crate::tables::{StoredTables, TABLE_TILE_BYTES, TableTerms, TableUse};
+
+mod describe;
+
+use crate::tables::{StoredTables, TABLE_TILE_BYTES, TableTerms};
+use describe::table_label;
 
 /// Activations, the tokenizer and the runtime's own heap, beside the KV cache.
 pub const FIXED_RESERVE: u64 = 16 << 20;
@@ -279,15 +283,6 @@ impl Floors {
             floor_resident,
             floor_pool,
         }
-    }
-}
-
-/// What a table is, in words.
-fn table_label(used_as: TableUse) -> &'static str {
-    match used_as {
-        TableUse::Embedding => "the embedding",
-        TableUse::Head => "the head",
-        TableUse::EmbeddingAndHead => "the embedding and head",
     }
 }
 
@@ -589,20 +584,6 @@ impl Plan {
         }
     }
 
-    /// The tables the run reads by rows from storage, in words.
-    pub fn stored_table_labels(&self) -> Vec<String> {
-        self.tables
-            .iter()
-            .filter(|t| self.mode == Mode::Streamed && t.stored)
-            .map(|t| format!("{} ({})", table_label(t.used_as), t.name))
-            .collect()
-    }
-
-    /// What the budget above the floor holds first, in words (empty for a resident run).
-    pub fn ranking_line(&self) -> String {
-        ranking_line(&self.ranking)
-    }
-
     /// The tables the run reads by rows from storage.
     pub fn stored_tables(&self) -> StoredTables {
         StoredTables {
@@ -649,174 +630,5 @@ impl Plan {
                 + self.cache_bytes,
         );
         ExpertCache::new(self.cache_bytes, self.moe_layers - self.held_layers.len())
-    }
-
-    /// The plan in lines, for the run's header.
-    pub fn describe(&self) -> Vec<String> {
-        let pool = match self.floor_layer_pool_bytes {
-            0 => String::new(),
-            p => format!(
-                " + layer buffers {} (2 x {})",
-                human(p),
-                human(self.layer_allocated_bytes)
-            ),
-        };
-        let mut lines = vec![format!(
-            "budget {} ({}): floor {} = resident {} + embedding and head {}{pool} + slot pool {} ({} x {}) + reserve {}",
-            human(self.budget),
-            match (self.mode, self.streamed_layers.is_empty()) {
-                (Mode::Resident, _) => "fully resident",
-                (Mode::Streamed, true) => "routed experts streamed",
-                (Mode::Streamed, false) => match self.layers {
-                    Layers::StreamEvery => "routed experts and every layer streamed, as asked",
-                    Layers::HoldWhatFits => "routed experts and some layers streamed",
-                },
-            },
-            human(self.floor),
-            human(self.floor_resident_bytes),
-            human(self.floor_tables_bytes),
-            human(self.slot_pool_bytes),
-            self.experts_per_token,
-            human(self.expert_allocated_bytes),
-            human(self.reserve_bytes),
-        )];
-        if !self.streamed_layers.is_empty() {
-            lines.push(format!(
-                "streamed each step: the attention, router and shared experts of {} of {} layers ({}), {} a token, {}; resident {}",
-                self.streamed_layers.len(),
-                self.layer_count,
-                layer_list(&self.streamed_layers),
-                human(self.layer_read_per_token),
-                match self.read_ahead {
-                    true => "the next layer read while the current one computes",
-                    false => "no read-ahead",
-                },
-                human(self.resident_bytes),
-            ));
-        }
-        let stored: Vec<String> = self
-            .tables
-            .iter()
-            .filter(|t| self.mode == Mode::Streamed && t.stored)
-            .map(|t| match t.used_as {
-                TableUse::Embedding => format!("{} a row a token", table_label(t.used_as)),
-                _ => format!(
-                    "{} ({}) in tiles of {}",
-                    table_label(t.used_as),
-                    human(t.resident_bytes),
-                    human(self.table_tile_bytes)
-                ),
-            })
-            .collect();
-        if !stored.is_empty() {
-            lines.push(format!(
-                "read by rows from storage: {}; {} a token, the next tile read while one computes",
-                stored.join(", "),
-                human(self.table_read_per_token),
-            ));
-        }
-        if !self.ranking.is_empty() {
-            lines.push(format!(
-                "above the floor, most bytes saved a token per byte held first: {}",
-                ranking_line(&self.ranking)
-            ));
-        }
-        if self.mode == Mode::Streamed {
-            if !self.held_layers.is_empty() {
-                lines.push(format!(
-                    "held whole: {} of {} MoE layers ({}), {}, read once at load",
-                    self.held_layers.len(),
-                    self.moe_layers,
-                    layer_list(&self.held_layers),
-                    human(self.held_bytes),
-                ));
-            }
-            lines.push(format!(
-                "streamed: the routed experts of {} MoE layers ({} in all); expert cache {}; without cache hits a token reads {}; {}",
-                self.moe_layers - self.held_layers.len(),
-                human(self.routed_bytes),
-                human(self.cache_bytes),
-                human(self.uncached_read_per_token),
-                match self.guessed_layers {
-                    0 => "no expert read ahead on a guess".to_string(),
-                    1 => format!("each layer's experts read ahead on a guess before its attention, in a slot pool of {} taken from the cache", human(self.slot_pool_bytes)),
-                    n => format!("{n} layers' experts read ahead on a guess at once, in {n} slot pools taken from the cache"),
-                },
-            ));
-        }
-        lines
-    }
-}
-
-/// The ranking in words: runs of neighbouring layers alike (held or not, same share) merged,
-/// `layers 0-3 (100%) held, the head (lm_head.weight) (100%) streamed, ...`.
-fn ranking_line(ranked: &[Ranked]) -> String {
-    let mut parts: Vec<(Vec<usize>, &Ranked)> = Vec::new();
-    for item in ranked {
-        let layer = match item.what {
-            Holdable::Layer { layer } => Some(layer),
-            _ => None,
-        };
-        match (parts.last_mut(), layer) {
-            (Some((layers, last)), Some(l))
-                if matches!(last.what, Holdable::Layer { .. })
-                    && last.held == item.held
-                    && last.percent == item.percent =>
-            {
-                layers.push(l)
-            }
-            (_, Some(l)) => parts.push((vec![l], item)),
-            (_, None) => parts.push((Vec::new(), item)),
-        }
-    }
-    parts
-        .iter()
-        .map(|(layers, item)| {
-            let what = match layers.is_empty() {
-                true => item.label.clone(),
-                false => layer_list(layers),
-            };
-            let state = if item.held { "held" } else { "streamed" };
-            match item.percent {
-                u64::MAX => format!("{what} (costs nothing) {state}"),
-                p => format!("{what} ({p}%) {state}"),
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// `3-5, 9` for layers 3, 4, 5 and 9.
-fn layer_list(layers: &[usize]) -> String {
-    let mut runs: Vec<(usize, usize)> = Vec::new();
-    for &layer in layers {
-        match runs.last_mut() {
-            Some((_, end)) if *end + 1 == layer => *end = layer,
-            _ => runs.push((layer, layer)),
-        }
-    }
-    let shown: Vec<String> = runs
-        .iter()
-        .map(|&(a, b)| match a == b {
-            true => a.to_string(),
-            false => format!("{a}-{b}"),
-        })
-        .collect();
-    format!(
-        "layer{} {}",
-        if layers.len() == 1 { "" } else { "s" },
-        shown.join(", ")
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::layer_list;
-
-    #[test]
-    fn held_layers_are_listed_as_runs() {
-        assert_eq!(layer_list(&[3]), "layer 3");
-        assert_eq!(layer_list(&[1, 2, 3, 7]), "layers 1-3, 7");
-        assert_eq!(layer_list(&[1, 3]), "layers 1, 3");
     }
 }

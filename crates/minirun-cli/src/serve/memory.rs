@@ -122,4 +122,3 @@ fn entry(label: &str, plan: &Plan, running: bool, artifact: &str) -> DialPlan {
         command: format!("minirun serve {artifact} --budget {}", plan.budget),
     }
 }
-

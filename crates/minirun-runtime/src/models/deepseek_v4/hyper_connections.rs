@@ -4,8 +4,8 @@
 //! stochastic by Sinkhorn iterations); a last such collapse (`hc_head`) before the final norm.
 
 use crate::blocks::norm::sigmoid;
+use crate::blocks::norm::unweighted_norm;
 use crate::models::deepseek_v4::config::DeepSeekV4Config;
-use crate::models::deepseek_v4::model::unweighted_norm;
 
 /// A hyper-connection's parameters: `fn` `[(2 + n) n, n hidden]`, `base`, and the three scales.
 pub(super) struct HyperConnection {

@@ -25,7 +25,7 @@
 
 use crate::blocks::mlp::{Activation, Mlp};
 use crate::blocks::moe::{RoutedExperts, run_routed, weighted_sum};
-use crate::blocks::norm::rms_norm;
+use crate::blocks::norm::{rms_norm, unweighted_norm};
 use crate::blocks::products::{add_rows, apply_batch, top_k};
 use crate::blocks::rope::Rope;
 use crate::blocks::tables::{embed_tokens, head_logits};
@@ -733,13 +733,6 @@ fn hash_table(w: &Weights, c: &DeepSeekV4Config, layer: usize) -> Result<Vec<i64
 /// `softplus(x) = ln(1 + e^x)`, `x` itself above 20 (torch's threshold).
 fn softplus(x: f32) -> f32 {
     if x > 20.0 { x } else { x.exp().ln_1p() }
-}
-
-/// `x · rsqrt(mean(x²) + eps)` in place (no weight).
-pub(super) fn unweighted_norm(x: &mut [f32], eps: f32) {
-    let mean = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
-    let inv = 1.0 / (mean + eps).sqrt();
-    x.iter_mut().for_each(|v| *v *= inv);
 }
 
 /// Each position's compressor projections: `(values, gates)`.
