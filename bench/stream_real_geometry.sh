@@ -40,8 +40,8 @@
 # per token for LAYERS layers is extrapolated to the model's 43 (V4) or 93 (K3) layers: the time
 # outside the layers (embedding and head, which `minirun run --json` reports) plus the rest
 # scaled by the layer count (for K3 this overstates: its first layer is the dense 2.3 GB one, the
-# others 0.8 to 1.3 GB and their experts); bytes per token scale the same way. A run that holds
-# layers has none (null). The
+# others 0.8 to 1.3 GB and their experts); bytes per token scale the same way, but for the
+# embedding's and head's rows, read once a token. A run that holds layers has none (null). The
 # expert bytes per token are set beside the reference runtime's figure: V4, its published
 # 3,449,340,288 expert bytes a token over 43 layers, scaled to LAYERS; K3, 16 experts x three
 # projections of 5,849,088 bytes (the published containers' stride) per mixture-of-experts layer,
@@ -447,6 +447,7 @@ for geometry in geometries:
         r, steps = middle["r"], middle["steps"]
         s_token, waiting, outside = med("s_token"), med("waiting"), med("outside")
         bytes_token = round(med("bytes_token"))
+        table_bytes = r.get("table_read_bytes_per_token", 0)
         rate = cap or bandwidth
         limit = bytes_token / rate
         # What no streamed run can beat: its reads at the device's best, or the same tokens
@@ -470,7 +471,7 @@ for geometry in geometries:
             "read_bandwidth": bandwidth, "ratio_to_limit": statistics.median(ratios) if ratios else None,
             "cap_bytes_per_s": cap, "limit_s_per_token": limit,
             "limit_against": "cap" if cap else "measured device rate",
-            "table_bytes_per_token": r.get("table_read_bytes_per_token", 0),
+            "table_bytes_per_token": table_bytes,
             "stall_s_per_token": waiting, "compute_s_per_token": s_token - waiting,
             "rounds": rounds, "s_per_token_range": span("s_token"),
             "ratio_to_limit_range": [min(ratios), max(ratios)] if ratios else None,
@@ -481,7 +482,9 @@ for geometry in geometries:
             "bound": "reads" if limit >= in_memory else "compute",
             "read_wait_s_per_token": waiting,
             "s_per_token_model_layers": s_model, "model_layers": model_layers,
-            "bytes_per_token_model_layers": round(bytes_token * model_layers / layers) if every_layer_streams else None,
+            # The embedding's and head's rows are read once a token, whatever the layer count.
+            "bytes_per_token_model_layers": round(table_bytes + (bytes_token - table_bytes) * model_layers / layers)
+            if every_layer_streams else None,
             "outside_layers_s_per_token": outside, "device_read_bytes": device,
             "tokens": r["decode_steps"], "verified": r["verified"], "bits_equal_resident": equal,
             "resident_check": check,
