@@ -15,7 +15,7 @@ mod train_cmd;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 // candle allocates a fresh buffer per tensor op; glibc malloc returns large ones to the
 // kernel each time (page faults and zeroing), mimalloc reuses them: nano trains 1.8x faster.
@@ -25,7 +25,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Parser)]
 #[command(
     name = "dormouse",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("BUILD_COMMIT"), ")"),
     propagate_version = true,
     about = "Train a small byte-level language model with an Engram memory, export it to one .dmexp file, and generate from it or serve it",
     after_help = "Start with `dormouse quickstart` (about 2 minutes): it trains nano on the embedded corpus,
@@ -46,6 +46,15 @@ enum Command {
     Serve(serve_cmd::Args),
     Quickstart(quickstart_cmd::Args),
     Plot(plot_cmd::Args),
+    /// Prints the shell's completion script for dormouse.
+    #[command(after_help = "Examples:
+  dormouse completions bash > ~/.local/share/bash-completion/completions/dormouse
+  dormouse completions zsh > ~/.zfunc/_dormouse      # with fpath+=(~/.zfunc) in ~/.zshrc
+  dormouse completions fish > ~/.config/fish/completions/dormouse.fish")]
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
 }
 
 impl Command {
@@ -78,5 +87,12 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve_cmd::main(args),
         Command::Quickstart(args) => quickstart_cmd::main(args),
         Command::Plot(args) => plot_cmd::main(args),
+        Command::Completions { shell } => {
+            // Into a buffer first: clap_complete panics on a failed write (`| head`).
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "dormouse", &mut script);
+            let _ = std::io::Write::write_all(&mut std::io::stdout(), &script);
+            ExitCode::SUCCESS
+        }
     }
 }

@@ -15,7 +15,7 @@ mod verify;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 // Streamed runs allocate and free tile buffers on many short-lived read threads; glibc's
 // per-thread arenas keep freed buffers mapped (a 1 GiB budget ran at 1.37 GiB of RSS), while
@@ -26,7 +26,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Parser)]
 #[command(
     name = "minirun",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("BUILD_COMMIT"), ")"),
     about = "Inspect, verify and run quantized tile-container artifacts",
     long_about = "minirun works with artifacts: byte-preserving repacks of quantized upstream checkpoints \
                   into 16 KiB-aligned MNRNTIL1 tile containers, described by an index.json."
@@ -181,6 +181,15 @@ Exit status: 0 stopped on SIGTERM or Ctrl-C; 1 an error (a refused artifact, bud
     /// Benchmarks of what minirun's reads get from this machine.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Prints the shell's completion script for minirun.
+    #[command(after_help = "Examples:
+  minirun completions bash > ~/.local/share/bash-completion/completions/minirun
+  minirun completions zsh > ~/.zfunc/_minirun        # with fpath+=(~/.zfunc) in ~/.zshrc
+  minirun completions fish > ~/.config/fish/completions/minirun.fish")]
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
 }
 
 impl Command {
@@ -199,7 +208,8 @@ impl Command {
             | Command::Download(_)
             | Command::Sign(_)
             | Command::Plan(_)
-            | Command::Quickstart(_) => None,
+            | Command::Quickstart(_)
+            | Command::Completions { .. } => None,
         }
     }
 }
@@ -228,6 +238,13 @@ fn main() -> ExitCode {
         Command::Run(args) => threads::on_pool(|| run::run(&args)),
         Command::Serve(args) => serve::serve(&args),
         Command::Bench(command) => bench::run(&command),
+        Command::Completions { shell } => {
+            // Into a buffer first: clap_complete panics on a failed write (`| head`).
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "minirun", &mut script);
+            let _ = std::io::Write::write_all(&mut std::io::stdout(), &script);
+            Ok(ExitCode::SUCCESS)
+        }
     };
     match result {
         Ok(code) => code,

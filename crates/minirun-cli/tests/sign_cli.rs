@@ -32,7 +32,7 @@ fn ssh_keygen(args: &[&str], stdin: Option<&Path>) -> Output {
     }
     command
         .output()
-        .expect("ssh-keygen (Debian's openssh-client) must be installed: .ci/run installs it")
+        .expect("ssh-keygen (Debian's openssh-client) must be installed: tools/test.sh, the test command, installs it")
 }
 
 /// The fixture packed (with the golden statement's identity) into `dir/art`, signed by `key`.

@@ -34,7 +34,7 @@ fn chromium() -> PathBuf {
         }
     }
     panic!(
-        "the page tests drive a real browser and found none: install Chromium (apt-get install chromium) or name one in CHROME"
+        "the page tests drive a real browser and found none: run the tests with tools/test.sh, which installs Chromium, or install it (apt-get install chromium), or name one in CHROME"
     );
 }
 
