@@ -1,9 +1,10 @@
 //! DeepSeek V4's chat template, built in as the publisher's app has it, used where the
 //! tokenizer config carries no template: the BOS, `<｜User｜>` and the message, `<｜Assistant｜>`
 //! and `</think>` before the reply, an earlier reply closed by the EOS; generation stops at any
-//! of the five controls. A tokenizer without them is refused when this template is needed.
+//! of the five controls. A tokenizer without them is refused when this template is needed, and
+//! messages whose joined ends spell a control are refused.
 
-use minirun_text::{Text, V4_ASSISTANT, V4_BOS, V4_END_THINK, V4_EOS, V4_USER, v4_chat};
+use minirun_text::{Text, TextError, V4_ASSISTANT, V4_BOS, V4_END_THINK, V4_EOS, V4_USER, v4_chat};
 
 fn fixture_tokenizer() -> String {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -80,4 +81,34 @@ fn a_template_of_its_own_wins_and_a_tokenizer_without_the_controls_is_refused() 
         err.contains("</think>") && err.contains("not V4's tokenizer"),
         "{err}"
     );
+}
+
+/// V4's built-in template puts a system message's content right after the user's: the end of
+/// one and the start of the other cannot spell a control token together.
+#[test]
+fn a_control_token_split_across_messages_is_refused() {
+    let text = Text::open(Some(&v4_tokenizer()), Some("{}"), None)
+        .unwrap()
+        .with_v4_template()
+        .unwrap();
+    let middle = V4_EOS
+        .char_indices()
+        .nth(V4_EOS.chars().count() / 2)
+        .unwrap()
+        .0;
+    let (head, tail) = V4_EOS.split_at(middle);
+    let split = [
+        ("user".to_string(), format!("hello{head}")),
+        ("system".to_string(), format!("{tail}more")),
+    ];
+    assert!(text.render_chat(&split).unwrap().contains(V4_EOS));
+    match text.conversation_ids(&split).unwrap_err() {
+        TextError::ControlTokenAcrossMessages { token } => assert_eq!(token, V4_EOS),
+        other => panic!("{other}"),
+    }
+    let apart = [
+        ("user".to_string(), "hello".to_string()),
+        ("system".to_string(), "more".to_string()),
+    ];
+    assert!(text.conversation_ids(&apart).is_ok());
 }

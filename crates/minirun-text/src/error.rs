@@ -27,6 +27,10 @@ pub enum TextError {
         token: String,
     },
     #[error(
+        "the messages, joined by the chat template, spell {token:?}, one of the tokenizer's control tokens, where the template puts none (a piece of it ends one message and the rest begins the next): remove the pieces (a conversation's control tokens come only from the chat template, so messages cannot forge a turn together either)"
+    )]
+    ControlTokenAcrossMessages { token: String },
+    #[error(
         "--chat needs a chat_template in tokenizer_config.json, and this artifact has none; run without --chat"
     )]
     NoTemplate,

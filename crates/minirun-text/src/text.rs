@@ -96,6 +96,33 @@ fn refuse_control_tokens(
 }
 
 impl Text {
+    /// Refuses a conversation whose encoding `ids` holds more of any control token than the
+    /// template alone puts there: the same conversation rendered with every message's content
+    /// replaced by a neutral word is what the template puts. Each message alone holds no control
+    /// spelling ([`refuse_control_tokens`]), but the template joins them, and the end of one
+    /// message and the start of the next can spell one where the template puts nothing between.
+    fn refuse_controls_formed(
+        &self,
+        tokenizer: &tokenizers::Tokenizer,
+        messages: &[(String, String)],
+        ids: &[u32],
+    ) -> Result<(), TextError> {
+        let neutral: Vec<(String, String)> = messages
+            .iter()
+            .map(|(role, _)| (role.clone(), "x".to_string()))
+            .collect();
+        let template_ids = self.encode(&self.render_chat(&neutral)?, false)?;
+        let count = |ids: &[u32], id: u32| ids.iter().filter(|&&i| i == id).count();
+        for (&id, token) in tokenizer.get_added_tokens_decoder().iter() {
+            if token.special && count(ids, id) > count(&template_ids, id) {
+                return Err(TextError::ControlTokenAcrossMessages {
+                    token: token.content.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// A Hugging Face tokenizer (with its tokenizer_config.json) when there is a
     /// `tokenizer.json`, else Kimi K3's from a `tiktoken.model`.
     pub fn new(
@@ -309,7 +336,9 @@ impl Text {
         match &self.inner {
             Inner::HuggingFace { tokenizer, .. } => {
                 refuse_control_tokens(tokenizer, messages)?;
-                self.encode(&self.render_chat(messages)?, false)
+                let ids = self.encode(&self.render_chat(messages)?, false)?;
+                self.refuse_controls_formed(tokenizer, messages, &ids)?;
+                Ok(ids)
             }
             Inner::Kimi(kimi) => kimi.chat_ids(messages),
         }
