@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command: installs what the tests need beside Rust, says what it installed,
-# then runs `cargo test --workspace` (arguments after the script's name go to cargo test).
+# checks the README's and docs' relative links, then runs `cargo test --workspace` (arguments
+# after the script's name go to cargo test).
 #
 # The tests need, beside the Rust toolchain:
 #   - python3 >= 3.11 (tomllib) for the cross-language reader test (tools/dmexp_read.py);
@@ -46,4 +47,6 @@ export CARGO_PROFILE_DEV_STRIP="${CARGO_PROFILE_DEV_STRIP:-debuginfo}"
 export CARGO_PROFILE_DEV_DEBUG="${CARGO_PROFILE_DEV_DEBUG:-false}"
 df -h . | awk 'NR == 2 { print "disk free for the build: " $4 " (the build and tests take about 8 GB)" }'
 
+# Every relative link of the README and the docs resolves (a file, a heading), then the tests.
+python3 tools/check_links.py
 exec cargo test --workspace "$@"
