@@ -256,12 +256,7 @@ impl Floors {
     fn of(s: &Sizes, fixed: u64, stream_every: bool) -> Floors {
         let streamable = s.tables.iter().filter(|t| t.by_rows);
         let tables_resident: u64 = streamable.clone().map(|t| t.resident_bytes).sum();
-        let tables: u64 = streamable
-            .map(|t| match t.stored_at_floor() {
-                true => t.pool_bytes,
-                false => t.resident_bytes,
-            })
-            .sum();
+        let tables: u64 = streamable.map(TableTerms::floor_bytes).sum();
         let held_layers = s.resident_all.saturating_sub(tables_resident);
         let layer_resident: u64 = s.layers.iter().map(|l| l.resident).sum();
         let base = held_layers.saturating_sub(layer_resident);
@@ -520,7 +515,7 @@ impl Plan {
             .filter(|r| matches!(r.what, Holdable::Experts { .. }))
             .map(|r| r.percent)
             .min();
-        let spare = fill(&mut ranked, budget - floor, |r| {
+        let spare = fill(&mut ranked, budget.saturating_sub(floor), |r| {
             cache_percent.is_none_or(|p| r.percent >= p)
         });
         let experts_all_held = ranked

@@ -83,8 +83,10 @@ impl TableTerms {
         };
         let row = artifact.rows_read_bytes(&part, 0..1);
         let tile = tile_rows(&part, tile_bytes);
-        let head_read: u64 = tiles(part.rows, tile)
-            .map(|rows| artifact.rows_read_bytes(&part, rows))
+        let head_tiles: Vec<Range<usize>> = tiles(part.rows, tile).collect();
+        let head_read: u64 = head_tiles
+            .iter()
+            .map(|rows| artifact.rows_read_bytes(&part, rows.clone()))
             .sum();
         let buffers = |rows: Range<usize>| {
             let joins = u64::from(matches!(
@@ -94,7 +96,7 @@ impl TableTerms {
             (1 + joins) * artifact.rows_read_bytes(&part, rows) + 3 * READ_SLACK
         };
         // Two tiles in flight (the one computing and the next), one where a tile is the table.
-        let in_flight = tiles(part.rows, tile).count().min(2) as u64;
+        let in_flight = head_tiles.len().min(2) as u64;
         let (read_per_token, pool_bytes) = match table.used_as {
             TableUse::Embedding => (row, buffers(0..1)),
             TableUse::Head => (head_read, in_flight * buffers(0..tile)),
@@ -123,9 +125,9 @@ impl TableTerms {
         }
     }
 
-    /// What it takes of a budget: its buffers where it stays on storage, else its bytes.
-    pub fn footprint(&self) -> u64 {
-        match self.stored {
+    /// What it takes of the floor: its buffers where streaming it takes less, else its bytes.
+    pub fn floor_bytes(&self) -> u64 {
+        match self.stored_at_floor() {
             true => self.pool_bytes,
             false => self.resident_bytes,
         }

@@ -20,7 +20,7 @@ use crate::tables::{RecordedTable, StoredTable, StoredTables, Table, TableUse};
 use minirun_kernels::QMatrix;
 
 /// Where a handle's matrices come from.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 enum Matrices<'w> {
     /// Read now and held for the run.
     Resident,
@@ -28,9 +28,9 @@ enum Matrices<'w> {
     Streamed(&'w LoadedLayer),
     /// Nothing read: the layouts are recorded, the matrices are zeros of the right size.
     Recording(&'w Recorder),
-    /// Nothing read, outside the layers: the tables are recorded (into the handle's
-    /// `recorded_tables`); a matrix is not asked for there.
-    RecordingTables,
+    /// Nothing read, outside the layers: the tables are recorded here; a matrix is not asked
+    /// for there.
+    RecordingTables(Arc<std::sync::Mutex<Vec<RecordedTable>>>),
 }
 
 /// A model's request for its tensors, at a prefix (`model.layers.3`), for one layer or for the
@@ -44,8 +44,6 @@ pub struct Weights<'w> {
     experts: Option<Arc<ExpertStream<'w>>>,
     /// The tables read by rows from storage instead of held.
     tables: Option<Arc<StoredTables>>,
-    /// Where a dry build outside the layers records its tables.
-    recorded_tables: Option<Arc<std::sync::Mutex<Vec<RecordedTable>>>>,
 }
 
 impl<'w> Weights<'w> {
@@ -62,7 +60,6 @@ impl<'w> Weights<'w> {
             prefix: String::new(),
             experts,
             tables: None,
-            recorded_tables: None,
         }
     }
 
@@ -89,7 +86,6 @@ impl<'w> Weights<'w> {
             prefix: String::new(),
             experts,
             tables: None,
-            recorded_tables: None,
         }
     }
 
@@ -101,7 +97,6 @@ impl<'w> Weights<'w> {
             prefix: String::new(),
             experts: None,
             tables: None,
-            recorded_tables: None,
         }
     }
 
@@ -140,14 +135,14 @@ impl<'w> Weights<'w> {
         cols: usize,
     ) -> Result<Stack<'w>, ArtifactError> {
         let module = self.name(module);
-        match self.matrices {
+        match &self.matrices {
             Matrices::Resident => self.artifact.matrix(&module, rows, cols),
             Matrices::Streamed(loaded) => loaded.stack(&module, rows, cols),
             Matrices::Recording(recorder) => {
                 let layout = self.artifact.stack_layout(&module, rows, cols)?;
                 recorder.matrix(self.artifact, layout)
             }
-            Matrices::RecordingTables => Err(ArtifactError::Tensor {
+            Matrices::RecordingTables(_) => Err(ArtifactError::Tensor {
                 name: module,
                 reason: "is a matrix outside the layers: a model asks for its tables there (Weights::table), which a plan can leave on storage".into(),
             }),
@@ -181,9 +176,9 @@ impl<'w> Weights<'w> {
                 reason: "a table is outside the layers; a layer asks for its matrices".into(),
             });
         }
-        match (&self.matrices, &self.recorded_tables) {
-            (Matrices::RecordingTables, Some(recorded)) => {
-                let layout = self.artifact.stack_layout(&module, rows, cols)?;
+        let layout = self.artifact.stack_layout(&module, rows, cols)?;
+        match (&self.matrices, &self.tables) {
+            (Matrices::RecordingTables(recorded), _) => {
                 if let Ok(mut tables) = recorded.lock()
                     && !tables.iter().any(|t| t.layout.name == layout.name)
                 {
@@ -191,19 +186,16 @@ impl<'w> Weights<'w> {
                 }
                 Ok(Table::Recorded { rows, cols })
             }
-            _ => {
-                let layout = self.artifact.stack_layout(&module, rows, cols)?;
-                match &self.tables {
-                    Some(t) if t.names.contains(&layout.name) => Ok(Table::Stored(
-                        StoredTable::new(self.artifact, &layout, (t.tile_bytes, t.read_ahead))?,
-                    )),
-                    _ => Ok(Table::Held(
-                        self.artifact
-                            .matrix(&module, rows, cols)?
-                            .single(&layout.name)?,
-                    )),
-                }
-            }
+            (_, Some(t)) if t.names.contains(&layout.name) => Ok(Table::Stored(StoredTable::new(
+                self.artifact,
+                &layout,
+                (t.tile_bytes, t.read_ahead),
+            )?)),
+            _ => Ok(Table::Held(
+                self.artifact
+                    .matrix(&module, rows, cols)?
+                    .single(&layout.name)?,
+            )),
         }
     }
 
@@ -212,7 +204,7 @@ impl<'w> Weights<'w> {
     pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ArtifactError> {
         let name = self.name(name);
         match self.matrices {
-            Matrices::Recording(_) | Matrices::RecordingTables => {
+            Matrices::Recording(_) | Matrices::RecordingTables(_) => {
                 self.artifact.check_vector(&name, len)?;
                 Ok(vec![0.0; len])
             }
@@ -225,7 +217,7 @@ impl<'w> Weights<'w> {
     pub fn integers(&self, name: &str, len: usize) -> Result<Vec<i64>, ArtifactError> {
         let name = self.name(name);
         match self.matrices {
-            Matrices::Recording(_) | Matrices::RecordingTables => {
+            Matrices::Recording(_) | Matrices::RecordingTables(_) => {
                 self.artifact.check_integers(&name, len)?;
                 Ok(vec![0; len])
             }
@@ -249,7 +241,7 @@ impl<'w> Weights<'w> {
             name: module.clone(),
             reason: "routed experts outside a layer".into(),
         })?;
-        if let Matrices::Recording(recorder) = self.matrices {
+        if let Matrices::Recording(recorder) = &self.matrices {
             let parts = routed_experts(self.artifact, &module, sizes, names)?;
             recorder.experts.replace(Some(parts));
             return Ok(ExpertsFrom::Recorded);
@@ -357,8 +349,7 @@ impl ModelWeights {
     ) -> Result<(), ArtifactError> {
         let recorded = Arc::new(std::sync::Mutex::new(Vec::new()));
         let w = Weights {
-            matrices: Matrices::RecordingTables,
-            recorded_tables: Some(Arc::clone(&recorded)),
+            matrices: Matrices::RecordingTables(Arc::clone(&recorded)),
             ..Weights::resident(artifact, None, None)
         };
         build(&w)?;
