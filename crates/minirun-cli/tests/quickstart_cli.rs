@@ -52,7 +52,10 @@ fn the_quickstart_runs_at_the_floor_with_the_resident_bits_and_its_next_commands
     ] {
         assert!(text.contains(step), "{step}: {text}");
     }
-    assert!(text.contains("(routed experts streamed): floor"), "{text}");
+    assert!(
+        text.contains("(routed experts and every layer streamed): floor"),
+        "{text}"
+    );
     assert!(
         text.contains("6/6 the floor's 6 tokens and every logit equal the resident run's"),
         "{text}"

@@ -394,10 +394,10 @@ fn packed_synthetic_deepseek(shape: &SyntheticShape) -> tempfile::TempDir {
     dir
 }
 
-/// `--stream-every-layer` on a model whose floor holds every layer (two layer buffers would
-/// cost more than holding them, as for a two-layer cut of Kimi K3): each layer still streams,
-/// at a floor of its own, as the plan and the figures say, with the resident run's logits; the
-/// floor without the flag is refused with the flag, naming the layer buffers.
+/// `--stream-every-layer` at a budget that holds every layer (the deterministic floor): each
+/// layer still streams, at the streaming floor, as the plan and the figures say, with the
+/// resident run's logits, and the rest of the budget goes to what the ranking holds and the
+/// cache; a budget below the streaming floor is refused, naming the layer buffers.
 #[test]
 fn stream_every_layer_streams_layers_the_budget_would_hold() {
     let shape = SyntheticShape {
@@ -411,25 +411,27 @@ fn stream_every_layer_streams_layers_the_budget_would_hold() {
     };
     let dir = packed_synthetic_deepseek(&shape);
     let path = dir.path().to_str().unwrap();
+    let bytes = |run: &serde_json::Value, field: &str| run["plan"][field].as_u64().unwrap();
 
     let resident = run_json(path, &["--budget", "generous"]);
-    let holding = run_json(path, &["--budget", "floor"]);
+    let at_floor = run_json(path, &["--budget", "floor"]);
+    let holds_all = bytes(&at_floor, "deterministic_floor").to_string();
+    let holding = run_json(path, &["--budget", &holds_all]);
     assert_eq!(holding["plan"]["streamed_layers"], serde_json::json!([]));
     assert_eq!(holding["plan"]["layers"], "hold_what_fits");
     assert_eq!(holding["layer_read_bytes_per_token"], 0);
 
-    let every = run_json(path, &["--budget", "floor", "--stream-every-layer"]);
+    let every = run_json(path, &["--budget", &holds_all, "--stream-every-layer"]);
     assert_eq!(every["plan"]["layers"], "stream_every");
     let all = serde_json::json!([0, 1, 2]);
     assert_eq!(every["plan"]["streamed_layers"], all);
-    let floor = |run: &serde_json::Value| run["plan"]["floor"].as_u64().unwrap();
-    assert!(floor(&every) > floor(&holding), "{every}");
-    let per_token = every["plan"]["layer_read_per_token"].as_u64().unwrap();
+    assert_eq!(bytes(&every, "floor"), bytes(&at_floor, "floor"), "{every}");
+    let per_token = bytes(&every, "layer_read_per_token");
     assert!(per_token > 0);
     assert_eq!(every["layer_read_bytes_per_token"], per_token);
     assert_eq!(every["logits_sha256"], resident["logits_sha256"]);
 
-    let budget = floor(&holding).to_string();
+    let below = (bytes(&every, "floor") - 1).to_string();
     let args = [
         "run",
         path,
@@ -437,7 +439,7 @@ fn stream_every_layer_streams_layers_the_budget_would_hold() {
         "x",
         "--unverified",
         "--budget",
-        &budget,
+        &below,
     ];
     let refused = minirun(&[&args[..], &["--stream-every-layer"]].concat());
     assert!(!refused.status.success());

@@ -175,7 +175,7 @@ fn qwen3_moe_fixture() {
         context: 64,
         steps: 12,
         moe_layers: 3,
-        streamed_at_floor: &[],
+        streamed_at_floor: &[0, 1, 2, 3],
         embedding_stored_at_floor: false,
         floor_runs: EVERY_RUN,
     });
@@ -225,7 +225,7 @@ fn gpt_oss_mlx_layout() {
         context: 128,
         steps: 12,
         moe_layers: 4,
-        streamed_at_floor: &[],
+        streamed_at_floor: &[0, 1, 2, 3],
         embedding_stored_at_floor: false,
         floor_runs: EVERY_RUN,
     });
@@ -309,7 +309,7 @@ fn deepseek_v4_fixture() {
         context: 128,
         steps: 12,
         moe_layers: 5,
-        streamed_at_floor: &[],
+        streamed_at_floor: &[0, 1, 2, 3, 4],
         embedding_stored_at_floor: true,
         floor_runs: &[(true, 1), (false, 2)],
     });

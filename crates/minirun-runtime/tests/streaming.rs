@@ -16,6 +16,7 @@ use minirun_stream::budget::Budget;
 use minirun_stream::experts::ExpertCache;
 use minirun_stream::model_weights::ModelWeights;
 use minirun_stream::plan::{Layers, Mode, Plan, PlanError};
+use minirun_stream::ranking::Holdable;
 use minirun_stream::step::StepStats;
 
 /// Stacked MLX containers, per-expert FP8 containers, per-expert bf16 blob members.
@@ -341,8 +342,8 @@ fn an_artifact_several_times_its_budget_streams_with_the_resident_bits() {
 }
 
 /// `Layers::StreamEvery`: every layer's deterministic weights stream even at a budget that holds
-/// them all, the floor is the streaming one, what the budget has beyond it goes to the expert
-/// cache, and a step reads each layer once, with the resident bits.
+/// them all, the floor is the streaming one, what the budget has beyond it goes to what the
+/// ranking holds and the expert cache, and a step reads each layer once, with the resident bits.
 #[test]
 fn every_layer_streams_when_asked_even_where_the_budget_holds_them() {
     let dir = packed_synthetic(&STREAMED_SHAPE);
@@ -364,7 +365,25 @@ fn every_layer_streams_when_asked_even_where_the_budget_holds_them() {
     assert_eq!(every.floor, floor.floor, "the streaming floor");
     assert_eq!(every.resident_bytes, floor.resident_bytes);
     assert_eq!(every.layer_read_per_token, floor.layer_read_per_token);
-    assert_eq!(every.cache_bytes, floor.deterministic_floor - floor.floor);
+    let held: u64 = every
+        .ranking
+        .iter()
+        .filter(|r| r.held)
+        .map(|r| r.cost)
+        .sum();
+    assert!(
+        every
+            .ranking
+            .iter()
+            .all(|r| !matches!(r.what, Holdable::Layer { .. })),
+        "no layer is offered to the budget"
+    );
+    let guesses = every.guessed_layers as u64 * every.slot_pool_bytes;
+    assert_eq!(
+        every.cache_bytes + guesses + held,
+        floor.deterministic_floor - floor.floor,
+        "the budget beyond the floor goes to what the ranking holds, the cache and its guesses"
+    );
     assert_eq!(plan_every(Budget::Floor).budget, floor.floor);
     // Even where holding everything costs nothing more, nothing is held.
     let generous = plan_every(Budget::Generous);

@@ -1,11 +1,16 @@
-//! A layer's deterministic weights streamed from storage: the matrices every token reads in a
-//! layer (attention, the router, shared experts or the dense MLP), read for one step into
-//! 16 KiB-aligned buffers and dropped after it, when the budget cannot hold them all. Norm
-//! vectors stay resident (they are a few KiB). The bytes a streamed layer computes from are the
-//! stored bytes, as a resident layer's are, so the output has the same bits.
+//! A layer's deterministic weights streamed from storage matrix by matrix: the matrices every
+//! token reads in a layer (attention, the router, shared experts or the dense MLP), each read
+//! into 16 KiB-aligned buffers when the pass over the layers comes to it and let go once the
+//! pass asks for a later one, when the budget cannot hold them all. The reads run ahead of the
+//! compute, in the order the layers ask for their matrices, through a pool of the two largest
+//! matrices' bytes: the one computing and the next. Norm vectors stay resident (a few KiB).
+//! The bytes a streamed matrix computes from are the stored bytes, as a resident one's are, so
+//! the output has the same bits.
 
-use std::collections::HashMap;
-use std::time::Instant;
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::{Duration, Instant};
 
 use crate::artifact::{Artifact, ArtifactError, LoadedPart, PartLayout, Stack, StackLayout};
 use crate::step::{ModelError, StepStats};
@@ -45,82 +50,53 @@ pub fn parts(matrices: &[StackLayout]) -> impl Iterator<Item = &PartLayout> {
     matrices.iter().flat_map(|m| m.parts.iter())
 }
 
-/// One layer's deterministic matrices, read.
-pub struct LoadedLayer {
-    stacks: HashMap<String, (StackLayout, Vec<LoadedPart>)>,
-    pub read_bytes: u64,
-    pub direct_reads: u64,
-    pub buffered_reads: u64,
+/// The two largest matrices' aligned buffers among `layers`, largest first: a pass streams its
+/// matrices through a pool of their sum (the one computing and the next, read ahead), whichever
+/// of the layers stream.
+pub fn largest_two<'l>(layers: impl IntoIterator<Item = &'l [StackLayout]>) -> [u64; 2] {
+    let mut largest = [0u64; 2];
+    for matrix in layers.into_iter().flatten() {
+        let bytes = allocated_bytes(std::slice::from_ref(matrix));
+        if bytes > largest[0] {
+            largest = [bytes, largest[0]];
+        } else if bytes > largest[1] {
+            largest[1] = bytes;
+        }
+    }
+    largest
 }
 
-impl LoadedLayer {
-    /// Reads every matrix of `matrices` now, one read per tile, up to `reads_in_flight` parts
-    /// at once: one at a time, a layer's reads kept the device at queue depth one, slower than
-    /// its best depth on the disks measured (docs/runtime.md §6).
-    pub fn read(
-        artifact: &Artifact,
-        matrices: &[StackLayout],
-        reads_in_flight: usize,
-    ) -> Result<Self, ArtifactError> {
-        let mut loaded = LoadedLayer {
-            stacks: HashMap::new(),
-            read_bytes: 0,
-            direct_reads: 0,
-            buffered_reads: 0,
-        };
-        let mut read = read_parts(artifact, matrices, reads_in_flight).into_iter();
-        for layout in matrices {
-            let parts = read
-                .by_ref()
-                .take(layout.parts.len())
-                .collect::<Result<Vec<_>, _>>()?;
-            for (direct, buffered) in parts.iter().map(LoadedPart::read_kinds) {
-                loaded.direct_reads += direct;
-                loaded.buffered_reads += buffered;
-            }
-            loaded.read_bytes += read_bytes(std::slice::from_ref(layout));
-            let module = layout.name.trim_end_matches(".weight").to_string();
-            loaded.stacks.insert(module, (layout.clone(), parts));
-        }
-        Ok(loaded)
-    }
+/// One streamed matrix's bytes, read for one pass: every part of its stack. Its buffers go
+/// back to the pool when the last handle to it is dropped.
+pub struct ReadMatrix {
+    parts: Vec<LoadedPart>,
+    /// The pool bytes it was read into.
+    reserved: u64,
+    read_bytes: u64,
+    direct_reads: u64,
+    buffered_reads: u64,
+    /// Weak: the pool's own map of read matrices holds these, and a strong count back would
+    /// keep both alive for ever.
+    pool: Weak<Pool>,
+}
 
-    /// The stack of `module`, computing from the bytes read.
-    pub fn stack(
-        &self,
-        module: &str,
-        rows: usize,
-        cols: usize,
-    ) -> Result<Stack<'_>, ArtifactError> {
-        let (layout, parts) = self
-            .stacks
-            .get(module)
-            .ok_or_else(|| ArtifactError::Tensor {
-                name: format!("{module}.weight"),
-                reason: "was not read with its streamed layer".into(),
-            })?;
-        if (layout.rows, layout.cols) != (rows, cols) {
-            return Err(ArtifactError::Tensor {
-                name: layout.name.clone(),
-                reason: format!(
-                    "was read as {} x {}, the model needs {rows} x {cols}",
-                    layout.rows, layout.cols
-                ),
-            });
-        }
-        let matrices = parts
+impl ReadMatrix {
+    /// The stack `layout` describes, computing from the bytes read.
+    pub fn stack(&self, layout: &StackLayout) -> Result<Stack<'_>, ArtifactError> {
+        let matrices = self
+            .parts
             .iter()
             .enumerate()
             .map(|(i, part)| {
-                let matrix_part = layout.matrix_part(i).ok_or_else(|| ArtifactError::Tensor {
+                let tensor_err = |reason: String| ArtifactError::Tensor {
                     name: layout.name.clone(),
-                    reason: format!("has no matrix {i}"),
-                })?;
+                    reason,
+                };
+                let matrix_part = layout
+                    .matrix_part(i)
+                    .ok_or_else(|| tensor_err(format!("has no matrix {i}")))?;
                 part.matrix(&matrix_part)
-                    .map_err(|e| ArtifactError::Tensor {
-                        name: layout.name.clone(),
-                        reason: e.to_string(),
-                    })
+                    .map_err(|e| tensor_err(e.to_string()))
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Stack::new(
@@ -132,211 +108,372 @@ impl LoadedLayer {
     }
 }
 
-/// Every part of `matrices`, in order, read by up to `reads_in_flight` threads that take the
-/// next part as they finish one.
-fn read_parts(
-    artifact: &Artifact,
-    matrices: &[StackLayout],
-    reads_in_flight: usize,
-) -> Vec<Result<LoadedPart, ArtifactError>> {
-    let all: Vec<&PartLayout> = parts(matrices).collect();
-    let threads = reads_in_flight.clamp(1, all.len().max(1));
-    if threads == 1 {
-        return all.iter().map(|p| artifact.load_part(p)).collect();
-    }
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let mut read: Vec<Option<Result<LoadedPart, ArtifactError>>> = Vec::new();
-    read.resize_with(all.len(), || None);
-    let read = std::sync::Mutex::new(read);
-    std::thread::scope(|scope| {
-        for _ in 0..threads {
-            scope.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some(part) = all.get(i) else { break };
-                    let loaded = artifact.load_part(part);
-                    if let Ok(mut read) = read.lock() {
-                        read[i] = Some(loaded);
-                    }
-                }
-            });
+impl Drop for ReadMatrix {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.upgrade() {
+            pool.release(self.reserved);
         }
-    });
-    // Only a panicking reader could poison the lock, and the scope re-raises its panic before
-    // here; were it ever reached, the parts read are kept, never dropped into a short layer.
-    let read = read
-        .into_inner()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    read.into_iter()
-        .map(|r| {
-            r.unwrap_or_else(|| {
-                Err(ArtifactError::Tensor {
-                    name: "a streamed layer".into(),
-                    reason: "a part's read thread ended without it".into(),
-                })
-            })
-        })
-        .collect()
+    }
 }
 
-/// A thread of a step's scope reading a streamed layer.
-type LayerHandle<'scope> =
-    std::thread::ScopedJoinHandle<'scope, Result<LoadedLayer, ArtifactError>>;
-
-/// The next streamed layer: being read, or read (kept from the previous step).
-enum Ahead<'scope> {
-    Reading(usize, LayerHandle<'scope>),
-    Read(usize, LoadedLayer),
+/// What a pass read, charged to the pass that used it (or let it go unused).
+#[derive(Debug, Default, Clone, Copy)]
+struct Charged {
+    read_bytes: u64,
+    direct_reads: u64,
+    buffered_reads: u64,
+    /// Time the compute waited for a matrix.
+    waited: Duration,
+    /// Matrices read a second time in one pass: asked for after the pass had let them go.
+    rereads: u64,
 }
 
-/// The layer a read thread returned, or why it has none.
-fn joined(i: usize, handle: LayerHandle<'_>) -> Result<LoadedLayer, ArtifactError> {
-    handle.join().unwrap_or_else(|_| {
-        Err(ArtifactError::Tensor {
-            name: format!("layer {i}"),
-            reason: "a read thread panicked".into(),
-        })
-    })
+/// A read matrix in the pool, or why its read failed.
+struct Entry {
+    read: Result<Arc<ReadMatrix>, ArtifactError>,
+    charged: bool,
 }
 
-/// Which layers stream their deterministic weights, and the reads in flight: with read-ahead,
-/// a streamed layer's matrices are read while the layer before it computes (so at most two
-/// streamed layers are in memory), and the first one of the next step while the step's last
-/// layers and its logits compute.
-pub struct LayerStream {
-    /// Per layer, the matrices read for each step; `None` for a held layer.
-    streamed: Vec<Option<Vec<StackLayout>>>,
+impl Entry {
+    fn charge(&mut self, to: &mut Charged) {
+        if let (Ok(m), false) = (&self.read, self.charged) {
+            to.read_bytes += m.read_bytes;
+            to.direct_reads += m.direct_reads;
+            to.buffered_reads += m.buffered_reads;
+            self.charged = true;
+        }
+    }
+}
+
+/// The reads of the passes: read `s` is matrix `s % n` of pass `s / n`, of `n` matrices a pass.
+#[derive(Default)]
+struct State {
+    /// Whether a pass is running: a streamed matrix is read only in one.
+    active: bool,
+    /// Passes begun.
+    passes: u64,
+    /// The next read the readers take.
+    next: u64,
+    /// Reads taken, not yet in `ready`.
+    reading: BTreeSet<u64>,
+    ready: BTreeMap<u64, Entry>,
+    /// The read the compute asked for last.
+    wanted: Option<u64>,
+    /// Whether the readers are to stop (the pass is done).
+    stop: bool,
+    /// Bytes of matrices read or being read, still in memory.
+    in_memory: u64,
+    peak: u64,
+    charged: Charged,
+}
+
+/// The pool's state and the signal that it changed.
+#[derive(Default)]
+struct Pool {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+impl Pool {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn wait<'g>(&self, guard: MutexGuard<'g, State>) -> MutexGuard<'g, State> {
+        self.changed
+            .wait(guard)
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn reserve(state: &mut State, bytes: u64, read: u64) {
+        state.in_memory += bytes;
+        state.peak = state.peak.max(state.in_memory);
+        state.reading.insert(read);
+    }
+
+    /// Read `read` done: no longer in flight, in `ready` for the compute.
+    fn arrived(state: &mut State, read: u64, matrix: Result<Arc<ReadMatrix>, ArtifactError>) {
+        state.reading.remove(&read);
+        let entry = Entry {
+            read: matrix,
+            charged: false,
+        };
+        state.ready.insert(read, entry);
+    }
+
+    fn release(&self, bytes: u64) {
+        let mut state = self.lock();
+        state.in_memory = state.in_memory.saturating_sub(bytes);
+        drop(state);
+        self.changed.notify_all();
+    }
+}
+
+/// Which layers stream their deterministic matrices, in the order their passes ask for them,
+/// and the reads that run ahead of the compute: in a pass, a streamed matrix is read while the
+/// ones before it compute, as far ahead as the pool's bytes allow, and the first ones of the
+/// next pass while the last layers and the logits compute.
+pub struct LayerStream<'a> {
+    artifact: &'a Artifact,
+    /// Every streamed matrix in the order a pass asks for them: layer by layer, each layer's
+    /// in the order its model asked for them when it was built.
+    order: Vec<StackLayout>,
+    /// Per layer, its matrices in `order`; `None` for a held layer.
+    layers: Vec<Option<Range<usize>>>,
     read_ahead: bool,
-    /// Parts of a layer read at once.
     reads_in_flight: usize,
-    /// The first streamed layer, read during the previous step.
-    kept: std::sync::Mutex<Option<(usize, LoadedLayer)>>,
+    /// The pool's bytes: reads ahead wait while another would not fit beside what is in memory.
+    capacity: u64,
+    pool: Arc<Pool>,
+    /// Held through a pass: one pass at a time.
+    pass: Mutex<()>,
 }
 
-impl LayerStream {
+impl<'a> LayerStream<'a> {
+    /// Streams the layers given their matrices (`None` for a held layer) through a pool of
+    /// `capacity` bytes, with `reads_in_flight` matrices read at once.
     pub fn new(
+        artifact: &'a Artifact,
         streamed: Vec<Option<Vec<StackLayout>>>,
+        capacity: u64,
         read_ahead: bool,
         reads_in_flight: usize,
-    ) -> LayerStream {
+    ) -> LayerStream<'a> {
+        let mut order = Vec::new();
+        let layers = streamed
+            .into_iter()
+            .map(|matrices| {
+                matrices.map(|m| {
+                    let first = order.len();
+                    order.extend(m);
+                    first..order.len()
+                })
+            })
+            .collect();
         LayerStream {
-            streamed,
+            artifact,
+            order,
+            layers,
             read_ahead,
-            reads_in_flight,
-            kept: std::sync::Mutex::new(None),
+            reads_in_flight: reads_in_flight.max(1),
+            capacity,
+            pool: Arc::default(),
+            pass: Mutex::new(()),
         }
     }
 
     pub fn is_streamed(&self, layer: usize) -> bool {
-        matches!(self.streamed.get(layer), Some(Some(_)))
+        matches!(self.layers.get(layer), Some(Some(_)))
     }
 
-    /// The streamed layer already read for the next step, if any.
-    pub fn read_for_next_step(&self) -> Option<usize> {
-        self.kept
-            .lock()
-            .ok()
-            .and_then(|kept| kept.as_ref().map(|(j, _)| *j))
+    /// Where matrix `name` of streamed layer `layer` is in a pass's order.
+    pub fn index_of(&self, layer: usize, name: &str) -> Option<usize> {
+        let range = self.layers.get(layer)?.clone()?;
+        range
+            .clone()
+            .find(|&i| self.order.get(i).is_some_and(|m| m.name == name))
     }
 
-    fn next_streamed(&self, after: Option<usize>) -> Option<usize> {
-        (after.map_or(0, |i| i + 1)..self.streamed.len()).find(|&j| self.is_streamed(j))
+    /// The layout of the matrix at `index` of a pass's order.
+    pub fn layout(&self, index: usize) -> Option<&StackLayout> {
+        self.order.get(index)
     }
 
-    fn read(&self, artifact: &Artifact, i: usize) -> Result<LoadedLayer, ArtifactError> {
-        match self.streamed.get(i) {
-            Some(Some(matrices)) => LoadedLayer::read(artifact, matrices, self.reads_in_flight),
-            _ => Err(ArtifactError::Tensor {
-                name: format!("layer {i}"),
-                reason: "is held, not streamed".into(),
-            }),
-        }
+    /// Streamed matrices already read for the next pass (read ahead while this one's last
+    /// layers and logits computed).
+    pub fn read_for_next_pass(&self) -> usize {
+        let state = self.pool.lock();
+        let next_pass = state.passes * self.order.len() as u64;
+        state.ready.range(next_pass..).count()
     }
 
-    /// Every layer in order through `run_layer` (handed a streamed layer's matrices, read for
-    /// this step; `None` for a held layer), then `finish`. The time spent waiting for reads is
-    /// I/O time; the time any read of the pass was in flight is its read-busy time.
+    /// The most bytes of streamed matrices in memory at once so far.
+    pub fn peak_bytes(&self) -> u64 {
+        self.pool.lock().peak
+    }
+
+    /// Every layer in order through `run_layer`, then `finish`, with the streamed matrices
+    /// read ahead of them. The time spent waiting for reads is I/O time; the time any read of
+    /// the pass was in flight is its read-busy time.
     pub fn run<S, T>(
         &self,
-        artifact: &Artifact,
         state: &mut S,
         stats: &mut StepStats,
-        run_layer: impl FnMut(
-            &mut S,
-            usize,
-            Option<&LoadedLayer>,
-            &mut StepStats,
-        ) -> Result<(), ModelError>,
+        mut run_layer: impl FnMut(&mut S, usize, &mut StepStats) -> Result<(), ModelError>,
         finish: impl FnOnce(&mut S, &mut StepStats) -> Result<T, ModelError>,
     ) -> Result<T, ModelError> {
-        let busy_before = artifact.read_busy();
-        let out = self.run_layers(artifact, state, stats, run_layer, finish);
-        stats.read_busy += artifact.read_busy().saturating_sub(busy_before);
+        let _one_pass = self.pass.lock().unwrap_or_else(PoisonError::into_inner);
+        let busy_before = self.artifact.read_busy();
+        drop(self.begin());
+        let out = std::thread::scope(|scope| {
+            let readers = match (self.order.is_empty(), self.read_ahead) {
+                (true, _) => 0,
+                (false, true) => self.reads_in_flight,
+                (false, false) => 1,
+            };
+            for _ in 0..readers {
+                scope.spawn(|| self.read_loop());
+            }
+            let pass = || {
+                for i in 0..self.layers.len() {
+                    run_layer(state, i, stats)?;
+                }
+                finish(state, stats)
+            };
+            let out = pass();
+            self.pool.lock().stop = true;
+            self.pool.changed.notify_all();
+            out
+        });
+        let charged = {
+            let mut pool = self.pool.lock();
+            pool.active = false;
+            std::mem::take(&mut pool.charged)
+        };
+        stats.layer_read_bytes += charged.read_bytes;
+        stats.direct_reads += charged.direct_reads;
+        stats.buffered_reads += charged.buffered_reads;
+        stats.io_time += charged.waited;
+        stats.layer_rereads += charged.rereads;
+        stats.read_busy += self.artifact.read_busy().saturating_sub(busy_before);
         out
     }
 
-    fn run_layers<S, T>(
-        &self,
-        artifact: &Artifact,
-        state: &mut S,
-        stats: &mut StepStats,
-        mut run_layer: impl FnMut(
-            &mut S,
-            usize,
-            Option<&LoadedLayer>,
-            &mut StepStats,
-        ) -> Result<(), ModelError>,
-        finish: impl FnOnce(&mut S, &mut StepStats) -> Result<T, ModelError>,
-    ) -> Result<T, ModelError> {
-        std::thread::scope(|scope| {
-            let spawn = |j: usize| (j, scope.spawn(move || self.read(artifact, j)));
-            let kept = self.kept.lock().ok().and_then(|mut k| k.take());
-            let mut ahead = match (kept, self.read_ahead) {
-                (Some((j, layer)), _) => Some(Ahead::Read(j, layer)),
-                (None, true) => self.next_streamed(None).map(|j| {
-                    let (j, handle) = spawn(j);
-                    Ahead::Reading(j, handle)
-                }),
-                (None, false) => None,
-            };
-            let mut next_step = None;
-            for i in 0..self.streamed.len() {
-                if !self.is_streamed(i) {
-                    run_layer(state, i, None, stats)?;
-                    continue;
-                }
-                let started = Instant::now();
-                let loaded = match ahead.take() {
-                    Some(Ahead::Reading(j, handle)) if j == i => joined(i, handle)?,
-                    Some(Ahead::Read(j, layer)) if j == i => layer,
-                    _ => self.read(artifact, i)?,
-                };
-                stats.io_time += started.elapsed();
-                stats.layer_read_bytes += loaded.read_bytes;
-                stats.direct_reads += loaded.direct_reads;
-                stats.buffered_reads += loaded.buffered_reads;
-                if self.read_ahead {
-                    match self.next_streamed(Some(i)) {
-                        Some(j) => {
-                            let (j, handle) = spawn(j);
-                            ahead = Some(Ahead::Reading(j, handle));
-                        }
-                        None => next_step = self.next_streamed(None).map(spawn),
+    /// Starts a pass: what an unfinished pass before it left is let go (returned, to be
+    /// dropped outside the lock), what was read ahead for this one kept.
+    fn begin(&self) -> BTreeMap<u64, Entry> {
+        let mut state = self.pool.lock();
+        let base = state.passes * self.order.len() as u64;
+        state.passes += 1;
+        state.active = true;
+        state.stop = false;
+        state.wanted = None;
+        state.next = state.next.max(base);
+        let kept = state.ready.split_off(&base);
+        let mut left = std::mem::replace(&mut state.ready, kept);
+        left.values_mut().for_each(|e| e.charge(&mut state.charged));
+        left
+    }
+
+    /// A reader: takes the next read while the pool has room for it (or the compute waits for
+    /// it), until the pass is done.
+    fn read_loop(&self) {
+        let n = self.order.len() as u64;
+        loop {
+            let (read, index, bytes) = {
+                let mut state = self.pool.lock();
+                loop {
+                    if state.stop {
+                        return;
                     }
+                    if let Some(wanted) = state.wanted
+                        && wanted > state.next
+                    {
+                        // The pass went past these without asking for them.
+                        state.next = wanted;
+                    }
+                    let read = state.next;
+                    let index = (read % n) as usize;
+                    let bytes = allocated_bytes(&self.order[index..=index]);
+                    let this_pass = state.passes.saturating_sub(1) * n;
+                    let ahead = self.read_ahead
+                        && read < this_pass + 2 * n
+                        && state.in_memory + bytes <= self.capacity;
+                    if ahead || state.wanted == Some(read) {
+                        state.next += 1;
+                        Pool::reserve(&mut state, bytes, read);
+                        break (read, index, bytes);
+                    }
+                    state = self.pool.wait(state);
                 }
-                run_layer(state, i, Some(&loaded), stats)?;
+            };
+            let matrix = self.read_matrix(index, bytes);
+            let mut state = self.pool.lock();
+            Pool::arrived(&mut state, read, matrix);
+            drop(state);
+            self.pool.changed.notify_all();
+        }
+    }
+
+    /// Matrix `index` of the order, read now into `bytes` of the pool taken for it.
+    fn read_matrix(&self, index: usize, bytes: u64) -> Result<Arc<ReadMatrix>, ArtifactError> {
+        let layout = &self.order[index];
+        let parts = layout
+            .parts
+            .iter()
+            .map(|p| self.artifact.load_part(p))
+            .collect::<Result<Vec<_>, _>>();
+        let parts = match parts {
+            Ok(parts) => parts,
+            Err(e) => {
+                self.pool.release(bytes);
+                return Err(e);
             }
-            let out = finish(state, stats)?;
-            if let Some((j, handle)) = next_step {
-                // A failed read is dropped: the next step reads the layer itself and reports it.
-                let started = Instant::now();
-                let layer = joined(j, handle);
-                stats.io_time += started.elapsed();
-                if let (Ok(layer), Ok(mut kept)) = (layer, self.kept.lock()) {
-                    *kept = Some((j, layer));
+        };
+        let (direct_reads, buffered_reads) = parts
+            .iter()
+            .map(LoadedPart::read_kinds)
+            .fold((0, 0), |(d, b), (pd, pb)| (d + pd, b + pb));
+        Ok(Arc::new(ReadMatrix {
+            parts,
+            reserved: bytes,
+            read_bytes: read_bytes(std::slice::from_ref(layout)),
+            direct_reads,
+            buffered_reads,
+            pool: Arc::downgrade(&self.pool),
+        }))
+    }
+
+    /// Matrix `index` of this pass, read: waits for its read (read ahead, or taken now), and
+    /// lets go of every matrix before it. A matrix asked for after the pass let it go is read
+    /// again (correct, but a read more than the plan's: counted in `layer_rereads`).
+    pub fn read(&self, index: usize) -> Result<Arc<ReadMatrix>, ModelError> {
+        let n = self.order.len() as u64;
+        let mut state = self.pool.lock();
+        if !state.active || index as u64 >= n {
+            return Err(ModelError::Artifact(ArtifactError::Tensor {
+                name: self
+                    .order
+                    .get(index)
+                    .map_or_else(|| format!("streamed matrix {index}"), |m| m.name.clone()),
+                reason: "streams, and is read only in a pass over the layers".into(),
+            }));
+        }
+        let read = (state.passes - 1) * n + index as u64;
+        let kept = state.ready.split_off(&read);
+        let mut done = std::mem::replace(&mut state.ready, kept);
+        done.values_mut().for_each(|e| e.charge(&mut state.charged));
+        if state.wanted != Some(read) {
+            state.wanted = Some(read);
+            self.pool.changed.notify_all();
+        }
+        let started = Instant::now();
+        let out = loop {
+            let State { ready, charged, .. } = &mut *state;
+            if let Some(entry) = ready.get_mut(&read) {
+                entry.charge(charged);
+                if let Ok(m) = &entry.read {
+                    break Ok(Arc::clone(m));
+                }
+                if let Some(Entry { read: Err(e), .. }) = ready.remove(&read) {
+                    break Err(e);
                 }
             }
-            Ok(out)
-        })
+            if read < state.next && !state.reading.contains(&read) {
+                let bytes = allocated_bytes(&self.order[index..=index]);
+                Pool::reserve(&mut state, bytes, read);
+                state.charged.rereads += 1;
+                drop(state);
+                let matrix = self.read_matrix(index, bytes);
+                state = self.pool.lock();
+                Pool::arrived(&mut state, read, matrix);
+                continue;
+            }
+            state = self.pool.wait(state);
+        };
+        state.charged.waited += started.elapsed();
+        drop(state);
+        drop(done);
+        out.map_err(ModelError::from)
     }
 }

@@ -6,7 +6,8 @@
 //!
 //! From the bottom up: [`artifact`] opens an artifact and hands out its tensors and parts;
 //! [`budget`] is the memory a run may use; [`plan`] decides what of it holds what;
-//! [`weights`] is the handle built from the plan; [`layer_stream`], [`expert_stream`] and
+//! [`weights`] is the handle built from the plan, and [`matrix`] a layer's matrix from it, held
+//! or streamed; [`layer_stream`], [`expert_stream`] and
 //! [`tables`] read streamed layers, routed experts and the embedding's and head's rows ahead of
 //! the compute; [`step`] reports what a step read.
 
@@ -17,6 +18,7 @@ pub mod experts;
 pub mod fetched_experts;
 pub mod guessed_experts;
 pub mod layer_stream;
+pub mod matrix;
 pub mod model_weights;
 pub mod plan;
 pub mod ranking;

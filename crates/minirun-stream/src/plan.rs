@@ -8,8 +8,9 @@
 //!    reading them by rows takes ([`crate::tables`]: a row for the embedding, two tiles of the
 //!    head's rows), or the tables themselves where holding them takes less;
 //! 3. the layers' deterministic weights (attention, the router, shared experts or the dense
-//!    MLP: what every token reads): buffers for two layers (the one computing and the next,
-//!    read ahead), when streaming them is what lowers the floor, else all of them held;
+//!    MLP: what every token reads): read matrix by matrix ([`crate::layer_stream`]), through
+//!    buffers for the two largest matrices (the one computing and the next, read ahead), when
+//!    streaming them is what lowers the floor, else all of them held;
 //! 4. the slot pool (one layer's chosen experts, read at once);
 //! 5. a stated reserve (the KV cache for the run's context plus a fixed allowance for
 //!    activations, the tokenizer and the runtime).
@@ -82,7 +83,7 @@ pub enum PlanError {
 #[derive(Debug, Clone, thiserror::Error)]
 #[error(
     "--budget {budget} is below this run's floor of {}: resident weights {} + embedding and head {} (read by rows from storage where that takes less) + layer buffers {} ({}) + slot pool {} ({experts_per_token} experts of {}) + reserve {} (KV cache for {context_tokens} tokens + {} fixed). Give --budget {floor} or more, or --budget floor",
-    human(*floor), human(*resident), human(*tables), human(*layer_pool), layer_pool_terms(*layer_pool, *layer), human(*slot_pool), human(*expert), human(*reserve), human(FIXED_RESERVE)
+    human(*floor), human(*resident), human(*tables), human(*layer_pool), layer_pool_terms(*layer_pool, *matrices), human(*slot_pool), human(*expert), human(*reserve), human(FIXED_RESERVE)
 )]
 pub struct BelowFloor {
     pub budget: String,
@@ -92,8 +93,8 @@ pub struct BelowFloor {
     pub tables: u64,
     /// Buffers for streamed deterministic weights (0 when the floor holds them all).
     pub layer_pool: u64,
-    /// The largest layer's deterministic weights, read.
-    pub layer: u64,
+    /// The two largest matrices of the layers, in aligned buffers.
+    pub matrices: [u64; 2],
     pub slot_pool: u64,
     pub experts_per_token: usize,
     pub expert: u64,
@@ -101,12 +102,13 @@ pub struct BelowFloor {
     pub context_tokens: usize,
 }
 
-fn layer_pool_terms(pool: u64, layer: u64) -> String {
+fn layer_pool_terms(pool: u64, [largest, next]: [u64; 2]) -> String {
     match pool {
         0 => "every layer's attention, router and shared experts resident".to_string(),
         _ => format!(
-            "2 x {}: the layer computing and the next, read ahead",
-            human(layer)
+            "{} + {}, the two largest matrices: the one computing and the next, read ahead",
+            human(largest),
+            human(next)
         ),
     }
 }
@@ -152,11 +154,13 @@ pub struct Plan {
     /// Threads reading a layer's chosen experts at once (they never hold more than the slot
     /// pool: every chosen expert is held until its layer is done).
     pub reads_in_flight: usize,
-    /// Buffers for the streamed deterministic weights: two layers' (the one computing and the
-    /// next, read ahead; set aside even with read-ahead off), 0 when no layer streams.
+    /// Buffers for the streamed deterministic weights, read matrix by matrix: the two largest
+    /// matrices' (the one computing and the next, read ahead; set aside even with read-ahead
+    /// off), 0 when no layer streams.
     pub layer_pool_bytes: u64,
-    /// The largest layer's deterministic weights in aligned buffers.
-    pub layer_allocated_bytes: u64,
+    /// The two largest matrices of the layers' deterministic weights in aligned buffers,
+    /// largest first.
+    pub layer_matrix_bytes: [u64; 2],
     /// Deterministic bytes a step reads: the streamed layers'.
     pub layer_read_per_token: u64,
     /// The tables outside the layers (embedding, head): what each costs, and whether this
@@ -214,11 +218,10 @@ struct ExpertLayer {
     hold: u64,
 }
 
-/// One layer's deterministic weights: resident (as stored), read, and in aligned buffers.
+/// One layer's deterministic weights: resident (as stored), and read.
 struct DeterministicLayer {
     resident: u64,
     read: u64,
-    allocated: u64,
 }
 
 /// What the artifact holds, by the plan's terms.
@@ -230,12 +233,14 @@ struct Sizes {
     /// Every payload byte but the routed experts'.
     resident_all: u64,
     layers: Vec<DeterministicLayer>,
+    /// The two largest of the layers' deterministic matrices, in aligned buffers.
+    matrices: [u64; 2],
     tables: Vec<TableTerms>,
     total: u64,
 }
 
-/// The floor's terms: holding every layer's deterministic weights, or streaming them through
-/// two layers' buffers, the tables streamed where that takes less.
+/// The floor's terms: holding every layer's deterministic weights, or streaming them matrix by
+/// matrix through the two largest matrices' buffers, the tables streamed where that takes less.
 struct Floors {
     /// What is held at any budget: norms, and tables that cannot be read by rows.
     base: u64,
@@ -243,7 +248,7 @@ struct Floors {
     held_layers: u64,
     /// The streamable tables at the floor.
     tables: u64,
-    layer_alloc_max: u64,
+    matrices: [u64; 2],
     deterministic: u64,
     streaming: u64,
     floor: u64,
@@ -260,18 +265,18 @@ impl Floors {
         let held_layers = s.resident_all.saturating_sub(tables_resident);
         let layer_resident: u64 = s.layers.iter().map(|l| l.resident).sum();
         let base = held_layers.saturating_sub(layer_resident);
-        let layer_alloc_max = s.layers.iter().map(|l| l.allocated).max().unwrap_or(0);
+        let pool = s.matrices[0] + s.matrices[1];
         let deterministic = (held_layers + tables).saturating_add(fixed);
-        let streaming = (base + tables + 2 * layer_alloc_max).saturating_add(fixed);
+        let streaming = (base + tables + pool).saturating_add(fixed);
         let (floor, floor_resident, floor_pool) = match stream_every || streaming < deterministic {
-            true => (streaming, base, 2 * layer_alloc_max),
+            true => (streaming, base, pool),
             false => (deterministic, held_layers, 0),
         };
         Floors {
             base,
             held_layers,
             tables,
-            layer_alloc_max,
+            matrices: s.matrices,
             deterministic,
             streaming,
             floor,
@@ -334,10 +339,10 @@ fn sizes(artifact: &Artifact, weights: &ModelWeights, experts_per_token: usize) 
             DeterministicLayer {
                 resident: layer_stream::resident_bytes(artifact, layer_stream::parts(m)),
                 read: layer_stream::read_bytes(m),
-                allocated: layer_stream::allocated_bytes(m),
             }
         })
         .collect();
+    let matrices = layer_stream::largest_two(weights.layers.iter().map(|l| &l.matrices[..]));
     Sizes {
         routed_bytes,
         expert_read_max: read_max,
@@ -345,6 +350,7 @@ fn sizes(artifact: &Artifact, weights: &ModelWeights, experts_per_token: usize) 
         expert_layers,
         resident_all: total.saturating_sub(streamed_files + pieces),
         layers,
+        matrices,
         tables: weights
             .tables
             .iter()
@@ -406,7 +412,7 @@ impl Plan {
                 resident: f.floor_resident,
                 tables: f.tables,
                 layer_pool: f.floor_pool,
-                layer: f.layer_alloc_max,
+                matrices: f.matrices,
                 slot_pool: slot_pool_bytes,
                 experts_per_token,
                 expert: s.expert_alloc_max,
@@ -443,7 +449,7 @@ impl Plan {
             read_ahead: true,
             reads_in_flight: DEFAULT_READS_IN_FLIGHT,
             layer_pool_bytes: 0,
-            layer_allocated_bytes: f.layer_alloc_max,
+            layer_matrix_bytes: f.matrices,
             layer_read_per_token: 0,
             tables: s.tables.clone(),
             table_tile_bytes: TABLE_TILE_BYTES,
@@ -476,7 +482,7 @@ impl Plan {
         self.resident_bytes = held;
         let mut ranked = Vec::new();
         if layers_stream {
-            self.layer_pool_bytes = 2 * self.layer_allocated_bytes;
+            self.layer_pool_bytes = self.layer_matrix_bytes[0] + self.layer_matrix_bytes[1];
             if self.layers == Layers::HoldWhatFits {
                 for (index, layer) in s.layers.iter().enumerate() {
                     let what = Holdable::Layer { layer: index };

@@ -47,6 +47,9 @@ pub struct StepStats {
     pub expert_guess_read_bytes: u64,
     /// Deterministic weights of streamed layers read from storage.
     pub layer_read_bytes: u64,
+    /// Streamed matrices read a second time in a pass (asked for after the pass let them go):
+    /// 0 where a model asks for its matrices in the order it was built with.
+    pub layer_rereads: u64,
     /// Rows of the tables outside the layers (embedding, head) read from storage.
     pub table_read_bytes: u64,
     /// Reads that bypassed the page cache (`O_DIRECT`) and reads that went through it.
@@ -75,6 +78,7 @@ impl StepStats {
         self.weight_bytes += other.weight_bytes;
         self.expert_read_bytes += other.expert_read_bytes;
         self.layer_read_bytes += other.layer_read_bytes;
+        self.layer_rereads += other.layer_rereads;
         self.table_read_bytes += other.table_read_bytes;
         self.expert_cache_hits += other.expert_cache_hits;
         self.expert_cache_misses += other.expert_cache_misses;

@@ -13,7 +13,8 @@ use std::sync::Arc;
 use crate::artifact::{Artifact, ArtifactError, Stack, StackLayout};
 use crate::expert_stream::ExpertStream;
 use crate::experts::{ExpertNames, ExpertParts, Projections, routed_experts};
-use crate::layer_stream::LoadedLayer;
+use crate::layer_stream::LayerStream;
+use crate::matrix::Matrix;
 use crate::model_weights::{LayerWeights, ModelWeights};
 use crate::plan::{Mode, Plan};
 use crate::tables::{RecordedTable, StoredTable, StoredTables, Table, TableUse};
@@ -24,8 +25,8 @@ use minirun_kernels::QMatrix;
 enum Matrices<'w> {
     /// Read now and held for the run.
     Resident,
-    /// A streamed layer's, read for this step.
-    Streamed(&'w LoadedLayer),
+    /// A streamed layer's, read in each pass when the layer computes with them.
+    Streamed(Arc<LayerStream<'w>>),
     /// Nothing read: the layouts are recorded, the matrices are zeros of the right size.
     Recording(&'w Recorder),
     /// Nothing read, outside the layers: the tables are recorded here; a matrix is not asked
@@ -72,16 +73,16 @@ impl<'w> Weights<'w> {
         }
     }
 
-    /// Layer `layer`'s deterministic matrices from `loaded` (read for this step).
+    /// Layer `layer`'s deterministic matrices from `stream` (read in each pass).
     pub fn streamed(
         artifact: &'w Artifact,
-        loaded: &'w LoadedLayer,
+        stream: Arc<LayerStream<'w>>,
         layer: usize,
         experts: Option<Arc<ExpertStream<'w>>>,
     ) -> Weights<'w> {
         Weights {
             artifact,
-            matrices: Matrices::Streamed(loaded),
+            matrices: Matrices::Streamed(stream),
             layer: Some(layer),
             prefix: String::new(),
             experts,
@@ -133,14 +134,24 @@ impl<'w> Weights<'w> {
         module: &str,
         rows: usize,
         cols: usize,
-    ) -> Result<Stack<'w>, ArtifactError> {
+    ) -> Result<Matrix<'w>, ArtifactError> {
         let module = self.name(module);
         match &self.matrices {
-            Matrices::Resident => self.artifact.matrix(&module, rows, cols),
-            Matrices::Streamed(loaded) => loaded.stack(&module, rows, cols),
+            Matrices::Resident => Ok(Matrix::held(self.artifact.matrix(&module, rows, cols)?)),
+            Matrices::Streamed(stream) => {
+                let layout = self.artifact.stack_layout(&module, rows, cols)?;
+                let index = self
+                    .layer
+                    .and_then(|layer| stream.index_of(layer, &layout.name))
+                    .ok_or_else(|| ArtifactError::Tensor {
+                        name: layout.name.clone(),
+                        reason: "was not planned with its streamed layer".into(),
+                    })?;
+                Ok(Matrix::streamed(Arc::clone(stream), index, &layout))
+            }
             Matrices::Recording(recorder) => {
                 let layout = self.artifact.stack_layout(&module, rows, cols)?;
-                recorder.matrix(self.artifact, layout)
+                Ok(Matrix::held(recorder.matrix(self.artifact, layout)?))
             }
             Matrices::RecordingTables(_) => Err(ArtifactError::Tensor {
                 name: module,
@@ -155,9 +166,19 @@ impl<'w> Weights<'w> {
         module: &str,
         rows: usize,
         cols: usize,
-    ) -> Result<QMatrix<'w>, ArtifactError> {
-        self.stack(module, rows, cols)?
-            .single(&format!("{}.weight", self.name(module)))
+    ) -> Result<Matrix<'w>, ArtifactError> {
+        let name = format!("{}.weight", self.name(module));
+        let layout = self.artifact.stack_layout(&self.name(module), rows, cols)?;
+        if layout.parts.len() != 1 {
+            return Err(ArtifactError::Tensor {
+                name,
+                reason: format!(
+                    "is a stack of {} matrices where the model needs one",
+                    layout.parts.len()
+                ),
+            });
+        }
+        self.stack(module, rows, cols)
     }
 
     /// The table of module `module` outside the layers (the token embedding, the output head),
@@ -367,6 +388,8 @@ impl ModelWeights {
 pub struct Placement<'a> {
     /// Per layer, the matrices read for each step; `None` for a layer held for the run.
     pub streamed_layers: Vec<Option<Vec<StackLayout>>>,
+    /// The pool the streamed matrices are read into.
+    pub layer_pool_bytes: u64,
     pub read_ahead: bool,
     /// Reads in flight at once, for a streamed layer's parts as for routed experts.
     pub reads_in_flight: usize,
@@ -380,6 +403,7 @@ impl<'a> Placement<'a> {
     pub fn resident(layers: usize) -> Placement<'a> {
         Placement {
             streamed_layers: vec![None; layers],
+            layer_pool_bytes: 0,
             read_ahead: true,
             reads_in_flight: 1,
             experts: None,
@@ -411,6 +435,7 @@ impl<'a> Placement<'a> {
             .collect();
         Placement {
             streamed_layers,
+            layer_pool_bytes: plan.layer_pool_bytes,
             read_ahead: plan.read_ahead,
             reads_in_flight: plan.reads_in_flight,
             tables: Arc::new(plan.stored_tables()),

@@ -322,6 +322,10 @@ mod tests {
         fn expert_memory(&self) -> Option<(u64, u64)> {
             None
         }
+
+        fn layer_pool_peak(&self) -> u64 {
+            0
+        }
     }
 
     /// Weight bytes a step or a prefill of [`Drifting`] reports.

@@ -4,7 +4,8 @@ use crate::blocks::products::apply_batch;
 use crate::engine::decode_policy::LayerState;
 use minirun_kernels::{Format, KernelError, QMatrix};
 use minirun_stream::artifact::{ArtifactError, Stack};
-use minirun_stream::step::StepStats;
+use minirun_stream::matrix::Matrix;
+use minirun_stream::step::{ModelError, StepStats};
 use minirun_stream::weights::Weights;
 
 /// One head of one position in multi-head latent attention, over the first `steps` cached
@@ -75,11 +76,11 @@ pub(crate) struct LatentDims {
 pub(crate) enum LatentProjections<'a> {
     /// MLX: per head, `embed_q` is `[kv_lora, nope]` and `unembed_out` is `[v, kv_lora]`.
     Split {
-        embed_q: Stack<'a>,
-        unembed_out: Stack<'a>,
+        embed_q: Matrix<'a>,
+        unembed_out: Matrix<'a>,
     },
     /// Hugging Face: `[heads * (nope + v), kv_lora]`; head h's key rows come first.
-    Whole(QMatrix<'a>),
+    Whole(Matrix<'a>),
 }
 
 /// `run(h)` for every head `h`, heads on whichever worker takes them: a head's projection is
@@ -88,8 +89,8 @@ pub(crate) enum LatentProjections<'a> {
 fn each_head<T: Send>(
     heads: usize,
     stats: &mut StepStats,
-    run: impl Fn(usize, &mut StepStats) -> Result<T, KernelError> + Sync,
-) -> Result<Vec<T>, KernelError> {
+    run: impl Fn(usize, &mut StepStats) -> Result<T, ModelError> + Sync,
+) -> Result<Vec<T>, ModelError> {
     use rayon::prelude::*;
     let results: Vec<_> = (0..heads)
         .into_par_iter()
@@ -124,17 +125,19 @@ impl LatentProjections<'_> {
         qs: &[Vec<f32>],
         d: LatentDims,
         stats: &mut StepStats,
-    ) -> Result<Vec<Vec<Vec<f32>>>, KernelError> {
+    ) -> Result<Vec<Vec<Vec<f32>>>, ModelError> {
         let width = d.nope + d.rope;
         let mut q_latents = vec![Vec::with_capacity(d.heads); qs.len()];
         match self {
             LatentProjections::Split { embed_q, .. } => {
-                let per_head = each_head(d.heads, stats, |h, stats| {
-                    let rows: Vec<Vec<f32>> = qs
-                        .iter()
-                        .map(|q| q[h * width..h * width + d.nope].to_vec())
-                        .collect();
-                    apply_batch(&head(embed_q, h)?, &rows, stats)
+                let per_head = embed_q.with_stack(|embed_q| {
+                    each_head(d.heads, stats, |h, stats| {
+                        let rows: Vec<Vec<f32>> = qs
+                            .iter()
+                            .map(|q| q[h * width..h * width + d.nope].to_vec())
+                            .collect();
+                        apply_batch(&head(embed_q, h)?, &rows, stats)
+                    })
                 })?;
                 for latents in per_head {
                     for (t, latent) in latents.into_iter().enumerate() {
@@ -142,7 +145,7 @@ impl LatentProjections<'_> {
                     }
                 }
             }
-            LatentProjections::Whole(m) => {
+            LatentProjections::Whole(m) => m.with(|m| {
                 for (q, per_head) in qs.iter().zip(&mut q_latents) {
                     for h in 0..d.heads {
                         let first = h * (d.nope + d.v);
@@ -152,7 +155,8 @@ impl LatentProjections<'_> {
                         per_head.push(latent);
                     }
                 }
-            }
+                Ok::<_, KernelError>(())
+            })?,
         }
         Ok(q_latents)
     }
@@ -164,22 +168,24 @@ impl LatentProjections<'_> {
         mixed: &[Vec<Vec<f32>>],
         d: LatentDims,
         stats: &mut StepStats,
-    ) -> Result<Vec<Vec<f32>>, KernelError> {
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
         let mut outs = vec![vec![0f32; d.heads * d.v]; mixed.len()];
         match self {
             LatentProjections::Split { unembed_out, .. } => {
-                let per_head = each_head(d.heads, stats, |h, stats| {
-                    let rows = mixed
-                        .iter()
-                        .map(|per_head| {
-                            per_head.get(h).ok_or(KernelError::Length {
-                                what: "mixed heads",
-                                expected: d.heads,
-                                actual: per_head.len(),
+                let per_head = unembed_out.with_stack(|unembed_out| {
+                    each_head(d.heads, stats, |h, stats| {
+                        let rows = mixed
+                            .iter()
+                            .map(|per_head| {
+                                per_head.get(h).ok_or(KernelError::Length {
+                                    what: "mixed heads",
+                                    expected: d.heads,
+                                    actual: per_head.len(),
+                                })
                             })
-                        })
-                        .collect::<Result<Vec<_>, _>>()?;
-                    apply_batch(&head(unembed_out, h)?, &rows, stats)
+                            .collect::<Result<Vec<_>, _>>()?;
+                        apply_batch(&head(unembed_out, h)?, &rows, stats)
+                    })
                 })?;
                 for (h, head_outs) in per_head.into_iter().enumerate() {
                     for (out, head_out) in outs.iter_mut().zip(head_outs) {
@@ -187,7 +193,7 @@ impl LatentProjections<'_> {
                     }
                 }
             }
-            LatentProjections::Whole(m) => {
+            LatentProjections::Whole(m) => m.with(|m| {
                 for (out, per_head) in outs.iter_mut().zip(mixed) {
                     for (h, latent) in per_head.iter().enumerate() {
                         let first = h * (d.nope + d.v) + d.nope;
@@ -196,7 +202,8 @@ impl LatentProjections<'_> {
                     }
                     stats.weight_bytes += m.stored_bytes() as u64;
                 }
-            }
+                Ok::<_, KernelError>(())
+            })?,
         }
         Ok(outs)
     }

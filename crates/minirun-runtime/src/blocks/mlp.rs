@@ -3,12 +3,12 @@
 use std::sync::Arc;
 
 use crate::blocks::norm::{sigmoid, silu};
-use crate::blocks::products::{apply_batch, apply_shared};
+use crate::blocks::products::{Product, apply_batch, apply_shared};
 use crate::blocks::shared_rows::SharedRows;
-use minirun_kernels::{KernelError, QMatrix};
 use minirun_stream::artifact::ArtifactError;
 use minirun_stream::experts::{ExpertNames, Projections};
-use minirun_stream::step::StepStats;
+use minirun_stream::matrix::Matrix;
+use minirun_stream::step::{ModelError, StepStats};
 use minirun_stream::weights::Weights;
 
 /// How a gated MLP combines its gate and up projections.
@@ -50,13 +50,15 @@ pub struct MlpBiases {
     pub down: Vec<f32>,
 }
 
-pub struct Mlp<'a> {
-    pub projections: Projections<QMatrix<'a>>,
+/// A gated MLP over matrices `M`: a routed expert's, held or read for a step
+/// (`QMatrix`), or a layer's own ([`Matrix`], held or streamed).
+pub struct Mlp<M> {
+    pub projections: Projections<M>,
     pub activation: Activation,
     pub biases: Option<Arc<MlpBiases>>,
 }
 
-impl<'w> Mlp<'w> {
+impl<'w> Mlp<Matrix<'w>> {
     /// The gated MLP under `w`'s prefix: `names` are its gate, up and down projections, gate
     /// and up `[inner, hidden]`, down `[hidden, inner]`; no biases.
     pub fn new(
@@ -64,7 +66,7 @@ impl<'w> Mlp<'w> {
         names: ExpertNames,
         (hidden, inner): (usize, usize),
         activation: Activation,
-    ) -> Result<Mlp<'w>, ArtifactError> {
+    ) -> Result<Mlp<Matrix<'w>>, ArtifactError> {
         let projections = names.build((hidden, inner), |name, rows, cols| {
             w.matrix(name, rows, cols)
         })?;
@@ -76,18 +78,18 @@ impl<'w> Mlp<'w> {
     }
 }
 
-impl Mlp<'_> {
+impl<M: Product> Mlp<M> {
     pub fn forward(
         &self,
         xs: &[Vec<f32>],
         stats: &mut StepStats,
-    ) -> Result<Vec<Vec<f32>>, KernelError> {
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
         let all: Vec<usize> = (0..xs.len()).collect();
         self.forward_on(&SharedRows::new(xs), &all, stats)
     }
 
     /// The matrix the input meets first (for its int8 grouping).
-    pub(crate) fn first(&self) -> &QMatrix<'_> {
+    pub(crate) fn first(&self) -> &M {
         self.projections.first()
     }
 
@@ -98,7 +100,7 @@ impl Mlp<'_> {
         input: &SharedRows,
         which: &[usize],
         stats: &mut StepStats,
-    ) -> Result<Vec<Vec<f32>>, KernelError> {
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
         let (gates, ups, down) = match &self.projections {
             Projections::Separate { gate, up, down } => (
                 apply_shared(gate, input, which, stats)?,

@@ -9,7 +9,7 @@ use crate::blocks::mlp::{Activation, Mlp, MlpBiases};
 use crate::blocks::norm::sigmoid;
 use crate::blocks::products::top_k;
 use crate::blocks::shared_rows::SharedRows;
-use minirun_kernels::KernelError;
+use minirun_kernels::{KernelError, QMatrix};
 use minirun_stream::artifact::ArtifactError;
 use minirun_stream::expert_stream::ExpertStream;
 use minirun_stream::experts::ExpertNames;
@@ -150,10 +150,10 @@ impl ExpertUsers {
     fn outputs(
         &self,
         e: usize,
-        expert: &Mlp,
+        expert: &Mlp<QMatrix<'_>>,
         input: &SharedRows,
         stats: &mut StepStats,
-    ) -> Result<Vec<SlotOutput>, KernelError> {
+    ) -> Result<Vec<SlotOutput>, ModelError> {
         let served = self.users.get(&e).map_or(&[][..], Vec::as_slice);
         let rows: Vec<usize> = served.iter().map(|&(row, _)| row).collect();
         Ok(served
@@ -167,11 +167,11 @@ impl ExpertUsers {
     fn run(
         &self,
         e: usize,
-        expert: &Mlp,
+        expert: &Mlp<QMatrix<'_>>,
         input: &SharedRows,
         outputs: &mut [Vec<Vec<f32>>],
         stats: &mut StepStats,
-    ) -> Result<(), KernelError> {
+    ) -> Result<(), ModelError> {
         for ((row, k), out) in self.outputs(e, expert, input, stats)? {
             outputs[row][k] = out;
         }
@@ -212,7 +212,7 @@ pub(crate) fn routed_sum(
 
 /// A layer's routed experts: held, or read when the router picks them.
 pub enum RoutedExperts<'a> {
-    Resident(Vec<Mlp<'a>>),
+    Resident(Vec<Mlp<QMatrix<'a>>>),
     Streamed {
         layer: usize,
         stream: Arc<ExpertStream<'a>>,
@@ -362,12 +362,12 @@ pub(crate) fn run_routed<T>(
 /// are one task instead of each product waking the other workers, and every output has the
 /// bits its expert gives it on any thread (rows are computed independently).
 fn run_resident_experts(
-    held: &[Mlp],
+    held: &[Mlp<QMatrix<'_>>],
     users: &ExpertUsers,
     input: &SharedRows,
     outputs: &mut RoutedOutputs,
     stats: &mut StepStats,
-) -> Result<(), KernelError> {
+) -> Result<(), ModelError> {
     use rayon::prelude::*;
     let results: Vec<_> = users
         .order
@@ -380,7 +380,7 @@ fn run_resident_experts(
             })?;
             let mut own = StepStats::default();
             let outs = users.outputs(e, expert, input, &mut own)?;
-            Ok::<_, KernelError>((outs, own))
+            Ok::<_, ModelError>((outs, own))
         })
         .collect();
     for result in results {

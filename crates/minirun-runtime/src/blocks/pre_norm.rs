@@ -8,6 +8,7 @@ use crate::blocks::norm::rms_norm;
 use crate::blocks::products::add_rows;
 use crate::blocks::tables::{embed_tokens, head_logits};
 use minirun_stream::artifact::ArtifactError;
+use minirun_stream::matrix::Matrix;
 use minirun_stream::step::{ModelError, StepStats};
 use minirun_stream::tables::{Table, TableUse};
 use minirun_stream::weights::Weights;
@@ -18,7 +19,7 @@ use minirun_stream::weights::Weights;
     reason = "one per layer, built once and never moved on a hot path; R's size is the architecture's"
 )]
 pub enum FeedForward<'a, R> {
-    Dense(Mlp<'a>),
+    Dense(Mlp<Matrix<'a>>),
     Routed(R),
 }
 
@@ -32,17 +33,17 @@ pub struct PreNormLayer<'a, A, R> {
 
 impl<'a, A, R> PreNormLayer<'a, A, R> {
     /// The layer's norms under `w` (`input_layernorm`, `post_attention_layernorm`) around the
-    /// feed-forward the caller built and the attention `attention` builds (asked for between
-    /// the norms, the order the weights are recorded in).
+    /// attention and the feed-forward the caller built, in that order: the order a pass
+    /// computes with their matrices, which a streamed layer reads them in.
     pub fn new(
         w: &Weights<'a>,
         hidden: usize,
-        attention: impl FnOnce() -> Result<A, ArtifactError>,
+        attention: A,
         ffn: FeedForward<'a, R>,
     ) -> Result<Self, ArtifactError> {
         Ok(PreNormLayer {
             input_norm: w.vector("input_layernorm.weight", hidden)?,
-            attention: attention()?,
+            attention,
             post_norm: w.vector("post_attention_layernorm.weight", hidden)?,
             ffn,
         })

@@ -3,8 +3,8 @@
 //! `q_norm`, `k_norm`) and rotated over its two halves for its position, query head `h` over
 //! key/value head `h / (heads / kv_heads)`, the heads side by side through `o_proj`.
 
-use minirun_kernels::QMatrix;
 use minirun_stream::artifact::ArtifactError;
+use minirun_stream::matrix::Matrix;
 use minirun_stream::step::{ModelError, StepStats};
 use minirun_stream::weights::Weights;
 
@@ -16,10 +16,10 @@ use crate::engine::decode_policy::{Rows, SequenceCache};
 
 /// One layer's attention weights (under `self_attn`).
 pub struct RotaryGqa<'a> {
-    q: QMatrix<'a>,
-    k: QMatrix<'a>,
-    v: QMatrix<'a>,
-    o: QMatrix<'a>,
+    q: Matrix<'a>,
+    k: Matrix<'a>,
+    v: Matrix<'a>,
+    o: Matrix<'a>,
     /// The per-head query and key norms, where the architecture has them.
     qk_norms: Option<(Vec<f32>, Vec<f32>)>,
 }
@@ -88,7 +88,7 @@ impl<'a> RotaryGqa<'a> {
             caches[rows.cache[t]].layers[layer].push(&k, v);
         }
         let mixed = self.mix_all_heads(s, &qs, layer, rows, caches);
-        Ok(apply_batch(&self.o, &mixed, stats)?)
+        apply_batch(&self.o, &mixed, stats)
     }
 
     /// Every row's heads, each row on whichever worker takes it: rows are independent, so each

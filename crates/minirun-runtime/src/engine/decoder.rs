@@ -62,4 +62,8 @@ pub trait Decoder {
     /// Bytes of routed experts the expert cache holds now, and the most it held at once;
     /// `None` for a resident run.
     fn expert_memory(&self) -> Option<(u64, u64)>;
+
+    /// The most bytes of streamed layer matrices held at once so far (0 where no layer
+    /// streams): within the plan's `layer_pool_bytes`.
+    fn layer_pool_peak(&self) -> u64;
 }

@@ -38,8 +38,10 @@ pub trait Layered<'a>: Sized + Send + Sync {
 
     fn config(&self) -> &Self::Config;
 
-    /// Layer `i` from `w`: every tensor asked for once, by name. Run dry, this is what the
-    /// planner learns the layer's weights from.
+    /// Layer `i` from `w`: every tensor asked for once, by name, its matrices in the order
+    /// [`Self::run_layer`] computes with them (a streamed layer reads them in that order, one
+    /// ahead of the compute; one asked for out of it is read twice, which the streaming tests
+    /// catch). Run dry, this is what the planner learns the layer's weights from.
     fn layer<'w>(
         config: &Self::Config,
         w: &Weights<'w>,
@@ -112,10 +114,10 @@ pub trait Layered<'a>: Sized + Send + Sync {
 pub struct LayeredModel<'a, A: Layered<'a>> {
     arch: A,
     artifact: &'a Artifact,
-    /// Each layer held for the run, or `None` where its deterministic matrices stream (read
-    /// for each step by `stream`; the layer is built from them, computes, and they are dropped).
-    layers: Vec<Option<Box<A::Layer<'a>>>>,
-    stream: LayerStream,
+    /// Every layer, its deterministic matrices held for the run or, where the plan streams
+    /// them, read by `stream` in each pass when the layer computes with them.
+    layers: Vec<Box<A::Layer<'a>>>,
+    stream: Arc<LayerStream<'a>>,
     experts: Option<Arc<ExpertStream<'a>>>,
 }
 
@@ -155,16 +157,20 @@ impl<'a, A: Layered<'a>> LayeredModel<'a, A> {
             }));
         }
         let experts = placement.experts;
-        let layers = placement
-            .streamed_layers
-            .iter()
-            .enumerate()
-            .map(|(i, streamed)| match streamed {
-                Some(_) => Ok(None),
-                None => {
-                    let w = Weights::resident(artifact, Some(i), experts.clone());
-                    Ok(Some(Box::new(A::layer(&config, &w, i)?)))
-                }
+        let stream = Arc::new(LayerStream::new(
+            artifact,
+            placement.streamed_layers,
+            placement.layer_pool_bytes,
+            placement.read_ahead,
+            placement.reads_in_flight,
+        ));
+        let layers = (0..count)
+            .map(|i| {
+                let w = match stream.is_streamed(i) {
+                    true => Weights::streamed(artifact, Arc::clone(&stream), i, experts.clone()),
+                    false => Weights::resident(artifact, Some(i), experts.clone()),
+                };
+                Ok(Box::new(A::layer(&config, &w, i)?))
             })
             .collect::<Result<Vec<_>, ArtifactError>>()?;
         let arch = A::new(
@@ -178,11 +184,7 @@ impl<'a, A: Layered<'a>> LayeredModel<'a, A> {
             arch,
             artifact,
             layers,
-            stream: LayerStream::new(
-                placement.streamed_layers,
-                placement.read_ahead,
-                placement.reads_in_flight,
-            ),
+            stream,
             experts,
         })
     }
@@ -200,10 +202,10 @@ impl<'a, A: Layered<'a>> LayeredModel<'a, A> {
         self.arch.config()
     }
 
-    /// The streamed layer already read for the next step, if any (read-ahead reads the first
-    /// one while a step's last layers compute).
-    pub fn layer_read_for_next_step(&self) -> Option<usize> {
-        self.stream.read_for_next_step()
+    /// Streamed matrices already read for the next step (read-ahead reads the first ones
+    /// while a step's last layers and logits compute).
+    pub fn matrices_read_for_next_step(&self) -> usize {
+        self.stream.read_for_next_pass()
     }
 
     fn limits(&self) -> (usize, usize) {
@@ -230,28 +232,19 @@ impl<'a, A: Layered<'a>> LayeredModel<'a, A> {
         let mut tried = vec![false; self.layers.len()];
         let out = std::thread::scope(|scope| {
             let out = self.stream.run(
-                self.artifact,
                 &mut state,
                 stats,
-                |(hidden, caches), i, loaded, stats| {
+                |(hidden, caches), i, stats| {
                     self.guess_ahead(scope, i, tokens, hidden, &mut tried);
                     let at = Place { layer: i, rows };
-                    match (loaded, self.layers.get(i)) {
-                        (Some(loaded), _) => {
-                            let experts = self.experts.clone();
-                            let w = Weights::streamed(self.artifact, loaded, i, experts);
-                            let layer = A::layer(self.arch.config(), &w, i)?;
-                            self.arch
-                                .run_layer(&layer, at, tokens, hidden, caches, stats)
-                        }
-                        (None, Some(Some(layer))) => self
-                            .arch
-                            .run_layer(layer, at, tokens, hidden, caches, stats),
-                        (None, _) => Err(ModelError::Artifact(ArtifactError::Tensor {
+                    let layer = self.layers.get(i).ok_or_else(|| {
+                        ModelError::Artifact(ArtifactError::Tensor {
                             name: format!("layer {i}"),
-                            reason: "is neither held nor streamed".into(),
-                        })),
-                    }
+                            reason: "is not among the model's layers".into(),
+                        })
+                    })?;
+                    self.arch
+                        .run_layer(layer, at, tokens, hidden, caches, stats)
                 },
                 |(hidden, caches), stats| {
                     for &seq in &rows.cache {
@@ -311,7 +304,7 @@ impl<'a, A: Layered<'a>> LayeredModel<'a, A> {
             if tried[m] {
                 continue;
             }
-            let Some(Some(layer)) = self.layers.get(m) else {
+            let Some(layer) = self.layers.get(m).filter(|_| !self.stream.is_streamed(m)) else {
                 return;
             };
             let exact = self.arch.guesses_exactly(layer, m);
@@ -378,5 +371,9 @@ impl<'a, A: Layered<'a>> Decoder for LayeredModel<'a, A> {
     /// experts of a layer in flight; `None` for a resident run (held layers are resident).
     fn expert_memory(&self) -> Option<(u64, u64)> {
         self.experts.as_ref().map(|e| e.usage())
+    }
+
+    fn layer_pool_peak(&self) -> u64 {
+        self.stream.peak_bytes()
     }
 }

@@ -58,6 +58,10 @@ impl Decoder for Model<'_> {
     fn expert_memory(&self) -> Option<(u64, u64)> {
         self.0.expert_memory()
     }
+
+    fn layer_pool_peak(&self) -> u64 {
+        self.0.layer_pool_peak()
+    }
 }
 
 /// A decoder whose caches travel as [`ModelCache`]s.
@@ -125,5 +129,9 @@ where
 
     fn expert_memory(&self) -> Option<(u64, u64)> {
         self.0.expert_memory()
+    }
+
+    fn layer_pool_peak(&self) -> u64 {
+        self.0.layer_pool_peak()
     }
 }

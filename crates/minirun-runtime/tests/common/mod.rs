@@ -142,8 +142,8 @@ pub fn greedy_bits(
 
 /// A streamed run under `plan` (read-ahead as given, on `threads` threads) gives `resident`'s
 /// logit bits, hits no cached expert, reads exactly the plan's expert, layer and table bytes per
-/// step,
-/// and holds at most the plan's cache and slot pool of experts.
+/// step (no streamed matrix read twice in a pass), and holds at most the plan's cache and slot
+/// pool of experts and its layer pool of streamed matrices.
 pub fn assert_streams_as_planned(
     session: &minirun_runtime::Session,
     plan: &minirun_stream::plan::Plan,
@@ -182,8 +182,23 @@ pub fn assert_streams_as_planned(
         plan.table_read_per_token * steps,
         "{case}"
     );
+    assert_eq!(
+        decode.layer_rereads, 0,
+        "{case}: a matrix read twice in a pass"
+    );
     let (_, peak) = streamed.expert_memory().unwrap();
     assert!(peak <= plan.cache_bytes + plan.slot_pool_bytes, "{case}");
+    let layer_peak = streamed.layer_pool_peak();
+    assert!(
+        layer_peak <= plan.layer_pool_bytes,
+        "{case}: {layer_peak} B of streamed matrices at once, the pool is {}",
+        plan.layer_pool_bytes
+    );
+    assert_eq!(
+        layer_peak > 0,
+        !plan.streamed_layers.is_empty(),
+        "{case}: streamed matrices went through the pool"
+    );
 }
 
 /// At the floor no expert is guessed (its budget has no room for a guess's slot pool). With

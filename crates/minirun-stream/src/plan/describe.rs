@@ -35,9 +35,10 @@ impl Plan {
         let pool = match self.floor_layer_pool_bytes {
             0 => String::new(),
             p => format!(
-                " + layer buffers {} (2 x {})",
+                " + layer buffers {} ({} + {}, the two largest matrices)",
                 human(p),
-                human(self.layer_allocated_bytes)
+                human(self.layer_matrix_bytes[0]),
+                human(self.layer_matrix_bytes[1])
             ),
         };
         let mut lines = vec![format!(
@@ -48,6 +49,9 @@ impl Plan {
                 (Mode::Streamed, true) => "routed experts streamed",
                 (Mode::Streamed, false) => match self.layers {
                     Layers::StreamEvery => "routed experts and every layer streamed, as asked",
+                    Layers::HoldWhatFits if self.streamed_layers.len() == self.layer_count => {
+                        "routed experts and every layer streamed"
+                    }
                     Layers::HoldWhatFits => "routed experts and some layers streamed",
                 },
             },
@@ -67,7 +71,7 @@ impl Plan {
                 layer_list(&self.streamed_layers),
                 human(self.layer_read_per_token),
                 match self.read_ahead {
-                    true => "the next layer read while the current one computes",
+                    true => "matrix by matrix, the next read while one computes",
                     false => "no read-ahead",
                 },
                 human(self.resident_bytes),

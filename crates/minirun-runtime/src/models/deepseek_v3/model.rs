@@ -19,27 +19,27 @@ use crate::engine::config::{ModelConfig, limits_from_fields};
 use crate::engine::decode_policy::{Rows, SequenceCache};
 use crate::engine::layered_model::{Layered, LayeredModel};
 use crate::models::deepseek_v3::config::DeepSeekV3Config;
-use minirun_kernels::QMatrix;
 use minirun_stream::artifact::ArtifactError;
 use minirun_stream::experts::STACKED;
+use minirun_stream::matrix::Matrix;
 use minirun_stream::plan::Shape;
 use minirun_stream::step::{ModelError, StepStats};
 use minirun_stream::weights::Weights;
 
 pub struct Attention<'a> {
-    q_a: Option<(QMatrix<'a>, Vec<f32>)>,
-    q_b: QMatrix<'a>,
-    kv_a: QMatrix<'a>,
+    q_a: Option<(Matrix<'a>, Vec<f32>)>,
+    q_b: Matrix<'a>,
+    kv_a: Matrix<'a>,
     kv_a_norm: Vec<f32>,
     latent: LatentProjections<'a>,
-    o: QMatrix<'a>,
+    o: Matrix<'a>,
 }
 
 pub struct Moe<'a> {
-    router: QMatrix<'a>,
+    router: Matrix<'a>,
     correction_bias: Vec<f32>,
     experts: RoutedExperts<'a>,
-    shared: Option<Mlp<'a>>,
+    shared: Option<Mlp<Matrix<'a>>>,
 }
 
 /// One layer's weights.
@@ -81,10 +81,6 @@ fn attention<'w>(w: &Weights<'w>, c: &DeepSeekV3Config) -> Result<Attention<'w>,
         ),
         None => (None, w.matrix("q_proj", heads * c.q_head_dim(), hidden)?),
     };
-    let latent = match w.has("kv_b_proj.weight") {
-        true => LatentProjections::whole(w, latent_dims(c))?,
-        false => LatentProjections::split(w, latent_dims(c))?,
-    };
     Ok(Attention {
         q_a,
         q_b,
@@ -94,7 +90,10 @@ fn attention<'w>(w: &Weights<'w>, c: &DeepSeekV3Config) -> Result<Attention<'w>,
             hidden,
         )?,
         kv_a_norm: w.vector("kv_a_layernorm.weight", c.kv_lora_rank)?,
-        latent,
+        latent: match w.has("kv_b_proj.weight") {
+            true => LatentProjections::whole(w, latent_dims(c))?,
+            false => LatentProjections::split(w, latent_dims(c))?,
+        },
         o: w.matrix("o_proj", hidden, heads * c.v_head_dim)?,
     })
 }
@@ -102,6 +101,7 @@ fn attention<'w>(w: &Weights<'w>, c: &DeepSeekV3Config) -> Result<Attention<'w>,
 fn layer<'w>(w: &Weights<'w>, c: &DeepSeekV3Config, i: usize) -> Result<Layer<'w>, ArtifactError> {
     let w = w.at(&format!("model.layers.{i}"));
     let (hidden, inner) = (c.hidden_size, c.moe_intermediate_size);
+    let self_attn = attention(&w.at("self_attn"), c)?;
     let mlp_w = w.at("mlp");
     let ffn = match c.is_moe(i) {
         true => FeedForward::Routed(Moe {
@@ -131,7 +131,7 @@ fn layer<'w>(w: &Weights<'w>, c: &DeepSeekV3Config, i: usize) -> Result<Layer<'w
             Activation::Silu,
         )?),
     };
-    PreNormLayer::new(&w, hidden, || attention(&w.at("self_attn"), c), ffn)
+    PreNormLayer::new(&w, hidden, self_attn, ffn)
 }
 
 impl Moe<'_> {
@@ -160,11 +160,10 @@ impl Moe<'_> {
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         let routes = self.routes(xs, c, stats)?;
         let shared = |stats: &mut StepStats| -> Result<Option<Vec<Vec<f32>>>, ModelError> {
-            Ok(self
-                .shared
+            self.shared
                 .as_ref()
                 .map(|s| s.forward(xs, stats))
-                .transpose()?)
+                .transpose()
         };
         let (outputs, shared) = run_routed(&self.experts, &routes, xs, shared, stats)?;
         let mut ys = weighted_sum(&routes, &outputs, c.hidden_size);
@@ -271,7 +270,7 @@ impl DeepSeekV3Model<'_> {
         let q_latents = self.queries_in_latent_space(a, &qs, stats)?;
         let mixed = self.mix_all_heads(&qs, &q_latents, layer, rows, caches);
         let outs = self.heads_out(a, &mixed, stats)?;
-        Ok(apply_batch(&a.o, &outs, stats)?)
+        apply_batch(&a.o, &outs, stats)
     }
 
     fn queries_in_latent_space(
@@ -280,7 +279,7 @@ impl DeepSeekV3Model<'_> {
         qs: &[Vec<f32>],
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<Vec<f32>>>, ModelError> {
-        Ok(a.latent.queries(qs, self.latent_dims(), stats)?)
+        a.latent.queries(qs, self.latent_dims(), stats)
     }
 
     fn latent_dims(&self) -> LatentDims {
@@ -336,6 +335,6 @@ impl DeepSeekV3Model<'_> {
         mixed: &[Vec<Vec<f32>>],
         stats: &mut StepStats,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        Ok(a.latent.heads_out(mixed, self.latent_dims(), stats)?)
+        a.latent.heads_out(mixed, self.latent_dims(), stats)
     }
 }

@@ -34,9 +34,10 @@ use crate::engine::decode_policy::{LayerState, Place, SequenceCache};
 use crate::engine::layered_model::{Layered, LayeredModel};
 use crate::models::deepseek_v4::config::{Attention, DeepSeekV4Config};
 use crate::models::deepseek_v4::hyper_connections::{HyperConnection, Mixing, head_collapse};
-use minirun_kernels::{KernelError, QMatrix};
+use minirun_kernels::KernelError;
 use minirun_stream::artifact::ArtifactError;
 use minirun_stream::experts::W1_W3_W2;
+use minirun_stream::matrix::Matrix;
 use minirun_stream::plan::Shape;
 use minirun_stream::step::{ModelError, StepStats};
 use minirun_stream::tables::{Table, TableUse};
@@ -48,8 +49,8 @@ const RENORMALIZE_EPS: f32 = 1e-20;
 /// A compressor: projections of each token to its window's values and gates, the gates' bias
 /// per position in the window, and the norm of a pooled entry.
 struct Compressor<'a> {
-    kv: QMatrix<'a>,
-    gate: QMatrix<'a>,
+    kv: Matrix<'a>,
+    gate: Matrix<'a>,
     /// `[rate, width]`.
     position_bias: Vec<f32>,
     norm: Vec<f32>,
@@ -61,29 +62,29 @@ struct Compressor<'a> {
 
 struct Indexer<'a> {
     compressor: Compressor<'a>,
-    q_b: QMatrix<'a>,
-    weights: QMatrix<'a>,
+    q_b: Matrix<'a>,
+    weights: Matrix<'a>,
 }
 
 struct AttentionWeights<'a> {
-    q_a: QMatrix<'a>,
+    q_a: Matrix<'a>,
     q_a_norm: Vec<f32>,
-    q_b: QMatrix<'a>,
-    kv: QMatrix<'a>,
+    q_b: Matrix<'a>,
+    kv: Matrix<'a>,
     kv_norm: Vec<f32>,
-    o_a: QMatrix<'a>,
-    o_b: QMatrix<'a>,
+    o_a: Matrix<'a>,
+    o_b: Matrix<'a>,
     sinks: Vec<f32>,
     compressor: Option<Compressor<'a>>,
     indexer: Option<Indexer<'a>>,
 }
 
 struct Moe<'a> {
-    router: QMatrix<'a>,
+    router: Matrix<'a>,
     /// The correction bias of a top-k layer; `None` on a hash-routed one.
     correction_bias: Option<Vec<f32>>,
     experts: RoutedExperts<'a>,
-    shared: Mlp<'a>,
+    shared: Mlp<Matrix<'a>>,
 }
 
 /// One layer's weights.
@@ -155,7 +156,7 @@ struct Loader<'a, 'm> {
 }
 
 impl<'a> Loader<'a, '_> {
-    fn one(&self, module: &str, rows: usize, cols: usize) -> Result<QMatrix<'a>, ArtifactError> {
+    fn one(&self, module: &str, rows: usize, cols: usize) -> Result<Matrix<'a>, ArtifactError> {
         self.w.matrix(module, rows, cols)
     }
 
@@ -205,6 +206,10 @@ impl<'a> Loader<'a, '_> {
         let c = self.c;
         let (hidden, heads, d) = (c.hidden_size, c.num_attention_heads, c.head_dim);
         let attn = format!("{prefix}.attn");
+        // In the order a pass computes with them: the projections, the compressors, the output.
+        let q_a = self.one(&format!("{attn}.wq_a"), c.q_lora_rank, hidden)?;
+        let q_b = self.one(&format!("{attn}.wq_b"), heads * d, c.q_lora_rank)?;
+        let kv = self.one(&format!("{attn}.wkv"), d, hidden)?;
         let (compressor, indexer) = match kind {
             Attention::Sliding => (None, None),
             Attention::HeavilyCompressed { rate } => (
@@ -230,10 +235,10 @@ impl<'a> Loader<'a, '_> {
             }
         };
         Ok(AttentionWeights {
-            q_a: self.one(&format!("{attn}.wq_a"), c.q_lora_rank, hidden)?,
+            q_a,
             q_a_norm: self.vector(&format!("{attn}.q_norm.weight"), c.q_lora_rank)?,
-            q_b: self.one(&format!("{attn}.wq_b"), heads * d, c.q_lora_rank)?,
-            kv: self.one(&format!("{attn}.wkv"), d, hidden)?,
+            q_b,
+            kv,
             kv_norm: self.vector(&format!("{attn}.kv_norm.weight"), d)?,
             o_a: self.one(
                 &format!("{attn}.wo_a"),
@@ -253,7 +258,7 @@ impl<'a> Loader<'a, '_> {
         }
     }
 
-    fn mlp(&self, prefix: &str) -> Result<Mlp<'a>, ArtifactError> {
+    fn mlp(&self, prefix: &str) -> Result<Mlp<Matrix<'a>>, ArtifactError> {
         let sizes = (self.c.hidden_size, self.c.moe_intermediate_size);
         Mlp::new(&self.w.at(prefix), W1_W3_W2, sizes, self.activation())
     }
@@ -588,28 +593,31 @@ impl DeepSeekV4Model<'_> {
             }
             outs.push(self.grouped_output(&w.o_a, &out, stats)?);
         }
-        Ok(apply_batch(&w.o_b, &outs, stats)?)
+        apply_batch(&w.o_b, &outs, stats)
     }
 
     /// `o_a` per group: group g's heads through rows `[g·o_lora, (g+1)·o_lora)`.
     fn grouped_output(
         &self,
-        o_a: &QMatrix,
+        o_a: &Matrix,
         heads_out: &[f32],
         stats: &mut StepStats,
-    ) -> Result<Vec<f32>, KernelError> {
+    ) -> Result<Vec<f32>, ModelError> {
         let c = &self.config;
         let (groups, rank) = (c.o_groups, c.o_lora_rank);
         let width = heads_out.len() / groups;
         let mut y = vec![0f32; groups * rank];
-        for (g, (x, out)) in heads_out
-            .chunks_exact(width)
-            .zip(y.chunks_exact_mut(rank))
-            .enumerate()
-        {
-            o_a.matvec_rows(g * rank..(g + 1) * rank, x, out)?;
-        }
-        stats.weight_bytes += o_a.stored_bytes() as u64;
+        o_a.with(|o_a| {
+            for (g, (x, out)) in heads_out
+                .chunks_exact(width)
+                .zip(y.chunks_exact_mut(rank))
+                .enumerate()
+            {
+                o_a.matvec_rows(g * rank..(g + 1) * rank, x, out)?;
+            }
+            stats.weight_bytes += o_a.stored_bytes() as u64;
+            Ok::<_, KernelError>(())
+        })?;
         Ok(y)
     }
 
@@ -666,7 +674,7 @@ impl DeepSeekV4Model<'_> {
             .map(|(l, &t)| self.route(l, layer, t, moe.correction_bias.as_deref()))
             .collect::<Result<_, _>>()?;
         let shared = |stats: &mut StepStats| -> Result<Vec<Vec<f32>>, ModelError> {
-            Ok(moe.shared.forward(xs, stats)?)
+            moe.shared.forward(xs, stats)
         };
         let (outputs, shared) = run_routed(&moe.experts, &routes, xs, shared, stats)?;
         let mut ys = weighted_sum(&routes, &outputs, c.hidden_size);
@@ -742,7 +750,7 @@ fn project(
     comp: &Compressor,
     xs: &[Vec<f32>],
     stats: &mut StepStats,
-) -> Result<Projected, KernelError> {
+) -> Result<Projected, ModelError> {
     Ok((
         apply_batch(&comp.kv, xs, stats)?,
         apply_batch(&comp.gate, xs, stats)?,

@@ -20,16 +20,16 @@ use crate::engine::config::{ModelConfig, limits_from_fields};
 use crate::engine::decode_policy::{Rows, SequenceCache};
 use crate::engine::layered_model::{Layered, LayeredModel};
 use crate::models::gpt_oss::config::{GptOssConfig, LayerAttention, SWIGLU_ALPHA};
-use minirun_kernels::QMatrix;
 use minirun_stream::artifact::ArtifactError;
 use minirun_stream::experts::{ExpertNames, GATE_UP_DOWN, STACKED};
+use minirun_stream::matrix::Matrix;
 use minirun_stream::plan::Shape;
 use minirun_stream::step::{ModelError, StepStats};
 use minirun_stream::weights::Weights;
 
 /// A projection and its bias.
 pub struct Biased<'a> {
-    matrix: QMatrix<'a>,
+    matrix: Matrix<'a>,
     bias: Vec<f32>,
 }
 
@@ -154,6 +154,7 @@ fn expert_biases(
 fn layer<'w>(w: &Weights<'w>, c: &GptOssConfig, i: usize) -> Result<Layer<'w>, ArtifactError> {
     let w = w.at(&format!("model.layers.{i}"));
     let hidden = c.hidden_size;
+    let self_attn = attention(&w.at("self_attn"), c)?;
     let mlp = w.at("mlp");
     let names = expert_names(&mlp);
     let activation = Activation::SwigluOai {
@@ -171,12 +172,7 @@ fn layer<'w>(w: &Weights<'w>, c: &GptOssConfig, i: usize) -> Result<Layer<'w>, A
         )?
         .with_biases(expert_biases(&mlp, names, c)?)?,
     };
-    PreNormLayer::new(
-        &w,
-        hidden,
-        || attention(&w.at("self_attn"), c),
-        FeedForward::Routed(moe),
-    )
+    PreNormLayer::new(&w, hidden, self_attn, FeedForward::Routed(moe))
 }
 
 impl SparseMoe<'_> {

@@ -23,9 +23,10 @@ use crate::engine::decode_policy::{LayerState, Place, SequenceCache};
 use crate::engine::layered_model::{Layered, LayeredModel};
 use crate::models::kimi_k3::config::KimiK3Config;
 use crate::models::kimi_k3::naming::{Naming, name_root};
-use minirun_kernels::{KernelError, QMatrix};
+use minirun_kernels::KernelError;
 use minirun_stream::artifact::ArtifactError;
 use minirun_stream::experts::{STACKED, W1_W3_W2};
+use minirun_stream::matrix::Matrix;
 use minirun_stream::plan::Shape;
 use minirun_stream::step::{ModelError, StepStats};
 use minirun_stream::tables::{Table, TableUse};
@@ -39,30 +40,30 @@ const LATENT_NORM_EPS: f32 = 1e-6;
 /// A KDA layer's weights.
 struct Kda<'a> {
     /// `q|k|v`: one fused projection (MLX) or three (Hugging Face), rows in that order.
-    qkv: Vec<QMatrix<'a>>,
+    qkv: Vec<Matrix<'a>>,
     /// `[channels, kernel]`: channel c's taps, oldest input first.
     conv: Vec<f32>,
-    f_a: QMatrix<'a>,
-    f_b: QMatrix<'a>,
-    b: QMatrix<'a>,
-    g: QMatrix<'a>,
+    f_a: Matrix<'a>,
+    f_b: Matrix<'a>,
+    b: Matrix<'a>,
+    g: Matrix<'a>,
     /// `exp(A_log)`, per head.
     decay_rate: Vec<f32>,
     dt_bias: Vec<f32>,
     o_norm: Vec<f32>,
-    o: QMatrix<'a>,
+    o: Matrix<'a>,
 }
 
 /// A NoPE MLA layer's weights.
 struct Mla<'a> {
-    q_a: QMatrix<'a>,
+    q_a: Matrix<'a>,
     q_a_norm: Vec<f32>,
-    q_b: QMatrix<'a>,
-    kv_a: QMatrix<'a>,
+    q_b: Matrix<'a>,
+    kv_a: Matrix<'a>,
     kv_a_norm: Vec<f32>,
     latent: LatentProjections<'a>,
-    gate: Option<QMatrix<'a>>,
-    o: QMatrix<'a>,
+    gate: Option<Matrix<'a>>,
+    o: Matrix<'a>,
 }
 
 enum Mixer<'a> {
@@ -72,17 +73,17 @@ enum Mixer<'a> {
 
 /// The routed experts in the latent width, between `down` and `up`.
 struct LatentMoe<'a> {
-    router: QMatrix<'a>,
+    router: Matrix<'a>,
     correction_bias: Vec<f32>,
-    down: QMatrix<'a>,
+    down: Matrix<'a>,
     experts: RoutedExperts<'a>,
     norm: Option<Vec<f32>>,
-    up: QMatrix<'a>,
-    shared: Option<Mlp<'a>>,
+    up: Matrix<'a>,
+    shared: Option<Mlp<Matrix<'a>>>,
 }
 
 enum FeedForward<'a> {
-    Dense(Box<Mlp<'a>>),
+    Dense(Box<Mlp<Matrix<'a>>>),
     Moe(Box<LatentMoe<'a>>),
 }
 
@@ -148,7 +149,7 @@ impl<'a, 'm> Loader<'a, 'm> {
         })
     }
 
-    fn one(&self, module: &str, rows: usize, cols: usize) -> Result<QMatrix<'a>, ArtifactError> {
+    fn one(&self, module: &str, rows: usize, cols: usize) -> Result<Matrix<'a>, ArtifactError> {
         self.w.matrix(module, rows, cols)
     }
 
@@ -163,7 +164,12 @@ impl<'a, 'm> Loader<'a, 'm> {
         }
     }
 
-    fn mlp(&self, prefix: &str, hidden: usize, inner: usize) -> Result<Mlp<'a>, ArtifactError> {
+    fn mlp(
+        &self,
+        prefix: &str,
+        hidden: usize,
+        inner: usize,
+    ) -> Result<Mlp<Matrix<'a>>, ArtifactError> {
         Mlp::new(&self.w.at(prefix), STACKED, (hidden, inner), self.situ())
     }
 
@@ -297,7 +303,7 @@ impl<'a, 'm> Loader<'a, 'm> {
                 true => Some(self.vector(&format!("{prefix}.routed_expert_norm.weight"), latent)?),
                 false => None,
             },
-            up: self.one(&format!("{prefix}.routed_expert_up_proj"), hidden, latent)?,
+            // The shared experts compute while the routed ones are read, before `up`.
             shared: match c.num_shared_experts {
                 0 => None,
                 n => Some(self.mlp(
@@ -306,6 +312,7 @@ impl<'a, 'm> Loader<'a, 'm> {
                     c.moe_intermediate_size * n,
                 )?),
             },
+            up: self.one(&format!("{prefix}.routed_expert_up_proj"), hidden, latent)?,
         })
     }
 
@@ -643,7 +650,7 @@ impl KimiK3Model<'_> {
             }
             outs.push(y);
         }
-        Ok(apply_batch(&w.o, &outs, stats)?)
+        apply_batch(&w.o, &outs, stats)
     }
 
     /// The depthwise causal convolution of one position's `q|k|v` channels over the cached
@@ -727,7 +734,7 @@ impl KimiK3Model<'_> {
                 out.iter_mut().zip(&g).for_each(|(o, g)| *o *= sigmoid(*g));
             }
         }
-        Ok(apply_batch(&w.o, &outs, stats)?)
+        apply_batch(&w.o, &outs, stats)
     }
 
     /// How `moe`'s router turns its logits into routes.
@@ -760,11 +767,10 @@ impl KimiK3Model<'_> {
             .collect();
         let latent_xs = apply_batch(&moe.down, xs, stats)?;
         let shared = |stats: &mut StepStats| -> Result<Option<Vec<Vec<f32>>>, ModelError> {
-            Ok(moe
-                .shared
+            moe.shared
                 .as_ref()
                 .map(|s| s.forward(xs, stats))
-                .transpose()?)
+                .transpose()
         };
         let (outputs, shared) = run_routed(&moe.experts, &routes, &latent_xs, shared, stats)?;
         let mut sums = weighted_sum(&routes, &outputs, c.routed_expert_hidden_size);

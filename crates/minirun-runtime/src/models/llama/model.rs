@@ -58,15 +58,14 @@ fn rope(c: &LlamaConfig) -> Rope {
 fn layer<'w>(w: &Weights<'w>, c: &LlamaConfig, i: usize) -> Result<Layer<'w>, ArtifactError> {
     let w = w.at(&format!("model.layers.{i}"));
     let hidden = c.hidden_size;
+    let attention = RotaryGqa::new(&w.at("self_attn"), hidden, dims(c), c.qk_norm)?;
     let mlp = Mlp::new(
         &w.at("mlp"),
         STACKED,
         (hidden, c.intermediate_size),
         Activation::Silu,
     )?;
-    let ffn = FeedForward::Dense(mlp);
-    let attention = || RotaryGqa::new(&w.at("self_attn"), hidden, dims(c), c.qk_norm);
-    PreNormLayer::new(&w, hidden, attention, ffn)
+    PreNormLayer::new(&w, hidden, attention, FeedForward::Dense(mlp))
 }
 
 impl NoExperts {

@@ -17,15 +17,15 @@ use crate::engine::config::{ModelConfig, limits_from_fields};
 use crate::engine::decode_policy::{Rows, SequenceCache};
 use crate::engine::layered_model::{Layered, LayeredModel};
 use crate::models::qwen3_moe::config::Qwen3MoeConfig;
-use minirun_kernels::QMatrix;
 use minirun_stream::artifact::ArtifactError;
 use minirun_stream::experts::STACKED;
+use minirun_stream::matrix::Matrix;
 use minirun_stream::plan::Shape;
 use minirun_stream::step::{ModelError, StepStats};
 use minirun_stream::weights::Weights;
 
 pub struct SparseMoe<'a> {
-    router: QMatrix<'a>,
+    router: Matrix<'a>,
     experts: RoutedExperts<'a>,
 }
 
@@ -56,6 +56,7 @@ fn dims(c: &Qwen3MoeConfig) -> GroupedDims {
 fn layer<'w>(w: &Weights<'w>, c: &Qwen3MoeConfig, i: usize) -> Result<Layer<'w>, ArtifactError> {
     let w = w.at(&format!("model.layers.{i}"));
     let hidden = c.hidden_size;
+    let attention = RotaryGqa::new(&w.at("self_attn"), hidden, dims(c), true)?;
     let mlp_w = w.at("mlp");
     let ffn = match c.is_sparse(i) {
         true => FeedForward::Routed(SparseMoe {
@@ -75,7 +76,6 @@ fn layer<'w>(w: &Weights<'w>, c: &Qwen3MoeConfig, i: usize) -> Result<Layer<'w>,
             Activation::Silu,
         )?),
     };
-    let attention = || RotaryGqa::new(&w.at("self_attn"), hidden, dims(c), true);
     PreNormLayer::new(&w, hidden, attention, ffn)
 }
 
