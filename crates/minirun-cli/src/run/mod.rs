@@ -299,6 +299,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             "buffered_reads": io.buffered_reads,
             "expert_bytes_held": experts_held,
             "expert_bytes_peak": experts_peak,
+            "layer_pool_peak_bytes": model.layer_pool_peak(),
             "peak_rss_bytes": minirun_stream::budget::peak_rss(),
             "stop_reason": figures.stop_reason,
             "projected_read_seconds_per_token": projection.seconds(),
@@ -333,7 +334,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     );
     if plan.mode == Mode::Streamed {
         eprintln!(
-            "streamed: {} of routed experts read per token (the plan's {} without cache hits), {} of streamed layers' attention, routers and shared experts (the plan's {}), {} of the embedding's and head's rows (the plan's {}); {:.2} s of {:.2} s decoding waited for reads, while storage was busy for {:.2} s; expert cache {} hits / {} misses; {} experts read ahead on a guess, {} of them chosen, {} read for none; {} direct (O_DIRECT) and {} buffered (then dropped from the page cache) reads; resident {} + experts peak {} within budget {}; process peak RSS {}",
+            "streamed: {} of routed experts read per token (the plan's {} without cache hits), {} of streamed layers' attention, routers and shared experts (the plan's {}), {} of the embedding's and head's rows (the plan's {}); {:.2} s of {:.2} s decoding waited for reads, while storage was busy for {:.2} s; expert cache {} hits / {} misses; {} experts read ahead on a guess, {} of them chosen, {} read for none; {} direct (O_DIRECT) and {} buffered (then dropped from the page cache) reads; resident {} + experts peak {} + streamed matrices peak {} within budget {}; process peak RSS {}",
             human(figures.expert_read_bytes_per_token()),
             human(plan.uncached_read_per_token),
             human(figures.layer_read_bytes_per_token()),
@@ -352,6 +353,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             io.buffered_reads,
             human(session.artifact.payload_bytes()),
             human(experts_peak),
+            human(model.layer_pool_peak()),
             human(plan.budget),
             minirun_stream::budget::peak_rss().map_or("unknown".to_string(), human)
         );
