@@ -27,6 +27,9 @@ pub struct Args {
 enum Command {
     /// Export the run <ckpt-dir>/<ckpt-name>.bin with the config snapshot beside it. Reads the
     /// model and trainer sections only: never the optimizer, the EMA teacher or a .ngram sidecar.
+    #[command(after_help = "Examples:
+  dormouse export run --ckpt-dir checkpoints --ckpt-name latest            # -> checkpoints/latest.bf16.dmexp
+  dormouse export run --ckpt-dir checkpoints --ckpt-name latest --dtype f32")]
     Run {
         /// Where the run lives.
         #[arg(long, default_value = "checkpoints")]
@@ -49,6 +52,9 @@ enum Command {
     },
     /// Describe a .dmexp file (every header field, sizes, CRC verified) without building a
     /// model; for any other file, say what it is.
+    #[command(after_help = "Examples:
+  dormouse export info checkpoints/latest.bf16.dmexp                       # header, sizes, CRC check
+  dormouse export info some-file --json")]
     Info {
         file: PathBuf,
         /// Print JSON instead of text.
@@ -123,7 +129,7 @@ fn run(req: ExportRequest) -> Result<()> {
         eprintln!("WARNING: generate and serve will refuse this export: {refusal}");
     } else {
         eprintln!(
-            "next: dormouse export info {0} | dormouse generate --export {0} --prompt \"once\" --steps 64",
+            "next: dormouse export info {0} | dormouse generate --export {0} --prompt \"once\" --max-tokens 64",
             done.out.display()
         );
     }

@@ -15,7 +15,7 @@ use dormouse::serving::load_export;
 #[command(
     about = "Continue a prompt with a dormouse .dmexp export, streaming the bytes to stdout",
     after_help = "Examples:
-  dormouse generate --export checkpoints/latest.bf16.dmexp --prompt \"once\" --steps 64
+  dormouse generate --export checkpoints/latest.bf16.dmexp --prompt \"once\" --max-tokens 64
   dormouse generate --export model.dmexp --prompt \"And God said\" --temperature 0.8 --top-p 0.95 --seed 7
 
 generate takes an export and nothing else: turn a training run into one with `dormouse export run`."
@@ -27,9 +27,9 @@ pub struct Args {
     /// The text to continue (its UTF-8 bytes).
     #[arg(long)]
     prompt: String,
-    /// Bytes to generate.
-    #[arg(long, default_value_t = 64)]
-    steps: usize,
+    /// Bytes to generate (a dormouse model's tokens are bytes; `--steps` is the old name).
+    #[arg(long, alias = "steps", default_value_t = 64)]
+    max_tokens: usize,
     /// 0 is greedy (the most likely byte each step); above 0 samples.
     #[arg(long, default_value_t = 0.0)]
     temperature: f64,
@@ -69,7 +69,7 @@ fn run(args: Args) -> Result<()> {
     let produced = generate(
         &served.model,
         args.prompt.as_bytes(),
-        args.steps,
+        args.max_tokens,
         &mut Sampler::new(params),
         |byte| match stdout.write_all(&[byte]).and_then(|()| stdout.flush()) {
             Ok(()) => ControlFlow::Continue(()),

@@ -26,7 +26,10 @@ use crate::plot_cmd::LiveChart;
 
 #[derive(clap::Args)]
 #[command(
-    about = "Train nano on the embedded corpus, export it, explain the export and generate a sample (about 2 minutes)"
+    about = "Train nano on the embedded corpus, export it, explain the export and generate a sample (about 2 minutes)",
+    after_help = "Examples:
+  dormouse quickstart
+  dormouse quickstart --dir /tmp/qs --steps 300 --prompt \"In the beginning\""
 )]
 pub struct Args {
     /// Folder for the run and the export (a rerun replaces what the last one wrote there).
@@ -148,7 +151,7 @@ fn run(args: Args) -> Result<()> {
     }
 
     println!(
-        "4/4 dormouse generate --export {} --prompt {:?} --steps 200",
+        "4/4 dormouse generate --export {} --prompt {:?} --max-tokens 200",
         exported.out.display(),
         args.prompt
     );

@@ -14,7 +14,7 @@ fn refused_by_both(dir: &std::path::Path, file: &str) -> Vec<String> {
         .iter()
         .map(|command| {
             let args: Vec<&str> = match *command {
-                "generate" => vec!["--export", file, "--prompt", "once", "--steps", "8"],
+                "generate" => vec!["--export", file, "--prompt", "once", "--max-tokens", "8"],
                 _ => vec!["--export", file, "--port", "0"],
             };
             let out = run(dir, command, &args);

@@ -56,7 +56,7 @@ fn the_official_openai_client_completes_and_streams() {
             export.to_str().unwrap(),
             "--prompt",
             "In the beginning",
-            "--steps",
+            "--max-tokens",
             "24",
         ],
     );

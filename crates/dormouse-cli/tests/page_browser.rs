@@ -25,7 +25,7 @@ fn the_page_continues_a_prompt_like_generate_and_shows_no_dial() {
             export.to_str().unwrap(),
             "--prompt",
             "And God said",
-            "--steps",
+            "--max-tokens",
             "40",
         ],
     );

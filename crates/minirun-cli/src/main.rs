@@ -82,6 +82,10 @@ Example:
     Pack(pack::PackArgs),
     /// Compare every packed block, scale, bias and plain stream of an artifact with the source
     /// checkpoint, byte for byte; exits 1 naming the first difference.
+    #[command(after_help = "Example:
+  minirun check ./Qwen3-MLX-4bit-minirun --source ./Qwen3-MLX-4bit
+
+Exit status: 0 every byte equal; 1 a difference (named) or an error.")]
     Check(pack::CheckArgs),
     /// List an account's published artifacts (repositories named <name>-minirun) with the
     /// commit of each.
@@ -179,7 +183,13 @@ Exit status: 0 stopped on SIGTERM or Ctrl-C; 1 an error (a refused artifact, bud
     )]
     Serve(serve::ServeArgs),
     /// Benchmarks of what minirun's reads get from this machine.
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Examples:
+  minirun bench storage ./DeepSeek-V4-Flash-minirun
+  minirun bench model ./tiny-minirun --unverified
+  minirun bench memory --threads 2"
+    )]
     Bench(bench::BenchCommand),
     /// Prints the shell's completion script for minirun.
     #[command(after_help = "Examples:
