@@ -10,5 +10,8 @@ fn purge_at_once_sets_the_purge_delay_to_zero() {
     let freed = vec![7u8; 64 << 20];
     drop(freed);
     let again = vec![1u8; 64 << 20];
-    assert_eq!(again.iter().map(|&b| usize::from(b)).sum::<usize>(), 64 << 20);
+    assert_eq!(
+        again.iter().map(|&b| usize::from(b)).sum::<usize>(),
+        64 << 20
+    );
 }
