@@ -24,9 +24,9 @@ pub const SLOT_ALIGN: usize = 16384;
 const DIRECT_BLOCK: u64 = 4096;
 
 /// A direct read longer than this is split into reads of this many bytes, up to
-/// [`CHUNKS_IN_FLIGHT`] of them at once: one long read keeps a device at queue depth one, and
-/// the disks measured read a 64 MiB range at depth one at about 60 % of their rate at depth 8
-/// (`minirun bench storage`, docs/runtime.md §6). A multiple of [`DIRECT_BLOCK`], so that every
+/// [`CHUNKS_IN_FLIGHT`] of them at once: one long read keeps a device at queue depth one
+/// (`minirun bench storage` with 64 MiB reads, on a 2-vCPU AMD EPYC family 25 VM otherwise idle:
+/// 1.99 GB/s at depth 1, 3.34 GB/s at depth 8). A multiple of [`DIRECT_BLOCK`], so that every
 /// piece of an aligned read is aligned too.
 const READ_CHUNK_BYTES: usize = 16 << 20;
 const CHUNKS_IN_FLIGHT: usize = 4;

@@ -68,7 +68,7 @@ pub fn largest_two<'l>(layers: impl IntoIterator<Item = &'l [StackLayout]>) -> [
 
 /// One streamed matrix's bytes, read for one pass: every part of its stack. Its buffers go
 /// back to the pool when the last handle to it is dropped.
-pub struct ReadMatrix {
+pub(crate) struct ReadMatrix {
     parts: Vec<LoadedPart>,
     /// The pool bytes it was read into.
     reserved: u64,
@@ -82,7 +82,7 @@ pub struct ReadMatrix {
 
 impl ReadMatrix {
     /// The stack `layout` describes, computing from the bytes read.
-    pub fn stack(&self, layout: &StackLayout) -> Result<Stack<'_>, ArtifactError> {
+    pub(crate) fn stack(&self, layout: &StackLayout) -> Result<Stack<'_>, ArtifactError> {
         let matrices = self
             .parts
             .iter()
@@ -267,7 +267,7 @@ impl<'a> LayerStream<'a> {
     }
 
     /// Where matrix `name` of streamed layer `layer` is in a pass's order.
-    pub fn index_of(&self, layer: usize, name: &str) -> Option<usize> {
+    pub(crate) fn index_of(&self, layer: usize, name: &str) -> Option<usize> {
         let range = self.layers.get(layer)?.clone()?;
         range
             .clone()
@@ -275,7 +275,7 @@ impl<'a> LayerStream<'a> {
     }
 
     /// The layout of the matrix at `index` of a pass's order.
-    pub fn layout(&self, index: usize) -> Option<&StackLayout> {
+    pub(crate) fn layout(&self, index: usize) -> Option<&StackLayout> {
         self.order.get(index)
     }
 
@@ -427,7 +427,7 @@ impl<'a> LayerStream<'a> {
     /// Matrix `index` of this pass, read: waits for its read (read ahead, or taken now), and
     /// lets go of every matrix before it. A matrix asked for after the pass let it go is read
     /// again (correct, but a read more than the plan's: counted in `layer_rereads`).
-    pub fn read(&self, index: usize) -> Result<Arc<ReadMatrix>, ModelError> {
+    pub(crate) fn read(&self, index: usize) -> Result<Arc<ReadMatrix>, ModelError> {
         let n = self.order.len() as u64;
         let mut state = self.pool.lock();
         if !state.active || index as u64 >= n {

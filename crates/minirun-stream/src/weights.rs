@@ -135,11 +135,45 @@ impl<'w> Weights<'w> {
         rows: usize,
         cols: usize,
     ) -> Result<Matrix<'w>, ArtifactError> {
+        self.stack_where(module, (rows, cols), |_| Ok(()))
+    }
+
+    /// The one matrix of module `module`, `[rows, cols]`.
+    pub fn matrix(
+        &self,
+        module: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Matrix<'w>, ArtifactError> {
+        self.stack_where(module, (rows, cols), |layout| match layout.parts.len() {
+            1 => Ok(()),
+            n => Err(ArtifactError::Tensor {
+                name: layout.name.clone(),
+                reason: format!("is a stack of {n} matrices where the model needs one"),
+            }),
+        })
+    }
+
+    /// The stack of `module`, its layout first passing `check`.
+    fn stack_where(
+        &self,
+        module: &str,
+        (rows, cols): (usize, usize),
+        check: impl FnOnce(&StackLayout) -> Result<(), ArtifactError>,
+    ) -> Result<Matrix<'w>, ArtifactError> {
         let module = self.name(module);
+        let layout = || {
+            let layout = self.artifact.stack_layout(&module, rows, cols)?;
+            check(&layout)?;
+            Ok::<_, ArtifactError>(layout)
+        };
         match &self.matrices {
-            Matrices::Resident => Ok(Matrix::held(self.artifact.matrix(&module, rows, cols)?)),
+            Matrices::Resident => {
+                layout()?;
+                Ok(Matrix::held(self.artifact.matrix(&module, rows, cols)?))
+            }
             Matrices::Streamed(stream) => {
-                let layout = self.artifact.stack_layout(&module, rows, cols)?;
+                let layout = layout()?;
                 let index = self
                     .layer
                     .and_then(|layer| stream.index_of(layer, &layout.name))
@@ -150,35 +184,13 @@ impl<'w> Weights<'w> {
                 Ok(Matrix::streamed(Arc::clone(stream), index, &layout))
             }
             Matrices::Recording(recorder) => {
-                let layout = self.artifact.stack_layout(&module, rows, cols)?;
-                Ok(Matrix::held(recorder.matrix(self.artifact, layout)?))
+                Ok(Matrix::held(recorder.matrix(self.artifact, layout()?)?))
             }
             Matrices::RecordingTables(_) => Err(ArtifactError::Tensor {
                 name: module,
                 reason: "is a matrix outside the layers: a model asks for its tables there (Weights::table), which a plan can leave on storage".into(),
             }),
         }
-    }
-
-    /// The one matrix of module `module`, `[rows, cols]`.
-    pub fn matrix(
-        &self,
-        module: &str,
-        rows: usize,
-        cols: usize,
-    ) -> Result<Matrix<'w>, ArtifactError> {
-        let name = format!("{}.weight", self.name(module));
-        let layout = self.artifact.stack_layout(&self.name(module), rows, cols)?;
-        if layout.parts.len() != 1 {
-            return Err(ArtifactError::Tensor {
-                name,
-                reason: format!(
-                    "is a stack of {} matrices where the model needs one",
-                    layout.parts.len()
-                ),
-            });
-        }
-        self.stack(module, rows, cols)
     }
 
     /// The table of module `module` outside the layers (the token embedding, the output head),

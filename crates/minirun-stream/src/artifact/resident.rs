@@ -163,38 +163,14 @@ impl Artifact {
     /// Checks, without reading it, that `name` is a plain float tensor of `len` elements;
     /// returns its element type.
     pub fn check_vector(&self, name: &str, len: usize) -> Result<FloatType, ArtifactError> {
-        let member = match self.tensors.get(name) {
-            Some(Location::Member { member, .. })
-            | Some(Location::Banded {
-                member: Some(member),
-                ..
-            }) => member,
-            other => return Err(not_a_member(name, other)),
-        };
+        let member = self.plain_member(name)?;
         let dtype = float_type(&member.source.dtype).ok_or_else(|| {
             tensor_err(
                 name,
                 format!("is {}, not a float tensor", member.source.dtype),
             )
         })?;
-        let shape_len = member
-            .source
-            .shape
-            .iter()
-            .try_fold(1usize, |n, &d| n.checked_mul(d));
-        let bytes = len.checked_mul(dtype.size()).map(|b| b as u64);
-        if shape_len != Some(len)
-            || bytes != Some(member.source.bytes)
-            || member.quantization.is_some()
-        {
-            return Err(tensor_err(
-                name,
-                format!(
-                    "has shape {:?} in {} bytes; the config needs {len} floats",
-                    member.source.shape, member.source.bytes
-                ),
-            ));
-        }
+        check_plain_len(name, member, (len, dtype.size()), "floats")?;
         Ok(dtype)
     }
 
@@ -225,14 +201,7 @@ impl Artifact {
     /// Checks, from the metadata alone, that `name` is a plain integer tensor of `len`
     /// elements; its width in bytes.
     pub fn check_integers(&self, name: &str, len: usize) -> Result<usize, ArtifactError> {
-        let member = match self.tensors.get(name) {
-            Some(Location::Member { member, .. })
-            | Some(Location::Banded {
-                member: Some(member),
-                ..
-            }) => member,
-            other => return Err(not_a_member(name, other)),
-        };
+        let member = self.plain_member(name)?;
         let width = match member.source.dtype.as_str() {
             "I64" => 8,
             "I32" => 4,
@@ -243,25 +212,20 @@ impl Artifact {
                 ));
             }
         };
-        let shape_len = member
-            .source
-            .shape
-            .iter()
-            .try_fold(1usize, |n, &d| n.checked_mul(d));
-        let bytes = len.checked_mul(width).map(|b| b as u64);
-        if shape_len != Some(len)
-            || bytes != Some(member.source.bytes)
-            || member.quantization.is_some()
-        {
-            return Err(tensor_err(
-                name,
-                format!(
-                    "has shape {:?} in {} bytes; the config needs {len} integers",
-                    member.source.shape, member.source.bytes
-                ),
-            ));
-        }
+        check_plain_len(name, member, (len, width), "integers")?;
         Ok(width)
+    }
+
+    /// The blob member that stores `name` whole.
+    fn plain_member(&self, name: &str) -> Result<&Member, ArtifactError> {
+        match self.tensors.get(name) {
+            Some(Location::Member { member, .. })
+            | Some(Location::Banded {
+                member: Some(member),
+                ..
+            }) => Ok(member),
+            other => Err(not_a_member(name, other)),
+        }
     }
 
     /// A blob member's bytes (read once, then resident).
@@ -439,4 +403,30 @@ impl Artifact {
     pub fn activations(&self) -> Activations {
         self.activations
     }
+}
+
+/// That `member` holds `len` unquantized elements of `width` bytes, by its shape and its bytes.
+fn check_plain_len(
+    name: &str,
+    member: &Member,
+    (len, width): (usize, usize),
+    what: &str,
+) -> Result<(), ArtifactError> {
+    let shape_len = member
+        .source
+        .shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d));
+    let bytes = len.checked_mul(width).map(|b| b as u64);
+    if shape_len != Some(len) || bytes != Some(member.source.bytes) || member.quantization.is_some()
+    {
+        return Err(tensor_err(
+            name,
+            format!(
+                "has shape {:?} in {} bytes; the config needs {len} {what}",
+                member.source.shape, member.source.bytes
+            ),
+        ));
+    }
+    Ok(())
 }
