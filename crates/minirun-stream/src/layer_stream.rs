@@ -443,10 +443,13 @@ impl<'a> LayerStream<'a> {
         let kept = state.ready.split_off(&read);
         let mut done = std::mem::replace(&mut state.ready, kept);
         done.values_mut().for_each(|e| e.charge(&mut state.charged));
-        if state.wanted != Some(read) {
-            state.wanted = Some(read);
-            self.pool.changed.notify_all();
-        }
+        state.wanted = Some(read);
+        // Let go of the matrices before this one now, not once it has arrived: their bytes are
+        // the room the read after this one needs to start while this one is still being read.
+        drop(state);
+        drop(done);
+        self.pool.changed.notify_all();
+        let mut state = self.pool.lock();
         let started = Instant::now();
         let out = loop {
             let State { ready, charged, .. } = &mut *state;
@@ -473,7 +476,6 @@ impl<'a> LayerStream<'a> {
         };
         state.charged.waited += started.elapsed();
         drop(state);
-        drop(done);
         out.map_err(ModelError::from)
     }
 }
