@@ -410,7 +410,7 @@ fn segmented<const CB: usize, K: Segments<CB>>(
 /// bytes (where the decoding prefetches). The hardware prefetcher alone left the loads of FP8
 /// rows waiting on memory, read four at a time (four streams) on an AMD VM and one after another
 /// on an Intel one; with these prefetches four rows at a time ran fastest on the Intel VM for
-/// every prefetching format and width (README, kernel section). 1 and 4 KiB did as well.
+/// every prefetching format and width (docs/measurements/kernels.md). 1 and 4 KiB did as well.
 const PREFETCH_DISTANCE: usize = 2048;
 
 /// Bytes of one cache line.

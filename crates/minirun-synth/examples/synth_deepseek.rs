@@ -1,5 +1,5 @@
 //! Writes a synthetic DeepSeek-V3-shaped checkpoint (MLX layout, affine 4-bit, stacked
-//! experts) of about `GB` gigabytes: for streaming benchmarks and the README's budget demo.
+//! experts) of about `GB` gigabytes: for streaming benchmarks and the budget demo in docs/minirun.md.
 //! The tokenizer is copied from one of the runtime's test fixtures.
 //!
 //! `cargo run --release -p minirun-synth --example synth_deepseek -- OUT_DIR [GB] [HIDDEN] [EXPERTS] [TOP_K]`
