@@ -24,7 +24,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use http_serve::api_error::{method_not_allowed, no_route, rejected_body};
 use http_serve::lifecycle::{request_seed, unix_now};
 use http_serve::page::{About, ChatMode};
-use http_serve::{ApiError, Finish, ListenArgs};
+use http_serve::{Access, ApiError, Finish, ListenArgs};
 
 use crate::completions::{Job, MAX_BODY_BYTES, MAX_TOKENS_LIMIT, parse_request};
 use crate::serve_engine::{self, Piece, Queued};
@@ -71,6 +71,7 @@ pub fn main(args: Args) -> ExitCode {
 }
 
 fn serve(args: Args) -> Result<()> {
+    let access = args.listen.access()?;
     let served = load_export(&args.export, &Device::Cpu)?;
     let model_id = args
         .export
@@ -97,7 +98,7 @@ fn serve(args: Args) -> Result<()> {
         about,
     });
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-    let listened = runtime.block_on(listen(&args, state, &banner));
+    let listened = runtime.block_on(listen(&args, access, state, &banner));
     // Dropping the runtime drops every handler still waiting (their connections were cut off
     // after the grace), and with them the last senders: the decode thread then ends.
     drop(runtime);
@@ -141,7 +142,7 @@ async fn about_page(State(state): State<Arc<AppState>>) -> Json<About> {
     Json(state.about.clone())
 }
 
-async fn listen(args: &Args, state: Arc<AppState>, banner: &str) -> Result<()> {
+async fn listen(args: &Args, access: Access, state: Arc<AppState>, banner: &str) -> Result<()> {
     let app = http_serve::page::routes()
         .route("/api/about", get(about_page))
         .route("/health", get(health))
@@ -155,7 +156,7 @@ async fn listen(args: &Args, state: Arc<AppState>, banner: &str) -> Result<()> {
     let bound = listener.local_addr()?;
     eprintln!("serving {banner} on http://{bound}/v1 (Ctrl-C to stop)");
     let limits = args.listen.limits(MAX_BODY_BYTES);
-    http_serve::serve_until_signal(listener, app, limits, "serve").await;
+    http_serve::serve_until_signal(listener, app, (limits, access), "serve").await;
     Ok(())
 }
 

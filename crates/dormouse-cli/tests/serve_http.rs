@@ -336,7 +336,7 @@ fn half_sent_requests_are_cut_off_and_a_shutdown_waits_for_them_only_so_long() {
 
     // Headers that never end: the connection is closed after the header timeout.
     let mut slow = std::net::TcpStream::connect(&address).unwrap();
-    slow.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+    slow.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         .unwrap();
     let closed = closed_within(&mut slow, Duration::from_secs(10));
     assert!(closed.is_some_and(|s| s < 5.0), "closed after {closed:?} s");
@@ -345,7 +345,7 @@ fn half_sent_requests_are_cut_off_and_a_shutdown_waits_for_them_only_so_long() {
     let mut trickle = std::net::TcpStream::connect(&address).unwrap();
     trickle
         .write_all(
-            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"prompt\"",
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"prompt\"",
         )
         .unwrap();
     trickle
@@ -360,7 +360,7 @@ fn half_sent_requests_are_cut_off_and_a_shutdown_waits_for_them_only_so_long() {
     // /health still answers beside a held connection.
     let _held = {
         let mut held = std::net::TcpStream::connect(&address).unwrap();
-        held.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        held.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
             .unwrap();
         held
     };
@@ -374,7 +374,7 @@ fn half_sent_requests_are_cut_off_and_a_shutdown_waits_for_them_only_so_long() {
     // SIGTERM with a client holding a half-sent request: the server exits within its grace.
     let mut partial = std::net::TcpStream::connect(&address).unwrap();
     partial
-        .write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-length: 50\r\n\r\n{")
+        .write_all(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: 50\r\n\r\n{")
         .unwrap();
     std::thread::sleep(Duration::from_millis(200));
     let pid = server.child.id().to_string();
@@ -414,7 +414,7 @@ fn health_answers_again_once_idle_connections_time_out_under_a_low_descriptor_li
     let held: Vec<std::net::TcpStream> = (0..150)
         .map(|_| {
             let mut slow = std::net::TcpStream::connect(&address).unwrap();
-            slow.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+            slow.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
                 .unwrap();
             slow
         })

@@ -112,10 +112,33 @@ async function errorMessage(response) {
   }
 }
 
+// A server started with --api-key answers its API only to requests that carry the key. The page
+// asks its user once, keeps the key for this tab only (sessionStorage, never the address), and
+// asks no more after its user declined.
+const API_KEY_ITEM = 'api-key';
+let apiKeyDeclined = false;
+
+function withApiKey(headers) {
+  const key = window.sessionStorage.getItem(API_KEY_ITEM);
+  return key ? { ...headers, Authorization: `Bearer ${key}` } : headers;
+}
+
+async function apiFetch(path, init) {
+  const response = await fetch(path, { ...init, headers: withApiKey(init.headers || {}) });
+  if (response.status !== 401 || apiKeyDeclined) return response;
+  const key = window.prompt('This server needs its API key (the key it was started with):');
+  if (!key || !key.trim()) {
+    apiKeyDeclined = true;
+    return response;
+  }
+  window.sessionStorage.setItem(API_KEY_ITEM, key.trim());
+  return fetch(path, { ...init, headers: withApiKey(init.headers || {}) });
+}
+
 async function fetchJson(path, signal) {
   let response;
   try {
-    response = await fetch(path, { headers: { Accept: 'application/json' }, signal });
+    response = await apiFetch(path, { headers: { Accept: 'application/json' }, signal });
   } catch (error) {
     throw new Error(error && error.name === 'AbortError'
       ? `${path} did not answer in time`
@@ -497,7 +520,7 @@ async function streamReply(settings) {
   updateControls();
   const progress = { sawDone: false };
   try {
-    const response = await fetch(request.url, {
+    const response = await apiFetch(request.url, {
       method: 'POST',
       headers: { 'Content-Type': 'application/json', Accept: 'text/event-stream' },
       body: JSON.stringify(request.body),

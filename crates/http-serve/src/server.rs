@@ -5,6 +5,7 @@
 //! in flight finish for at most `grace` before the process exits anyway.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -19,6 +20,8 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_stream::StreamExt;
 
+use crate::access::Access;
+
 /// How long clients may take, and how long a shutdown waits.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -32,18 +35,24 @@ pub struct Limits {
     pub refuse: fn(StatusCode, String) -> Response,
 }
 
-/// Serves `app` on `listener` until `shutdown` completes, then waits for the connections in
-/// flight for at most `limits.grace`. Returns how many connections were still open when the
-/// grace ran out (0 after a clean shutdown).
+/// Serves `app` on `listener` to the requests `access` allows until `shutdown` completes, then
+/// waits for the connections in flight for at most `limits.grace`. Returns how many connections
+/// were still open when the grace ran out (0 after a clean shutdown).
 pub async fn serve(
     listener: TcpListener,
     app: Router,
-    limits: Limits,
+    (limits, access): (Limits, Access),
     shutdown: impl Future<Output = ()>,
 ) -> usize {
-    let app = app.layer(axum::middleware::from_fn(move |req, next| {
-        read_body_within(req, next, limits)
-    }));
+    let access = Arc::new(access);
+    // The last layer runs first: who may ask is checked before a body is read.
+    let app = app
+        .layer(axum::middleware::from_fn(move |req, next| {
+            read_body_within(req, next, limits)
+        }))
+        .layer(axum::middleware::from_fn(move |req, next| {
+            crate::access::check(access.clone(), req, next)
+        }));
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
@@ -111,11 +120,19 @@ pub async fn bind(host: &str, port: u16) -> Result<TcpListener, BindError> {
 pub async fn serve_until_signal(
     listener: TcpListener,
     app: Router,
-    limits: Limits,
+    (limits, access): (Limits, Access),
     program: &'static str,
 ) {
+    if let Ok(address) = listener.local_addr()
+        && !address.ip().is_loopback()
+        && access.api_key.is_none()
+    {
+        eprintln!(
+            "{program}: warning: listening on {address}, beyond this machine, with no --api-key: anyone who can reach it can use the model"
+        );
+    }
     let shutdown = crate::signal::shutdown_signal(program);
-    match serve(listener, app, limits, shutdown).await {
+    match serve(listener, app, (limits, access), shutdown).await {
         0 => eprintln!("{program}: stopped"),
         n => eprintln!(
             "{program}: stopped after the {} s grace; {n} connection(s) still open were cut off",

@@ -127,6 +127,15 @@ fn the_page_chats_like_run_shows_the_dial_and_the_instruments_and_raises_no_erro
     let memory = server.get("/api/memory");
     let plans = memory["plans"].as_array().unwrap();
     let running = plans.iter().position(|p| p["running"] == true).unwrap();
+    // A client learns the artifact's name, not where it lies on the server's machine.
+    let folder = dir.path().display().to_string();
+    for (route, answer) in [("/api/about", &about), ("/api/memory", &memory)] {
+        assert!(
+            !answer.to_string().contains(&folder),
+            "{route} shows the artifact's path: {answer}"
+        );
+        assert!(answer.to_string().contains("tiny"), "{route}: {answer}");
+    }
     assert_eq!(plans[running]["budget"], memory["floor"]);
     assert!(plans.len() >= 2, "{memory}");
     page.wait_for(

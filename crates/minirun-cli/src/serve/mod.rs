@@ -8,7 +8,7 @@ mod prompt;
 mod requests;
 
 use std::convert::Infallible;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,7 +26,7 @@ use axum::routing::{get, post};
 use http_serve::api_error::{method_not_allowed, no_route, rejected_body};
 use http_serve::lifecycle::{request_seed, unix_now};
 use http_serve::page::{About, ChatMode};
-use http_serve::{ApiError, Finish, ListenArgs};
+use http_serve::{Access, ApiError, Finish, ListenArgs};
 use minirun_runtime::{PlannedRun, RunRequest, Session, Trust};
 use minirun_stream::budget::{Budget, available_memory};
 use minirun_text::Text;
@@ -95,6 +95,7 @@ struct Ready {
 }
 
 pub fn serve(args: &ServeArgs) -> Result<ExitCode> {
+    let access = args.listen.access()?;
     let model_id = args
         .artifact
         .file_name()
@@ -121,7 +122,7 @@ pub fn serve(args: &ServeArgs) -> Result<ExitCode> {
         mode: ChatMode::Chat,
         verified: !args.unverified,
         provenance: ready.provenance,
-        details: ready.lines,
+        details: by_name(ready.lines, &args.artifact, &model_id),
         dial: true,
         instruments: true,
         max_tokens: ready.context,
@@ -141,7 +142,7 @@ pub fn serve(args: &ServeArgs) -> Result<ExitCode> {
         meter: ready.meter,
     });
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-    let listened = runtime.block_on(listen(args, state));
+    let listened = runtime.block_on(listen(args, access, state));
     // Dropping the runtime drops every handler still waiting (their connections were cut off
     // after the grace), and with them the last senders: the decode thread then ends.
     drop(runtime);
@@ -173,7 +174,8 @@ fn spawn_engine(
         false => Trust::Verified(minirun_store::SealKey::existing_for_user()?),
     };
     let (budget, reads) = (args.budget, args.reads);
-    let shown_artifact = crate::shown(&args.artifact);
+    // What clients see names the artifact, never where it lies on this machine.
+    let shown_artifact = crate::shown(Path::new(args.artifact.file_name().unwrap_or_default()));
     let (max_concurrent, context) = (usize::from(args.max_concurrent), args.context);
     std::thread::Builder::new()
         .name("decode".into())
@@ -259,7 +261,27 @@ fn plan_serving(
     Ok((run, lines))
 }
 
-async fn listen(args: &ServeArgs, state: Arc<AppState>) -> Result<()> {
+/// The lines for clients, with the artifact's path replaced by its name: where it lies on this
+/// machine is the operator's business.
+fn by_name(lines: Vec<String>, artifact: &Path, name: &str) -> Vec<String> {
+    let given = artifact.display().to_string();
+    let canonical = artifact
+        .canonicalize()
+        .ok()
+        .map(|p| p.display().to_string());
+    lines
+        .into_iter()
+        .map(|line| {
+            let line = line.replace(&given, name);
+            match &canonical {
+                Some(path) => line.replace(path, name),
+                None => line,
+            }
+        })
+        .collect()
+}
+
+async fn listen(args: &ServeArgs, access: Access, state: Arc<AppState>) -> Result<()> {
     let app = http_serve::page::routes()
         .route("/api/about", get(about))
         .route("/api/memory", get(memory))
@@ -280,7 +302,7 @@ async fn listen(args: &ServeArgs, state: Arc<AppState>) -> Result<()> {
     );
     let limits = args.listen.limits(MAX_BODY_BYTES);
     drop(state);
-    http_serve::serve_until_signal(listener, app, limits, "serve").await;
+    http_serve::serve_until_signal(listener, app, (limits, access), "serve").await;
     Ok(())
 }
 
