@@ -25,6 +25,10 @@ pub enum ModelError {
     ForeignCache,
     #[error("a batch step was given {tokens} tokens for {caches} caches: one token per cache")]
     BatchShape { tokens: usize, caches: usize },
+    #[error(
+        "the step computed a logit of {value} (token id {token}): the weights or config.json make this model compute NaN or infinity, so no token is picked from it"
+    )]
+    NonFinite { token: usize, value: f32 },
 }
 
 /// What one step read, for the run's figures.

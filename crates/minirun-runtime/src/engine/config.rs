@@ -25,6 +25,14 @@ pub enum ConfigError {
     #[error("config.json: {0}")]
     Inconsistent(String),
     #[error(
+        "config.json: {key} = {value} is outside what the model is defined for (it must be {expected}): every logit would come out NaN or meaningless"
+    )]
+    OutOfDomain {
+        key: String,
+        value: f64,
+        expected: &'static str,
+    },
+    #[error(
         "config.json names model_type {model_type:?}, which this build does not run; it runs {known}"
     )]
     UnknownModelType { model_type: String, known: String },
@@ -99,16 +107,31 @@ impl<'a> Fields<'a> {
             v.as_u64().filter(|&n| n < (1 << 31)).map(|n| n as usize)
         })
     }
+    /// A finite number, within its key's [`DOMAINS`] where it has one.
     pub fn float(&self, key: &str) -> Result<f64, ConfigError> {
-        self.typed(key, "a finite number", |v| {
+        let value = self.typed(key, "a finite number", |v| {
             v.as_f64().filter(|f| f.is_finite())
-        })
+        })?;
+        self.in_domain(key, value)?;
+        Ok(value)
     }
-    /// A number that must also be finite as an f32.
+    /// A number that must also be finite as an f32, within its key's [`DOMAINS`].
     pub fn float32(&self, key: &str) -> Result<f32, ConfigError> {
-        self.typed(key, "a finite number", |v| {
+        let value = self.typed(key, "a finite number", |v| {
             v.as_f64().map(|f| f as f32).filter(|f| f.is_finite())
-        })
+        })?;
+        self.in_domain(key, f64::from(value))?;
+        Ok(value)
+    }
+    fn in_domain(&self, key: &str, value: f64) -> Result<(), ConfigError> {
+        match DOMAINS.iter().find(|(k, ..)| *k == key) {
+            Some((_, holds, expected)) if !holds(value) => Err(ConfigError::OutOfDomain {
+                key: self.name(key),
+                value,
+                expected,
+            }),
+            _ => Ok(()),
+        }
     }
     pub fn flag(&self, key: &str) -> Result<bool, ConfigError> {
         self.typed(key, "true or false", Value::as_bool)
@@ -122,6 +145,75 @@ impl<'a> Fields<'a> {
         })
     }
 }
+
+/// A key, whether a value is in its domain, and the domain in words.
+type Domain = (&'static str, fn(f64) -> bool, &'static str);
+
+/// The values a forward pass is defined for, by key, wherever a config holds the key: outside
+/// them every logit comes out NaN or infinite, or RoPE stops encoding positions (a base of 0 or
+/// 1e308, a negative norm epsilon, a YaRN factor of 1e-300), so such a config is refused by name
+/// rather than run. The bounds hold every published model's values with orders of magnitude to
+/// spare.
+pub(crate) const DOMAINS: &[Domain] = &[
+    (
+        "rope_theta",
+        |v| v > 1.0 && v <= 1e9,
+        "above 1 and at most 1e9",
+    ),
+    (
+        "compress_rope_theta",
+        |v| v > 1.0 && v <= 1e9,
+        "above 1 and at most 1e9",
+    ),
+    (
+        "rms_norm_eps",
+        |v| v > 0.0 && v < 1.0,
+        "above 0 and below 1",
+    ),
+    ("hc_eps", |v| v > 0.0 && v < 1.0, "above 0 and below 1"),
+    (
+        "factor",
+        |v| (1.0..=1e4).contains(&v),
+        "at least 1 and at most 1e4",
+    ),
+    (
+        "original_max_position_embeddings",
+        |v| (1.0..=16_777_216.0).contains(&v),
+        "at least 1 and at most 2^24",
+    ),
+    (
+        "low_freq_factor",
+        |v| v > 0.0 && v <= 1e4,
+        "above 0 and at most 1e4",
+    ),
+    (
+        "high_freq_factor",
+        |v| v > 0.0 && v <= 1e4,
+        "above 0 and at most 1e4",
+    ),
+    (
+        "beta_fast",
+        |v| v > 0.0 && v <= 1e4,
+        "above 0 and at most 1e4",
+    ),
+    (
+        "beta_slow",
+        |v| v > 0.0 && v <= 1e4,
+        "above 0 and at most 1e4",
+    ),
+    ("mscale", |v| v > 0.0 && v <= 1e3, "above 0 and at most 1e3"),
+    (
+        "mscale_all_dim",
+        |v| (0.0..=1e3).contains(&v),
+        "at least 0 and at most 1e3",
+    ),
+    (
+        "routed_scaling_factor",
+        |v| v > 0.0 && v <= 1e3,
+        "above 0 and at most 1e3",
+    ),
+    ("swiglu_limit", |v| v > 0.0, "above 0"),
+];
 
 /// Keys the Hugging Face libraries write into every model config they save (the class, the
 /// dtype the weights were saved in, the library's version, the name or folder the model was
@@ -316,3 +408,52 @@ macro_rules! limits_from_fields {
     };
 }
 pub(crate) use limits_from_fields;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(key: &str, value: f64) -> Result<f64, ConfigError> {
+        let map = serde_json::json!({ key: value });
+        Fields::top(map.as_object().unwrap()).float(key)
+    }
+
+    #[test]
+    fn values_every_logit_would_be_nan_for_are_refused_by_name() {
+        for (key, value) in [
+            ("rope_theta", 0.0),
+            ("rope_theta", -10_000.0),
+            ("rope_theta", 1e308),
+            ("rms_norm_eps", -1.0),
+            ("rms_norm_eps", 0.0),
+            ("factor", 1e-300),
+            ("beta_fast", 0.0),
+        ] {
+            match read(key, value) {
+                Err(e @ ConfigError::OutOfDomain { .. }) => {
+                    assert!(e.to_string().contains(key), "{e}")
+                }
+                other => panic!("{key} = {value}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn published_values_are_in_their_domains() {
+        for (key, value) in [
+            ("rope_theta", 10_000.0),
+            ("rope_theta", 150_000.0),
+            ("rope_theta", 1e6),
+            ("rms_norm_eps", 1e-6),
+            ("factor", 40.0),
+            ("factor", 1.0),
+            ("original_max_position_embeddings", 4096.0),
+            ("beta_fast", 32.0),
+            ("mscale_all_dim", 0.0),
+        ] {
+            assert_eq!(read(key, value), Ok(value), "{key}");
+        }
+        // Keys without a domain read any finite number.
+        assert_eq!(read("gate_lower_bound", -5.0), Ok(-5.0));
+    }
+}

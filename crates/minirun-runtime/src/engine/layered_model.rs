@@ -257,7 +257,7 @@ impl<'a, A: Layered<'a>> LayeredModel<'a, A> {
                     let started = std::time::Instant::now();
                     let out = self.arch.logits(hidden, &wanted, stats);
                     stats.outside_layers += started.elapsed();
-                    out
+                    out.and_then(refuse_non_finite)
                 },
             );
             if let Some(stream) = &self.experts {
@@ -375,5 +375,39 @@ impl<'a, A: Layered<'a>> Decoder for LayeredModel<'a, A> {
 
     fn layer_pool_peak(&self) -> u64 {
         self.stream.peak_bytes()
+    }
+}
+
+/// A step's logits, refused where one is a NaN or an infinity: the weights or the config made
+/// the model compute something a sampler must not pick from, and a plausible token picked from
+/// it would hide that.
+fn refuse_non_finite(rows: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>, ModelError> {
+    for logits in &rows {
+        if let Some(token) = logits.iter().position(|v| !v.is_finite()) {
+            return Err(ModelError::NonFinite {
+                token,
+                value: logits[token],
+            });
+        }
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod non_finite_tests {
+    use super::*;
+
+    #[test]
+    fn a_nan_or_an_infinite_logit_is_refused_by_token() {
+        let fine = vec![vec![0.5, -3.0], vec![f32::MAX, f32::MIN]];
+        assert_eq!(refuse_non_finite(fine.clone()).unwrap(), fine);
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            match refuse_non_finite(vec![vec![0.0; 3], vec![0.0, 1.0, bad]]) {
+                Err(ModelError::NonFinite { token: 2, value }) => {
+                    assert_eq!(value.to_bits(), bad.to_bits())
+                }
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
     }
 }
